@@ -1,0 +1,186 @@
+// Wire format of PROTOCOL.md: JSON messages, several per text frame separated by "\n".
+// This module only turns frames into typed messages and commands into text; it knows nothing of
+// connections or state, so it is easy to test on its own.
+
+/** Where a subscriber stands in a channel's stream. */
+export interface StreamPosition {
+  epoch: string;
+  offset: number;
+}
+
+/** Who published, or who joined / left. */
+export interface ClientInfo {
+  user: string;
+  client: string;
+  /** The `info` claim of the connection token, when the server passes it on. */
+  info?: unknown;
+  [extra: string]: unknown;
+}
+
+export interface Publication<T = unknown> {
+  offset: number;
+  data: T;
+  info?: ClientInfo;
+}
+
+export interface ReplyErrorBody {
+  code: number;
+  message: string;
+}
+
+export interface SubscribeResult {
+  epoch: string;
+  /** Newest offset of the stream when the reply was sent. */
+  offset: number;
+  recoverable: boolean;
+  recovered?: boolean;
+  publications?: Publication[];
+}
+
+export interface ConnectResult {
+  client: string;
+  node: string;
+  /** Seconds between server pings. */
+  ping_interval: number;
+  /** Seconds until the connection token expires. */
+  expires_in?: number;
+  /** One entry per channel of `connect.subs` (and per channel the token subscribed). */
+  subs?: Record<string, SubscribeResult | { error: ReplyErrorBody }>;
+}
+
+export interface PublishResult {
+  epoch: string;
+  offset: number;
+}
+
+export interface HistoryResult {
+  epoch: string;
+  offset: number;
+  publications: Publication[];
+}
+
+export interface PresenceResult {
+  clients: Record<string, ClientInfo>;
+}
+
+export interface RefreshResult {
+  expires_in?: number;
+}
+
+/** A message from the server, classified. */
+export type ServerMessage =
+  | { type: 'reply'; id: number; method?: string; result?: unknown; error?: ReplyErrorBody }
+  | { type: 'ping' }
+  | { type: 'pub'; channel: string; pub: Publication }
+  | { type: 'join'; channel: string; info: ClientInfo }
+  | { type: 'leave'; channel: string; info: ClientInfo }
+  | { type: 'unsub'; channel: string; code: number; reason: string }
+  | { type: 'disconnect'; code: number; reason: string; reconnect: boolean; afterMs?: number }
+  | { type: 'unknown'; raw: unknown }
+  | { type: 'invalid'; text: string; reason: string };
+
+/** Encode one command. Ids are chosen by the caller (positive, unique among pending commands). */
+export function encodeCommand(id: number, method: string, params: object): string {
+  return JSON.stringify({ id, [method]: params });
+}
+
+/** The reply to a server ping. */
+export const PONG = '{}';
+
+/**
+ * Split a text frame into messages. Empty lines (a trailing "\n", "\r\n" endings) are skipped; a
+ * line that is not valid JSON becomes an `invalid` message instead of throwing, so one bad line
+ * cannot hide the good ones batched with it.
+ */
+export function decodeFrame(text: string): ServerMessage[] {
+  const out: ServerMessage[] = [];
+  for (const rawLine of text.split('\n')) {
+    const line = rawLine.trim();
+    if (line === '') continue;
+    let value: unknown;
+    try {
+      value = JSON.parse(line);
+    } catch (e) {
+      out.push({ type: 'invalid', text: line, reason: (e as Error).message });
+      continue;
+    }
+    out.push(classify(value, line));
+  }
+  return out;
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** Turn one parsed JSON value into a typed message. Exported for tests. */
+export function classify(value: unknown, text = ''): ServerMessage {
+  if (!isObject(value)) return { type: 'invalid', text, reason: 'message is not a JSON object' };
+
+  // A reply carries the id of the command it answers; the result sits under the method's name.
+  if ('id' in value) {
+    const id = value.id;
+    if (typeof id !== 'number' || !Number.isInteger(id) || id <= 0) {
+      return { type: 'invalid', text, reason: 'reply id is not a positive integer' };
+    }
+    if (isObject(value.error)) {
+      const err = value.error;
+      return {
+        type: 'reply',
+        id,
+        error: {
+          code: typeof err.code === 'number' ? err.code : 0,
+          message: typeof err.message === 'string' ? err.message : '',
+        },
+      };
+    }
+    const method = Object.keys(value).find((k) => k !== 'id');
+    return { type: 'reply', id, method, result: method === undefined ? {} : value[method] };
+  }
+
+  const keys = Object.keys(value);
+  if (keys.length === 0) return { type: 'ping' };
+
+  if (isObject(value.pub)) {
+    const p = value.pub;
+    if (typeof p.channel !== 'string') return { type: 'invalid', text, reason: 'pub without channel' };
+    const pub: Publication = { offset: typeof p.offset === 'number' ? p.offset : 0, data: p.data };
+    if (isObject(p.info)) pub.info = p.info as ClientInfo;
+    return { type: 'pub', channel: p.channel, pub };
+  }
+  for (const kind of ['join', 'leave'] as const) {
+    const body = value[kind];
+    if (isObject(body)) {
+      if (typeof body.channel !== 'string') {
+        return { type: 'invalid', text, reason: `${kind} without channel` };
+      }
+      const info = (isObject(body.info) ? body.info : { user: '', client: '' }) as ClientInfo;
+      return { type: kind, channel: body.channel, info };
+    }
+  }
+  if (isObject(value.unsub)) {
+    const u = value.unsub;
+    if (typeof u.channel !== 'string') return { type: 'invalid', text, reason: 'unsub without channel' };
+    return {
+      type: 'unsub',
+      channel: u.channel,
+      code: typeof u.code === 'number' ? u.code : 0,
+      reason: typeof u.reason === 'string' ? u.reason : '',
+    };
+  }
+  if (isObject(value.disconnect)) {
+    const d = value.disconnect;
+    const code = typeof d.code === 'number' ? d.code : 0;
+    const msg: ServerMessage = {
+      type: 'disconnect',
+      code,
+      reason: typeof d.reason === 'string' ? d.reason : '',
+      // When the server leaves the flag out, the close-code rule decides.
+      reconnect: typeof d.reconnect === 'boolean' ? d.reconnect : !(code >= 4500 && code <= 4999),
+    };
+    if (typeof d.after_ms === 'number' && d.after_ms >= 0) msg.afterMs = d.after_ms;
+    return msg;
+  }
+  // Unknown pushes are allowed: the protocol may add fields and pushes; old clients ignore them.
+  return { type: 'unknown', raw: value };
+}

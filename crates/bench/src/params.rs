@@ -1,0 +1,201 @@
+//! Run parameters: the command line of one scenario, also sent as JSON to every worker and written
+//! into the `--json` output so a result always carries what produced it.
+
+use clap::{Args, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+/// The scenarios BENCHMARKS.md defines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Open N subscribed connections and hold them: connect rate, server RSS per connection.
+    Idle,
+    /// N subscribers over C channels, open-loop HTTP publishing: delivered %, deliveries/s, latency.
+    Broadcast,
+    /// As broadcast, while every client drops TCP every 15–20 s, stays away ≥ 2 s and recovers.
+    Jitter,
+    /// Drop every client at once; time until 95% / 100% are back and re-subscribed.
+    Storm,
+    /// Rooms of ~12 members spread over several nodes: latency and broker messages per node.
+    Rooms,
+    /// One `/api/broadcast` to K personal channels: time to deliver to all K.
+    Fanin,
+}
+
+impl Scenario {
+    /// The name used on the command line and in file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Idle => "idle",
+            Scenario::Broadcast => "broadcast",
+            Scenario::Jitter => "jitter",
+            Scenario::Storm => "storm",
+            Scenario::Rooms => "rooms",
+            Scenario::Fanin => "fanin",
+        }
+    }
+
+    /// Whether the scenario publishes through the HTTP API.
+    pub fn publishes(self) -> bool {
+        !matches!(self, Scenario::Idle)
+    }
+}
+
+/// Every knob of a run. Defaults are the documented ones in docs/benchmarks.md.
+#[derive(Debug, Clone, Args, Serialize, Deserialize)]
+pub struct Params {
+    /// WebSocket URL(s) of the node(s) under test; repeat for several nodes (`rooms`).
+    #[arg(long = "ws", default_value = "ws://127.0.0.1:8000/ws")]
+    pub ws_urls: Vec<String>,
+    /// HTTP API base URL(s); publications go round-robin (`rooms`: the room's home node).
+    #[arg(long = "api", default_value = "http://127.0.0.1:8000")]
+    pub api_urls: Vec<String>,
+    /// HTTP API key (`Authorization: Bearer …`).
+    #[arg(long, env = "HERALD_API_KEY", default_value = "benchkey")]
+    pub api_key: String,
+    /// Client connections in total (over all workers).
+    #[arg(long, short = 'n', default_value_t = 1000)]
+    pub connections: usize,
+    /// Channels the connections are spread over (connection i subscribes channel i mod C). `rooms`:
+    /// ignored (rooms = connections / room size); `fanin`: ignored (one personal channel each).
+    #[arg(long, short = 'c', default_value_t = 1)]
+    pub channels: usize,
+    /// Members per room (`rooms`).
+    #[arg(long, default_value_t = 12)]
+    pub room_size: usize,
+    /// Nodes each room's members are spread over (`rooms`), at most the number of `--ws` URLs.
+    #[arg(long, default_value_t = 2)]
+    pub room_spread: usize,
+    /// Publications per second in total (over all channels), on a fixed schedule.
+    #[arg(long, short = 'r', default_value_t = 10.0)]
+    pub rate: f64,
+    /// Seconds of publishing (`idle`: seconds to hold the connections).
+    #[arg(long, short = 'd', default_value_t = 10.0)]
+    pub duration: f64,
+    /// Size in bytes of each publication's `data` JSON (at least 40: it carries the send time).
+    #[arg(long, default_value_t = 64)]
+    pub payload: usize,
+    /// Worker processes (0: one per 5,000 connections, at least 2).
+    #[arg(long, short = 'w', default_value_t = 0)]
+    pub workers: usize,
+    /// Concurrent connection handshakes per worker while connecting.
+    #[arg(long, default_value_t = 200)]
+    pub connect_concurrency: usize,
+    /// HTTP keep-alive connections the publisher uses (requests queue for a free one; latency still
+    /// counts from the scheduled time).
+    #[arg(long, default_value_t = 8)]
+    pub publish_connections: usize,
+    /// Seconds to wait for stragglers after the last publication before counting what is missing.
+    #[arg(long, default_value_t = 5.0)]
+    pub drain: f64,
+    /// `jitter`: shortest and longest time between a client's drops, seconds.
+    #[arg(long, num_args = 2, default_values_t = [15.0, 20.0])]
+    pub drop_every: Vec<f64>,
+    /// `jitter`: shortest and longest time a dropped client stays away, seconds (≥ 2 per the rules).
+    #[arg(long, num_args = 2, default_values_t = [2.0, 3.0])]
+    pub offline: Vec<f64>,
+    /// `storm`: each client waits a random 0..J ms before reconnecting (0: all at once).
+    #[arg(long, default_value_t = 0)]
+    pub reconnect_jitter_ms: u64,
+    /// Seconds a connection attempt (TCP + WebSocket + connect reply) may take.
+    #[arg(long, default_value_t = 15.0)]
+    pub connect_timeout: f64,
+    /// Seconds a connect/reconnect may keep retrying before the client gives up.
+    #[arg(long, default_value_t = 30.0)]
+    pub retry_for: f64,
+    /// Prometheus counter that counts publications a node receives from the broker (`rooms`).
+    #[arg(long, default_value = "herald_broker_messages_received_total")]
+    pub broker_metric: String,
+    /// First loopback source address; worker i dials from this + i (127.0.0.2, 127.0.0.3, …).
+    #[arg(long, default_value = "127.0.0.2")]
+    pub source_base: std::net::Ipv4Addr,
+    /// Channel name prefix; a random suffix keeps runs apart in the server's history.
+    #[arg(long, default_value = "bench")]
+    pub prefix: String,
+}
+
+impl Params {
+    /// Worker count actually used.
+    pub fn worker_count(&self) -> usize {
+        if self.workers > 0 {
+            self.workers
+        } else {
+            self.connections.div_ceil(5000).max(2)
+        }
+    }
+}
+
+/// What one worker is responsible for; sent beside [`Params`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Shard {
+    /// Worker index, 0-based.
+    pub index: usize,
+    /// First global connection index it owns.
+    pub start: usize,
+    /// One past its last connection index.
+    pub end: usize,
+    /// Source address it dials from.
+    pub source: std::net::Ipv4Addr,
+    /// Run start (ns since the UNIX epoch): second 0 of every timeline.
+    pub t0_ns: u64,
+}
+
+/// Where global connection `i` goes: its channel and its node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// Channel it subscribes.
+    pub channel: String,
+    /// Index into `ws_urls`.
+    pub node: usize,
+}
+
+/// The layout of connections on channels and nodes, shared by coordinator and workers.
+pub fn place(p: &Params, scenario: Scenario, i: usize) -> Placement {
+    let nodes = p.ws_urls.len().max(1);
+    match scenario {
+        Scenario::Fanin => Placement {
+            channel: format!("{}u{i}", p.prefix),
+            node: i % nodes,
+        },
+        Scenario::Rooms => {
+            let size = p.room_size.max(1);
+            let (room, member) = (i / size, i % size);
+            let spread = p.room_spread.clamp(1, nodes);
+            Placement {
+                channel: format!("{}room{room}", p.prefix),
+                node: (room + member % spread) % nodes,
+            }
+        }
+        _ => Placement {
+            channel: format!("{}{}", p.prefix, i % p.channels.max(1)),
+            node: i % nodes,
+        },
+    }
+}
+
+/// Channel names in publishing order and each one's home API node.
+pub fn channels(p: &Params, scenario: Scenario) -> Vec<(String, usize)> {
+    let apis = p.api_urls.len().max(1);
+    match scenario {
+        Scenario::Fanin => (0..p.connections)
+            .map(|i| (format!("{}u{i}", p.prefix), 0))
+            .collect(),
+        Scenario::Rooms => (0..p.connections.div_ceil(p.room_size.max(1)))
+            .map(|r| (format!("{}room{r}", p.prefix), r % apis))
+            .collect(),
+        _ => (0..p.channels.max(1))
+            .map(|c| (format!("{}{c}", p.prefix), c % apis))
+            .collect(),
+    }
+}
+
+/// Nodes hosting each room (the ideal broker fan-out), for `rooms`.
+pub fn room_nodes(p: &Params, room: usize) -> Vec<usize> {
+    let nodes = p.ws_urls.len().max(1);
+    let spread = p.room_spread.clamp(1, nodes);
+    let members = p.room_size.max(1).min(p.connections - room * p.room_size.max(1));
+    let mut v: Vec<usize> = (0..members.min(spread)).map(|m| (room + m) % nodes).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}

@@ -1,0 +1,177 @@
+//! The slice of the Herald wire protocol (PROTOCOL.md) the load generator speaks: the `connect`
+//! command with `subs`, its reply, pushes, and the publication payload that carries the send time.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The `data` of every publication: scheduled send time (ns since the UNIX epoch), sequence number
+/// within the run, and padding up to the requested size.
+///
+/// ```text
+/// {"t":1763712000123456789,"s":42,"p":"xxxxxxxxxxxx"}
+/// ```
+pub fn make_data(sched_ns: u64, seq: u64, size: usize) -> String {
+    let head = format!("{{\"t\":{sched_ns},\"s\":{seq},\"p\":\"");
+    let pad = size.saturating_sub(head.len() + 2);
+    let mut s = String::with_capacity(head.len() + pad + 2);
+    s.push_str(&head);
+    s.extend(std::iter::repeat_n('x', pad));
+    s.push_str("\"}");
+    s
+}
+
+/// Where a subscription resumes from (`since`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Since {
+    /// Stream epoch.
+    pub epoch: String,
+    /// Last offset the application has.
+    pub offset: u64,
+}
+
+/// The first command on a connection: connect and subscribe in one round trip.
+///
+/// ```text
+/// {"id":1,"connect":{"name":"herald-bench","subs":{"bench0":{"since":{"epoch":"e","offset":7}}}}}
+/// ```
+pub fn connect_cmd(subs: &[(&str, Option<&Since>)]) -> String {
+    let mut m = serde_json::Map::new();
+    for (ch, since) in subs {
+        let v = match since {
+            Some(s) => serde_json::json!({"since": {"epoch": s.epoch, "offset": s.offset}}),
+            None => serde_json::json!({}),
+        };
+        m.insert((*ch).to_string(), v);
+    }
+    serde_json::json!({"id": 1, "connect": {"name": "herald-bench", "subs": m}}).to_string()
+}
+
+/// Our payload, read back from a publication's `data`.
+#[derive(Debug, Default, Deserialize)]
+pub struct Data {
+    /// Scheduled send time, ns since the UNIX epoch (0 if the data was not ours).
+    #[serde(default)]
+    pub t: u64,
+    /// Sequence number within the run.
+    #[serde(default)]
+    pub s: u64,
+}
+
+/// A publication, pushed or carried in a recovery reply.
+#[derive(Debug, Deserialize)]
+pub struct Publication<'a> {
+    /// Channel (present in pushes, absent inside a subscribe result).
+    #[serde(borrow, default)]
+    pub channel: Option<std::borrow::Cow<'a, str>>,
+    /// Offset in the stream.
+    pub offset: u64,
+    /// Our payload.
+    #[serde(default)]
+    pub data: Data,
+}
+
+/// A subscribe result (also one entry of `connect.subs`).
+#[derive(Debug, Deserialize)]
+pub struct SubResult<'a> {
+    /// Stream epoch.
+    #[serde(default)]
+    pub epoch: String,
+    /// Newest offset at subscribe time.
+    #[serde(default)]
+    pub offset: u64,
+    /// Whether `since` was honoured in full.
+    #[serde(default)]
+    pub recovered: Option<bool>,
+    /// Recovered publications, in order.
+    #[serde(borrow, default)]
+    pub publications: Vec<Publication<'a>>,
+    /// A per-channel error, if the server reports one here.
+    #[serde(default)]
+    pub error: Option<Box<RawValue>>,
+}
+
+/// The `connect` result.
+#[derive(Debug, Deserialize)]
+pub struct ConnectResult<'a> {
+    /// Client id.
+    #[serde(default)]
+    pub client: String,
+    /// Subscription results by channel.
+    #[serde(borrow, default)]
+    pub subs: BTreeMap<String, SubResult<'a>>,
+}
+
+/// Any message from the server (one line of a frame).
+#[derive(Debug, Deserialize)]
+pub struct Incoming<'a> {
+    /// Reply id (absent on pushes).
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// A `connect` reply.
+    #[serde(borrow, default)]
+    pub connect: Option<ConnectResult<'a>>,
+    /// An error reply.
+    #[serde(default)]
+    pub error: Option<Box<RawValue>>,
+    /// A publication push.
+    #[serde(borrow, default, rename = "pub")]
+    pub publication: Option<Publication<'a>>,
+    /// The server ended a subscription.
+    #[serde(default)]
+    pub unsub: Option<Box<RawValue>>,
+    /// The server is about to close the connection.
+    #[serde(default)]
+    pub disconnect: Option<Box<RawValue>>,
+}
+
+impl Incoming<'_> {
+    /// Whether this is the `{}` ping (answered with `{}`).
+    pub fn is_ping(&self) -> bool {
+        self.id.is_none()
+            && self.connect.is_none()
+            && self.error.is_none()
+            && self.publication.is_none()
+            && self.unsub.is_none()
+            && self.disconnect.is_none()
+    }
+}
+
+/// Parses one line of a frame.
+///
+/// # Errors
+/// Invalid JSON.
+pub fn parse(line: &str) -> serde_json::Result<Incoming<'_>> {
+    serde_json::from_str(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_has_requested_size_and_reads_back() {
+        let d = make_data(1_763_712_000_123_456_789, 42, 64);
+        assert_eq!(d.len(), 64);
+        let v: Data = serde_json::from_str(&d).unwrap();
+        assert_eq!((v.t, v.s), (1_763_712_000_123_456_789, 42));
+    }
+
+    #[test]
+    fn parses_pushes_replies_and_ping() {
+        let p = parse(r#"{"pub":{"channel":"c","offset":7,"data":{"t":5,"s":1,"p":"x"}}}"#).unwrap();
+        let publ = p.publication.unwrap();
+        assert_eq!((publ.offset, publ.data.t), (7, 5));
+        assert!(parse("{}").unwrap().is_ping());
+        let r = parse(
+            r#"{"id":1,"connect":{"client":"a","node":"n","ping_interval":25,"subs":{"c":{"epoch":"e","offset":3,"recoverable":true,"recovered":true,"publications":[{"offset":3,"data":{"t":1,"s":0}}]}}}}"#,
+        )
+        .unwrap();
+        let c = r.connect.unwrap();
+        assert_eq!(c.subs["c"].publications.len(), 1);
+        assert_eq!(c.subs["c"].recovered, Some(true));
+        let cmd = connect_cmd(&[("c", Some(&Since { epoch: "e".into(), offset: 3 }))]);
+        assert!(cmd.contains(r#""since":{"epoch":"e","offset":3}"#));
+    }
+}

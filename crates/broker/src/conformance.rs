@@ -1,0 +1,229 @@
+//! One test suite, written against the [`Broker`] trait, that every broker implementation runs
+//! from its own `tests/` (the memory broker from this crate's tests).
+//!
+//! ```ignore
+//! #[tokio::test]
+//! async fn conformance() {
+//!     herald_broker::conformance::run(|| async { Arc::new(MyBroker::connect(..).await) as SharedBroker }).await;
+//! }
+//! ```
+//! Channel names carry a random suffix so that brokers sharing a server do not see each other's
+//! leftovers.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use herald_protocol::{ClientInfo, Publication, StreamPosition};
+
+use crate::{
+    BrokerHandler, ControlMessage, HistoryQuery, PublishOptions, SharedBroker, StreamOptions,
+};
+
+/// Everything a handler received, for assertions.
+#[derive(Default)]
+pub struct Recorder {
+    /// (channel, epoch, publication) in arrival order.
+    pub publications: Mutex<Vec<(String, String, Publication)>>,
+    /// (channel, joined, who).
+    pub presence_changes: Mutex<Vec<(String, bool, ClientInfo)>>,
+    /// Control messages.
+    pub controls: Mutex<Vec<ControlMessage>>,
+    /// How many times `on_reconnected` was called.
+    pub reconnects: Mutex<u32>,
+}
+
+impl BrokerHandler for Recorder {
+    fn on_publication(&self, channel: &str, epoch: &str, publication: Publication) {
+        let mut p = self.publications.lock().unwrap();
+        p.push((channel.to_owned(), epoch.to_owned(), publication));
+    }
+    fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {
+        let mut p = self.presence_changes.lock().unwrap();
+        p.push((channel.to_owned(), joined, who));
+    }
+    fn on_control(&self, message: ControlMessage) {
+        self.controls.lock().unwrap().push(message);
+    }
+    fn on_reconnected(&self) {
+        *self.reconnects.lock().unwrap() += 1;
+    }
+}
+
+impl Recorder {
+    /// Offsets received on a channel, in arrival order.
+    pub fn offsets(&self, channel: &str) -> Vec<u64> {
+        let p = self.publications.lock().unwrap();
+        p.iter()
+            .filter(|(c, _, _)| c == channel)
+            .map(|(_, _, p)| p.offset)
+            .collect()
+    }
+}
+
+/// Wait until `check` holds, up to 5 s (brokers with a network hop deliver asynchronously).
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..500 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn unique(name: &str) -> String {
+    format!("conf_{name}_{:08x}", rand::random::<u32>())
+}
+
+fn opts(size: usize) -> PublishOptions {
+    PublishOptions {
+        stream: StreamOptions {
+            history_size: size,
+            ..StreamOptions::default()
+        },
+        idempotency_key: None,
+    }
+}
+
+/// Run the whole suite. `make` returns a new, started-nowhere broker each time.
+pub async fn run<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = SharedBroker>,
+{
+    publish_assigns_consecutive_offsets(make().await).await;
+    subscribed_node_receives_in_order(make().await).await;
+    history_and_recovery(make().await).await;
+    idempotent_publish(make().await).await;
+    presence_add_list_remove(make().await).await;
+    control_reaches_every_node(make().await).await;
+}
+
+async fn started(broker: &SharedBroker) -> Arc<Recorder> {
+    let rec = Arc::new(Recorder::default());
+    broker.start(rec.clone()).await.expect("start");
+    rec
+}
+
+/// Offsets within an epoch are 1, 2, 3 …
+pub async fn publish_assigns_consecutive_offsets(broker: SharedBroker) {
+    let _rec = started(&broker).await;
+    let ch = unique("offsets");
+    let a = broker.publish(&ch, Bytes::from_static(b"1"), None, &opts(10)).await.unwrap();
+    let b = broker.publish(&ch, Bytes::from_static(b"2"), None, &opts(10)).await.unwrap();
+    assert_eq!((a.offset, b.offset), (1, 2));
+    assert_eq!(a.epoch, b.epoch);
+}
+
+/// A subscribed node gets every publication, in order, with its data and info intact.
+pub async fn subscribed_node_receives_in_order(broker: SharedBroker) {
+    let rec = started(&broker).await;
+    let ch = unique("deliver");
+    broker.subscribe(&ch).await.unwrap();
+    let who = ClientInfo {
+        user: "alice".into(),
+        client: "c1".into(),
+        info: None,
+    };
+    for i in 0..50 {
+        let data = Bytes::from(format!("{{\"i\":{i}}}"));
+        let info = (i == 0).then(|| who.clone());
+        broker.publish(&ch, data, info, &opts(100)).await.unwrap();
+    }
+    eventually("50 publications", || rec.offsets(&ch).len() >= 50).await;
+    assert_eq!(rec.offsets(&ch), (1..=50).collect::<Vec<_>>());
+    let first = rec.publications.lock().unwrap()[0].2.clone();
+    assert_eq!(&first.data[..], br#"{"i":0}"#);
+    assert_eq!(first.info.map(|i| i.user), Some("alice".into()));
+}
+
+/// History keeps the newest `history_size`; recovery is all or nothing.
+pub async fn history_and_recovery(broker: SharedBroker) {
+    let _rec = started(&broker).await;
+    let ch = unique("history");
+    let o = opts(5);
+    let mut last = StreamPosition {
+        epoch: String::new(),
+        offset: 0,
+    };
+    for i in 1..=8 {
+        last = broker.publish(&ch, Bytes::from(i.to_string()), None, &o).await.unwrap();
+    }
+    let all = broker.history(&ch, &HistoryQuery::default(), &o.stream).await.unwrap();
+    assert_eq!(all.position, last);
+    let offsets: Vec<u64> = all.publications.iter().map(|p| p.offset).collect();
+    assert_eq!(offsets, vec![4, 5, 6, 7, 8]);
+
+    let since = |offset| HistoryQuery {
+        since: Some(StreamPosition {
+            epoch: last.epoch.clone(),
+            offset,
+        }),
+        limit: None,
+    };
+    let ok = broker.history(&ch, &since(3), &o.stream).await.unwrap();
+    assert!(ok.continuous);
+    assert_eq!(ok.publications.len(), 5);
+    let gone = broker.history(&ch, &since(2), &o.stream).await.unwrap();
+    assert!(!gone.continuous && gone.publications.is_empty(), "never partial");
+    let current = broker.history(&ch, &since(8), &o.stream).await.unwrap();
+    assert!(current.continuous && current.publications.is_empty());
+    let mut wrong_epoch = since(7);
+    wrong_epoch.since.as_mut().unwrap().epoch = "not-the-epoch".into();
+    assert!(!broker.history(&ch, &wrong_epoch, &o.stream).await.unwrap().continuous);
+
+    // Without history, offsets still advance and the position is readable.
+    let none = unique("nohistory");
+    broker.publish(&none, Bytes::from_static(b"1"), None, &opts(0)).await.unwrap();
+    let h = broker.history(&none, &HistoryQuery::default(), &opts(0).stream).await.unwrap();
+    assert_eq!(h.position.offset, 1);
+    assert!(h.publications.is_empty());
+}
+
+/// A retried publish with the same idempotency key is stored once.
+pub async fn idempotent_publish(broker: SharedBroker) {
+    let _rec = started(&broker).await;
+    let ch = unique("idem");
+    let mut o = opts(10);
+    o.idempotency_key = Some("k1".into());
+    let a = broker.publish(&ch, Bytes::from_static(b"1"), None, &o).await.unwrap();
+    let b = broker.publish(&ch, Bytes::from_static(b"1"), None, &o).await.unwrap();
+    assert_eq!(a, b);
+    let h = broker.history(&ch, &HistoryQuery::default(), &o.stream).await.unwrap();
+    assert_eq!(h.publications.len(), 1);
+}
+
+/// Presence lists who was added and forgets who was removed.
+pub async fn presence_add_list_remove(broker: SharedBroker) {
+    let _rec = started(&broker).await;
+    let ch = unique("presence");
+    let who = |c: &str| ClientInfo {
+        user: format!("u-{c}"),
+        client: c.into(),
+        info: None,
+    };
+    broker.add_presence(&ch, &who("a")).await.unwrap();
+    broker.add_presence(&ch, &who("b")).await.unwrap();
+    let mut clients: Vec<String> =
+        broker.presence(&ch).await.unwrap().into_iter().map(|c| c.client).collect();
+    clients.sort();
+    assert_eq!(clients, vec!["a", "b"]);
+    broker.remove_presence(&ch, "a").await.unwrap();
+    let left = broker.presence(&ch).await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].user, "u-b");
+}
+
+/// Control messages come back to the sending node too.
+pub async fn control_reaches_every_node(broker: SharedBroker) {
+    let rec = started(&broker).await;
+    let msg = ControlMessage::Disconnect {
+        user: Some(unique("user")),
+        client: None,
+        code: 4502,
+    };
+    broker.publish_control(&msg).await.unwrap();
+    eventually("control message", || rec.controls.lock().unwrap().contains(&msg)).await;
+}

@@ -1,0 +1,222 @@
+//! # The broker: how a publication reaches every node that hosts a subscriber
+//!
+//! The hub (in `herald-core`) depends on the [`Broker`] trait only. A broker stores each channel's
+//! stream (epoch, offsets, bounded history), delivers publications to the nodes that subscribed to
+//! the channel, and keeps presence. One node with everything in memory uses [`MemoryBroker`];
+//! `herald-broker-redis` and `herald-broker-nats` implement the same trait for several nodes.
+//!
+//! # Layout
+//! - [`Broker`] and [`BrokerHandler`]: the trait a broker implements and the callbacks it calls.
+//! - [`memory`]: the in-memory broker (single node).
+//! - [`conformance`]: one test suite, written against the trait, that every broker runs.
+
+pub mod conformance;
+pub mod memory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use herald_protocol::{ClientInfo, Publication, StreamPosition};
+use serde::{Deserialize, Serialize};
+
+pub use memory::MemoryBroker;
+
+/// What a broker failure means for the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The broker cannot be reached right now; retry later (error 111 / HTTP 503).
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+    /// The broker answered something unexpected (error 100 / HTTP 500).
+    #[error("broker error: {0}")]
+    Internal(String),
+}
+
+/// How a channel's stream is kept; comes from the channel's namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamOptions {
+    /// Publications kept in history (0: none kept; offsets are still assigned).
+    pub history_size: usize,
+    /// How long a publication stays in history.
+    pub history_ttl: Duration,
+    /// How long the stream's epoch and top offset outlive its last publication. Longer than
+    /// `history_ttl`, so that a client that was away longer than the TTL is told `recovered: false`
+    /// against the same epoch instead of silently starting over.
+    pub meta_ttl: Duration,
+}
+
+impl Default for StreamOptions {
+    fn default() -> Self {
+        StreamOptions {
+            history_size: 100,
+            history_ttl: Duration::from_secs(300),
+            meta_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// One `history` read.
+#[derive(Debug, Clone, Default)]
+pub struct HistoryQuery {
+    /// Only publications after this position.
+    pub since: Option<StreamPosition>,
+    /// At most this many: the oldest after `since`, or the newest without `since`. `Some(0)` reads
+    /// only the stream's position.
+    pub limit: Option<usize>,
+}
+
+/// The answer to a history read.
+#[derive(Debug, Clone)]
+pub struct HistoryResult {
+    /// The stream's current epoch and newest offset.
+    pub position: StreamPosition,
+    /// Publications in offset order.
+    pub publications: Vec<Publication>,
+    /// With `since`: the epoch matched and the history still held every publication after
+    /// `since.offset` (up to the limit). Without `since`: always true.
+    pub continuous: bool,
+}
+
+/// A message between nodes that is not a publication: API actions that must reach a client
+/// wherever it is connected, and node liveness for `/api/info`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum ControlMessage {
+    /// Disconnect a user's connections or one client.
+    Disconnect {
+        /// All connections of this user.
+        user: Option<String>,
+        /// Or this one connection.
+        client: Option<String>,
+        /// Close code to use.
+        code: u16,
+    },
+    /// Subscribe every connection of a user to a channel.
+    Subscribe {
+        /// The user.
+        user: String,
+        /// The channel.
+        channel: String,
+    },
+    /// Unsubscribe every connection of a user from a channel.
+    Unsubscribe {
+        /// The user.
+        user: String,
+        /// The channel.
+        channel: String,
+    },
+    /// A node's periodic report about itself.
+    NodeInfo(NodeInfo),
+}
+
+/// What a node reports about itself in `/api/info`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Node name.
+    pub name: String,
+    /// Open client connections.
+    pub connections: u64,
+    /// Client subscriptions (connection × channel).
+    pub subscriptions: u64,
+    /// Channels with at least one local subscriber.
+    pub channels: u64,
+    /// Seconds since the node started.
+    pub uptime_s: u64,
+    /// Herald version.
+    pub version: String,
+}
+
+/// What a broker calls when something arrives for this node. Implemented by the hub. Calls must
+/// be cheap and never block on I/O: they run on the broker's receive path.
+pub trait BrokerHandler: Send + Sync + 'static {
+    /// A publication on a channel this node subscribed to, in offset order per channel.
+    fn on_publication(&self, channel: &str, epoch: &str, publication: Publication);
+    /// A client joined (`joined`) or left a channel this node subscribed to.
+    fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo);
+    /// A control message for every node.
+    fn on_control(&self, message: ControlMessage);
+    /// The broker lost its connection and got it back, and has re-subscribed every channel: the
+    /// hub must catch up every channel from history, because publications may have been missed.
+    fn on_reconnected(&self);
+}
+
+/// The connection between nodes: streams, delivery and presence.
+///
+/// The hub calls [`subscribe`](Broker::subscribe) when a channel gets its first local subscriber
+/// and [`unsubscribe`](Broker::unsubscribe) when its last one leaves; it never calls both for the
+/// same channel at once, so a broker needs no reference counting of its own.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Called once, before the node serves, with the handler that receives incoming events.
+    async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError>;
+
+    /// Append to the channel's stream and deliver to every node subscribed to it, atomically:
+    /// the returned position is the publication's. With an `idempotency_key` seen recently on
+    /// this channel, return the earlier position and publish nothing.
+    async fn publish(
+        &self,
+        channel: &str,
+        data: Bytes,
+        info: Option<ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError>;
+
+    /// Start delivering the channel's publications to this node. Returns once the subscription
+    /// is in effect, so that a history read made afterwards misses nothing.
+    async fn subscribe(&self, channel: &str) -> Result<(), BrokerError>;
+
+    /// Stop delivering the channel's publications to this node.
+    async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError>;
+
+    /// Read the channel's position and publications.
+    async fn history(
+        &self,
+        channel: &str,
+        query: &HistoryQuery,
+        opts: &StreamOptions,
+    ) -> Result<HistoryResult, BrokerError>;
+
+    /// Record that a client is subscribed to the channel.
+    async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError>;
+
+    /// Forget a client's presence in the channel.
+    async fn remove_presence(&self, channel: &str, client: &str) -> Result<(), BrokerError>;
+
+    /// Everyone subscribed to the channel, on every node.
+    async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError>;
+
+    /// Tell every node hosting the channel that a client joined or left.
+    async fn publish_presence_change(
+        &self,
+        channel: &str,
+        joined: bool,
+        who: &ClientInfo,
+    ) -> Result<(), BrokerError>;
+
+    /// Send a control message to every node (this one included).
+    async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError>;
+
+    /// Prometheus text lines about the broker itself (appended to `/metrics`).
+    fn metrics_text(&self) -> String {
+        String::new()
+    }
+}
+
+/// Options of one publish.
+#[derive(Debug, Clone, Default)]
+pub struct PublishOptions {
+    /// How the channel's stream is kept.
+    pub stream: StreamOptions,
+    /// Deduplicates retried API publishes.
+    pub idempotency_key: Option<String>,
+}
+
+/// A new random epoch: 8 bytes, hex.
+pub fn new_epoch() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Keep `Arc<dyn Broker>` usable where a `Broker` is expected.
+pub type SharedBroker = Arc<dyn Broker>;

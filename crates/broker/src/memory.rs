@@ -1,0 +1,394 @@
+//! The in-memory broker: streams, history and presence for a single node.
+//!
+//! Publishing appends to the channel's stream and hands the publication to the hub under the
+//! stream's lock, so that publications of one channel reach the hub in offset order without a
+//! queue in between.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use herald_protocol::{ClientInfo, Publication, StreamPosition};
+
+use crate::{
+    new_epoch, Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
+    PublishOptions, StreamOptions,
+};
+
+/// Stream map shards: publishes to different channels rarely contend on one lock.
+const SHARDS: usize = 64;
+/// How long an idempotency key is remembered.
+const IDEMPOTENCY_TTL: Duration = Duration::from_secs(300);
+
+/// One channel's stream.
+struct Stream {
+    epoch: String,
+    top: u64,
+    /// (publication, when it was appended), oldest first; bounded by size and TTL.
+    entries: VecDeque<(Publication, Instant)>,
+    last_publish: Instant,
+    /// Idempotency keys seen recently: key → (offset, when).
+    recent_keys: HashMap<String, (u64, Instant)>,
+}
+
+impl Stream {
+    fn new(now: Instant) -> Self {
+        Stream {
+            epoch: new_epoch(),
+            top: 0,
+            entries: VecDeque::new(),
+            last_publish: now,
+            recent_keys: HashMap::new(),
+        }
+    }
+
+    fn position(&self) -> StreamPosition {
+        StreamPosition {
+            epoch: self.epoch.clone(),
+            offset: self.top,
+        }
+    }
+
+    /// Drop entries beyond the size bound or older than the TTL.
+    fn trim(&mut self, opts: &StreamOptions, now: Instant) {
+        while self.entries.len() > opts.history_size {
+            self.entries.pop_front();
+        }
+        while let Some((_, at)) = self.entries.front() {
+            if now.duration_since(*at) < opts.history_ttl {
+                break;
+            }
+            self.entries.pop_front();
+        }
+        self.recent_keys
+            .retain(|_, (_, at)| now.duration_since(*at) < IDEMPOTENCY_TTL);
+    }
+}
+
+/// The single-node broker. Cheap to share: clone the `Arc` it lives in.
+#[derive(Default)]
+pub struct MemoryBroker {
+    streams: Box<[Mutex<HashMap<String, Stream>>]>,
+    presence: Mutex<HashMap<String, HashMap<String, ClientInfo>>>,
+    handler: OnceLock<Arc<dyn BrokerHandler>>,
+}
+
+impl MemoryBroker {
+    /// An empty broker.
+    pub fn new() -> Self {
+        MemoryBroker {
+            streams: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            presence: Mutex::default(),
+            handler: OnceLock::new(),
+        }
+    }
+
+    fn shard(&self, channel: &str) -> &Mutex<HashMap<String, Stream>> {
+        let mut h = DefaultHasher::new();
+        channel.hash(&mut h);
+        &self.streams[(h.finish() as usize) % self.streams.len()]
+    }
+
+    /// Forget streams whose metadata outlived `meta_ttl`. Called by [`Self::spawn_sweeper`].
+    pub fn sweep(&self, meta_ttl: Duration) {
+        let now = Instant::now();
+        for shard in self.streams.iter() {
+            let mut streams = shard.lock().expect("stream lock");
+            streams.retain(|_, s| now.duration_since(s.last_publish) < meta_ttl);
+        }
+    }
+
+    /// Sweep expired streams every minute, so that channels published once do not stay forever.
+    pub fn spawn_sweeper(self: &Arc<Self>, meta_ttl: Duration) {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                match weak.upgrade() {
+                    Some(broker) => broker.sweep(meta_ttl),
+                    None => return,
+                }
+            }
+        });
+    }
+}
+
+/// Current stream of a channel, created (new epoch) when absent or expired.
+fn live_stream<'a>(
+    streams: &'a mut HashMap<String, Stream>,
+    channel: &str,
+    opts: &StreamOptions,
+    now: Instant,
+) -> &'a mut Stream {
+    let expired = streams
+        .get(channel)
+        .is_some_and(|s| now.duration_since(s.last_publish) >= opts.meta_ttl);
+    if expired {
+        streams.remove(channel);
+    }
+    streams
+        .entry(channel.to_owned())
+        .or_insert_with(|| Stream::new(now))
+}
+
+#[async_trait]
+impl Broker for MemoryBroker {
+    async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError> {
+        self.handler
+            .set(handler)
+            .map_err(|_| BrokerError::Internal("broker started twice".into()))
+    }
+
+    async fn publish(
+        &self,
+        channel: &str,
+        data: Bytes,
+        info: Option<ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        let now = Instant::now();
+        let mut streams = self.shard(channel).lock().expect("stream lock");
+        let stream = live_stream(&mut streams, channel, &opts.stream, now);
+        if let Some(key) = &opts.idempotency_key {
+            if let Some((offset, _)) = stream.recent_keys.get(key) {
+                return Ok(StreamPosition {
+                    epoch: stream.epoch.clone(),
+                    offset: *offset,
+                });
+            }
+        }
+        stream.top += 1;
+        stream.last_publish = now;
+        let publication = Publication {
+            offset: stream.top,
+            data,
+            info,
+        };
+        if let Some(key) = &opts.idempotency_key {
+            stream.recent_keys.insert(key.clone(), (stream.top, now));
+        }
+        if opts.stream.history_size > 0 {
+            stream.entries.push_back((publication.clone(), now));
+        }
+        stream.trim(&opts.stream, now);
+        // Delivered under the stream lock: the hub sees this channel's offsets in order.
+        if let Some(handler) = self.handler.get() {
+            handler.on_publication(channel, &stream.epoch, publication);
+        }
+        Ok(stream.position())
+    }
+
+    async fn subscribe(&self, _channel: &str) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    async fn unsubscribe(&self, _channel: &str) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    async fn history(
+        &self,
+        channel: &str,
+        query: &HistoryQuery,
+        opts: &StreamOptions,
+    ) -> Result<HistoryResult, BrokerError> {
+        let now = Instant::now();
+        let mut streams = self.shard(channel).lock().expect("stream lock");
+        let stream = live_stream(&mut streams, channel, opts, now);
+        stream.trim(opts, now);
+        Ok(read_history(stream, query))
+    }
+
+    async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
+        let mut presence = self.presence.lock().expect("presence lock");
+        presence
+            .entry(channel.to_owned())
+            .or_default()
+            .insert(who.client.clone(), who.clone());
+        Ok(())
+    }
+
+    async fn remove_presence(&self, channel: &str, client: &str) -> Result<(), BrokerError> {
+        let mut presence = self.presence.lock().expect("presence lock");
+        if let Some(clients) = presence.get_mut(channel) {
+            clients.remove(client);
+            if clients.is_empty() {
+                presence.remove(channel);
+            }
+        }
+        Ok(())
+    }
+
+    async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
+        let presence = self.presence.lock().expect("presence lock");
+        Ok(presence
+            .get(channel)
+            .map(|c| c.values().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn publish_presence_change(
+        &self,
+        channel: &str,
+        joined: bool,
+        who: &ClientInfo,
+    ) -> Result<(), BrokerError> {
+        if let Some(handler) = self.handler.get() {
+            handler.on_presence_change(channel, joined, who.clone());
+        }
+        Ok(())
+    }
+
+    async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError> {
+        if let Some(handler) = self.handler.get() {
+            handler.on_control(message.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Answer a history query from a trimmed stream. Shared logic of the recovery guarantee: with
+/// `since`, the answer is `continuous` only if the epoch matches and nothing after `since.offset`
+/// has been trimmed away.
+fn read_history(stream: &Stream, query: &HistoryQuery) -> HistoryResult {
+    let position = stream.position();
+    let limit = query.limit.unwrap_or(usize::MAX);
+    let (publications, continuous) = match &query.since {
+        Some(since) => {
+            if since.epoch != stream.epoch || since.offset > stream.top {
+                (Vec::new(), false)
+            } else {
+                let first_kept = stream
+                    .entries
+                    .front()
+                    .map_or(stream.top + 1, |(p, _)| p.offset);
+                let continuous = since.offset + 1 >= first_kept;
+                let pubs = stream
+                    .entries
+                    .iter()
+                    .filter(|(p, _)| p.offset > since.offset)
+                    .take(limit)
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                (if continuous { pubs } else { Vec::new() }, continuous)
+            }
+        }
+        None => {
+            let skip = stream.entries.len().saturating_sub(limit);
+            let pubs = stream.entries.iter().skip(skip).map(|(p, _)| p.clone()).collect();
+            (pubs, true)
+        }
+    };
+    HistoryResult {
+        position,
+        publications,
+        continuous,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(size: usize) -> StreamOptions {
+        StreamOptions {
+            history_size: size,
+            ..StreamOptions::default()
+        }
+    }
+
+    fn stream_with(offsets: std::ops::RangeInclusive<u64>, top: u64) -> Stream {
+        let now = Instant::now();
+        let mut s = Stream::new(now);
+        s.top = top;
+        for o in offsets {
+            let p = Publication {
+                offset: o,
+                data: Bytes::from_static(b"1"),
+                info: None,
+            };
+            s.entries.push_back((p, now));
+        }
+        s
+    }
+
+    fn since(s: &Stream, offset: u64) -> HistoryQuery {
+        HistoryQuery {
+            since: Some(StreamPosition {
+                epoch: s.epoch.clone(),
+                offset,
+            }),
+            limit: None,
+        }
+    }
+
+    #[test]
+    fn recovers_when_everything_after_since_is_kept() {
+        let s = stream_with(5..=10, 10);
+        let r = read_history(&s, &since(&s, 4));
+        assert!(r.continuous);
+        assert_eq!(r.publications.first().unwrap().offset, 5);
+        assert_eq!(r.publications.len(), 6);
+    }
+
+    #[test]
+    fn refuses_when_a_publication_was_trimmed() {
+        let s = stream_with(5..=10, 10);
+        let r = read_history(&s, &since(&s, 3));
+        assert!(!r.continuous);
+        assert!(r.publications.is_empty(), "never partial");
+    }
+
+    #[test]
+    fn up_to_date_since_is_continuous_and_empty() {
+        let s = stream_with(5..=10, 10);
+        let r = read_history(&s, &since(&s, 10));
+        assert!(r.continuous && r.publications.is_empty());
+        // Even with nothing kept at all.
+        let empty = stream_with(1..=0, 10);
+        assert!(read_history(&empty, &since(&empty, 10)).continuous);
+        assert!(!read_history(&empty, &since(&empty, 9)).continuous);
+    }
+
+    #[test]
+    fn other_epoch_or_future_offset_is_not_continuous() {
+        let s = stream_with(1..=3, 3);
+        let mut q = since(&s, 1);
+        q.since.as_mut().unwrap().epoch = "other".into();
+        assert!(!read_history(&s, &q).continuous);
+        assert!(!read_history(&s, &since(&s, 4)).continuous);
+    }
+
+    #[test]
+    fn limit_without_since_returns_newest() {
+        let s = stream_with(1..=10, 10);
+        let r = read_history(
+            &s,
+            &HistoryQuery {
+                since: None,
+                limit: Some(3),
+            },
+        );
+        let offsets: Vec<u64> = r.publications.iter().map(|p| p.offset).collect();
+        assert_eq!(offsets, vec![8, 9, 10]);
+    }
+
+    #[test]
+    fn trim_bounds_size_and_ttl() {
+        let mut s = stream_with(1..=10, 10);
+        s.trim(&opts(4), Instant::now());
+        assert_eq!(s.entries.len(), 4);
+        let ttl = StreamOptions {
+            history_ttl: Duration::ZERO,
+            ..opts(100)
+        };
+        s.trim(&ttl, Instant::now());
+        assert!(s.entries.is_empty());
+        assert_eq!(s.top, 10, "trimming keeps the stream position");
+    }
+}

@@ -1,0 +1,8 @@
+use std::sync::Arc;
+
+use herald_broker::{MemoryBroker, SharedBroker};
+
+#[tokio::test]
+async fn memory_broker_conforms() {
+    herald_broker::conformance::run(|| async { Arc::new(MemoryBroker::new()) as SharedBroker }).await;
+}

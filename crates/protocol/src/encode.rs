@@ -1,0 +1,184 @@
+//! Encoding replies and pushes. Every push is encoded once into [`Bytes`] and shared by all the
+//! connections that receive it.
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::codes::{CloseCode, ErrorCode};
+use crate::types::{ClientInfo, Publication, PublicationWire, PublisherWire};
+
+/// The ping the server sends, and the pong a client answers with.
+pub const PING: &[u8] = b"{}";
+
+/// `{"id": N, "<method>": <result>}`.
+pub fn reply(id: u64, method: &str, result: &impl Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(b"{\"id\":");
+    out.extend_from_slice(id.to_string().as_bytes());
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(method.as_bytes());
+    out.extend_from_slice(b"\":");
+    serde_json::to_writer(&mut out, result).expect("reply serializes");
+    out.push(b'}');
+    Bytes::from(out)
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: u16,
+    message: &'a str,
+}
+
+/// `{"id": N, "error": {"code": C, "message": "..."}}`.
+pub fn reply_error(id: u64, code: ErrorCode, message: &str) -> Bytes {
+    #[derive(Serialize)]
+    struct Reply<'a> {
+        id: u64,
+        error: ErrorBody<'a>,
+    }
+    let body = Reply {
+        id,
+        error: ErrorBody {
+            code: code.as_u16(),
+            message,
+        },
+    };
+    Bytes::from(serde_json::to_vec(&body).expect("error serializes"))
+}
+
+/// `{"pub": {"channel": "c", "offset": 7, "data": ..., "info"?: ...}}`.
+pub fn push_publication(channel: &str, publication: &Publication) -> Bytes {
+    #[derive(Serialize)]
+    struct Pub<'a> {
+        channel: &'a str,
+        #[serde(flatten)]
+        publication: PublicationWire<'a>,
+    }
+    #[derive(Serialize)]
+    struct Push<'a> {
+        #[serde(rename = "pub")]
+        publication: Pub<'a>,
+    }
+    let push = Push {
+        publication: Pub {
+            channel,
+            publication: publication.into(),
+        },
+    };
+    Bytes::from(serde_json::to_vec(&push).expect("publication serializes"))
+}
+
+/// `{"join": {...}}` or `{"leave": {...}}` for a presence change.
+pub fn push_presence_change(joined: bool, channel: &str, who: &ClientInfo) -> Bytes {
+    #[derive(Serialize)]
+    struct Change<'a> {
+        channel: &'a str,
+        info: PublisherWire<'a>,
+    }
+    let change = Change {
+        channel,
+        info: PublisherWire {
+            user: &who.user,
+            client: &who.client,
+        },
+    };
+    let key = if joined { "join" } else { "leave" };
+    keyed(key, &change)
+}
+
+/// `{"unsub": {"channel": "c", "code": C, "reason": "..."}}`.
+pub fn push_unsub(channel: &str, code: u16, reason: &str) -> Bytes {
+    #[derive(Serialize)]
+    struct Unsub<'a> {
+        channel: &'a str,
+        code: u16,
+        reason: &'a str,
+    }
+    keyed(
+        "unsub",
+        &Unsub {
+            channel,
+            code,
+            reason,
+        },
+    )
+}
+
+/// `{"subscribe": {"channel": "c", ...subscribe result}}`: the server subscribed the connection
+/// (API `subscribe`). An addition to the v1 tables, documented in docs/protocol.md.
+pub fn push_subscribed(channel: &str, result: &impl Serialize) -> Bytes {
+    #[derive(Serialize)]
+    struct Sub<'a, R: Serialize> {
+        channel: &'a str,
+        #[serde(flatten)]
+        result: &'a R,
+    }
+    keyed("subscribe", &Sub { channel, result })
+}
+
+/// `{"disconnect": {"code": C, "reason": "...", "reconnect": bool, "after_ms"?: n}}`.
+pub fn push_disconnect(code: CloseCode, reason: &str, after_ms: Option<u64>) -> Bytes {
+    #[derive(Serialize)]
+    struct Disconnect<'a> {
+        code: u16,
+        reason: &'a str,
+        reconnect: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        after_ms: Option<u64>,
+    }
+    keyed(
+        "disconnect",
+        &Disconnect {
+            code: code.0,
+            reason,
+            reconnect: code.reconnect(),
+            after_ms,
+        },
+    )
+}
+
+fn keyed(key: &str, value: &impl Serialize) -> Bytes {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(b"{\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+    serde_json::to_writer(&mut out, value).expect("push serializes");
+    out.push(b'}');
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publication_push_has_exact_bytes() {
+        let p = Publication {
+            offset: 7,
+            data: Bytes::from_static(br#"{"x": 1}"#),
+            info: None,
+        };
+        assert_eq!(
+            &push_publication("news", &p)[..],
+            br#"{"pub":{"channel":"news","offset":7,"data":{"x": 1}}}"#
+        );
+    }
+
+    #[test]
+    fn reply_and_error_shapes() {
+        assert_eq!(&reply(4, "unsubscribe", &serde_json::json!({}))[..], br#"{"id":4,"unsubscribe":{}}"#);
+        assert_eq!(
+            &reply_error(5, ErrorCode::PermissionDenied, "no")[..],
+            br#"{"id":5,"error":{"code":103,"message":"no"}}"#
+        );
+    }
+
+    #[test]
+    fn disconnect_carries_reconnect_rule() {
+        let d = push_disconnect(CloseCode::SHUTDOWN, "shutdown", Some(1200));
+        assert_eq!(
+            &d[..],
+            br#"{"disconnect":{"code":4000,"reason":"shutdown","reconnect":true,"after_ms":1200}}"#
+        );
+    }
+}

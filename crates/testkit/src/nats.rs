@@ -1,0 +1,1 @@
+//! nats-server for tests (written by the NATS broker work).

@@ -1,0 +1,1 @@
+//! redis-server for tests (written by the Redis broker work).
