@@ -1,0 +1,800 @@
+// The Herald client: connection state machine, command round trips, reconnect, token refresh, and
+// routing of pushes to subscriptions.
+//
+// States: disconnected → connecting → connected, and back to connecting whenever the connection is
+// lost for a reason that allows a reconnect (close code 4000–4499, network errors, missing pings).
+// Only `disconnect()`, a 4500–4999 close or a rejected `connect` lead to `disconnected`.
+//
+// Everything that reacts to incoming frames runs synchronously, in frame order: a `connect` reply
+// and the publications batched behind it in the same frame must be applied in exactly that order,
+// or recovery could deliver out of order. That is why replies go to plain callbacks, not promises.
+
+import { Backoff } from './backoff.js';
+import {
+  ClientCode,
+  ErrorCode,
+  isTemporaryError,
+  shouldReconnect,
+  shouldResubscribe,
+} from './codes.js';
+import {
+  PONG,
+  decodeFrame,
+  encodeCommand,
+  type ClientInfo,
+  type ConnectResult,
+  type HistoryResult,
+  type PresenceResult,
+  type PublishResult,
+  type RefreshResult,
+  type ReplyErrorBody,
+  type ServerMessage,
+  type StreamPosition,
+  type SubscribeResult,
+} from './codec.js';
+import { Emitter } from './emitter.js';
+import { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';
+import { Subscription, type PublicationContext, type SubscribeOptions, type SubscriptionHost } from './subscription.js';
+import { Transport, resolveWebSocket, type WebSocketConstructor } from './transport.js';
+
+export type ConnectionState = 'disconnected' | 'connecting' | 'connected';
+
+export interface HeraldOptions {
+  /** Connection token (JWT). */
+  token?: string;
+  /**
+   * Called for a token on the first connect, before the token expires (the SDK then sends
+   * `refresh`), and after the server closed with 4004 (token expired). Return '' or null to refuse.
+   */
+  getToken?: () => string | null | undefined | Promise<string | null | undefined>;
+  /** Client name and version, sent in `connect` (shown in server logs). */
+  name?: string;
+  version?: string;
+  /** WebSocket implementation; defaults to the global one (browser, Node 22+) or `ws` in Node. */
+  WebSocket?: WebSocketConstructor;
+  /** WebSocket subprotocol(s) to request, e.g. 'herald.v1.json'. Default: none. */
+  protocols?: string | string[];
+  /** Reconnect backoff window bounds, ms. Defaults 500 and 20000. */
+  minReconnectDelayMs?: number;
+  maxReconnectDelayMs?: number;
+  /** Timeout for `connect` and every command, ms. Default 10000. */
+  timeoutMs?: number;
+  /** Extra time past `ping_interval` before a silent connection counts as dead, ms. Default 10000. */
+  pingGraceMs?: number;
+  /** Randomness for jitter; injectable for tests. */
+  random?: () => number;
+}
+
+export interface ConnectedContext {
+  client: string;
+  node: string;
+  /** Seconds between server pings. */
+  pingInterval: number;
+  /** Seconds until the connection token expires, when it does. */
+  expiresIn?: number;
+}
+
+export interface StateContext {
+  code: number;
+  reason: string;
+}
+
+export type ErrorType = 'transport' | 'connect' | 'token' | 'refresh' | 'subscribe' | 'protocol' | 'listener';
+
+export interface ErrorContext {
+  type: ErrorType;
+  error: HeraldError;
+  channel?: string;
+}
+
+/** Typed events of the client. */
+export interface HeraldEvents {
+  /** Every state change. */
+  state: { oldState: ConnectionState; newState: ConnectionState };
+  /** The client is (re)connecting; `code`/`reason` say why (a close code or a ClientCode). */
+  connecting: StateContext;
+  connected: ConnectedContext;
+  /** The client stopped and will not reconnect on its own. */
+  disconnected: StateContext;
+  error: ErrorContext;
+  /** Publications of channels the server subscribed this connection to (token `channels` claim). */
+  publication: PublicationContext;
+  join: { channel: string; info: ClientInfo };
+  leave: { channel: string; info: ClientInfo };
+}
+
+type ReplyCallback = (err: HeraldError | undefined, result: unknown) => void;
+
+interface Pending {
+  cb: ReplyCallback;
+  timer: ReturnType<typeof setTimeout>;
+}
+
+interface Waiter {
+  run: () => void;
+  fail: (e: HeraldError) => void;
+  timer: ReturnType<typeof setTimeout>;
+}
+
+type Disconnect = Extract<ServerMessage, { type: 'disconnect' }>;
+
+// Names: at most 255 bytes of [A-Za-z0-9_:.@=/#,-] (PROTOCOL.md). All allowed characters are ASCII,
+// so length in characters equals length in bytes.
+const CHANNEL_RE = /^[A-Za-z0-9_:.@=/#,-]{1,255}$/;
+
+export class Herald extends Emitter<HeraldEvents> {
+  readonly url: string;
+  private readonly opts: HeraldOptions;
+  private readonly backoff: Backoff;
+  private readonly timeoutMs: number;
+  private readonly pingGraceMs: number;
+
+  private _state: ConnectionState = 'disconnected';
+  private transport: Transport | undefined;
+  private readonly subs = new Map<string, Subscription<never>>();
+  private readonly pending = new Map<number, Pending>();
+  private waiters: Waiter[] = [];
+  private nextId = 1;
+
+  private token: string | undefined;
+  private needToken: boolean;
+  /** Bumped whenever a connection attempt starts or is abandoned; stale async steps compare it. */
+  private attemptSeq = 0;
+  private disconnectPush: Disconnect | undefined;
+  private _clientId: string | undefined;
+
+  private pingIntervalMs = 0;
+  private lastSeen = 0;
+  private pingTimer: ReturnType<typeof setTimeout> | undefined;
+  private connectTimer: ReturnType<typeof setTimeout> | undefined;
+  private reconnectTimer: ReturnType<typeof setTimeout> | undefined;
+  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
+  private removeOnline: (() => void) | undefined;
+
+  private readonly host: SubscriptionHost;
+
+  constructor(url: string, opts: HeraldOptions = {}) {
+    super();
+    this.url = url;
+    this.opts = opts;
+    this.token = opts.token;
+    this.needToken = opts.token === undefined;
+    this.timeoutMs = opts.timeoutMs ?? 10_000;
+    this.pingGraceMs = opts.pingGraceMs ?? 10_000;
+    this.backoff = new Backoff({
+      minDelayMs: opts.minReconnectDelayMs,
+      maxDelayMs: opts.maxReconnectDelayMs,
+      random: opts.random,
+    });
+    this.host = {
+      removeSubscription: (sub, code, reason) => this.removeSubscription(sub, code, reason),
+      publish: (ch, data) => this.publish(ch, data),
+      history: (ch, o) => this.history(ch, o),
+      presence: (ch) => this.presence(ch),
+      reportListenerError: (channel, e) => this.reportError('listener', toHeraldError(e), channel),
+    };
+  }
+
+  get state(): ConnectionState {
+    return this._state;
+  }
+
+  /** The server's id for the current connection, once connected. */
+  get clientId(): string | undefined {
+    return this._clientId;
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Public API
+
+  /** Start connecting (and keep reconnecting) until `disconnect()`. Idempotent. */
+  connect(): void {
+    if (this._state !== 'disconnected') return;
+    this.backoff.reset();
+    this.setState('connecting');
+    this.emit('connecting', { code: ClientCode.ConnectCalled, reason: 'connect called' });
+    this.watchOnline();
+    void this.startAttempt();
+  }
+
+  /** Close the connection and stop reconnecting. Subscriptions stay registered: a later `connect()`
+   * restores and recovers them. */
+  disconnect(): void {
+    if (this._state === 'disconnected') return;
+    this.stop(ClientCode.DisconnectCalled, 'disconnect called');
+  }
+
+  /** Resolves when connected; rejects if the client ends up disconnected first. */
+  ready(): Promise<void> {
+    if (this._state === 'connected') return Promise.resolve();
+    if (this._state === 'disconnected') {
+      return Promise.reject(new ConnectionError(ClientCode.NotConnected, 'client is disconnected'));
+    }
+    return new Promise((resolve, reject) => {
+      const offC = this.once('connected', () => {
+        offD();
+        resolve();
+      });
+      const offD = this.once('disconnected', (ctx) => {
+        offC();
+        reject(new ConnectionError(ctx.code, ctx.reason));
+      });
+    });
+  }
+
+  /**
+   * Subscribe to a channel. Returns at once; the subscribe is sent when connected (in the `connect`
+   * command itself when connecting) and restored with recovery after every reconnect.
+   */
+  subscribe<T = unknown>(channel: string, opts: SubscribeOptions<T> = {}): Subscription<T> {
+    if (typeof channel !== 'string' || !CHANNEL_RE.test(channel)) {
+      throw new UsageError(ErrorCode.BadRequest, `invalid channel name: ${JSON.stringify(channel)}`);
+    }
+    if (this.subs.has(channel)) {
+      throw new UsageError(ClientCode.AlreadySubscribed, `already subscribed to ${channel}`);
+    }
+    const sub = new Subscription<T>(this.host, channel, opts);
+    this.subs.set(channel, sub as unknown as Subscription<never>);
+    if (this._state === 'connected') this.sendSubscribe(sub as unknown as Subscription<never>);
+    return sub;
+  }
+
+  /** The active subscription to a channel, if any. */
+  getSubscription<T = unknown>(channel: string): Subscription<T> | undefined {
+    return this.subs.get(channel) as unknown as Subscription<T> | undefined;
+  }
+
+  /** All active subscriptions. */
+  subscriptions(): Subscription[] {
+    return [...this.subs.values()] as unknown as Subscription[];
+  }
+
+  /** Publish to a channel (where the namespace allows client publishing). */
+  publish(channel: string, data: unknown): Promise<PublishResult> {
+    return this.call<PublishResult>('publish', { channel, data });
+  }
+
+  /** Read a channel's history. */
+  history(channel: string, opts: { since?: StreamPosition; limit?: number } = {}): Promise<HistoryResult> {
+    const params: Record<string, unknown> = { channel };
+    if (opts.since) params.since = opts.since;
+    if (opts.limit !== undefined) params.limit = opts.limit;
+    return this.call<HistoryResult>('history', params);
+  }
+
+  /** Who is subscribed to a channel now. */
+  presence(channel: string): Promise<PresenceResult> {
+    return this.call<PresenceResult>('presence', { channel });
+  }
+
+  /**
+   * Send any command and get its result. Waits while the client is connecting; fails at once when
+   * it is disconnected.
+   */
+  call<R = unknown>(method: string, params: object): Promise<R> {
+    return new Promise<R>((resolve, reject) => {
+      const run = (): void =>
+        this.request(method, params, (err, result) => (err ? reject(err) : resolve(result as R)));
+      if (this._state === 'connected') {
+        run();
+      } else if (this._state === 'connecting') {
+        const waiter: Waiter = {
+          run,
+          fail: reject,
+          timer: setTimeout(() => {
+            this.waiters = this.waiters.filter((w) => w !== waiter);
+            reject(new TimeoutError(`timed out waiting for a connection to send ${method}`));
+          }, this.timeoutMs),
+        };
+        this.waiters.push(waiter);
+      } else {
+        reject(new ConnectionError(ClientCode.NotConnected, 'client is disconnected; call connect() first'));
+      }
+    });
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Connection attempts
+
+  private async startAttempt(): Promise<void> {
+    this.clearTimer('reconnectTimer');
+    const attempt = ++this.attemptSeq;
+
+    if (this.opts.getToken && (this.needToken || this.token === undefined)) {
+      let token: string | null | undefined;
+      try {
+        token = await this.opts.getToken();
+      } catch (e) {
+        if (attempt !== this.attemptSeq || this._state !== 'connecting') return;
+        this.reportError('token', new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`));
+        this.scheduleReconnect();
+        return;
+      }
+      if (attempt !== this.attemptSeq || this._state !== 'connecting') return;
+      if (!token) {
+        this.stop(ClientCode.NoToken, 'getToken returned no token');
+        return;
+      }
+      this.token = token;
+      this.needToken = false;
+    }
+
+    let transport: Transport;
+    try {
+      transport = new Transport(this.url, resolveWebSocket(this.opts.WebSocket), this.opts.protocols, {
+        onOpen: () => {
+          if (this.transport === transport) this.sendConnect();
+        },
+        onText: (text) => {
+          if (this.transport === transport) this.onFrame(text);
+        },
+        onClose: (code, reason) => {
+          if (this.transport !== transport) return;
+          this.transport = undefined;
+          this.connectionLost(code, reason);
+        },
+        onError: () => {
+          // A `close` always follows; the error event itself carries nothing useful in browsers.
+        },
+      });
+    } catch (e) {
+      this.reportError('transport', new ConnectionError(ClientCode.TransportClosed, errMessage(e)));
+      this.scheduleReconnect();
+      return;
+    }
+    this.transport = transport;
+    this.disconnectPush = undefined;
+    this.connectTimer = setTimeout(() => {
+      this.connectTimer = undefined;
+      this.abort(ClientCode.ConnectTimeout, 'connect timed out');
+    }, this.timeoutMs);
+  }
+
+  private sendConnect(): void {
+    // Restore every subscription in this one round trip; each carries `since` when it can recover.
+    const subs: Record<string, { since?: StreamPosition }> = {};
+    const included: Subscription<never>[] = [];
+    for (const sub of this.subs.values()) {
+      // Subscriptions with their own token cannot go in `connect.subs`; they are sent one by one.
+      if (sub._token !== undefined) continue;
+      const since = sub._tracker.since();
+      sub._state = 'subscribing';
+      sub._sentSince = since;
+      sub._inflight = true;
+      subs[sub.channel] = since ? { since } : {};
+      included.push(sub);
+    }
+    const params: Record<string, unknown> = {};
+    if (this.token !== undefined) params.token = this.token;
+    if (this.opts.name !== undefined) params.name = this.opts.name;
+    if (this.opts.version !== undefined) params.version = this.opts.version;
+    if (included.length > 0) params.subs = subs;
+    this.request('connect', params, (err, result) => this.onConnectReply(err, result as ConnectResult, included));
+  }
+
+  private onConnectReply(err: HeraldError | undefined, r: ConnectResult, included: Subscription<never>[]): void {
+    this.clearTimer('connectTimer');
+    for (const sub of included) sub._inflight = false;
+    if (err) {
+      if (err instanceof ReplyError) {
+        this.reportError('connect', err);
+        if (err.code === ErrorCode.TokenExpired) {
+          this.needToken = true;
+          this.abort(err.code, err.message);
+        } else if (isTemporaryError(err.code)) {
+          this.abort(err.code, err.message);
+        } else {
+          this.stop(err.code, err.message);
+        }
+      } else if (err instanceof TimeoutError) {
+        this.abort(ClientCode.ConnectTimeout, 'connect timed out');
+      }
+      // A ConnectionError means the socket already closed; connectionLost() handled it.
+      return;
+    }
+
+    this.backoff.reset();
+    this._clientId = r.client;
+    this.pingIntervalMs = typeof r.ping_interval === 'number' && r.ping_interval > 0 ? r.ping_interval * 1000 : 0;
+    this.lastSeen = Date.now();
+    this.armPingWatch();
+    if (typeof r.expires_in === 'number' && r.expires_in > 0) this.scheduleRefresh(r.expires_in);
+    this.setState('connected');
+    const ctx: ConnectedContext = { client: r.client, node: r.node, pingInterval: r.ping_interval };
+    if (r.expires_in !== undefined) ctx.expiresIn = r.expires_in;
+    this.emit('connected', ctx);
+    if (this._state !== 'connected') return; // a listener disconnected us
+
+    const results = r.subs ?? {};
+    for (const sub of included) {
+      if (this.subs.get(sub.channel) !== sub || this._state !== 'connected') continue;
+      const res = results[sub.channel];
+      if (res === undefined) {
+        // The server did not answer for this channel in `connect`: ask again explicitly.
+        this.sendSubscribe(sub);
+      } else if ('error' in res) {
+        this.onSubscribeError(sub, new ReplyError(res.error.code, res.error.message));
+      } else {
+        this.applySubscribe(sub, res);
+      }
+    }
+    // Subscriptions created while `connect` was in flight, or with their own token.
+    for (const sub of this.subs.values()) {
+      if (this._state !== 'connected') break;
+      if (sub._state === 'subscribing' && !sub._inflight && sub._retryTimer === undefined) this.sendSubscribe(sub);
+    }
+    for (const w of this.waiters.splice(0)) {
+      clearTimeout(w.timer);
+      w.run();
+    }
+  }
+
+  private scheduleReconnect(afterMs?: number): void {
+    this.clearTimer('reconnectTimer');
+    const delay = this.backoff.next(afterMs);
+    this.reconnectTimer = setTimeout(() => {
+      this.reconnectTimer = undefined;
+      if (this._state === 'connecting') void this.startAttempt();
+    }, delay);
+  }
+
+  /** We gave up on the current socket ourselves (no ping, timeout, retryable connect error). */
+  private abort(code: number, reason: string): void {
+    const t = this.transport;
+    if (!t) return;
+    this.transport = undefined;
+    t.close(true);
+    this.connectionLost(code, reason);
+  }
+
+  /** The socket is gone. Decide between reconnecting and stopping. */
+  private connectionLost(closeCode: number, closeReason: string): void {
+    const push = this.disconnectPush;
+    this.disconnectPush = undefined;
+    // The close frame and the `disconnect` push carry the same code; a proxy may have eaten the
+    // close frame's code (1006), so the push wins when the close code is not a Herald one.
+    const isHerald = closeCode >= 4000 && closeCode <= 4999;
+    const code = isHerald ? closeCode : (push?.code ?? closeCode);
+    const reason = push?.reason || closeReason || (isHerald ? '' : 'transport closed');
+    this.teardown(code, reason);
+    if (this._state === 'disconnected') return;
+
+    if (code === 4004) this.needToken = true;
+    const reconnect = (push ? push.reconnect : true) && shouldReconnect(code);
+    if (!reconnect) {
+      this.stop(code, reason);
+      return;
+    }
+    if (this._state !== 'connecting') {
+      this.setState('connecting');
+      this.emit('connecting', { code, reason });
+    }
+    this.scheduleReconnect(push?.afterMs);
+  }
+
+  /** Final stop: close everything, fail what waits, emit `disconnected`. */
+  private stop(code: number, reason: string): void {
+    this.attemptSeq++;
+    const t = this.transport;
+    this.transport = undefined;
+    t?.close();
+    this.teardown(code, reason);
+    this.clearTimer('reconnectTimer');
+    for (const w of this.waiters.splice(0)) {
+      clearTimeout(w.timer);
+      w.fail(new ConnectionError(ClientCode.NotConnected, `client disconnected: ${reason}`, code));
+    }
+    this.removeOnline?.();
+    this.removeOnline = undefined;
+    if (this._state === 'disconnected') return;
+    this.setState('disconnected');
+    this.emit('disconnected', { code, reason });
+  }
+
+  /** Forget the dead connection: timers, in-flight commands, server-side subscription state. */
+  private teardown(code: number, reason: string): void {
+    this.clearTimer('connectTimer');
+    this.clearTimer('pingTimer');
+    this.clearTimer('refreshTimer');
+    this._clientId = undefined;
+    const pending = [...this.pending.values()];
+    this.pending.clear();
+    for (const sub of this.subs.values()) {
+      sub._inflight = false;
+      if (sub._retryTimer !== undefined) clearTimeout(sub._retryTimer);
+      sub._retryTimer = undefined;
+      // The subscription survives; the next `connect` restores it with `since`.
+      if (sub._state === 'subscribed') sub._state = 'subscribing';
+    }
+    for (const p of pending) {
+      clearTimeout(p.timer);
+      p.cb(new ConnectionError(ClientCode.ConnectionLost, `connection lost: ${reason}`, code), undefined);
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Incoming frames
+
+  private onFrame(text: string): void {
+    this.lastSeen = Date.now();
+    for (const msg of decodeFrame(text)) {
+      // A message may have closed the connection (e.g. a listener called disconnect()); the rest of
+      // the frame belongs to a connection we no longer have.
+      if (!this.transport) return;
+      this.onMessage(msg);
+    }
+  }
+
+  private onMessage(msg: ServerMessage): void {
+    switch (msg.type) {
+      case 'reply': {
+        const p = this.pending.get(msg.id);
+        if (!p) return; // late reply to a command that already timed out
+        this.pending.delete(msg.id);
+        clearTimeout(p.timer);
+        if (msg.error) p.cb(new ReplyError(msg.error.code, msg.error.message), undefined);
+        else p.cb(undefined, msg.result ?? {});
+        return;
+      }
+      case 'ping':
+        this.transport?.send(PONG);
+        return;
+      case 'pub': {
+        const sub = this.subs.get(msg.channel);
+        if (!sub) {
+          const ctx: PublicationContext = { channel: msg.channel, offset: msg.pub.offset, data: msg.pub.data };
+          if (msg.pub.info) ctx.info = msg.pub.info;
+          this.emit('publication', ctx);
+          return;
+        }
+        if (sub._applyPublication(msg.pub)) this.resync(sub, true);
+        return;
+      }
+      case 'join':
+      case 'leave': {
+        const sub = this.subs.get(msg.channel);
+        if (sub) sub._applyPresence(msg.type, msg.info);
+        else this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        return;
+      }
+      case 'unsub': {
+        const sub = this.subs.get(msg.channel);
+        if (!sub) return;
+        if (shouldResubscribe(msg.code)) {
+          this.resync(sub, false);
+        } else {
+          this.subs.delete(sub.channel);
+          sub._end(msg.code, msg.reason);
+        }
+        return;
+      }
+      case 'disconnect':
+        // Remember why; the close frame that follows ends the connection.
+        this.disconnectPush = msg;
+        return;
+      case 'invalid':
+        this.reportError('protocol', new HeraldError(ClientCode.BadFrame, `bad message from server: ${msg.reason}`));
+        return;
+      case 'unknown':
+        return; // newer servers may send pushes we do not know; ignoring them is the contract
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Subscriptions
+
+  private sendSubscribe(sub: Subscription<never>): void {
+    if (this._state !== 'connected' || sub._inflight || sub._state === 'unsubscribed') return;
+    const since = sub._tracker.since();
+    sub._state = 'subscribing';
+    sub._sentSince = since;
+    sub._inflight = true;
+    const params: Record<string, unknown> = { channel: sub.channel };
+    if (since) params.since = since;
+    if (sub._token !== undefined) params.token = sub._token;
+    this.request('subscribe', params, (err, result) => {
+      sub._inflight = false;
+      if (this.subs.get(sub.channel) !== sub) return; // unsubscribed meanwhile
+      if (err) this.onSubscribeError(sub, err);
+      else this.applySubscribe(sub, result as SubscribeResult);
+    });
+  }
+
+  private applySubscribe(sub: Subscription<never>, result: SubscribeResult): void {
+    if (sub._applySubscribe(result) && this.subs.get(sub.channel) === sub) this.resync(sub, true);
+  }
+
+  private onSubscribeError(sub: Subscription<never>, err: HeraldError): void {
+    if (err instanceof ConnectionError) return; // the next connect restores it
+    if (err instanceof TimeoutError || (err instanceof ReplyError && err.temporary)) {
+      sub._reportError(err);
+      this.reportError('subscribe', err, sub.channel);
+      this.retrySubscribe(sub, () => this.sendSubscribe(sub));
+      return;
+    }
+    this.subs.delete(sub.channel);
+    this.reportError('subscribe', err, sub.channel);
+    sub._end(err.code, err.message, err);
+  }
+
+  /**
+   * Re-establish a channel from the position we hold: after a hole in the offsets, or when the
+   * server ended the subscription with a resubscribe code. If the server still has us subscribed,
+   * unsubscribe first (and wait for it) so the new subscribe cannot meet "already subscribed".
+   */
+  private resync(sub: Subscription<never>, serverSubscribed: boolean): void {
+    sub._state = 'subscribing';
+    if (this._state !== 'connected' || sub._inflight) return;
+    this.retrySubscribe(sub, () => {
+      if (!serverSubscribed) {
+        this.sendSubscribe(sub);
+        return;
+      }
+      sub._inflight = true;
+      this.request('unsubscribe', { channel: sub.channel }, (err) => {
+        sub._inflight = false;
+        if (this.subs.get(sub.channel) !== sub || err instanceof ConnectionError) return;
+        this.sendSubscribe(sub);
+      });
+    });
+  }
+
+  /** Run `fn` after the subscription's own backoff delay (first retry is quick). */
+  private retrySubscribe(sub: Subscription<never>, fn: () => void): void {
+    if (sub._retryTimer !== undefined) return;
+    const delay = sub._backoff.next();
+    sub._retryTimer = setTimeout(() => {
+      sub._retryTimer = undefined;
+      if (this.subs.get(sub.channel) === sub && this._state === 'connected') fn();
+    }, delay);
+  }
+
+  private removeSubscription(sub: Subscription<never>, code: number, reason: string): void {
+    if (this.subs.get(sub.channel) !== sub) return;
+    this.subs.delete(sub.channel);
+    const serverKnows = this._state === 'connected' && (sub._state === 'subscribed' || sub._inflight);
+    sub._end(code, reason);
+    if (serverKnows) {
+      // Fire and forget: if it fails the connection is gone, and with it the server-side state.
+      this.request('unsubscribe', { channel: sub.channel }, () => {});
+    }
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Commands, pings, token refresh
+
+  private request(method: string, params: object, cb: ReplyCallback): void {
+    const t = this.transport;
+    const id = this.nextId++;
+    if (!t || !t.send(encodeCommand(id, method, params))) {
+      cb(new ConnectionError(ClientCode.ConnectionLost, 'not connected'), undefined);
+      return;
+    }
+    const timer = setTimeout(() => {
+      if (this.pending.delete(id)) cb(new TimeoutError(`no reply to ${method} within ${this.timeoutMs} ms`), undefined);
+    }, this.timeoutMs);
+    this.pending.set(id, { cb, timer });
+  }
+
+  /**
+   * Dead-connection detection: the server pings every `ping_interval`; anything received counts as
+   * a sign of life. Rather than re-arming a timer per frame, one timer checks `lastSeen` and
+   * re-arms itself for the remaining time.
+   */
+  private armPingWatch(): void {
+    this.clearTimer('pingTimer');
+    if (this.pingIntervalMs <= 0) return;
+    const limit = this.pingIntervalMs + this.pingGraceMs;
+    const wait = Math.max(0, this.lastSeen + limit - Date.now());
+    this.pingTimer = setTimeout(() => {
+      this.pingTimer = undefined;
+      if (!this.transport) return;
+      if (Date.now() - this.lastSeen >= limit) this.abort(ClientCode.NoPing, 'no ping from server');
+      else this.armPingWatch();
+    }, wait);
+  }
+
+  private scheduleRefresh(expiresInSec: number): void {
+    this.clearTimer('refreshTimer');
+    if (!this.opts.getToken) return; // a fixed token cannot be refreshed; the server will close 4004
+    const ms = expiresInSec * 1000;
+    // Refresh ahead of expiry: 10 s early, or a quarter of the lifetime for short-lived tokens.
+    const delay = Math.max(0, ms - Math.min(10_000, ms / 4));
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = undefined;
+      void this.refreshToken();
+    }, delay);
+  }
+
+  private async refreshToken(): Promise<void> {
+    const transport = this.transport;
+    const getToken = this.opts.getToken;
+    if (!getToken || !transport) return;
+    let token: string | null | undefined;
+    try {
+      token = await getToken();
+    } catch (e) {
+      this.reportError('refresh', new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`));
+      // Try again shortly; if the token expires first, the server closes with 4004 and we reconnect.
+      if (this.transport === transport) {
+        this.refreshTimer = setTimeout(() => void this.refreshToken(), 2000);
+      }
+      return;
+    }
+    if (this.transport !== transport || this._state !== 'connected') {
+      // The connection changed under us; the token is still good for the next connect.
+      if (token) {
+        this.token = token;
+        this.needToken = false;
+      }
+      return;
+    }
+    if (!token) {
+      this.stop(ClientCode.NoToken, 'getToken returned no token');
+      return;
+    }
+    this.token = token;
+    this.request('refresh', { token }, (err, result) => {
+      if (err) {
+        if (err instanceof ConnectionError) return;
+        this.reportError('refresh', err);
+        this.needToken = true; // make the reconnect after 4004 fetch a fresh one
+        return;
+      }
+      const r = result as RefreshResult;
+      if (typeof r.expires_in === 'number' && r.expires_in > 0) this.scheduleRefresh(r.expires_in);
+    });
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // Small helpers
+
+  private setState(newState: ConnectionState): void {
+    const oldState = this._state;
+    if (oldState === newState) return;
+    this._state = newState;
+    this.emit('state', { oldState, newState });
+  }
+
+  private clearTimer(name: 'pingTimer' | 'connectTimer' | 'reconnectTimer' | 'refreshTimer'): void {
+    const t = this[name];
+    if (t !== undefined) clearTimeout(t);
+    this[name] = undefined;
+  }
+
+  private reportError(type: ErrorType, error: HeraldError, channel?: string): void {
+    const ctx: ErrorContext = { type, error };
+    if (channel !== undefined) ctx.channel = channel;
+    if (this.listenerCount('error') > 0) this.emit('error', ctx);
+    else if (type === 'listener') console.error('Herald: a callback threw', error);
+  }
+
+  protected override onListenerError(event: keyof HeraldEvents, error: unknown): void {
+    if (event === 'error') super.onListenerError(event, error);
+    else this.reportError('listener', toHeraldError(error));
+  }
+
+  /** In browsers, try at once when the network comes back instead of waiting out the backoff. */
+  private watchOnline(): void {
+    const g = globalThis as { addEventListener?: unknown; removeEventListener?: unknown; window?: unknown };
+    if (this.removeOnline || typeof g.window === 'undefined' || typeof g.addEventListener !== 'function') return;
+    const onOnline = (): void => {
+      if (this._state === 'connecting' && this.reconnectTimer !== undefined) void this.startAttempt();
+    };
+    (g.addEventListener as (t: string, f: () => void) => void)('online', onOnline);
+    this.removeOnline = () => (g.removeEventListener as (t: string, f: () => void) => void)('online', onOnline);
+  }
+}
+
+function errMessage(e: unknown): string {
+  return e instanceof Error ? e.message : String(e);
+}
+
+function toHeraldError(e: unknown): HeraldError {
+  if (e instanceof HeraldError) return e;
+  const err = new HeraldError(0, errMessage(e));
+  if (e instanceof Error && e.stack) err.stack = e.stack;
+  return err;
+}
+
+export type { ReplyErrorBody };

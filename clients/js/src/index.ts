@@ -1,0 +1,38 @@
+// Public API of the Herald SDK (browser-safe: no imports outside this package).
+export { Herald } from './client.js';
+export type {
+  ConnectionState,
+  ConnectedContext,
+  ErrorContext,
+  ErrorType,
+  HeraldEvents,
+  HeraldOptions,
+  StateContext,
+} from './client.js';
+export { Subscription } from './subscription.js';
+export type {
+  PresenceEventContext,
+  PublicationContext,
+  RecoveryFailedContext,
+  SubscribeOptions,
+  SubscribedContext,
+  SubscriptionErrorContext,
+  SubscriptionState,
+  UnsubscribedContext,
+} from './subscription.js';
+export type {
+  ClientInfo,
+  ConnectResult,
+  HistoryResult,
+  PresenceResult,
+  Publication,
+  PublishResult,
+  StreamPosition,
+  SubscribeResult,
+} from './codec.js';
+export { ClientCode, CloseCode, ErrorCode } from './codes.js';
+export { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';
+export { Backoff } from './backoff.js';
+export type { BackoffOptions } from './backoff.js';
+export { setDefaultWebSocket } from './transport.js';
+export type { WebSocketConstructor, WebSocketLike } from './transport.js';
