@@ -1,1 +1,387 @@
-//! redis-server for tests (written by the Redis broker work).
+//! redis-server and a three-master Redis Cluster for tests, on free loopback ports, killed on drop.
+//!
+//! ```no_run
+//! let redis = herald_testkit::redis::RedisServer::start();
+//! let url = redis.url(); // redis://127.0.0.1:PORT
+//! let cluster = herald_testkit::redis::RedisCluster::start();
+//! let url = cluster.url(); // redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3
+//! ```
+//! The binaries come from `PATH`, or from `HERALD_REDIS_SERVER_BIN` / `HERALD_REDIS_CLI_BIN`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+
+/// How long a server gets to answer `PING` after it was spawned.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new cluster gets to report `cluster_state:ok` everywhere.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn server_bin() -> String {
+    std::env::var("HERALD_REDIS_SERVER_BIN").unwrap_or_else(|_| "redis-server".into())
+}
+
+fn cli_bin() -> String {
+    std::env::var("HERALD_REDIS_CLI_BIN").unwrap_or_else(|_| "redis-cli".into())
+}
+
+fn missing(bin: &str, err: std::io::Error) -> ! {
+    panic!(
+        "cannot run `{bin}` ({err}). Install Redis ≥ 7.0 (`apt-get install redis-server`), or point \
+         HERALD_REDIS_SERVER_BIN / HERALD_REDIS_CLI_BIN at the binaries"
+    )
+}
+
+/// A fresh, empty directory under the system temp dir; removed by [`TempDir`]'s drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "herald-{tag}-{}-{n}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("create temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// How to start a [`RedisServer`].
+#[derive(Debug, Clone, Default)]
+pub struct RedisOptions {
+    /// Keep data across [`RedisServer::restart`] with an append-only file fsynced on every write
+    /// (default: no persistence at all, `--save "" --appendonly no`).
+    pub persistent: bool,
+    /// Extra `redis-server` arguments, e.g. `["--requirepass", "secret"]`.
+    pub extra_args: Vec<String>,
+}
+
+/// One `redis-server` process on 127.0.0.1, killed on drop.
+pub struct RedisServer {
+    port: u16,
+    options: RedisOptions,
+    cluster_bus_port: Option<u16>,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// A standalone server without persistence.
+    pub fn start() -> Self {
+        Self::start_with(RedisOptions::default())
+    }
+
+    /// A standalone server with `options`.
+    pub fn start_with(options: RedisOptions) -> Self {
+        Self::spawn_new(options, false)
+    }
+
+    fn spawn_new(options: RedisOptions, cluster: bool) -> Self {
+        let mut last_err = String::new();
+        // A free port can be taken between `free_port` and the bind: try a few.
+        for _ in 0..5 {
+            let mut server = RedisServer {
+                port: free_port(),
+                cluster_bus_port: cluster.then(free_port),
+                options: options.clone(),
+                dir: TempDir::new("redis"),
+                child: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last_err = e,
+            }
+        }
+        panic!("redis-server did not start: {last_err}");
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "--port".into(),
+            self.port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            self.dir.0.display().to_string(),
+            "--save".into(),
+            "".into(),
+            "--daemonize".into(),
+            "no".into(),
+            "--logfile".into(),
+            "redis.log".into(),
+        ];
+        if self.options.persistent {
+            args.extend(["--appendonly", "yes", "--appendfsync", "always"].map(String::from));
+        } else {
+            args.extend(["--appendonly", "no"].map(String::from));
+        }
+        if let Some(bus) = self.cluster_bus_port {
+            args.extend(
+                [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-port",
+                ]
+                .map(String::from),
+            );
+            args.push(bus.to_string());
+        }
+        args.extend(self.options.extra_args.iter().cloned());
+        args
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let bin = server_bin();
+        let child = Command::new(&bin)
+            .args(self.args())
+            .current_dir(&self.dir.0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| missing(&bin, e));
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if ping(self.port, self.password()) {
+                return Ok(());
+            }
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.take().and_then(|c| c.stderr) {
+                    let _ = e.read_to_string(&mut err);
+                }
+                return Err(format!("exited with {status}: {err} {}", self.log_tail()));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.stop();
+        Err(format!("no PONG within {START_TIMEOUT:?}: {}", self.log_tail()))
+    }
+
+    fn password(&self) -> Option<&str> {
+        let args = &self.options.extra_args;
+        args.iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| args.get(i + 1))
+            .map(String::as_str)
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.0.join("redis.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr())
+    }
+
+    /// The server's working directory (AOF, logs, `nodes.conf`).
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// Kill the process (SIGKILL) and wait for it. Data survives only with `persistent`.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start again on the same port and directory after [`stop`](Self::stop) (or kill and start).
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            match self.spawn() {
+                Ok(()) => return,
+                // The old socket may linger a moment.
+                Err(e) if Instant::now() > deadline => panic!("redis-server restart failed: {e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Run `redis-cli -p PORT args…` and return its trimmed stdout.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let bin = cli_bin();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(pw) = self.password() {
+            cmd.args(["--no-auth-warning", "-a", pw]);
+        }
+        let out = cmd
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| missing(&bin, e));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Send `PING` (after `AUTH` when a password is set) and expect `+PONG`.
+fn ping(port: u16, password: Option<&str>) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut req = Vec::new();
+    if let Some(pw) = password {
+        req.extend(format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{pw}\r\n", pw.len()).as_bytes());
+    }
+    req.extend(b"*1\r\n$4\r\nPING\r\n");
+    if s.write_all(&req).is_err() {
+        return false;
+    }
+    let mut got = Vec::new();
+    let mut buf = [0u8; 64];
+    while let Ok(n) = s.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        if got.windows(7).any(|w| w == b"+PONG\r\n") {
+            return true;
+        }
+        if got.starts_with(b"-") {
+            return false;
+        }
+    }
+    false
+}
+
+/// A Redis Cluster of three masters without replicas, each a [`RedisServer`].
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Start three `--cluster-enabled yes` servers, join them with
+    /// `redis-cli --cluster create … --cluster-replicas 0 --cluster-yes`, and wait for
+    /// `cluster_state:ok` on every node.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|_| RedisServer::spawn_new(RedisOptions::default(), true))
+            .collect();
+        let bin = cli_bin();
+        let mut cmd = Command::new(&bin);
+        cmd.arg("--cluster").arg("create");
+        for n in &nodes {
+            cmd.arg(n.addr());
+        }
+        let out = cmd
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| missing(&bin, e));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let ok = cluster.nodes.iter().all(|n| {
+                let info = n.cli(&["CLUSTER", "INFO"]);
+                info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
+            });
+            // Every node must also agree that all slots are assigned.
+            if ok && cluster.nodes.iter().all(|n| n.cli(&["CLUSTER", "SLOTS"]).lines().count() > 6)
+            {
+                return cluster;
+            }
+            assert!(Instant::now() < deadline, "cluster did not reach cluster_state:ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The three masters.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`.
+    pub fn url(&self) -> String {
+        let addrs: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
+        format!("redis+cluster://{}", addrs.join(","))
+    }
+
+    /// `redis://127.0.0.1:P` for every node, for clients that take a list of seed URLs.
+    pub fn seed_urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standalone_starts_restarts_and_persists() {
+        let mut r = RedisServer::start_with(RedisOptions {
+            persistent: true,
+            ..RedisOptions::default()
+        });
+        assert_eq!(r.cli(&["SET", "k", "v"]), "OK");
+        r.restart();
+        assert_eq!(r.cli(&["GET", "k"]), "v");
+        let port = r.port();
+        drop(r);
+        assert!(!ping(port, None), "killed on drop");
+    }
+
+    #[test]
+    fn cluster_reaches_ok() {
+        let c = RedisCluster::start();
+        assert_eq!(c.nodes().len(), 3);
+        assert!(c.url().starts_with("redis+cluster://127.0.0.1:"));
+        assert!(c.nodes()[0].cli(&["CLUSTER", "INFO"]).contains("cluster_size:3"));
+    }
+}
