@@ -158,7 +158,12 @@ pub struct Delivery {
 
 impl Delivery {
     /// Accounts one subscription of `channel` against what was published.
-    pub fn add_sub(&mut self, sub: &SubAccount, channel: &str, expect: &BTreeMap<String, Expected>) {
+    pub fn add_sub(
+        &mut self,
+        sub: &SubAccount,
+        channel: &str,
+        expect: &BTreeMap<String, Expected>,
+    ) {
         self.subscriptions += 1;
         self.counts.add(&sub.counts);
         if let Some(e) = expect.get(channel) {
@@ -225,11 +230,19 @@ mod tests {
         let mut expect = BTreeMap::new();
         expect.insert(
             "c".to_string(),
-            Expected { epoch: "e".into(), first: 11, last: 20, count: 10 },
+            Expected {
+                epoch: "e".into(),
+                first: 11,
+                last: 20,
+                count: 10,
+            },
         );
         let mut d = Delivery::default();
         d.add_sub(&s, "c", &expect);
-        assert_eq!((d.expected, d.delivered, d.missing, d.subscriptions_missing), (10, 5, 5, 1));
+        assert_eq!(
+            (d.expected, d.delivered, d.missing, d.subscriptions_missing),
+            (10, 5, 5, 1)
+        );
         assert!((d.delivered_pct() - 50.0).abs() < 1e-9);
     }
 }

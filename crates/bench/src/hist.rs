@@ -40,7 +40,8 @@ pub fn decode(s: &str) -> Result<Histogram<u64>> {
         .map_err(|e| anyhow::anyhow!("histogram payload: {e:?}"))?;
     // Re-home into the common bounds so later additions never fail on a narrower shard.
     let mut out = new_hist();
-    out.add(&h).map_err(|e| anyhow::anyhow!("histogram bounds: {e:?}"))?;
+    out.add(&h)
+        .map_err(|e| anyhow::anyhow!("histogram bounds: {e:?}"))?;
     Ok(out)
 }
 
@@ -144,7 +145,11 @@ mod tests {
         let merged = merge_encoded(encoded.iter().map(String::as_str)).unwrap();
         assert_eq!(merged.len(), samples.len() as u64);
         for q in [0.5, 0.9, 0.99, 0.999, 1.0] {
-            assert_eq!(merged.value_at_quantile(q), pooled.value_at_quantile(q), "q={q}");
+            assert_eq!(
+                merged.value_at_quantile(q),
+                pooled.value_at_quantile(q),
+                "q={q}"
+            );
         }
         assert_eq!(Summary::of(&merged), Summary::of(&pooled));
         samples.sort_unstable();
@@ -152,7 +157,10 @@ mod tests {
             let idx = ((q * samples.len() as f64).ceil() as usize).saturating_sub(1);
             let exact = samples[idx] as f64;
             let got = merged.value_at_quantile(q) as f64;
-            assert!((got - exact).abs() / exact <= 0.001, "q={q} exact={exact} got={got}");
+            assert!(
+                (got - exact).abs() / exact <= 0.001,
+                "q={q} exact={exact} got={got}"
+            );
         }
     }
 

@@ -58,7 +58,12 @@ impl Client {
     ///
     /// # Errors
     /// Connect, I/O or a malformed response.
-    pub async fn request(&mut self, method: &str, path: &str, body: Option<&str>) -> Result<Response> {
+    pub async fn request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Response> {
         let fresh = self.conn.is_none();
         match self.try_request(method, path, body).await {
             Ok(r) => Ok(r),
@@ -70,11 +75,19 @@ impl Client {
         }
     }
 
-    async fn try_request(&mut self, method: &str, path: &str, body: Option<&str>) -> Result<Response> {
+    async fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> Result<Response> {
         if self.conn.is_none() {
-            let s = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(&self.target.authority))
-                .await
-                .context("connect timed out")??;
+            let s = tokio::time::timeout(
+                Duration::from_secs(5),
+                TcpStream::connect(&self.target.authority),
+            )
+            .await
+            .context("connect timed out")??;
             s.set_nodelay(true)?;
             self.conn = Some(BufReader::new(s));
         }
@@ -168,7 +181,9 @@ async fn read_response(conn: &mut BufReader<TcpStream>) -> Result<(Response, boo
 /// # Errors
 /// Any transport error.
 pub async fn get(base: &str, path: &str) -> Result<Response> {
-    Client::new(Target::parse(base)?, None).request("GET", path, None).await
+    Client::new(Target::parse(base)?, None)
+        .request("GET", path, None)
+        .await
 }
 
 /// Polls `GET /health` until it answers 200 or `wait` passes.

@@ -193,8 +193,13 @@ pub fn channels(p: &Params, scenario: Scenario) -> Vec<(String, usize)> {
 pub fn room_nodes(p: &Params, room: usize) -> Vec<usize> {
     let nodes = p.ws_urls.len().max(1);
     let spread = p.room_spread.clamp(1, nodes);
-    let members = p.room_size.max(1).min(p.connections - room * p.room_size.max(1));
-    let mut v: Vec<usize> = (0..members.min(spread)).map(|m| (room + m) % nodes).collect();
+    let members = p
+        .room_size
+        .max(1)
+        .min(p.connections - room * p.room_size.max(1));
+    let mut v: Vec<usize> = (0..members.min(spread))
+        .map(|m| (room + m) % nodes)
+        .collect();
     v.sort_unstable();
     v.dedup();
     v

@@ -30,7 +30,11 @@ fn clk_tck() -> f64 {
 
 /// Samples `/proc/<pid>` (`pid` 0 means this process). `None` if the process is gone.
 pub fn sample(pid: u32) -> Option<ProcSample> {
-    let dir = if pid == 0 { "self".to_string() } else { pid.to_string() };
+    let dir = if pid == 0 {
+        "self".to_string()
+    } else {
+        pid.to_string()
+    };
     let status = std::fs::read_to_string(format!("/proc/{dir}/status")).ok()?;
     let rss_kb: u64 = status
         .lines()
@@ -76,7 +80,11 @@ pub fn parse_metrics(text: &str) -> Metrics {
             None => line.find(' ').unwrap_or(line.len()),
         };
         let (key, rest) = line.split_at(key_end);
-        if let Some(v) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
+        if let Some(v) = rest
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+        {
             m.insert(key.trim().to_string(), v);
         }
     }

@@ -17,7 +17,7 @@ pub fn make_data(sched_ns: u64, seq: u64, size: usize) -> String {
     let pad = size.saturating_sub(head.len() + 2);
     let mut s = String::with_capacity(head.len() + pad + 2);
     s.push_str(&head);
-    s.extend(std::iter::repeat_n('x', pad));
+    s.push_str(&"x".repeat(pad));
     s.push_str("\"}");
     s
 }
@@ -160,7 +160,8 @@ mod tests {
 
     #[test]
     fn parses_pushes_replies_and_ping() {
-        let p = parse(r#"{"pub":{"channel":"c","offset":7,"data":{"t":5,"s":1,"p":"x"}}}"#).unwrap();
+        let p =
+            parse(r#"{"pub":{"channel":"c","offset":7,"data":{"t":5,"s":1,"p":"x"}}}"#).unwrap();
         let publ = p.publication.unwrap();
         assert_eq!((publ.offset, publ.data.t), (7, 5));
         assert!(parse("{}").unwrap().is_ping());
@@ -171,7 +172,13 @@ mod tests {
         let c = r.connect.unwrap();
         assert_eq!(c.subs["c"].publications.len(), 1);
         assert_eq!(c.subs["c"].recovered, Some(true));
-        let cmd = connect_cmd(&[("c", Some(&Since { epoch: "e".into(), offset: 3 }))]);
+        let cmd = connect_cmd(&[(
+            "c",
+            Some(&Since {
+                epoch: "e".into(),
+                offset: 3,
+            }),
+        )]);
         assert!(cmd.contains(r#""since":{"epoch":"e","offset":3}"#));
     }
 }

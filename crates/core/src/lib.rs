@@ -1,0 +1,32 @@
+//! # herald-core: the hub and everything it needs
+//!
+//! Knows no HTTP, no WebSocket and no Redis: the server drives [`session::Session`]s with parsed
+//! messages and drains their [`outbound::Outbound`] queues; brokers plug in behind
+//! [`herald_broker::Broker`].
+//!
+//! # Layout
+//! - [`config`]: the configuration model, every key with its default.
+//! - [`auth`]: JWT verification of connection and subscription tokens.
+//! - [`namespace`]: channel names, namespaces and subscribe permissions.
+//! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
+//! - [`outbound`]: a connection's bounded outbound queue.
+//! - [`recovery`]: the all-or-nothing recovery decision.
+//! - [`session`]: one connection's protocol state and command handling.
+//! - [`rate`]: the per-connection command rate limit.
+//! - [`metrics`]: Prometheus metrics.
+
+pub mod auth;
+pub mod config;
+pub mod hub;
+pub mod metrics;
+pub mod namespace;
+pub mod outbound;
+pub mod rate;
+pub mod recovery;
+pub mod session;
+
+pub use config::Config;
+pub use hub::Hub;
+pub use metrics::Metrics;
+pub use outbound::Outbound;
+pub use session::{NodeContext, Session};

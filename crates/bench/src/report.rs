@@ -1,0 +1,407 @@
+//! Output: the human table on stdout, the JSON file with parameters and raw results, and a
+//! self-contained HTML (or SVG) report with the latency-percentile and throughput charts.
+
+use std::fmt::Write as _;
+
+use crate::coordinator::RunResult;
+use crate::hist::Summary;
+
+fn ms(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+fn kb(b: f64) -> String {
+    format!("{:.2} KB", b / 1024.0)
+}
+
+fn mb(b: u64) -> String {
+    format!("{:.1} MB", b as f64 / (1024.0 * 1024.0))
+}
+
+fn lat_row(name: &str, s: &Summary) -> String {
+    format!(
+        "{name:<26} n={} p50={} p90={} p99={} p99.9={} max={} ms\n",
+        s.count,
+        ms(s.p50),
+        ms(s.p90),
+        ms(s.p99),
+        ms(s.p999),
+        ms(s.max)
+    )
+}
+
+/// The human-readable table of one run.
+pub fn table(r: &RunResult) -> String {
+    let mut o = String::new();
+    let p = r.params.as_ref();
+    let _ = writeln!(
+        o,
+        "== herald-bench {}: {} connections, {} workers ==",
+        r.scenario, r.connections, r.workers
+    );
+    if let Some(p) = p {
+        let _ = writeln!(
+            o,
+            "{:<26} channels={} rate={}/s duration={}s payload={}B ws={:?}",
+            "parameters", p.channels, p.rate, p.duration, p.payload, p.ws_urls
+        );
+    }
+    let _ = writeln!(
+        o,
+        "{:<26} {} subscribed, {} failed, {:.1} s, {:.0} conn/s",
+        "connect", r.connected, r.failed, r.connect_s, r.connect_rate
+    );
+    o.push_str(&lat_row("connect+subscribe latency", &r.connect_latency));
+    for s in &r.servers {
+        let _ = writeln!(
+            o,
+            "{:<26} pid {}: RSS {} → {} (connected) → {} (end); CPU {:.0}% window, {:.0}% connect",
+            "server",
+            s.pid,
+            mb(s.rss_before),
+            mb(s.rss_connected),
+            mb(s.rss_end),
+            s.cpu_pct,
+            s.connect_cpu_pct
+        );
+    }
+    if r.rss_per_connection != 0.0 {
+        let _ = writeln!(
+            o,
+            "{:<26} {}",
+            "server RSS / connection",
+            kb(r.rss_per_connection)
+        );
+    }
+    let _ = writeln!(
+        o,
+        "{:<26} coordinator {:.0}%, workers {:.0}% (of one core), workers RSS {}",
+        "rig CPU",
+        r.rig_cpu_pct.coordinator,
+        r.rig_cpu_pct.workers,
+        mb(r.rig_cpu_pct.workers_rss)
+    );
+    if r.publish.scheduled > 0 {
+        let _ = writeln!(
+            o,
+            "{:<26} {} scheduled, {} ok, {} errors over {:.1} s",
+            "publish",
+            r.publish.scheduled,
+            r.publish.ok,
+            r.publish.errors.values().sum::<u64>(),
+            r.publish.window_s
+        );
+        o.push_str(&lat_row("publish API latency", &r.publish.api_latency));
+        let d = &r.delivery;
+        let _ = writeln!(
+            o,
+            "{:<26} {:.4}% ({} of {}), missing {}, duplicates {}, gaps {}, out-of-order {}",
+            "delivered",
+            r.delivered_pct,
+            d.delivered,
+            d.expected,
+            d.missing,
+            d.counts.duplicates,
+            d.counts.gap_events,
+            d.counts.out_of_order
+        );
+        let _ = writeln!(
+            o,
+            "{:<26} {:.0} mean over window, {:.0} median second, {:.0} lowest second",
+            "deliveries/s", r.deliveries_per_s, r.deliveries_per_s_median, r.deliveries_per_s_min
+        );
+        o.push_str(&lat_row("delivery latency", &r.latency));
+        o.push_str(&lat_row("publication reached all", &r.reach_all));
+    }
+    let c = &r.counters;
+    if c.reconnects > 0 || c.client_drops > 0 {
+        let _ = writeln!(
+            o,
+            "{:<26} drops {}, reconnects {}, recovered {}, not recovered {}, epoch changes {}",
+            "reconnects",
+            c.client_drops,
+            c.reconnects,
+            c.recovered,
+            c.not_recovered,
+            c.epoch_changes
+        );
+        o.push_str(&lat_row("reconnect → recovered", &r.recovery));
+    }
+    if let Some(s) = &r.storm {
+        let _ = writeln!(
+            o,
+            "{:<26} {} dropped, {} back; 95% back in {:.0} ms, 100% in {:.0} ms",
+            "storm", s.dropped, s.back, s.p95_ms, s.p100_ms
+        );
+    }
+    for b in &r.broker {
+        let _ = writeln!(
+            o,
+            "{:<26} node {}: received {} vs ideal {}",
+            "broker messages",
+            b.node,
+            b.received
+                .map_or("n/a (metric not exposed)".into(), |v| format!("{v:.0}")),
+            b.ideal
+        );
+    }
+    let _ = writeln!(
+        o,
+        "{:<26} pings {}, disconnect pushes {}, server closes {}, errors replies {}, parse errors {}",
+        "events", c.pings, c.disconnect_pushes, c.server_closes, c.error_replies, c.parse_errors
+    );
+    for s in &r.stopped_by {
+        let _ = writeln!(o, "{:<26} {s}", "stopped by / limits");
+    }
+    o
+}
+
+/// The one figure the self-check compares for a scenario, with its unit.
+pub fn headline(r: &RunResult) -> Vec<(String, f64)> {
+    match r.scenario.as_str() {
+        "idle" => vec![
+            (
+                "server RSS/connection (KB)".into(),
+                r.rss_per_connection / 1024.0,
+            ),
+            ("connect rate (/s)".into(), r.connect_rate),
+        ],
+        "storm" => {
+            let s = r.storm.clone().unwrap_or_default();
+            vec![
+                ("95% back (ms)".into(), s.p95_ms),
+                ("100% back (ms)".into(), s.p100_ms),
+            ]
+        }
+        "jitter" => vec![
+            ("delivered %".into(), r.delivered_pct),
+            ("duplicates".into(), r.delivery.counts.duplicates as f64),
+            ("p99 (ms)".into(), r.latency.p99 as f64 / 1000.0),
+        ],
+        _ => vec![
+            ("delivered %".into(), r.delivered_pct),
+            ("deliveries/s".into(), r.deliveries_per_s),
+            ("p50 (ms)".into(), r.latency.p50 as f64 / 1000.0),
+            ("p99 (ms)".into(), r.latency.p99 as f64 / 1000.0),
+            (
+                "server CPU %".into(),
+                r.servers.iter().map(|s| s.cpu_pct).sum(),
+            ),
+        ],
+    }
+}
+
+/// Side-by-side headline figures of the self-check runs (W and 2W workers).
+pub fn self_check_table(runs: &[RunResult]) -> String {
+    let mut o = String::from(
+        "== self-check (BENCHMARKS.md rule 2): same load, twice the worker processes ==\n",
+    );
+    let _ = write!(o, "{:<30}", "figure");
+    for r in runs {
+        let _ = write!(o, "{:>16}", format!("{} workers", r.workers));
+    }
+    o.push_str("      change\n");
+    let heads: Vec<_> = runs.iter().map(headline).collect();
+    for (i, (name, _)) in heads[0].iter().enumerate() {
+        let _ = write!(o, "{name:<30}");
+        for h in &heads {
+            let _ = write!(o, "{:>16.3}", h[i].1);
+        }
+        let (a, b) = (heads[0][i].1, heads[heads.len() - 1][i].1);
+        let ch = if a != 0.0 { 100.0 * (b - a) / a } else { 0.0 };
+        let _ = writeln!(o, "{ch:>+11.1}%");
+    }
+    o
+}
+
+const COLORS: [&str; 4] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"];
+
+/// Latency percentile spectrum (x: 0, 90, 99, 99.9 … on a log "nines" scale; y: ms).
+pub fn latency_svg(runs: &[RunResult], title: &str) -> String {
+    let (w, h, l, b) = (640.0, 300.0, 60.0, 40.0);
+    let x_of = |p: f64| -> f64 {
+        let nines = if p >= 100.0 {
+            5.5
+        } else {
+            (-(1.0 - p / 100.0).log10()).min(5.0)
+        };
+        l + nines / 5.5 * (w - l - 20.0)
+    };
+    let ymax = runs
+        .iter()
+        .flat_map(|r| r.latency_spectrum.iter().map(|x| x.1))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        / 1000.0
+        * 1.1;
+    let y_of = |v: f64| h - b - v / ymax * (h - b - 30.0);
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\
+<rect width=\"100%\" height=\"100%\" fill=\"white\"/><text x=\"{l}\" y=\"16\" font-size=\"13\">{title}: delivery latency by percentile (ms)</text>"
+    );
+    for (p, label) in [
+        (0.0, "0"),
+        (90.0, "90"),
+        (99.0, "99"),
+        (99.9, "99.9"),
+        (99.99, "99.99"),
+        (99.999, "99.999"),
+        (100.0, "max"),
+    ] {
+        let x = x_of(p);
+        let _ = write!(
+            s,
+            "<line x1=\"{x:.1}\" y1=\"30\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#ddd\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
+            h - b,
+            h - b + 14.0
+        );
+    }
+    for i in 0..=4 {
+        let v = ymax * i as f64 / 4.0;
+        let y = y_of(v);
+        let _ = write!(
+            s,
+            "<line x1=\"{l}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.1}</text>",
+            w - 20.0,
+            l - 4.0,
+            y + 4.0
+        );
+    }
+    let _ = write!(
+        s,
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">percentile</text>",
+        (w + l) / 2.0,
+        h - 6.0
+    );
+    for (k, r) in runs.iter().enumerate() {
+        let pts: Vec<String> = r
+            .latency_spectrum
+            .iter()
+            .map(|(p, v)| format!("{:.1},{:.1}", x_of(*p), y_of(*v as f64 / 1000.0)))
+            .collect();
+        let c = COLORS[k % COLORS.len()];
+        let _ = write!(
+            s,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"2\" points=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{c}\">{} workers: p99 {} ms</text>",
+            pts.join(" "),
+            l + 10.0,
+            45.0 + 14.0 * k as f64,
+            r.workers,
+            ms(r.latency.p99)
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// Unique deliveries per second over the run (bars; one series per run, side by side).
+pub fn throughput_svg(runs: &[RunResult], title: &str) -> String {
+    let (w, h, l, b) = (640.0, 260.0, 70.0, 36.0);
+    let n = runs
+        .iter()
+        .map(|r| r.timeline.len())
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let ymax = runs
+        .iter()
+        .flat_map(|r| r.timeline.iter().copied())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64
+        * 1.1;
+    let bw = (w - l - 20.0) / n as f64;
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"11\">\
+<rect width=\"100%\" height=\"100%\" fill=\"white\"/><text x=\"{l}\" y=\"16\" font-size=\"13\">{title}: deliveries per second (s since start)</text>"
+    );
+    for i in 0..=4 {
+        let v = ymax * i as f64 / 4.0;
+        let y = h - b - v / ymax * (h - b - 30.0);
+        let _ = write!(
+            s,
+            "<line x1=\"{l}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{v:.0}</text>",
+            w - 20.0,
+            l - 4.0,
+            y + 4.0
+        );
+    }
+    let per = runs.len().max(1) as f64;
+    for (k, r) in runs.iter().enumerate() {
+        let c = COLORS[k % COLORS.len()];
+        for (i, v) in r.timeline.iter().enumerate() {
+            let bh = *v as f64 / ymax * (h - b - 30.0);
+            let x = l + i as f64 * bw + k as f64 * bw / per;
+            let _ = write!(
+                s,
+                "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"{:.2}\" height=\"{bh:.1}\" fill=\"{c}\"/>",
+                h - b - bh,
+                (bw / per * 0.9).max(0.5)
+            );
+        }
+    }
+    let step = (n / 10).max(1);
+    for i in (0..n).step_by(step) {
+        let _ = write!(
+            s,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{i}</text>",
+            l + (i as f64 + 0.5) * bw,
+            h - b + 14.0
+        );
+    }
+    s.push_str("</svg>");
+    s
+}
+
+/// A self-contained HTML page: headline tables, parameters and both charts.
+pub fn html(runs: &[RunResult]) -> String {
+    let title = format!(
+        "herald-bench {}",
+        runs.first().map_or("", |r| r.scenario.as_str())
+    );
+    let mut o = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
+<style>body{{font-family:sans-serif;max-width:980px;margin:20px auto}}pre{{background:#f6f6f6;padding:8px;overflow-x:auto;font-size:12px}}</style></head><body><h1>{title}</h1>"
+    );
+    if runs.len() > 1 {
+        let _ = write!(o, "<pre>{}</pre>", esc(&self_check_table(runs)));
+    }
+    for r in runs {
+        let _ = write!(o, "<pre>{}</pre>", esc(&table(r)));
+    }
+    if runs.iter().any(|r| !r.latency_spectrum.is_empty()) {
+        o.push_str(&latency_svg(runs, &title));
+    }
+    if runs.iter().any(|r| !r.timeline.is_empty()) {
+        o.push_str(&throughput_svg(runs, &title));
+    }
+    if let Some(p) = runs.first().and_then(|r| r.params.as_ref()) {
+        let _ = write!(
+            o,
+            "<h2>Parameters</h2><pre>{}</pre>",
+            esc(&serde_json::to_string_pretty(p).unwrap_or_default())
+        );
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// Both charts stacked in one SVG.
+pub fn svg(runs: &[RunResult]) -> String {
+    let title = format!(
+        "herald-bench {}",
+        runs.first().map_or("", |r| r.scenario.as_str())
+    );
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"640\" height=\"570\"><g>{}</g><g transform=\"translate(0,305)\">{}</g></svg>\n",
+        latency_svg(runs, &title),
+        throughput_svg(runs, &title)
+    )
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}

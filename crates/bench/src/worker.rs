@@ -1,0 +1,798 @@
+//! A worker: holds its share of the client connections (one task each on a current-thread
+//! runtime), keeps each subscription's delivery accounting and the latency histograms, and answers
+//! the coordinator's commands. The same code runs in a child process (`herald-bench worker`) and,
+//! in tests, in-process.
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use futures_util::{SinkExt, StreamExt};
+use hdrhistogram::Histogram;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::time::Instant;
+use tokio_websockets::{ClientBuilder, Message, WebSocketStream};
+
+use crate::accounting::{Delivery, Expected, Seen, SubAccount};
+use crate::hist::{self, new_hist};
+use crate::params::{place, Params, Scenario, Shard};
+use crate::wire::{self, Since};
+
+/// Nanoseconds since the UNIX epoch on the realtime clock: the one clock publisher and receivers
+/// share (same machine; BENCHMARKS.md rule 3).
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Timelines stop growing after this many seconds.
+const MAX_TIMELINE_S: usize = 24 * 3600;
+/// Per-publication "reached everyone" tracking stops after this many sequence numbers.
+const MAX_SEQ: usize = 2_000_000;
+
+/// What the coordinator tells a worker (one JSON line on its stdin).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Command {
+    /// Drop every connection at `at_ns` and reconnect at once (`storm`).
+    Drop {
+        /// When, ns since the UNIX epoch.
+        at_ns: u64,
+    },
+    /// Publishing is over: stop dropping, wait for the owed publications (or `drain` seconds of no
+    /// progress), then report.
+    Finish {
+        /// Offsets published per channel.
+        expect: BTreeMap<String, Expected>,
+    },
+}
+
+/// What a worker tells the coordinator (one JSON line on its stdout).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "ev", rename_all = "snake_case")]
+pub enum Event {
+    /// Every connection of the share was attempted.
+    Ready {
+        /// Worker index.
+        index: usize,
+        /// Connections subscribed.
+        connected: u64,
+        /// Connections that failed.
+        failed: u64,
+        /// Failure causes and counts.
+        errors: BTreeMap<String, u64>,
+        /// When the first attempt started and the last finished, ns since the UNIX epoch.
+        span_ns: (u64, u64),
+    },
+    /// Once a second.
+    Progress {
+        /// Worker index.
+        index: usize,
+        /// Connections currently subscribed.
+        connected: u64,
+        /// Publications received so far (duplicates included).
+        deliveries: u64,
+    },
+    /// After a `Drop`: everyone is back, or the retry window ran out.
+    StormDone {
+        /// Worker index.
+        index: usize,
+        /// Clients back and re-subscribed.
+        back: u64,
+        /// Clients that were dropped.
+        dropped: u64,
+    },
+    /// Final figures.
+    Result(Box<WorkerResult>),
+}
+
+/// A worker's raw results; the coordinator merges these.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WorkerResult {
+    /// Worker index.
+    pub index: usize,
+    /// Connections this worker was asked for.
+    pub connections: u64,
+    /// Connections that subscribed on the first attempt.
+    pub connected: u64,
+    /// Connection failures (first attempts and reconnects that gave up).
+    pub failed: u64,
+    /// Failure causes and counts.
+    pub errors: BTreeMap<String, u64>,
+    /// Delivery accounting against what was published.
+    pub delivery: Delivery,
+    /// Live delivery latency (µs from the scheduled send time), histogram, V2+base64.
+    pub latency: String,
+    /// Time to connect and subscribe (µs), first attempts.
+    pub connect: String,
+    /// Reconnect to recovered reply (µs), for reconnects with `since`.
+    pub recovery: String,
+    /// `storm`: time from the drop to back and re-subscribed (µs).
+    pub storm: String,
+    /// Unique deliveries per second since the run's t0.
+    pub timeline: Vec<u64>,
+    /// Per publication sequence number: the highest latency (µs) any of our subscribers saw.
+    pub per_seq_max_us: Vec<u64>,
+    /// Other counters.
+    pub counters: Counters,
+}
+
+/// Event counters of a worker.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Counters {
+    /// Reconnects that succeeded.
+    pub reconnects: u64,
+    /// Reconnect replies with `recovered: true`.
+    pub recovered: u64,
+    /// Reconnect replies with `recovered: false` (or none).
+    pub not_recovered: u64,
+    /// Epoch changed across a reconnect.
+    pub epoch_changes: u64,
+    /// Drops the client did on purpose (`jitter`, `storm`).
+    pub client_drops: u64,
+    /// Connections the server closed or that broke.
+    pub server_closes: u64,
+    /// `{}` pings answered.
+    pub pings: u64,
+    /// `disconnect` pushes.
+    pub disconnect_pushes: u64,
+    /// `unsub` pushes.
+    pub unsub_pushes: u64,
+    /// Error replies.
+    pub error_replies: u64,
+    /// Lines that did not parse.
+    pub parse_errors: u64,
+    /// Publications received, duplicates included.
+    pub deliveries: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Control {
+    Run,
+    Drop(u64),
+    Finish,
+    Stop,
+}
+
+struct Shared {
+    latency: Histogram<u64>,
+    connect: Histogram<u64>,
+    recovery: Histogram<u64>,
+    storm: Histogram<u64>,
+    timeline: Vec<u64>,
+    per_seq_max: Vec<u64>,
+    errors: BTreeMap<String, u64>,
+    counters: Counters,
+    failed: u64,
+}
+
+struct Ctx {
+    p: Params,
+    scenario: Scenario,
+    shard: Shard,
+    nodes: Vec<(SocketAddr, String)>,
+    shared: Mutex<Shared>,
+    control: watch::Receiver<Control>,
+    connect_slots: Semaphore,
+    attempted: AtomicU64,
+    connected_now: AtomicU64,
+    connected_first: AtomicU64,
+    unique: AtomicU64,
+    deliveries: AtomicU64,
+    back: AtomicU64,
+    first_start_ns: AtomicU64,
+    last_done_ns: AtomicU64,
+}
+
+impl Ctx {
+    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn error(&self, kind: String) {
+        let mut s = self.shared();
+        s.failed += 1;
+        *s.errors.entry(kind).or_default() += 1;
+    }
+}
+
+/// `ws://host:port/path` → the address to dial.
+fn ws_addr(url: &str) -> Result<SocketAddr> {
+    let rest = url
+        .strip_prefix("ws://")
+        .with_context(|| format!("only ws:// URLs are supported: {url}"))?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.replace("localhost", "127.0.0.1");
+    authority
+        .parse()
+        .with_context(|| format!("{url}: host must be an IP literal"))
+}
+
+/// Runs one worker until it has reported its result.
+///
+/// # Errors
+/// Bad URLs in the parameters.
+pub async fn run(
+    p: Params,
+    scenario: Scenario,
+    shard: Shard,
+    mut cmds: mpsc::UnboundedReceiver<Command>,
+    events: mpsc::UnboundedSender<Event>,
+) -> Result<()> {
+    let nodes = p
+        .ws_urls
+        .iter()
+        .map(|u| Ok((ws_addr(u)?, u.clone())))
+        .collect::<Result<Vec<_>>>()?;
+    let (control_tx, control_rx) = watch::channel(Control::Run);
+    let share = (shard.end - shard.start) as u64;
+    let ctx = Arc::new(Ctx {
+        connect_slots: Semaphore::new(p.connect_concurrency.max(1)),
+        p,
+        scenario,
+        shard,
+        nodes,
+        shared: Mutex::new(Shared {
+            latency: new_hist(),
+            connect: new_hist(),
+            recovery: new_hist(),
+            storm: new_hist(),
+            timeline: Vec::new(),
+            per_seq_max: Vec::new(),
+            errors: BTreeMap::new(),
+            counters: Counters::default(),
+            failed: 0,
+        }),
+        control: control_rx,
+        attempted: AtomicU64::new(0),
+        connected_now: AtomicU64::new(0),
+        connected_first: AtomicU64::new(0),
+        unique: AtomicU64::new(0),
+        deliveries: AtomicU64::new(0),
+        back: AtomicU64::new(0),
+        first_start_ns: AtomicU64::new(u64::MAX),
+        last_done_ns: AtomicU64::new(0),
+    });
+    let mut tasks = Vec::with_capacity(share as usize);
+    for i in ctx.shard.start..ctx.shard.end {
+        tasks.push(tokio::spawn(client(ctx.clone(), i)));
+    }
+    let index = ctx.shard.index;
+
+    // Progress once a second until the worker reports its result.
+    let progress = {
+        let ctx = ctx.clone();
+        let events = events.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let ev = Event::Progress {
+                    index,
+                    connected: ctx.connected_now.load(Relaxed),
+                    deliveries: ctx.deliveries.load(Relaxed),
+                };
+                if events.send(ev).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+
+    // Ready when every connection of the share has been attempted.
+    while ctx.attempted.load(Relaxed) < share {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (errors, failed) = {
+        let s = ctx.shared();
+        (s.errors.clone(), s.failed)
+    };
+    let _ = events.send(Event::Ready {
+        index,
+        connected: ctx.connected_first.load(Relaxed),
+        failed,
+        errors,
+        span_ns: (
+            ctx.first_start_ns.load(Relaxed),
+            ctx.last_done_ns.load(Relaxed),
+        ),
+    });
+
+    let expect = loop {
+        match cmds.recv().await {
+            Some(Command::Drop { at_ns }) => {
+                let dropped = ctx.connected_now.load(Relaxed);
+                ctx.back.store(0, Relaxed);
+                let _ = control_tx.send(Control::Drop(at_ns));
+                let ctx = ctx.clone();
+                let events = events.clone();
+                tokio::spawn(async move {
+                    let deadline = Instant::now()
+                        + Duration::from_secs_f64(ctx.p.retry_for + 5.0)
+                        + Duration::from_nanos(at_ns.saturating_sub(now_ns()));
+                    while ctx.back.load(Relaxed) < dropped && Instant::now() < deadline {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    let _ = events.send(Event::StormDone {
+                        index,
+                        back: ctx.back.load(Relaxed),
+                        dropped,
+                    });
+                });
+            }
+            Some(Command::Finish { expect }) => break expect,
+            None => break BTreeMap::new(),
+        }
+    };
+    let _ = control_tx.send(Control::Finish);
+
+    // Wait for what is owed: every new offset we receive is one the publisher was told about.
+    let owed: u64 = (ctx.shard.start..ctx.shard.end)
+        .map(|i| {
+            expect
+                .get(&place(&ctx.p, scenario, i).channel)
+                .map_or(0, |e| e.count)
+        })
+        .sum();
+    let drain = Duration::from_secs_f64(ctx.p.drain);
+    let (mut last_seen, mut last_change) = (ctx.unique.load(Relaxed), Instant::now());
+    while ctx.unique.load(Relaxed) < owed {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let u = ctx.unique.load(Relaxed);
+        if u != last_seen {
+            (last_seen, last_change) = (u, Instant::now());
+        } else if last_change.elapsed() > drain {
+            break;
+        }
+    }
+    let _ = control_tx.send(Control::Stop);
+
+    let mut delivery = Delivery::default();
+    for t in tasks {
+        if let Ok((channel, Some(acct))) = t.await {
+            delivery.add_sub(&acct, &channel, &expect);
+        }
+    }
+    progress.abort();
+    let s = ctx.shared();
+    let result = WorkerResult {
+        index,
+        connections: share,
+        connected: ctx.connected_first.load(Relaxed),
+        failed: s.failed,
+        errors: s.errors.clone(),
+        delivery,
+        latency: hist::encode(&s.latency),
+        connect: hist::encode(&s.connect),
+        recovery: hist::encode(&s.recovery),
+        storm: hist::encode(&s.storm),
+        timeline: s.timeline.clone(),
+        per_seq_max_us: s.per_seq_max.clone(),
+        counters: Counters {
+            deliveries: ctx.deliveries.load(Relaxed),
+            ..s.counters.clone()
+        },
+    };
+    drop(s);
+    let _ = events.send(Event::Result(Box::new(result)));
+    Ok(())
+}
+
+/// Why a client is (re)connecting.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Why {
+    First,
+    Jitter,
+    Storm(u64),
+    Broken,
+}
+
+type Ws = WebSocketStream<TcpStream>;
+
+/// One client: connect and subscribe, receive until told to stop, reconnect with `since` after a
+/// drop. Returns its channel and accounting.
+async fn client(ctx: Arc<Ctx>, i: usize) -> (String, Option<SubAccount>) {
+    let pl = place(&ctx.p, ctx.scenario, i);
+    let (addr, url) = ctx.nodes[pl.node % ctx.nodes.len()].clone();
+    let mut ctl = ctx.control.clone();
+    let mut acct: Option<SubAccount> = None;
+    let mut epoch = String::new();
+    let mut why = Why::First;
+    loop {
+        // 1. Connect and subscribe (with `since` after the first time).
+        let started = Instant::now();
+        let since = acct.as_ref().map(|a| Since {
+            epoch: epoch.clone(),
+            offset: a.last,
+        });
+        let ws =
+            match connect_retrying(&ctx, addr, &url, &pl.channel, since.as_ref(), why, &mut ctl)
+                .await
+            {
+                Ok(Some((ws, reply))) => {
+                    on_subscribed(&ctx, &mut acct, &mut epoch, reply, why, started);
+                    ws
+                }
+                Ok(None) => return (pl.channel, acct),
+                Err(kind) => {
+                    ctx.error(kind);
+                    if why == Why::First {
+                        ctx.attempted.fetch_add(1, Relaxed);
+                    }
+                    return (pl.channel, acct);
+                }
+            };
+        ctx.connected_now.fetch_add(1, Relaxed);
+        // 2. Receive until the connection ends one way or another.
+        let next = receive(
+            &ctx,
+            ws,
+            &pl.channel,
+            acct.as_mut().expect("set on subscribe"),
+            &mut ctl,
+        )
+        .await;
+        ctx.connected_now.fetch_sub(1, Relaxed);
+        match next {
+            None => return (pl.channel, acct),
+            Some(w) => why = w,
+        }
+    }
+}
+
+/// The subscribe reply's figures, owned so the frame they came in can go.
+struct Reply {
+    epoch: String,
+    offset: u64,
+    recovered: Option<bool>,
+    /// Recovered publications: (offset, sent_ns, seq).
+    publications: Vec<(u64, u64, u64)>,
+}
+
+fn on_subscribed(
+    ctx: &Ctx,
+    acct: &mut Option<SubAccount>,
+    epoch: &mut String,
+    reply: Reply,
+    why: Why,
+    started: Instant,
+) {
+    let took_us = started.elapsed().as_micros() as u64;
+    let mut s = ctx.shared();
+    match acct {
+        None => {
+            *acct = Some(SubAccount::new(reply.offset));
+            if why == Why::First {
+                s.connect.saturating_record(took_us.max(1));
+                ctx.connected_first.fetch_add(1, Relaxed);
+                ctx.attempted.fetch_add(1, Relaxed);
+                ctx.last_done_ns.fetch_max(now_ns(), Relaxed);
+            }
+        }
+        Some(a) => {
+            s.counters.reconnects += 1;
+            if !epoch.is_empty() && *epoch != reply.epoch {
+                s.counters.epoch_changes += 1;
+            }
+            if reply.recovered == Some(true) {
+                s.counters.recovered += 1;
+                s.recovery.saturating_record(took_us.max(1));
+            } else {
+                s.counters.not_recovered += 1;
+            }
+            let now = now_ns();
+            for (offset, sent, seq) in reply.publications {
+                ctx.deliveries.fetch_add(1, Relaxed);
+                match a.on_pub(offset) {
+                    Seen::Duplicate | Seen::Stale => {}
+                    _ => {
+                        ctx.unique.fetch_add(1, Relaxed);
+                        count_delivery(ctx, &mut s, now, sent, seq, false);
+                    }
+                }
+            }
+            if let Why::Storm(at) = why {
+                s.storm
+                    .saturating_record((now.saturating_sub(at) / 1000).max(1));
+                ctx.back.fetch_add(1, Relaxed);
+            }
+        }
+    }
+    *epoch = reply.epoch;
+}
+
+/// Timeline and per-publication bookkeeping for one delivery; `live` ones also go into the latency
+/// histogram (recovered ones are late by design and would only measure the offline window).
+fn count_delivery(ctx: &Ctx, s: &mut Shared, now: u64, sent: u64, seq: u64, live: bool) {
+    let sec = (now.saturating_sub(ctx.shard.t0_ns) / 1_000_000_000) as usize;
+    if sec < MAX_TIMELINE_S {
+        if s.timeline.len() <= sec {
+            s.timeline.resize(sec + 1, 0);
+        }
+        s.timeline[sec] += 1;
+    }
+    if live && sent > 0 {
+        let us = (now.saturating_sub(sent) / 1000).max(1);
+        s.latency.saturating_record(us);
+        let seq = seq as usize;
+        if seq < MAX_SEQ {
+            if s.per_seq_max.len() <= seq {
+                s.per_seq_max.resize(seq + 1, 0);
+            }
+            s.per_seq_max[seq] = s.per_seq_max[seq].max(us);
+        }
+    }
+}
+
+/// Connects, retrying reconnects (not first attempts) with backoff until `retry_for` passes.
+/// `Ok(None)`: told to stop meanwhile.
+async fn connect_retrying(
+    ctx: &Ctx,
+    addr: SocketAddr,
+    url: &str,
+    channel: &str,
+    since: Option<&Since>,
+    why: Why,
+    ctl: &mut watch::Receiver<Control>,
+) -> Result<Option<(Ws, Reply)>, String> {
+    let give_up = Instant::now() + Duration::from_secs_f64(ctx.p.retry_for);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        if *ctl.borrow() == Control::Stop {
+            return Ok(None);
+        }
+        let permit = if why == Why::First {
+            Some(ctx.connect_slots.acquire().await.expect("never closed"))
+        } else {
+            None
+        };
+        ctx.first_start_ns.fetch_min(now_ns(), Relaxed);
+        let timeout = Duration::from_secs_f64(ctx.p.connect_timeout);
+        let res = match tokio::time::timeout(
+            timeout,
+            connect_once(ctx.shard.source, addr, url, channel, since),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err("timeout".to_string()),
+        };
+        drop(permit);
+        match res {
+            Ok(ok) => return Ok(Some(ok)),
+            Err(e) if why == Why::First || Instant::now() > give_up => return Err(e),
+            Err(_) => {
+                let wait = backoff + Duration::from_millis(rand::rng().random_range(0..50));
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if sleep_or_stop(wait, ctl).await {
+                    return Ok(None);
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps unless told to stop first (true: stop).
+async fn sleep_or_stop(d: Duration, ctl: &mut watch::Receiver<Control>) -> bool {
+    let until = Instant::now() + d;
+    loop {
+        if *ctl.borrow_and_update() == Control::Stop {
+            return true;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => return false,
+            r = ctl.changed() => if r.is_err() { return true },
+        }
+    }
+}
+
+fn io_kind(e: &std::io::Error) -> String {
+    match e.raw_os_error() {
+        Some(24) => "EMFILE: the worker's descriptor limit".into(),
+        Some(99) => "EADDRNOTAVAIL: source ports exhausted".into(),
+        Some(111) => "ECONNREFUSED".into(),
+        Some(104) => "ECONNRESET".into(),
+        Some(110) => "ETIMEDOUT".into(),
+        _ => format!("io: {:?}", e.kind()),
+    }
+}
+
+/// One attempt: TCP from our source address, WebSocket upgrade, `connect` with `subs`, its reply.
+async fn connect_once(
+    source: Ipv4Addr,
+    addr: SocketAddr,
+    url: &str,
+    channel: &str,
+    since: Option<&Since>,
+) -> Result<(Ws, Reply), String> {
+    let sock = TcpSocket::new_v4().map_err(|e| io_kind(&e))?;
+    sock.bind(SocketAddr::new(source.into(), 0))
+        .map_err(|e| format!("bind {source}: {}", io_kind(&e)))?;
+    let tcp = sock.connect(addr).await.map_err(|e| io_kind(&e))?;
+    let _ = tcp.set_nodelay(true);
+    let builder = ClientBuilder::new()
+        .uri(url)
+        .map_err(|e| format!("bad url: {e}"))?;
+    let (mut ws, _) = builder
+        .connect_on(tcp)
+        .await
+        .map_err(|e| format!("websocket handshake: {e}"))?;
+    ws.send(Message::text(wire::connect_cmd(&[(channel, since)])))
+        .await
+        .map_err(|e| format!("send connect: {e}"))?;
+    loop {
+        let msg = match ws.next().await {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return Err(format!("closed before connect reply: {e}")),
+            None => return Err("closed before connect reply".into()),
+        };
+        if msg.is_close() {
+            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
+            return Err(format!("closed with {code} before connect reply"));
+        }
+        let Some(text) = msg.as_text() else { continue };
+        for line in text.split('\n').filter(|l| !l.is_empty()) {
+            let inc = wire::parse(line).map_err(|e| format!("bad reply: {e}"))?;
+            if inc.id != Some(1) {
+                continue;
+            }
+            if inc.error.is_some() {
+                return Err(format!(
+                    "connect error reply: {}",
+                    inc.error.map(|e| e.get().to_string()).unwrap_or_default()
+                ));
+            }
+            let mut c = inc.connect.ok_or("connect reply without result")?;
+            let sub = c
+                .subs
+                .remove(channel)
+                .ok_or("connect reply without our subscription")?;
+            if let Some(e) = sub.error {
+                return Err(format!("subscribe error: {}", e.get()));
+            }
+            let publications = sub
+                .publications
+                .iter()
+                .map(|p| (p.offset, p.data.t, p.data.s))
+                .collect();
+            return Ok((
+                ws,
+                Reply {
+                    epoch: sub.epoch,
+                    offset: sub.offset,
+                    recovered: sub.recovered,
+                    publications,
+                },
+            ));
+        }
+    }
+}
+
+/// Receives until the connection ends; returns why to reconnect, or `None` to stop.
+async fn receive(
+    ctx: &Ctx,
+    mut ws: Ws,
+    channel: &str,
+    acct: &mut SubAccount,
+    ctl: &mut watch::Receiver<Control>,
+) -> Option<Why> {
+    let jitter = ctx.scenario == Scenario::Jitter && *ctl.borrow() == Control::Run;
+    let mut drop_at = jitter.then(|| {
+        let (lo, hi) = (
+            ctx.p.drop_every[0],
+            ctx.p.drop_every[1].max(ctx.p.drop_every[0]),
+        );
+        Instant::now() + Duration::from_secs_f64(rand::rng().random_range(lo..=hi))
+    });
+    // A storm drop already under way (we reconnected before it fired) must not fire twice.
+    let seen_drop = match *ctl.borrow_and_update() {
+        Control::Drop(at) => Some(at),
+        _ => None,
+    };
+    loop {
+        tokio::select! {
+            m = ws.next() => {
+                let msg = match m {
+                    Some(Ok(m)) => m,
+                    _ => {
+                        ctx.shared().counters.server_closes += 1;
+                        return Some(Why::Broken);
+                    }
+                };
+                if msg.is_close() {
+                    ctx.shared().counters.server_closes += 1;
+                    return Some(Why::Broken);
+                }
+                let Some(text) = msg.as_text() else { continue };
+                if on_frame(ctx, text, channel, acct) && ws.send(Message::text("{}")).await.is_err() {
+                    ctx.shared().counters.server_closes += 1;
+                    return Some(Why::Broken);
+                }
+            }
+            _ = tokio::time::sleep_until(drop_at.unwrap_or_else(Instant::now)), if drop_at.is_some() => {
+                // Jitter: drop TCP without a close handshake, stay away, come back with `since`.
+                drop(ws);
+                ctx.shared().counters.client_drops += 1;
+                let (lo, hi) = (ctx.p.offline[0], ctx.p.offline[1].max(ctx.p.offline[0]));
+                let away = Duration::from_secs_f64(rand::rng().random_range(lo..=hi));
+                if sleep_or_stop(away, ctl).await {
+                    return None;
+                }
+                return Some(Why::Jitter);
+            }
+            r = ctl.changed() => {
+                if r.is_err() {
+                    return None;
+                }
+                let c = *ctl.borrow_and_update();
+                match c {
+                    Control::Stop => return None,
+                    Control::Finish => drop_at = None,
+                    Control::Drop(at) if seen_drop != Some(at) => {
+                        // Storm: everyone drops at the same instant and comes straight back.
+                        let wait = Duration::from_nanos(at.saturating_sub(now_ns()));
+                        tokio::time::sleep(wait).await;
+                        drop(ws);
+                        ctx.shared().counters.client_drops += 1;
+                        let j = ctx.p.reconnect_jitter_ms;
+                        if j > 0 {
+                            let d = Duration::from_millis(rand::rng().random_range(0..j));
+                            if sleep_or_stop(d, ctl).await {
+                                return None;
+                            }
+                        }
+                        return Some(Why::Storm(at));
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Handles one text frame; true if it held a ping to answer.
+fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount) -> bool {
+    let now = now_ns();
+    let mut ping = false;
+    let mut s = ctx.shared();
+    for line in text.split('\n').filter(|l| !l.is_empty()) {
+        let inc = match wire::parse(line) {
+            Ok(i) => i,
+            Err(_) => {
+                s.counters.parse_errors += 1;
+                continue;
+            }
+        };
+        if let Some(p) = inc.publication {
+            if p.channel.as_deref().is_some_and(|c| c != channel) {
+                continue;
+            }
+            ctx.deliveries.fetch_add(1, Relaxed);
+            match acct.on_pub(p.offset) {
+                Seen::Duplicate | Seen::Stale => {}
+                _ => {
+                    ctx.unique.fetch_add(1, Relaxed);
+                    count_delivery(ctx, &mut s, now, p.data.t, p.data.s, true);
+                }
+            }
+        } else if inc.disconnect.is_some() {
+            s.counters.disconnect_pushes += 1;
+        } else if inc.unsub.is_some() {
+            s.counters.unsub_pushes += 1;
+        } else if inc.error.is_some() {
+            s.counters.error_replies += 1;
+        } else if inc.is_ping() {
+            s.counters.pings += 1;
+            ping = true;
+        }
+    }
+    ping
+}

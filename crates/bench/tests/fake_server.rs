@@ -1,0 +1,285 @@
+//! Delivery accounting against a fake Herald that misbehaves on purpose: it drops, duplicates and
+//! reorders publications, and (in the recovery test) answers `since` correctly or off by one. The
+//! workers run in-process, exactly as in a child process, over real sockets.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Parser;
+use futures_util::{SinkExt, StreamExt};
+use herald_bench::accounting::Expected;
+use herald_bench::params::{Params, Scenario, Shard};
+use herald_bench::wire::make_data;
+use herald_bench::worker::{self, now_ns, Command, Event, WorkerResult};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tokio_websockets::{Message, ServerBuilder};
+
+#[derive(Parser)]
+struct P {
+    #[command(flatten)]
+    p: Params,
+}
+
+fn params(url: &str, extra: &[&str]) -> Params {
+    let mut args = vec!["t", "--ws", url, "--prefix", "t", "--drain", "0.5"];
+    args.extend_from_slice(extra);
+    P::parse_from(args).p
+}
+
+fn pub_line(offset: u64) -> String {
+    format!(
+        "{{\"pub\":{{\"channel\":\"t0\",\"offset\":{offset},\"data\":{}}}}}",
+        make_data(now_ns(), offset - 1, 64)
+    )
+}
+
+/// Runs one in-process worker over `n` connections and returns its result.
+async fn run_worker(
+    p: Params,
+    scenario: Scenario,
+    n: usize,
+    before_finish: Duration,
+    expect: Expected,
+) -> WorkerResult {
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    let shard = Shard {
+        index: 0,
+        start: 0,
+        end: n,
+        source: "127.0.0.2".parse().unwrap(),
+        t0_ns: now_ns(),
+    };
+    let w = tokio::spawn(worker::run(p, scenario, shard, cmd_rx, ev_tx));
+    let mut finish_sent = false;
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(20), ev_rx.recv())
+            .await
+            .expect("worker stalled");
+        match ev.expect("worker ended without a result") {
+            Event::Ready {
+                connected, failed, ..
+            } => {
+                assert_eq!((connected, failed), (n as u64, 0));
+                if !finish_sent {
+                    finish_sent = true;
+                    tokio::time::sleep(before_finish).await;
+                    let mut m = BTreeMap::new();
+                    m.insert("t0".to_string(), expect.clone());
+                    cmd_tx.send(Command::Finish { expect: m }).unwrap();
+                }
+            }
+            Event::Result(r) => {
+                w.await.unwrap().unwrap();
+                return *r;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A server that, on every connection, answers `connect` at offset 0 and then sends offsets 1..=10
+/// as 1, 2, 2, 4, 3, 5, 7, 8, then "9\n10" in one frame (6 never comes), plus a `{}` ping.
+async fn misbehaving_server(pongs: Arc<Mutex<u64>>) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            let pongs = pongs.clone();
+            tokio::spawn(async move {
+                let (_, mut ws) = ServerBuilder::new().accept(s).await.unwrap();
+                let first = ws.next().await.unwrap().unwrap();
+                assert!(first.as_text().unwrap().contains("\"connect\""));
+                ws.send(Message::text(
+                    r#"{"id":1,"connect":{"client":"c","node":"n","ping_interval":25,"subs":{"t0":{"epoch":"E","offset":0,"recoverable":true}}}}"#.to_string(),
+                ))
+                .await
+                .unwrap();
+                for o in [1, 2, 2, 4, 3, 5, 7, 8] {
+                    ws.send(Message::text(pub_line(o))).await.unwrap();
+                }
+                ws.send(Message::text(format!("{}\n{}", pub_line(9), pub_line(10))))
+                    .await
+                    .unwrap();
+                ws.send(Message::text("{}".to_string())).await.unwrap();
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.as_text() == Some("{}") {
+                        *pongs.lock().unwrap() += 1;
+                    }
+                }
+            });
+        }
+    });
+    format!("ws://{addr}/ws")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn counts_drops_duplicates_reordering_and_gaps() {
+    let pongs = Arc::new(Mutex::new(0));
+    let url = misbehaving_server(pongs.clone()).await;
+    let n = 3;
+    let expect = Expected {
+        epoch: "E".into(),
+        first: 1,
+        last: 10,
+        count: 10,
+    };
+    let r = run_worker(
+        params(&url, &[]),
+        Scenario::Broadcast,
+        n,
+        Duration::from_millis(300),
+        expect,
+    )
+    .await;
+    let d = &r.delivery;
+    assert_eq!(d.subscriptions, 3);
+    assert_eq!(d.expected, 30);
+    assert_eq!(d.delivered, 27, "offset 6 never arrives");
+    assert_eq!(d.missing, 3);
+    assert_eq!(d.subscriptions_missing, 3);
+    assert_eq!(d.counts.duplicates, 3, "offset 2 twice per connection");
+    assert_eq!(d.counts.out_of_order, 3, "3 after 4");
+    assert_eq!(d.counts.gap_events, 6, "2→4 and 5→7 per connection");
+    assert!((d.delivered_pct() - 90.0).abs() < 1e-9);
+    assert_eq!(r.counters.deliveries, 30);
+    assert_eq!(r.counters.pings, 3);
+    assert_eq!(*pongs.lock().unwrap(), 3, "every ping answered with {{}}");
+    let lat = herald_bench::hist::decode(&r.latency).unwrap();
+    assert_eq!(lat.len(), 27, "latency recorded once per unique delivery");
+}
+
+/// A server with history: it publishes offset 1, 2, 3 … every 10 ms to every live connection and
+/// honours `since`; with `off_by_one` its recovery also resends the `since` offset itself.
+async fn history_server(off_by_one: bool, stop_at: u64) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let log: Arc<Mutex<(Vec<String>, broadcast::Sender<String>)>> =
+        Arc::new(Mutex::new((Vec::new(), broadcast::channel(1024).0)));
+    let plog = log.clone();
+    tokio::spawn(async move {
+        for o in 1..=stop_at {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let mut g = plog.lock().unwrap();
+            let line = pub_line(o);
+            g.0.push(line.clone());
+            let _ = g.1.send(line);
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            let log = log.clone();
+            tokio::spawn(async move {
+                let Ok((_, mut ws)) = ServerBuilder::new().accept(s).await else {
+                    return;
+                };
+                let Some(Ok(first)) = ws.next().await else {
+                    return;
+                };
+                let cmd: serde_json::Value =
+                    serde_json::from_str(first.as_text().unwrap()).unwrap();
+                let since = cmd["connect"]["subs"]["t0"]["since"]["offset"].as_u64();
+                // Reply and live subscription under one lock: nothing falls between them.
+                let (reply, mut rx) = {
+                    let g = log.lock().unwrap();
+                    let newest = g.0.len() as u64;
+                    let sub = match since {
+                        Some(o) => {
+                            let from = if off_by_one { o.saturating_sub(1) } else { o } as usize;
+                            let pubs: Vec<serde_json::Value> = g.0[from.min(g.0.len())..]
+                                .iter()
+                                .map(|l| {
+                                    serde_json::from_str::<serde_json::Value>(l).unwrap()["pub"]
+                                        .clone()
+                                })
+                                .collect();
+                            serde_json::json!({"epoch":"E","offset":newest,"recoverable":true,"recovered":true,"publications":pubs})
+                        }
+                        None => serde_json::json!({"epoch":"E","offset":newest,"recoverable":true}),
+                    };
+                    let reply =
+                        serde_json::json!({"id":1,"connect":{"client":"c","subs":{"t0":sub}}});
+                    (reply.to_string(), g.1.subscribe())
+                };
+                if ws.send(Message::text(reply)).await.is_err() {
+                    return;
+                }
+                loop {
+                    tokio::select! {
+                        m = ws.next() => if !matches!(m, Some(Ok(_))) { return },
+                        p = rx.recv() => match p {
+                            Ok(line) => if ws.send(Message::text(line)).await.is_err() { return },
+                            Err(_) => return,
+                        },
+                    }
+                }
+            });
+        }
+    });
+    format!("ws://{addr}/ws")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn jitter_clients_drop_and_recover_everything() {
+    let url = history_server(false, 150).await;
+    let p = params(
+        &url,
+        &["--drop-every", "0.2", "0.4", "--offline", "0.1", "0.2"],
+    );
+    let expect = Expected {
+        epoch: "E".into(),
+        first: 1,
+        last: 150,
+        count: 150,
+    };
+    let r = run_worker(p, Scenario::Jitter, 4, Duration::from_millis(1700), expect).await;
+    let d = &r.delivery;
+    assert!(
+        r.counters.client_drops >= 4,
+        "clients dropped: {:?}",
+        r.counters
+    );
+    assert_eq!(
+        r.counters.reconnects, r.counters.recovered,
+        "{:?}",
+        r.counters
+    );
+    assert_eq!(d.delivered, d.expected, "{d:?}");
+    assert_eq!(
+        (
+            d.counts.duplicates,
+            d.counts.gap_events,
+            d.counts.out_of_order
+        ),
+        (0, 0, 0),
+        "{d:?}"
+    );
+    assert!(herald_bench::hist::decode(&r.recovery).unwrap().len() >= 4);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn off_by_one_recovery_shows_up_as_duplicates() {
+    let url = history_server(true, 120).await;
+    let p = params(
+        &url,
+        &["--drop-every", "0.2", "0.3", "--offline", "0.1", "0.1"],
+    );
+    let expect = Expected {
+        epoch: "E".into(),
+        first: 1,
+        last: 120,
+        count: 120,
+    };
+    let r = run_worker(p, Scenario::Jitter, 2, Duration::from_millis(1400), expect).await;
+    assert!(r.counters.recovered >= 2);
+    assert_eq!(
+        r.delivery.counts.duplicates, r.counters.recovered,
+        "{:?}",
+        r.delivery
+    );
+    assert_eq!(r.delivery.delivered, r.delivery.expected);
+}

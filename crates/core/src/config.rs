@@ -1,0 +1,242 @@
+//! The configuration model: every key, its default, and what it is for. Loading (TOML file,
+//! `HERALD_*` environment, flags) is the server's job; `docs/config.md` lists the same keys.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use herald_broker::StreamOptions;
+
+/// The whole node configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address to listen on. `--dev` refuses anything but loopback.
+    pub bind: String,
+    /// Port to listen on (0: any free port, printed at start).
+    pub port: u16,
+    /// This node's name in `/api/info` and in `connect` replies (default: `herald-<random>`).
+    pub node_name: String,
+    /// Development mode: anonymous connect, subscribe, client publish, history and presence in the
+    /// default namespace; the demo page; an open HTTP API when no `api_key` is set. Loopback only.
+    pub dev: bool,
+    /// Serve the demo page at `/` (also on in `dev`).
+    pub demo: bool,
+    /// HTTP API key (`Authorization: Bearer …`). Generated and logged when absent (outside `dev`).
+    pub api_key: Option<String>,
+    /// `memory`, `redis://…`, `rediss://…`, `redis+cluster://…` or `nats://…`.
+    pub broker_url: String,
+    /// TLS certificate chain (PEM); with `tls_key`, the node serves `https://` and `wss://`.
+    pub tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    pub tls_key: Option<PathBuf>,
+    /// Allow connections without a token (user "").
+    pub allow_anonymous: bool,
+    /// HS256 secret for connection and subscription tokens.
+    pub token_hmac_secret: Option<String>,
+    /// RS256 public key, PEM text.
+    pub token_rsa_public_key: Option<String>,
+    /// RS256 public key, PEM file.
+    pub token_rsa_public_key_file: Option<PathBuf>,
+    /// ES256 public key, PEM text.
+    pub token_ecdsa_public_key: Option<String>,
+    /// ES256 public key, PEM file.
+    pub token_ecdsa_public_key_file: Option<PathBuf>,
+    /// Seconds between server pings (`{}`).
+    pub ping_interval_s: u64,
+    /// Extra seconds a client may stay silent after a ping before it is closed with 4002.
+    pub pong_timeout_s: u64,
+    /// Drain window on shutdown: clients are told to come back after a random delay within it.
+    pub drain_ms: u64,
+    /// `text` or `json` logs.
+    pub log_format: String,
+    /// Log filter (`info`, `herald=debug`, …); `RUST_LOG` wins when set.
+    pub log_level: String,
+    /// Connection and input limits.
+    pub limits: Limits,
+    /// The namespace of channels without `:`.
+    pub default_namespace: NamespaceConfig,
+    /// Named namespaces (`name:rest` channels).
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Redis broker settings (see docs/multi-node.md), passed to the Redis broker as they are.
+    pub redis: Option<serde_json::Value>,
+    /// NATS broker settings (see docs/multi-node-nats.md), passed to the NATS broker as they are.
+    pub nats: Option<serde_json::Value>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bind: "127.0.0.1".into(),
+            port: 8000,
+            node_name: String::new(),
+            dev: false,
+            demo: false,
+            api_key: None,
+            broker_url: "memory".into(),
+            tls_cert: None,
+            tls_key: None,
+            allow_anonymous: false,
+            token_hmac_secret: None,
+            token_rsa_public_key: None,
+            token_rsa_public_key_file: None,
+            token_ecdsa_public_key: None,
+            token_ecdsa_public_key_file: None,
+            ping_interval_s: 25,
+            pong_timeout_s: 10,
+            drain_ms: 5000,
+            log_format: "text".into(),
+            log_level: "info".into(),
+            limits: Limits::default(),
+            default_namespace: NamespaceConfig::default(),
+            namespaces: Vec::new(),
+            redis: None,
+            nats: None,
+        }
+    }
+}
+
+impl Config {
+    /// Apply `dev` mode: open the default namespace to anonymous clients.
+    pub fn apply_dev(&mut self) {
+        if !self.dev {
+            return;
+        }
+        self.allow_anonymous = true;
+        self.demo = true;
+        let ns = &mut self.default_namespace;
+        ns.subscribe = SubscribePolicy::Anonymous;
+        ns.publish = true;
+        ns.history = true;
+        ns.presence = true;
+        ns.join_leave = true;
+        ns.history_size = ns.history_size.max(1000);
+    }
+
+    /// Check values that serde cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ping_interval_s == 0 {
+            return Err("ping_interval_s must be at least 1".into());
+        }
+        if self.tls_cert.is_some() != self.tls_key.is_some() {
+            return Err("tls_cert and tls_key go together".into());
+        }
+        for ns in &self.namespaces {
+            if ns.name.is_empty() || !ns.name.bytes().all(crate::namespace::is_name_byte) || ns.name.contains(':') {
+                return Err(format!("bad namespace name {:?}", ns.name));
+            }
+        }
+        let l = &self.limits;
+        if l.max_frame_bytes < 128 || l.outbound_queue_bytes < l.max_frame_bytes {
+            return Err("limits: max_frame_bytes ≥ 128 and outbound_queue_bytes ≥ max_frame_bytes".into());
+        }
+        Ok(())
+    }
+}
+
+/// Limits that protect the node from bad or greedy clients. Each has a sane default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Largest WebSocket message a client may send; larger closes with 4503.
+    pub max_frame_bytes: usize,
+    /// Channels one connection may be subscribed to (error 106 beyond).
+    pub max_channels_per_connection: usize,
+    /// Sustained commands per second per connection (error 110 beyond).
+    pub commands_per_second: u32,
+    /// Burst of commands allowed above the sustained rate.
+    pub command_burst: u32,
+    /// Time from TCP accept to a successful `connect` command; closes with 4500 after it.
+    pub handshake_timeout_ms: u64,
+    /// Open connections on this node (4504 beyond); 0 means no limit.
+    pub max_connections: usize,
+    /// Bytes queued for one connection before it is closed as a slow consumer (4001).
+    pub outbound_queue_bytes: usize,
+    /// A write to a client that takes longer than this closes the connection.
+    pub write_timeout_ms: u64,
+    /// Largest HTTP API request body (413 beyond).
+    pub max_api_body_bytes: usize,
+    /// Channels in one `/api/broadcast`.
+    pub max_broadcast_channels: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_frame_bytes: 64 * 1024,
+            max_channels_per_connection: 128,
+            commands_per_second: 100,
+            command_burst: 200,
+            handshake_timeout_ms: 10_000,
+            max_connections: 0,
+            outbound_queue_bytes: 1024 * 1024,
+            write_timeout_ms: 10_000,
+            max_api_body_bytes: 1024 * 1024,
+            max_broadcast_channels: 10_000,
+        }
+    }
+}
+
+/// Who may subscribe to a namespace's channels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubscribePolicy {
+    /// Anyone connected, anonymous included.
+    Anonymous,
+    /// Connections with a user (a token with `sub`).
+    Authenticated,
+    /// Only with a subscription token for the channel (or the connection token's `channels`).
+    Token,
+}
+
+/// Per-namespace rules: permissions, history and presence.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Channel prefix before `:` (ignored for the default namespace).
+    pub name: String,
+    /// Who may subscribe.
+    pub subscribe: SubscribePolicy,
+    /// Clients allowed to subscribe may also publish.
+    pub publish: bool,
+    /// Clients allowed to subscribe may read history.
+    pub history: bool,
+    /// Publications kept per channel (0: no history, no recovery).
+    pub history_size: usize,
+    /// Seconds a publication stays in history.
+    pub history_ttl_s: u64,
+    /// Seconds a channel's epoch and offset outlive its last publication.
+    pub history_meta_ttl_s: u64,
+    /// Track who is subscribed; clients allowed to subscribe may ask.
+    pub presence: bool,
+    /// Push `join`/`leave` to subscribers (needs `presence`).
+    pub join_leave: bool,
+}
+
+impl Default for NamespaceConfig {
+    fn default() -> Self {
+        NamespaceConfig {
+            name: String::new(),
+            subscribe: SubscribePolicy::Authenticated,
+            publish: false,
+            history: true,
+            history_size: 100,
+            history_ttl_s: 300,
+            history_meta_ttl_s: 24 * 3600,
+            presence: false,
+            join_leave: false,
+        }
+    }
+}
+
+impl NamespaceConfig {
+    /// How the broker keeps this namespace's streams.
+    pub fn stream_options(&self) -> StreamOptions {
+        StreamOptions {
+            history_size: self.history_size,
+            history_ttl: Duration::from_secs(self.history_ttl_s),
+            meta_ttl: Duration::from_secs(self.history_meta_ttl_s.max(self.history_ttl_s)),
+        }
+    }
+}

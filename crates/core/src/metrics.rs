@@ -1,0 +1,105 @@
+//! Prometheus metrics of the node. Counters are atomics: the hot path pays one relaxed add per
+//! publication (not per subscriber), as nats-server updates stats per batch.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Every metric the node exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Open client connections.
+    pub connections: Gauge,
+    /// Connections accepted since start.
+    pub connections_accepted: Counter,
+    /// Client subscriptions (connection × channel).
+    pub subscriptions: Gauge,
+    /// Channels with at least one local subscriber.
+    pub channels: Gauge,
+    /// Commands received from clients.
+    pub commands: Counter,
+    /// Publications accepted through this node (API or clients).
+    pub publications: Counter,
+    /// Publications received from the broker.
+    pub publications_received: Counter,
+    /// Publications received for a channel without local subscribers (should stay 0 with
+    /// targeted subscriptions).
+    pub publications_without_subscriber: Counter,
+    /// Publications queued to connections (one per subscriber).
+    pub deliveries: Counter,
+    /// Connections closed because their outbound queue overflowed.
+    pub slow_consumers: Counter,
+    /// Subscriptions with `since` that recovered.
+    pub recovered: Counter,
+    /// Subscriptions with `since` that could not recover.
+    pub recovery_failed: Counter,
+    /// Gap or reconnect catch-ups from history.
+    pub catchups: Counter,
+    /// Connections closed with 4003 because continuity was lost.
+    pub continuity_lost: Counter,
+    /// Seconds a publish took at the broker.
+    pub publish_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Register every metric.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("herald");
+        macro_rules! reg {
+            ($name:literal, $help:literal, $metric:expr) => {{
+                let m = $metric;
+                registry.register($name, $help, m.clone());
+                m
+            }};
+        }
+        Metrics {
+            connections: reg!("connections", "Open client connections", Gauge::default()),
+            connections_accepted: reg!("connections_accepted", "Connections accepted", Counter::default()),
+            subscriptions: reg!("subscriptions", "Client subscriptions", Gauge::default()),
+            channels: reg!("channels", "Channels with local subscribers", Gauge::default()),
+            commands: reg!("commands", "Commands received from clients", Counter::default()),
+            publications: reg!("publications", "Publications accepted by this node", Counter::default()),
+            publications_received: reg!(
+                "hub_publications_received",
+                "Publications received from the broker",
+                Counter::default()
+            ),
+            publications_without_subscriber: reg!(
+                "hub_publications_without_subscriber",
+                "Publications received for channels without local subscribers",
+                Counter::default()
+            ),
+            deliveries: reg!("deliveries", "Publications queued to connections", Counter::default()),
+            slow_consumers: reg!("slow_consumers", "Connections closed as slow consumers (4001)", Counter::default()),
+            recovered: reg!("recovered", "Subscriptions recovered from history", Counter::default()),
+            recovery_failed: reg!("recovery_failed", "Subscriptions that could not recover", Counter::default()),
+            catchups: reg!("catchups", "Catch-ups from history after a gap or broker reconnect", Counter::default()),
+            continuity_lost: reg!(
+                "continuity_lost",
+                "Connections closed with 4003 because continuity was lost",
+                Counter::default()
+            ),
+            publish_seconds: reg!(
+                "publish_seconds",
+                "Broker publish latency",
+                Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+            ),
+            registry,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        encode(&mut out, &self.registry).expect("metrics encode");
+        out
+    }
+}

@@ -1,0 +1,166 @@
+//! Channel names, namespaces and who may do what on a channel.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use herald_protocol::ErrorCode;
+
+use crate::config::{Config, NamespaceConfig, SubscribePolicy};
+
+/// Longest channel name in bytes.
+pub const MAX_CHANNEL_LEN: usize = 255;
+
+/// Bytes allowed in channel names: `[A-Za-z0-9_:.@=/#,-]`.
+pub fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"_:.@=/#,-".contains(&b)
+}
+
+/// Check a channel name's length and alphabet.
+pub fn validate_channel(channel: &str) -> Result<(), (ErrorCode, String)> {
+    if channel.is_empty() || channel.len() > MAX_CHANNEL_LEN {
+        return Err((ErrorCode::BadRequest, format!("channel name must be 1 to {MAX_CHANNEL_LEN} bytes")));
+    }
+    if !channel.bytes().all(is_name_byte) {
+        return Err((
+            ErrorCode::BadRequest,
+            format!("channel {channel:?} has characters outside [A-Za-z0-9_:.@=/#,-]"),
+        ));
+    }
+    Ok(())
+}
+
+/// Users allowed by a user-limited channel (`ns:name#alice,bob`), or `None` for an ordinary one.
+pub fn allowed_users(channel: &str) -> Option<impl Iterator<Item = &str>> {
+    let (_, users) = channel.rsplit_once('#')?;
+    Some(users.split(',').filter(|u| !u.is_empty()))
+}
+
+/// Namespaces by name, resolved from the config once.
+#[derive(Debug, Clone)]
+pub struct Namespaces {
+    default: Arc<NamespaceConfig>,
+    named: HashMap<String, Arc<NamespaceConfig>>,
+}
+
+impl Namespaces {
+    /// Build from the config.
+    pub fn from_config(config: &Config) -> Self {
+        Namespaces {
+            default: Arc::new(config.default_namespace.clone()),
+            named: config
+                .namespaces
+                .iter()
+                .map(|ns| (ns.name.clone(), Arc::new(ns.clone())))
+                .collect(),
+        }
+    }
+
+    /// The namespace that governs `channel`, after validating the name.
+    pub fn resolve(&self, channel: &str) -> Result<&Arc<NamespaceConfig>, (ErrorCode, String)> {
+        validate_channel(channel)?;
+        match channel.split_once(':') {
+            None => Ok(&self.default),
+            Some((ns, _)) => self.named.get(ns).ok_or_else(|| {
+                (ErrorCode::UnknownNamespace, format!("unknown namespace {ns:?}"))
+            }),
+        }
+    }
+}
+
+/// What the subscribing connection brings.
+pub struct Subscriber<'a> {
+    /// The connection's user ("" for anonymous).
+    pub user: &'a str,
+    /// The channel is in the connection token's `channels` claim.
+    pub granted_by_connection_token: bool,
+    /// A valid subscription token for this channel and user came with the request.
+    pub has_subscription_token: bool,
+}
+
+/// May this connection subscribe to `channel` in namespace `ns`?
+pub fn may_subscribe(ns: &NamespaceConfig, channel: &str, who: &Subscriber<'_>) -> Result<(), (ErrorCode, String)> {
+    if let Some(mut users) = allowed_users(channel) {
+        if who.user.is_empty() || !users.any(|u| u == who.user) {
+            return Err((ErrorCode::PermissionDenied, "channel is limited to other users".into()));
+        }
+    }
+    if who.granted_by_connection_token || who.has_subscription_token {
+        return Ok(());
+    }
+    let allowed = match ns.subscribe {
+        SubscribePolicy::Anonymous => true,
+        SubscribePolicy::Authenticated => !who.user.is_empty(),
+        SubscribePolicy::Token => false,
+    };
+    if allowed {
+        Ok(())
+    } else {
+        let why = match ns.subscribe {
+            SubscribePolicy::Token => "channel needs a subscription token",
+            _ => "channel needs an authenticated user",
+        };
+        Err((ErrorCode::PermissionDenied, why.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        let mut c = Config::default();
+        c.namespaces.push(NamespaceConfig {
+            name: "priv".into(),
+            subscribe: SubscribePolicy::Token,
+            ..NamespaceConfig::default()
+        });
+        c
+    }
+
+    fn who(user: &str) -> Subscriber<'_> {
+        Subscriber {
+            user,
+            granted_by_connection_token: false,
+            has_subscription_token: false,
+        }
+    }
+
+    #[test]
+    fn resolves_default_and_named() {
+        let ns = Namespaces::from_config(&config());
+        assert_eq!(ns.resolve("news").unwrap().name, "");
+        assert_eq!(ns.resolve("priv:x").unwrap().name, "priv");
+        assert_eq!(ns.resolve("nope:x").unwrap_err().0, ErrorCode::UnknownNamespace);
+        assert_eq!(ns.resolve("bad channel").unwrap_err().0, ErrorCode::BadRequest);
+        assert_eq!(ns.resolve(&"a".repeat(256)).unwrap_err().0, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn policies() {
+        let c = config();
+        let def = &c.default_namespace;
+        assert!(may_subscribe(def, "news", &who("")).is_err(), "authenticated by default");
+        assert!(may_subscribe(def, "news", &who("bob")).is_ok());
+        let private = &c.namespaces[0];
+        assert!(may_subscribe(private, "priv:x", &who("bob")).is_err());
+        let with_token = Subscriber {
+            has_subscription_token: true,
+            ..who("bob")
+        };
+        assert!(may_subscribe(private, "priv:x", &with_token).is_ok());
+    }
+
+    #[test]
+    fn user_limited_channels() {
+        let c = config();
+        let def = &c.default_namespace;
+        assert!(may_subscribe(def, "dm#alice,bob", &who("alice")).is_ok());
+        assert!(may_subscribe(def, "dm#alice,bob", &who("bob")).is_ok());
+        assert_eq!(may_subscribe(def, "dm#alice,bob", &who("eve")).unwrap_err().0, ErrorCode::PermissionDenied);
+        let granted = Subscriber {
+            granted_by_connection_token: true,
+            ..who("eve")
+        };
+        assert!(may_subscribe(def, "dm#alice,bob", &granted).is_err(), "a token cannot widen a user list");
+    }
+}

@@ -1,0 +1,561 @@
+//! One client connection's protocol state: it turns commands into replies and subscriptions.
+//! The transport (WebSocket, timers, writes) lives in the server; the session only queues bytes on
+//! its [`Outbound`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use herald_broker::{BrokerError, HistoryQuery, PublishOptions};
+use herald_protocol::command::{
+    ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams, SubscribeParams,
+};
+use herald_protocol::encode::{push_subscribed, push_unsub, reply, reply_error};
+use herald_protocol::types::PublicationWire;
+use herald_protocol::{codes, ClientInfo, CloseCode, Command, CommandError, ErrorCode, StreamPosition};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::auth::{AuthError, TokenVerifier};
+use crate::config::{Config, NamespaceConfig};
+use crate::hub::{ConnKey, Hub};
+use crate::namespace::{may_subscribe, Namespaces, Subscriber};
+use crate::outbound::{CloseRequest, Control, Outbound};
+use crate::rate::TokenBucket;
+use crate::recovery::SubscribeResult;
+
+/// What every session of a node shares.
+pub struct NodeContext {
+    /// The hub.
+    pub hub: Hub,
+    /// Namespaces from the config.
+    pub namespaces: Namespaces,
+    /// Token keys.
+    pub verifier: TokenVerifier,
+    /// The node's configuration.
+    pub config: Arc<Config>,
+}
+
+struct Connected {
+    key: ConnKey,
+    client: Arc<str>,
+    user: Arc<str>,
+    info: Option<Box<RawValue>>,
+    expires_at: Option<Instant>,
+    channels: HashMap<String, Arc<NamespaceConfig>>,
+}
+
+impl Connected {
+    fn who(&self) -> ClientInfo {
+        ClientInfo {
+            user: self.user.to_string(),
+            client: self.client.to_string(),
+            info: self.info.clone(),
+        }
+    }
+}
+
+/// A connection's session. See the module docs.
+pub struct Session {
+    ctx: Arc<NodeContext>,
+    out: Arc<Outbound>,
+    connected: Option<Connected>,
+    rate: TokenBucket,
+}
+
+fn close(code: CloseCode, reason: impl Into<String>) -> CloseRequest {
+    CloseRequest {
+        code,
+        reason: reason.into(),
+        after_ms: None,
+    }
+}
+
+fn broker_error(e: BrokerError) -> CommandError {
+    match e {
+        BrokerError::Unavailable(m) => CommandError::new(ErrorCode::TemporarilyUnavailable, m),
+        BrokerError::Internal(m) => {
+            tracing::error!(cause = %m, "broker error");
+            CommandError::new(ErrorCode::Internal, "internal error")
+        }
+    }
+}
+
+fn ns_error((code, message): (ErrorCode, String)) -> CommandError {
+    CommandError::new(code, message)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// `expires_in` seconds and the matching deadline for a token's `exp`.
+fn expiry(exp: Option<u64>) -> (Option<u64>, Option<Instant>) {
+    match exp {
+        Some(exp) => {
+            let secs = exp.saturating_sub(unix_now());
+            (Some(secs), Some(Instant::now() + Duration::from_secs(secs)))
+        }
+        None => (None, None),
+    }
+}
+
+#[derive(Serialize)]
+struct ConnectResult<'a> {
+    client: &'a str,
+    node: &'a str,
+    ping_interval: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_in: Option<u64>,
+    subs: HashMap<&'a str, SubReply<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SubReply<'a> {
+    Ok(&'a SubscribeResult),
+    Err { error: ErrorBody },
+}
+
+#[derive(Serialize)]
+struct ErrorBody {
+    code: u16,
+    message: String,
+}
+
+impl Session {
+    /// A session for a connection that has not sent `connect` yet.
+    pub fn new(ctx: Arc<NodeContext>, out: Arc<Outbound>) -> Self {
+        let limits = &ctx.config.limits;
+        let rate = TokenBucket::new(limits.commands_per_second, limits.command_burst);
+        Session {
+            ctx,
+            out,
+            connected: None,
+            rate,
+        }
+    }
+
+    /// Whether `connect` succeeded.
+    pub fn is_connected(&self) -> bool {
+        self.connected.is_some()
+    }
+
+    /// When the connection token expires (the transport closes with 4004 then, unless refreshed).
+    pub fn expires_at(&self) -> Option<Instant> {
+        self.connected.as_ref().and_then(|c| c.expires_at)
+    }
+
+    /// Handle one client message. Returns a close request when the connection must end.
+    pub async fn handle(&mut self, message: Message) -> Option<CloseRequest> {
+        let (id, command) = match message {
+            Message::Pong => return None,
+            Message::Command { id, command } => (id, command),
+        };
+        self.ctx.hub.metrics().commands.inc();
+        if !self.rate.try_take(Instant::now()) {
+            self.reply_err(id, &ErrorCode::TooManyRequests.into());
+            return None;
+        }
+        let command = match command {
+            Ok(c) => c,
+            Err(e) if self.connected.is_none() => {
+                self.reply_err(id, &e);
+                return Some(close(CloseCode::BAD_REQUEST, "first command must be a valid connect"));
+            }
+            Err(e) => {
+                self.reply_err(id, &e);
+                return None;
+            }
+        };
+        if self.connected.is_none() {
+            return match command {
+                Command::Connect(p) => self.connect(id, p).await,
+                _ => Some(close(CloseCode::BAD_REQUEST, "first command must be connect")),
+            };
+        }
+        let method = command.method().name();
+        let result: Result<Bytes, CommandError> = match command {
+            Command::Connect(_) => Err(CommandError::new(ErrorCode::BadRequest, "already connected")),
+            Command::Subscribe(p) => match self.subscribe(id, p).await {
+                Ok(()) => return None,
+                Err(e) => Err(e),
+            },
+            Command::Unsubscribe(p) => self.unsubscribe(p).await.map(|_| reply(id, method, &serde_json::json!({}))),
+            Command::Publish(p) => self.publish(p).await.map(|pos| reply(id, method, &pos)),
+            Command::History(p) => self.history(id, p).await,
+            Command::Presence(p) => self.presence(id, p).await,
+            Command::Refresh(p) => self.refresh(id, p),
+        };
+        match result {
+            Ok(bytes) => {
+                self.out.push(bytes);
+            }
+            Err(e) => self.reply_err(id, &e),
+        }
+        None
+    }
+
+    fn reply_err(&self, id: u64, e: &CommandError) {
+        self.out.push(reply_error(id, e.code, &e.message));
+    }
+
+    async fn connect(&mut self, id: u64, params: ConnectParams) -> Option<CloseRequest> {
+        let claims = match params.token.as_deref().filter(|t| !t.is_empty()) {
+            Some(token) => match self.ctx.verifier.connection(token) {
+                Ok(c) => Some(c),
+                Err(AuthError::Expired) => {
+                    self.reply_err(id, &ErrorCode::TokenExpired.into());
+                    return Some(close(CloseCode::TOKEN_EXPIRED, "token expired"));
+                }
+                Err(AuthError::Invalid(why)) => {
+                    self.reply_err(id, &CommandError::new(ErrorCode::Unauthorized, why));
+                    return Some(close(CloseCode::UNAUTHORIZED, "invalid token"));
+                }
+            },
+            None if self.ctx.config.allow_anonymous => None,
+            None => {
+                self.reply_err(id, &CommandError::new(ErrorCode::Unauthorized, "a connection token is required"));
+                return Some(close(CloseCode::UNAUTHORIZED, "token required"));
+            }
+        };
+        let (user, info, exp, granted) = match claims {
+            Some(c) => (c.sub, c.info, c.exp, c.channels),
+            None => (String::new(), None, None, Vec::new()),
+        };
+        let (expires_in, expires_at) = expiry(exp);
+        let client: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
+        let user: Arc<str> = Arc::from(user);
+        let key = self.ctx.hub.register(client.clone(), user.clone(), self.out.clone());
+        self.connected = Some(Connected {
+            key,
+            client: client.clone(),
+            user,
+            info,
+            expires_at,
+            channels: HashMap::new(),
+        });
+
+        // Server-side channels from the token, then the client's own `subs`, in one reply.
+        let mut wanted: Vec<(String, Option<StreamPosition>, Option<String>, bool)> =
+            granted.into_iter().map(|c| (c, None, None, true)).collect();
+        for (channel, opts) in params.subs {
+            match wanted.iter_mut().find(|w| w.0 == channel) {
+                Some(w) => w.1 = opts.since,
+                None => wanted.push((channel, opts.since, opts.token, false)),
+            }
+        }
+        let mut results: Vec<(String, Result<SubscribeResult, CommandError>)> = Vec::new();
+        for (channel, since, token, granted) in wanted {
+            let r = self.prepare(&channel, token.as_deref(), since.as_ref(), granted).await;
+            results.push((channel, r));
+        }
+        let connect_result = ConnectResult {
+            client: &client,
+            node: self.ctx.hub.node_name(),
+            ping_interval: self.ctx.config.ping_interval_s,
+            expires_in,
+            subs: results
+                .iter()
+                .map(|(ch, r)| {
+                    let sub = match r {
+                        Ok(result) => SubReply::Ok(result),
+                        Err(e) => SubReply::Err {
+                            error: ErrorBody {
+                                code: e.code.as_u16(),
+                                message: e.message.clone(),
+                            },
+                        },
+                    };
+                    (ch.as_str(), sub)
+                })
+                .collect(),
+        };
+        self.out.push(reply(id, "connect", &connect_result));
+        for (channel, r) in results {
+            if let Ok(result) = r {
+                self.activate(&channel, &result).await;
+            }
+        }
+        None
+    }
+
+    /// Checks and first half of a subscription (see [`Hub::prepare_subscription`]).
+    async fn prepare(
+        &mut self,
+        channel: &str,
+        token: Option<&str>,
+        since: Option<&StreamPosition>,
+        granted: bool,
+    ) -> Result<SubscribeResult, CommandError> {
+        let ctx = self.ctx.clone();
+        let conn = self.connected.as_mut().expect("connected");
+        let ns = ctx.namespaces.resolve(channel).map_err(ns_error)?.clone();
+        if conn.channels.contains_key(channel) {
+            return Err(ErrorCode::AlreadySubscribed.into());
+        }
+        if conn.channels.len() >= ctx.config.limits.max_channels_per_connection {
+            return Err(CommandError::new(ErrorCode::LimitExceeded, "too many channels on this connection"));
+        }
+        let has_subscription_token = match token {
+            Some(t) => match ctx.verifier.subscription(t, &conn.user, channel) {
+                Ok(_) => true,
+                Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
+                Err(AuthError::Invalid(why)) => {
+                    return Err(CommandError::new(ErrorCode::PermissionDenied, format!("subscription token: {why}")))
+                }
+            },
+            None => false,
+        };
+        let who = Subscriber {
+            user: &conn.user,
+            granted_by_connection_token: granted,
+            has_subscription_token,
+        };
+        may_subscribe(&ns, channel, &who).map_err(ns_error)?;
+        let result = ctx
+            .hub
+            .prepare_subscription(channel, conn.key, &self.out, since, &ns)
+            .await
+            .map_err(broker_error)?;
+        conn.channels.insert(channel.to_owned(), ns);
+        Ok(result)
+    }
+
+    /// Second half: after the reply is queued, go live and announce presence.
+    async fn activate(&mut self, channel: &str, result: &SubscribeResult) {
+        let conn = self.connected.as_ref().expect("connected");
+        self.ctx.hub.activate(channel, conn.key, &result.position);
+        let Some(ns) = conn.channels.get(channel) else { return };
+        if ns.presence {
+            let who = conn.who();
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.add_presence(channel, &who).await {
+                tracing::warn!(channel, cause = %e, "presence not recorded");
+            }
+            if ns.join_leave {
+                if let Err(e) = broker.publish_presence_change(channel, true, &who).await {
+                    tracing::warn!(channel, cause = %e, "join not published");
+                }
+            }
+        }
+    }
+
+    async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), CommandError> {
+        let result = self.prepare(&p.channel, p.token.as_deref(), p.since.as_ref(), false).await?;
+        self.out.push(reply(id, "subscribe", &result));
+        self.activate(&p.channel, &result).await;
+        Ok(())
+    }
+
+    /// Leave a channel: hub, presence and leave push.
+    async fn leave(&mut self, channel: &str) -> bool {
+        let conn = self.connected.as_mut().expect("connected");
+        let Some(ns) = conn.channels.remove(channel) else { return false };
+        self.ctx.hub.unsubscribe(channel, conn.key).await;
+        if ns.presence {
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.remove_presence(channel, &conn.client).await {
+                tracing::warn!(channel, cause = %e, "presence not removed");
+            }
+            if ns.join_leave {
+                if let Err(e) = broker.publish_presence_change(channel, false, &conn.who()).await {
+                    tracing::warn!(channel, cause = %e, "leave not published");
+                }
+            }
+        }
+        true
+    }
+
+    async fn unsubscribe(&mut self, p: ChannelParams) -> Result<(), CommandError> {
+        self.ctx.namespaces.resolve(&p.channel).map_err(ns_error)?;
+        self.leave(&p.channel).await;
+        Ok(())
+    }
+
+    /// May this connection read or write `channel` (subscribed, or allowed to subscribe)?
+    fn check_access(&self, channel: &str) -> Result<Arc<NamespaceConfig>, CommandError> {
+        let conn = self.connected.as_ref().expect("connected");
+        let ns = self.ctx.namespaces.resolve(channel).map_err(ns_error)?.clone();
+        if !conn.channels.contains_key(channel) {
+            let who = Subscriber {
+                user: &conn.user,
+                granted_by_connection_token: false,
+                has_subscription_token: false,
+            };
+            may_subscribe(&ns, channel, &who).map_err(ns_error)?;
+        }
+        Ok(ns)
+    }
+
+    async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, CommandError> {
+        let ns = self.check_access(&p.channel)?;
+        if !ns.publish {
+            return Err(CommandError::new(ErrorCode::PermissionDenied, "clients may not publish here"));
+        }
+        let conn = self.connected.as_ref().expect("connected");
+        let info = ClientInfo {
+            user: conn.user.to_string(),
+            client: conn.client.to_string(),
+            info: None,
+        };
+        let opts = PublishOptions {
+            stream: ns.stream_options(),
+            idempotency_key: None,
+        };
+        let data = Bytes::copy_from_slice(p.data.get().as_bytes());
+        let started = Instant::now();
+        let position = self
+            .ctx
+            .hub
+            .broker()
+            .publish(&p.channel, data, Some(info), &opts)
+            .await
+            .map_err(broker_error)?;
+        let metrics = self.ctx.hub.metrics();
+        metrics.publish_seconds.observe(started.elapsed().as_secs_f64());
+        metrics.publications.inc();
+        Ok(position)
+    }
+
+    async fn history(&mut self, id: u64, p: HistoryParams) -> Result<Bytes, CommandError> {
+        let ns = self.check_access(&p.channel)?;
+        if !ns.history || ns.history_size == 0 {
+            return Err(CommandError::new(ErrorCode::NotAvailable, "this namespace keeps no history for clients"));
+        }
+        let query = HistoryQuery {
+            since: p.since,
+            limit: p.limit,
+        };
+        let h = self
+            .ctx
+            .hub
+            .broker()
+            .history(&p.channel, &query, &ns.stream_options())
+            .await
+            .map_err(broker_error)?;
+        Ok(reply(id, "history", &HistoryReply::from(&h)))
+    }
+
+    async fn presence(&mut self, id: u64, p: ChannelParams) -> Result<Bytes, CommandError> {
+        let ns = self.check_access(&p.channel)?;
+        if !ns.presence {
+            return Err(CommandError::new(ErrorCode::NotAvailable, "presence is off in this namespace"));
+        }
+        let clients = self.ctx.hub.broker().presence(&p.channel).await.map_err(broker_error)?;
+        Ok(reply(id, "presence", &PresenceReply::from(&clients[..])))
+    }
+
+    fn refresh(&mut self, id: u64, p: RefreshParams) -> Result<Bytes, CommandError> {
+        let claims = match self.ctx.verifier.connection(&p.token) {
+            Ok(c) => c,
+            Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
+            Err(AuthError::Invalid(why)) => return Err(CommandError::new(ErrorCode::Unauthorized, why)),
+        };
+        let conn = self.connected.as_mut().expect("connected");
+        if claims.sub != *conn.user {
+            return Err(CommandError::new(ErrorCode::Unauthorized, "token is for another user"));
+        }
+        let (expires_in, expires_at) = expiry(claims.exp);
+        conn.expires_at = expires_at;
+        #[derive(Serialize)]
+        struct Refreshed {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            expires_in: Option<u64>,
+        }
+        Ok(reply(id, "refresh", &Refreshed { expires_in }))
+    }
+
+    /// Act on controls from the API (server-side subscribe / unsubscribe).
+    pub async fn handle_controls(&mut self, controls: Vec<Control>) {
+        if self.connected.is_none() {
+            return;
+        }
+        for control in controls {
+            match control {
+                Control::Subscribe(channel) => match self.prepare(&channel, None, None, true).await {
+                    Ok(result) => {
+                        self.out.push(push_subscribed(&channel, &result));
+                        self.activate(&channel, &result).await;
+                    }
+                    Err(e) => tracing::debug!(channel, cause = %e.message, "server-side subscribe skipped"),
+                },
+                Control::Unsubscribe(channel) => {
+                    if self.leave(&channel).await {
+                        self.out.push(push_unsub(&channel, codes::UNSUB_SERVER, "unsubscribed by the server"));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The connection is gone: leave every channel and forget the client.
+    pub async fn end(mut self) {
+        let Some(conn) = self.connected.as_ref() else { return };
+        let channels: Vec<String> = conn.channels.keys().cloned().collect();
+        let client = conn.client.clone();
+        for channel in channels {
+            self.leave(&channel).await;
+        }
+        self.ctx.hub.unregister(&client);
+    }
+}
+
+#[derive(Serialize)]
+struct HistoryReply<'a> {
+    epoch: &'a str,
+    offset: u64,
+    publications: Vec<PublicationWire<'a>>,
+    /// With `since`: false when history no longer holds everything after it (extra field).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    incomplete: bool,
+}
+
+impl<'a> From<&'a herald_broker::HistoryResult> for HistoryReply<'a> {
+    fn from(h: &'a herald_broker::HistoryResult) -> Self {
+        HistoryReply {
+            epoch: &h.position.epoch,
+            offset: h.position.offset,
+            publications: h.publications.iter().map(PublicationWire::from).collect(),
+            incomplete: !h.continuous,
+        }
+    }
+}
+
+/// `{"clients": {client: {"user", "info"?}}}`.
+#[derive(Serialize)]
+pub struct PresenceReply<'a> {
+    clients: HashMap<&'a str, PresenceEntry<'a>>,
+}
+
+#[derive(Serialize)]
+struct PresenceEntry<'a> {
+    user: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    info: Option<&'a RawValue>,
+}
+
+impl<'a> From<&'a [ClientInfo]> for PresenceReply<'a> {
+    fn from(clients: &'a [ClientInfo]) -> Self {
+        PresenceReply {
+            clients: clients
+                .iter()
+                .map(|c| {
+                    (
+                        c.client.as_str(),
+                        PresenceEntry {
+                            user: &c.user,
+                            info: c.info.as_deref(),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `history` reply body, shared with the HTTP API.
+pub fn history_body(h: &herald_broker::HistoryResult) -> serde_json::Value {
+    serde_json::to_value(HistoryReply::from(h)).expect("history serializes")
+}
