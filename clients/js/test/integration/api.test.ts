@@ -107,7 +107,7 @@ describe('client API against a real server', () => {
     const c = newClient();
     c.connect();
     await c.ready();
-    const err = await c.call('no_such_method', {}).catch((e) => e);
+    const err = (await c.call('no_such_method', {}).catch((e: unknown) => e)) as ReplyError;
     expect(err).toBeInstanceOf(ReplyError);
     expect(err.code).toBe(104);
     const bad = await c.publish('bad channel!', 1).catch((e) => e);

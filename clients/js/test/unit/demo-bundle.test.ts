@@ -10,7 +10,7 @@ import { demoBundle, root } from '../../scripts/build-config.mjs';
 describe('committed demo bundle', () => {
   it('matches a fresh build of src/ (run `npm run build` and commit demo/herald.js if this fails)', async () => {
     const out = await build({ ...demoBundle, write: false });
-    const fresh = out.outputFiles[0]!.text;
+    const fresh = out.outputFiles![0]!.text;
     const committed = readFileSync(resolve(root, 'demo', 'herald.js'), 'utf8');
     expect(committed === fresh, 'demo/herald.js is stale').toBe(true);
   });
