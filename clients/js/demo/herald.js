@@ -776,7 +776,7 @@ var Herald = class extends Emitter {
     if (err) {
       if (err instanceof ReplyError) {
         this.reportError("connect", err);
-        if (err.code === ErrorCode.TokenExpired) {
+        if (err.code === ErrorCode.TokenExpired && this.opts.getToken) {
           this.needToken = true;
           this.abort(err.code, err.message);
         } else if (isTemporaryError(err.code)) {
@@ -899,8 +899,9 @@ var Herald = class extends Emitter {
   // Incoming frames
   onFrame(text) {
     this.lastSeen = Date.now();
+    const transport = this.transport;
     for (const msg of decodeFrame(text)) {
-      if (!this.transport) return;
+      if (this.transport !== transport) return;
       this.onMessage(msg);
     }
   }

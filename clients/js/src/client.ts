@@ -378,7 +378,7 @@ export class Herald extends Emitter<HeraldEvents> {
     if (err) {
       if (err instanceof ReplyError) {
         this.reportError('connect', err);
-        if (err.code === ErrorCode.TokenExpired) {
+        if (err.code === ErrorCode.TokenExpired && this.opts.getToken) {
           this.needToken = true;
           this.abort(err.code, err.message);
         } else if (isTemporaryError(err.code)) {
@@ -517,10 +517,11 @@ export class Herald extends Emitter<HeraldEvents> {
 
   private onFrame(text: string): void {
     this.lastSeen = Date.now();
+    const transport = this.transport;
     for (const msg of decodeFrame(text)) {
-      // A message may have closed the connection (e.g. a listener called disconnect()); the rest of
-      // the frame belongs to a connection we no longer have.
-      if (!this.transport) return;
+      // A message may have ended this connection (a listener called disconnect(), or even
+      // disconnect() and connect()); the rest of the frame belongs to a connection we no longer have.
+      if (this.transport !== transport) return;
       this.onMessage(msg);
     }
   }

@@ -592,3 +592,53 @@ describe('tokens', () => {
     expect(log.at(-1)).toBe(`disconnected:${ClientCode.NoToken}`);
   });
 });
+
+describe('frame handling edge cases', () => {
+  it('drops the rest of a frame when a listener restarts the connection', async () => {
+    const h = client();
+    const got: number[] = [];
+    h.subscribe<number>('chat', {
+      onPublication: (p) => {
+        got.push(p.offset);
+        if (p.offset === 1) {
+          h.disconnect();
+          h.connect();
+        }
+      },
+    });
+    h.connect();
+    await flush();
+    FakeSocket.last().accept({ subs: { chat: { epoch: 'A', offset: 0, recoverable: true } } });
+    const first = FakeSocket.last();
+    first.push('{"pub":{"channel":"chat","offset":1,"data":0}}\n{"pub":{"channel":"chat","offset":2,"data":0}}');
+    expect(got).toEqual([1]);
+    expect(FakeSocket.instances).toHaveLength(2);
+    FakeSocket.last().open();
+    // The new connection recovers from offset 1: offset 2 will come through recovery, once.
+    expect(FakeSocket.last().cmd('connect').params.subs).toEqual({ chat: { since: { epoch: 'A', offset: 1 } } });
+  });
+
+  it('stops instead of looping when a fixed token has expired', async () => {
+    const h = client({ token: 'old' });
+    const log = record(h);
+    h.connect();
+    await flush();
+    FakeSocket.last().open();
+    FakeSocket.last().replyError('connect', 109, 'token expired');
+    expect(h.state).toBe('disconnected');
+    expect(log.at(-1)).toBe('disconnected:109');
+  });
+
+  it('ignores a late reply to a command that timed out', async () => {
+    const h = client({ timeoutMs: 100 });
+    h.connect();
+    await flush();
+    const s = FakeSocket.last();
+    s.accept({ ping_interval: 0 });
+    const p = h.publish('chat', 1).catch((e) => e);
+    await vi.advanceTimersByTimeAsync(150);
+    expect(await p).toBeInstanceOf(TimeoutError);
+    expect(() => s.reply('publish', { epoch: 'e', offset: 1 })).not.toThrow();
+    expect(h.state).toBe('connected');
+  });
+});
