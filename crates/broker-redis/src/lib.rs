@@ -1,9 +1,54 @@
-//! Herald's Broker on Redis: not implemented yet.
+//! # Herald's Broker on Redis
+//!
+//! Any number of Herald nodes share one Redis (or standalone shards, a Sentinel-managed master, or
+//! a Redis Cluster) and behave as one server:
+//! - a node subscribes to a channel's Redis channel only while it hosts a subscriber of it
+//!   (`SUBSCRIBE`, or `SSUBSCRIBE` on a Cluster so a message stays on the shard that owns its slot);
+//!   never a pattern subscription, so broker work grows with the nodes that host a channel, not
+//!   with all nodes;
+//! - publishing is one Lua script that assigns the offset, appends to the channel's history stream
+//!   and publishes, atomically; history, recovery and presence are read from Redis, so a client
+//!   can reconnect to any node and recover with `since`;
+//! - a node that loses Redis keeps serving its local clients, fails publishes fast with
+//!   "unavailable", reconnects with backoff, subscribes every hosted channel again and then asks
+//!   the hub to catch up from history.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), herald_broker::BrokerError> {
+//! let broker = herald_broker_redis::connect("redis://127.0.0.1:6379", "node-a").await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`config`]: [`RedisConfig`], the `[redis]` table and the URL forms.
+//! - `keys`: key and pub/sub names (hash-tagged per channel), message encoding, slots and shards.
+//! - `scripts`: the Lua scripts for publish, history and presence.
+//! - `link`: command connections that fail fast and reconnect in the background.
+//! - `subscriber`: subscription connections, batching, resubscribe and catch-up after a loss.
+//! - `broker`: [`RedisBroker`], the `Broker` implementation.
+//! - `metrics`: the `herald_broker_*` Prometheus lines.
+
+mod broker;
+pub mod config;
+mod keys;
+mod link;
+mod metrics;
+mod scripts;
+mod subscriber;
+
+pub use broker::RedisBroker;
+pub use config::{RedisConfig, SentinelConfig};
 
 use herald_broker::{BrokerError, SharedBroker};
 
-/// Connect to the broker at `url` as node `node`.
+/// Connect to the broker at `url` as node `node`: `redis://host:port`, `rediss://…`,
+/// `redis+cluster://host1:port1,host2:port2`, `redis+sentinel://h1:p1,h2:p2/master` or
+/// `redis+shards://h1:p1,h2:p2`. Fails if Redis cannot be reached now.
 pub async fn connect(url: &str, node: &str) -> Result<SharedBroker, BrokerError> {
-    let _ = node;
-    Err(BrokerError::Unavailable(format!("the redis broker is not implemented yet ({url})")))
+    connect_with(RedisConfig::from_url(url), node).await
+}
+
+/// Connect with a full [`RedisConfig`] (the server's `[redis]` table).
+pub async fn connect_with(config: RedisConfig, node: &str) -> Result<SharedBroker, BrokerError> {
+    Ok(RedisBroker::connect(config, node).await?.shared())
 }

@@ -167,7 +167,11 @@ impl RedisServer {
             if ping(self.port, self.password()) {
                 return Ok(());
             }
-            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
                 let mut err = String::new();
                 if let Some(mut e) = self.child.take().and_then(|c| c.stderr) {
                     let _ = e.read_to_string(&mut err);
@@ -177,7 +181,10 @@ impl RedisServer {
             std::thread::sleep(Duration::from_millis(20));
         }
         self.stop();
-        Err(format!("no PONG within {START_TIMEOUT:?}: {}", self.log_tail()))
+        Err(format!(
+            "no PONG within {START_TIMEOUT:?}: {}",
+            self.log_tail()
+        ))
     }
 
     fn password(&self) -> Option<&str> {
@@ -333,11 +340,18 @@ impl RedisCluster {
                 info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")
             });
             // Every node must also agree that all slots are assigned.
-            if ok && cluster.nodes.iter().all(|n| n.cli(&["CLUSTER", "SLOTS"]).lines().count() > 6)
+            if ok
+                && cluster
+                    .nodes
+                    .iter()
+                    .all(|n| n.cli(&["CLUSTER", "SLOTS"]).lines().count() > 6)
             {
                 return cluster;
             }
-            assert!(Instant::now() < deadline, "cluster did not reach cluster_state:ok");
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not reach cluster_state:ok"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -382,6 +396,8 @@ mod tests {
         let c = RedisCluster::start();
         assert_eq!(c.nodes().len(), 3);
         assert!(c.url().starts_with("redis+cluster://127.0.0.1:"));
-        assert!(c.nodes()[0].cli(&["CLUSTER", "INFO"]).contains("cluster_size:3"));
+        assert!(c.nodes()[0]
+            .cli(&["CLUSTER", "INFO"])
+            .contains("cluster_size:3"));
     }
 }

@@ -1,0 +1,382 @@
+//! Command connections: how a node reaches the Redis server that owns a channel, fails fast while
+//! that server is unreachable, and reconnects in the background.
+//!
+//! Commands and subscriptions never share a connection: a slow pub/sub reader must not delay a
+//! publish, and a command timeout must not tear down subscriptions.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use herald_broker::BrokerError;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
+    Pipeline, ProtocolVersion, RedisError, RedisFuture, Value,
+};
+
+use crate::config::RedisConfig;
+use crate::metrics::Metrics;
+
+/// Whether an error means the connection is gone (or hopeless) and must be replaced.
+pub(crate) fn is_connection_error(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_timeout()
+        || err.is_unrecoverable_error()
+}
+
+/// Map a Redis error to what it means for the caller: retry later (111 / 503) or a bug (100).
+pub(crate) fn broker_error(err: RedisError) -> BrokerError {
+    const RETRYABLE: [&str; 9] = [
+        "LOADING",
+        "BUSY",
+        "OOM",
+        "CLUSTERDOWN",
+        "TRYAGAIN",
+        "MASTERDOWN",
+        "READONLY",
+        "NOREPLICAS",
+        "MOVED",
+    ];
+    if is_connection_error(&err) || err.code().is_some_and(|c| RETRYABLE.contains(&c)) {
+        BrokerError::Unavailable(format!("redis: {err}"))
+    } else {
+        BrokerError::Internal(format!("redis: {err}"))
+    }
+}
+
+/// Turn a URL plus the config's overrides into connection settings.
+pub(crate) fn connection_info(
+    url: &str,
+    cfg: &RedisConfig,
+    protocol: ProtocolVersion,
+) -> Result<ConnectionInfo, BrokerError> {
+    let url = match url.strip_prefix("redis://") {
+        Some(rest) if cfg.tls => format!("rediss://{rest}"),
+        _ => url.to_owned(),
+    };
+    let info = url
+        .as_str()
+        .into_connection_info()
+        .map_err(|e| BrokerError::Internal(format!("redis config: bad URL {url}: {e}")))?;
+    let mut redis = info.redis_settings().clone().set_protocol(protocol);
+    if let Some(u) = &cfg.username {
+        redis = redis.set_username(u);
+    }
+    if let Some(p) = &cfg.password {
+        redis = redis.set_password(p);
+    }
+    let mut info = info.set_redis_settings(redis);
+    if cfg.tls_insecure {
+        if let ConnectionAddr::TcpTls {
+            host,
+            port,
+            tls_params,
+            ..
+        } = info.addr().clone()
+        {
+            info = info.set_addr(ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: true,
+                tls_params,
+            });
+        }
+    }
+    Ok(info)
+}
+
+/// Client certificates and CA from the config, when any is set.
+#[cfg(feature = "tls")]
+pub(crate) fn tls_certificates(
+    cfg: &RedisConfig,
+) -> Result<Option<redis::TlsCertificates>, BrokerError> {
+    let read = |p: &std::path::Path| {
+        std::fs::read(p)
+            .map_err(|e| BrokerError::Internal(format!("redis config: {}: {e}", p.display())))
+    };
+    let root_cert = cfg.tls_ca_file.as_deref().map(read).transpose()?;
+    let client_tls = match (&cfg.tls_client_cert_file, &cfg.tls_client_key_file) {
+        (Some(c), Some(k)) => Some(redis::ClientTlsConfig {
+            client_cert: read(c)?,
+            client_key: read(k)?,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(BrokerError::Internal(
+                "redis config: set both tls_client_cert_file and tls_client_key_file".into(),
+            ))
+        }
+    };
+    Ok(
+        (root_cert.is_some() || client_tls.is_some()).then_some(redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        }),
+    )
+}
+
+/// A `Client` for one server, with the config's TLS files when there are any.
+pub(crate) fn client(info: ConnectionInfo, cfg: &RedisConfig) -> Result<Client, BrokerError> {
+    #[cfg(feature = "tls")]
+    if let Some(certs) = tls_certificates(cfg)? {
+        return Client::build_with_tls(info, certs)
+            .map_err(|e| BrokerError::Internal(format!("redis config: {e}")));
+    }
+    let _ = cfg;
+    Client::open(info).map_err(|e| BrokerError::Internal(format!("redis config: {e}")))
+}
+
+/// How to open a new connection to one standalone server: a fixed address, or whatever master
+/// Sentinel names right now (asked again on every reconnect, so a failover is followed).
+pub(crate) enum Connector {
+    /// A fixed server.
+    Client(Client),
+    /// The master of a Sentinel group.
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+}
+
+impl Connector {
+    /// Open a connection with the given timeouts and push sender.
+    pub(crate) async fn connect(
+        &self,
+        config: AsyncConnectionConfig,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        match self {
+            Connector::Client(c) => {
+                c.get_multiplexed_async_connection_with_config(&config)
+                    .await
+            }
+            Connector::Sentinel(s) => {
+                let client = s.lock().await.async_get_client().await?;
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await
+            }
+        }
+    }
+
+    /// Where this connector points, for logs.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Connector::Client(c) => c.get_connection_info().addr().to_string(),
+            Connector::Sentinel(_) => "sentinel master".into(),
+        }
+    }
+}
+
+/// Backoff between reconnect attempts: doubles from `min` to `max`, ±25 % jitter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Backoff {
+    min: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    pub(crate) fn new(cfg: &RedisConfig) -> Self {
+        let min = Duration::from_millis(cfg.reconnect_min_ms.max(1));
+        let max = Duration::from_millis(cfg.reconnect_max_ms).max(min);
+        Backoff {
+            min,
+            max,
+            next: min,
+        }
+    }
+
+    /// The next delay.
+    pub(crate) fn next_delay(&mut self) -> Duration {
+        let base = self.next;
+        self.next = (self.next * 2).min(self.max);
+        base.mul_f64(0.75 + rand::random::<f64>() * 0.5)
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.next = self.min;
+    }
+}
+
+/// The command connection to one standalone server. While the server is unreachable, commands
+/// fail at once with [`BrokerError::Unavailable`] and one background task reconnects with backoff.
+pub(crate) struct Link {
+    connector: Connector,
+    config: AsyncConnectionConfig,
+    backoff: Backoff,
+    /// The live connection and its generation; `None` while reconnecting.
+    conn: Mutex<Option<(u64, MultiplexedConnection)>>,
+    generation: AtomicU64,
+    reconnecting: AtomicBool,
+}
+
+impl Link {
+    /// Connect now; fails if the server cannot be reached.
+    pub(crate) async fn connect(
+        connector: Connector,
+        cfg: &RedisConfig,
+    ) -> Result<Arc<Link>, BrokerError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(cfg.connect_timeout()))
+            .set_response_timeout(Some(cfg.command_timeout()));
+        let conn = connector.connect(config.clone()).await.map_err(|e| {
+            BrokerError::Unavailable(format!("redis at {}: {e}", connector.describe()))
+        })?;
+        Ok(Arc::new(Link {
+            connector,
+            config,
+            backoff: Backoff::new(cfg),
+            conn: Mutex::new(Some((1, conn))),
+            generation: AtomicU64::new(1),
+            reconnecting: AtomicBool::new(false),
+        }))
+    }
+
+    /// The live connection, or `Unavailable` at once (and a reconnect starts).
+    pub(crate) fn get(self: &Arc<Self>) -> Result<(u64, MultiplexedConnection), BrokerError> {
+        if let Some(c) = self.conn.lock().expect("link lock").clone() {
+            return Ok(c);
+        }
+        self.start_reconnect();
+        Err(BrokerError::Unavailable(format!(
+            "redis at {} is unreachable; reconnecting",
+            self.connector.describe()
+        )))
+    }
+
+    /// A command on connection `generation` failed with `err`: drop that connection if the error
+    /// says it is gone.
+    pub(crate) fn failed(self: &Arc<Self>, generation: u64, err: &RedisError) {
+        if !is_connection_error(err) {
+            return;
+        }
+        {
+            let mut conn = self.conn.lock().expect("link lock");
+            if conn.as_ref().is_some_and(|(g, _)| *g == generation) {
+                tracing::warn!(server = %self.connector.describe(), cause = %err, "redis command connection lost");
+                *conn = None;
+            }
+        }
+        self.start_reconnect();
+    }
+
+    fn start_reconnect(self: &Arc<Self>) {
+        if self.reconnecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak: Weak<Link> = Arc::downgrade(self);
+        let mut backoff = self.backoff;
+        tokio::spawn(async move {
+            loop {
+                let delay = backoff.next_delay();
+                tokio::time::sleep(delay).await;
+                let Some(link) = weak.upgrade() else { return };
+                match link.connector.connect(link.config.clone()).await {
+                    Ok(c) => {
+                        let generation = link.generation.fetch_add(1, Ordering::Relaxed) + 1;
+                        *link.conn.lock().expect("link lock") = Some((generation, c));
+                        link.reconnecting.store(false, Ordering::Release);
+                        tracing::info!(server = %link.connector.describe(), "redis command connection restored");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::debug!(server = %link.connector.describe(), cause = %e, "redis reconnect failed");
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// Where commands go: standalone shards (one [`Link`] each) or a Cluster connection that routes
+/// by slot and follows `MOVED` itself.
+pub(crate) enum Commands {
+    /// One or more standalone servers; a channel lives on `keys::shard_of(channel, n)`.
+    Shards(Vec<Arc<Link>>),
+    /// A Redis Cluster.
+    Cluster(ClusterConnection),
+}
+
+/// One connection picked for one command.
+pub(crate) enum Conn {
+    /// A standalone server's connection, with its link and generation to report failures.
+    Single(Arc<Link>, u64, MultiplexedConnection),
+    /// The cluster connection.
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(_, _, c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(_, _, c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(_, _, c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Commands {
+    /// The connection for shard `shard` (standalone) or the cluster connection.
+    pub(crate) fn conn(&self, shard: usize) -> Result<Conn, BrokerError> {
+        match self {
+            Commands::Shards(links) => {
+                let link = &links[shard];
+                let (generation, c) = link.get()?;
+                Ok(Conn::Single(link.clone(), generation, c))
+            }
+            Commands::Cluster(c) => Ok(Conn::Cluster(c.clone())),
+        }
+    }
+}
+
+/// Run one command (or script) with the round trip measured, a hard timeout, and failures
+/// reported to the link so that a dead connection is replaced.
+pub(crate) async fn run<T, F, Fut>(
+    metrics: &Metrics,
+    timeout: Duration,
+    conn: Conn,
+    f: F,
+) -> Result<T, BrokerError>
+where
+    F: FnOnce(Conn) -> Fut,
+    Fut: std::future::Future<Output = Result<T, RedisError>>,
+{
+    let origin = match &conn {
+        Conn::Single(link, generation, _) => Some((link.clone(), *generation)),
+        Conn::Cluster(_) => None,
+    };
+    let started = Instant::now();
+    let result = tokio::time::timeout(timeout, f(conn)).await;
+    metrics.observe_rtt(started.elapsed());
+    let err = match result {
+        Ok(Ok(v)) => return Ok(v),
+        Ok(Err(e)) => e,
+        Err(_) => RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "redis command timed out",
+        )),
+    };
+    if let Some((link, generation)) = origin {
+        link.failed(generation, &err);
+    }
+    Err(broker_error(err))
+}

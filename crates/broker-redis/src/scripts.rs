@@ -1,0 +1,169 @@
+//! The Lua scripts that make publish, history reads and presence atomic on the shard that owns a
+//! channel's slot.
+//!
+//! Publishing is one script: it assigns the offset (and the epoch, for a new stream), appends to
+//! the history stream, trims it by size and age, and publishes the message, so that no node can see
+//! a publication that is not stored, and a channel's messages leave Redis in offset order.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Publish. `KEYS`: meta, history, [idempotency]. `ARGV`: pub/sub channel, `PUBLISH` or
+/// `SPUBLISH`, candidate epoch, history size, history TTL (ms), meta TTL (ms), info JSON (or
+/// empty), data, idempotency TTL (s). Returns `{epoch, offset, duplicate (0/1)}`.
+pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local meta, hist = KEYS[1], KEYS[2]
+local epoch = redis.call('HGET', meta, 'e')
+if not epoch then
+  epoch = ARGV[3]
+  redis.call('HSET', meta, 'e', epoch, 'o', 0)
+  redis.call('DEL', hist)
+end
+if KEYS[3] then
+  local seen = redis.call('GET', KEYS[3])
+  if seen then
+    local sep = string.find(seen, ':', 1, true)
+    if sep and string.sub(seen, 1, sep - 1) == epoch then
+      return {epoch, tonumber(string.sub(seen, sep + 1)), 1}
+    end
+  end
+end
+local offset = redis.call('HINCRBY', meta, 'o', 1)
+redis.call('PEXPIRE', meta, ARGV[6])
+local size = tonumber(ARGV[4])
+if size > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('XADD', hist, 'MAXLEN', size, '*', 'o', offset, 'd', ARGV[8], 'i', ARGV[7])
+  redis.call('XTRIM', hist, 'MINID', string.format('%d', now - tonumber(ARGV[5])))
+  redis.call('PEXPIRE', hist, ARGV[5])
+else
+  redis.call('DEL', hist)
+end
+if KEYS[3] then
+  redis.call('SET', KEYS[3], epoch .. ':' .. offset, 'EX', ARGV[9])
+end
+local msg = 'p ' .. epoch .. ' ' .. offset .. ' ' .. string.len(ARGV[7]) .. ' ' .. ARGV[7] .. ARGV[8]
+redis.call(ARGV[2], ARGV[1], msg)
+return {epoch, offset, 0}
+"#,
+    )
+});
+
+/// Read a stream's position and publications. `KEYS`: meta, history. `ARGV`: candidate epoch
+/// (used when the stream does not exist: a read creates it, so that a subscriber and a later
+/// publisher agree on the epoch), meta TTL (ms), history TTL (ms), since epoch (or empty for no
+/// `since`), since offset, limit (-1: none).
+///
+/// Returns `{epoch, top, continuous (0/1), o1, d1, i1, o2, d2, i2, …}` in offset order. With
+/// `since`, publications are returned only if every one after `since` is still kept (recovery is
+/// all or nothing); entries older than the history TTL count as gone even before a publish trims
+/// them.
+pub(crate) static HISTORY: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local meta, hist = KEYS[1], KEYS[2]
+local epoch = redis.call('HGET', meta, 'e')
+local top = 0
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('HSET', meta, 'e', epoch, 'o', 0)
+  redis.call('PEXPIRE', meta, ARGV[2])
+  redis.call('DEL', hist)
+else
+  top = tonumber(redis.call('HGET', meta, 'o'))
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cutoff = string.format('%d', now - tonumber(ARGV[3]))
+local limit = tonumber(ARGV[6])
+local out = {epoch, top, 1}
+local entries
+if ARGV[4] == '' then
+  if limit == 0 then return out end
+  if limit < 0 then
+    entries = redis.call('XREVRANGE', hist, '+', cutoff)
+  else
+    entries = redis.call('XREVRANGE', hist, '+', cutoff, 'COUNT', limit)
+  end
+else
+  local since = tonumber(ARGV[5])
+  if ARGV[4] ~= epoch or since > top then
+    out[3] = 0
+    return out
+  end
+  local need = top - since
+  if need == 0 then return out end
+  entries = redis.call('XREVRANGE', hist, '+', cutoff, 'COUNT', need)
+  local oldest = entries[#entries]
+  if #entries ~= need or tonumber(oldest[2][2]) ~= since + 1 then
+    out[3] = 0
+    return out
+  end
+end
+local first, last = #entries, 1
+if ARGV[4] ~= '' and limit >= 0 and limit < #entries then
+  last = #entries - limit + 1
+end
+for n = first, last, -1 do
+  local f = entries[n][2]
+  out[#out + 1] = f[2]
+  out[#out + 1] = f[4]
+  out[#out + 1] = f[6]
+end
+return out
+"#,
+    )
+});
+
+/// Add or refresh presence entries. `KEYS`: presence hash, expiry zset. `ARGV`: TTL (ms), then
+/// pairs of client id and ClientInfo JSON.
+pub(crate) static PRESENCE_ADD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expires = string.format('%d', now + tonumber(ARGV[1]))
+for n = 2, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1])
+  redis.call('ZADD', KEYS[2], expires, ARGV[n])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// Remove a presence entry. `KEYS`: presence hash, expiry zset. `ARGV`: client id.
+pub(crate) static PRESENCE_REMOVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#,
+    )
+});
+
+/// List presence, dropping expired entries first. `KEYS`: presence hash, expiry zset. Returns the
+/// ClientInfo JSON of every live entry.
+pub(crate) static PRESENCE_LIST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%d', now))
+for _, client in ipairs(expired) do
+  redis.call('HDEL', KEYS[1], client)
+end
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%d', now))
+end
+return redis.call('HVALS', KEYS[1])
+"#,
+    )
+});
