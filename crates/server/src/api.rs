@@ -1,0 +1,259 @@
+//! The HTTP API: `Authorization: Bearer <api_key>`, JSON in and out, errors as
+//! `{"error": {"code", "message"}}` with a fitting status.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{header, Method, Request, StatusCode};
+use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
+use herald_core::session::{history_body, PresenceReply};
+use herald_protocol::{ErrorCode, StreamPosition};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use crate::http::{json, App, HttpResponse};
+
+/// An API error: status, protocol code and message.
+pub struct ApiError(StatusCode, u16, String);
+
+impl ApiError {
+    fn code(code: ErrorCode, message: impl Into<String>) -> Self {
+        let status = StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
+        ApiError(status, code.as_u16(), message.into())
+    }
+}
+
+impl From<BrokerError> for ApiError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::Unavailable(m) => ApiError::code(ErrorCode::TemporarilyUnavailable, m),
+            BrokerError::Internal(m) => {
+                tracing::error!(cause = %m, "broker error in API call");
+                ApiError::code(ErrorCode::Internal, "internal error")
+            }
+        }
+    }
+}
+
+impl From<(ErrorCode, String)> for ApiError {
+    fn from((code, message): (ErrorCode, String)) -> Self {
+        ApiError::code(code, message)
+    }
+}
+
+/// An error response.
+pub fn error(status: StatusCode, code: u16, message: &str) -> HttpResponse {
+    json(status, &json!({"error": {"code": code, "message": message}}))
+}
+
+type ApiResult = Result<serde_json::Value, ApiError>;
+
+/// Authenticate, parse, dispatch.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+    match dispatch(app, req).await {
+        Ok(body) => json(StatusCode::OK, &body),
+        Err(ApiError(status, code, message)) => error(status, code, &message),
+    }
+}
+
+async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
+    authorize(&app, &req)?;
+    let method = req.method().clone();
+    let path = req.uri().path().trim_start_matches("/api/").to_owned();
+    match (method, path.as_str()) {
+        (Method::GET, "channels") => Ok(channels(&app)),
+        (Method::GET, "info") => Ok(json!({ "nodes": app.ctx.hub.nodes() })),
+        (Method::POST, "publish") => publish(&app, body(&app, req).await?).await,
+        (Method::POST, "broadcast") => broadcast(&app, body(&app, req).await?).await,
+        (Method::POST, "history") => history(&app, body(&app, req).await?).await,
+        (Method::POST, "presence") => presence(&app, body(&app, req).await?).await,
+        (Method::POST, "subscribe") => user_channel(&app, body(&app, req).await?, true).await,
+        (Method::POST, "unsubscribe") => user_channel(&app, body(&app, req).await?, false).await,
+        (Method::POST, "disconnect") => disconnect(&app, body(&app, req).await?).await,
+        (_, "channels" | "info" | "publish" | "broadcast" | "history" | "presence" | "subscribe" | "unsubscribe" | "disconnect") => {
+            Err(ApiError(StatusCode::METHOD_NOT_ALLOWED, 107, "method not allowed".into()))
+        }
+        _ => Err(ApiError(StatusCode::NOT_FOUND, 107, format!("no API endpoint /api/{path}"))),
+    }
+}
+
+fn authorize(app: &App, req: &Request<Incoming>) -> Result<(), ApiError> {
+    let Some(key) = &app.api_key else { return Ok(()) };
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    // Constant-time comparison: the key is a secret.
+    let ok = given.is_some_and(|g| g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::code(ErrorCode::Unauthorized, "missing or wrong API key (Authorization: Bearer <key>)"))
+    }
+}
+
+async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<T, ApiError> {
+    let limit = app.ctx.config.limits.max_api_body_bytes;
+    let bytes: Bytes = match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, 106, format!("request body over {limit} bytes")))
+        }
+        Err(e) => return Err(ApiError::code(ErrorCode::BadRequest, format!("reading body: {e}"))),
+    };
+    serde_json::from_slice(&bytes).map_err(|e| ApiError::code(ErrorCode::BadRequest, format!("bad JSON body: {e}")))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishBody {
+    channel: String,
+    data: Box<RawValue>,
+    idempotency_key: Option<String>,
+}
+
+async fn publish_one(app: &App, channel: &str, data: Bytes, idempotency_key: Option<String>) -> Result<StreamPosition, ApiError> {
+    let ns = app.ctx.namespaces.resolve(channel)?;
+    let opts = PublishOptions {
+        stream: ns.stream_options(),
+        idempotency_key,
+    };
+    let started = Instant::now();
+    let position = app.ctx.hub.broker().publish(channel, data, None, &opts).await?;
+    let metrics = app.ctx.hub.metrics();
+    metrics.publish_seconds.observe(started.elapsed().as_secs_f64());
+    metrics.publications.inc();
+    Ok(position)
+}
+
+async fn publish(app: &App, b: PublishBody) -> ApiResult {
+    let data = Bytes::copy_from_slice(b.data.get().as_bytes());
+    let position = publish_one(app, &b.channel, data, b.idempotency_key).await?;
+    Ok(json!(position))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BroadcastBody {
+    channels: Vec<String>,
+    data: Box<RawValue>,
+}
+
+async fn broadcast(app: &App, b: BroadcastBody) -> ApiResult {
+    let max = app.ctx.config.limits.max_broadcast_channels;
+    if b.channels.len() > max {
+        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, 106, format!("at most {max} channels per broadcast")));
+    }
+    let data = Bytes::copy_from_slice(b.data.get().as_bytes());
+    let mut results = Vec::with_capacity(b.channels.len());
+    for channel in &b.channels {
+        results.push(match publish_one(app, channel, data.clone(), None).await {
+            Ok(position) => json!(position),
+            Err(ApiError(_, code, message)) => json!({"error": {"code": code, "message": message}}),
+        });
+    }
+    Ok(json!({ "results": results }))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryBody {
+    channel: String,
+    since: Option<StreamPosition>,
+    limit: Option<usize>,
+}
+
+async fn history(app: &App, b: HistoryBody) -> ApiResult {
+    let ns = app.ctx.namespaces.resolve(&b.channel)?;
+    if ns.history_size == 0 {
+        return Err(ApiError::code(ErrorCode::NotAvailable, "this namespace keeps no history"));
+    }
+    let query = HistoryQuery {
+        since: b.since,
+        limit: b.limit,
+    };
+    let h = app.ctx.hub.broker().history(&b.channel, &query, &ns.stream_options()).await?;
+    Ok(history_body(&h))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelBody {
+    channel: String,
+}
+
+async fn presence(app: &App, b: ChannelBody) -> ApiResult {
+    let ns = app.ctx.namespaces.resolve(&b.channel)?;
+    if !ns.presence {
+        return Err(ApiError::code(ErrorCode::NotAvailable, "presence is off in this namespace"));
+    }
+    let clients = app.ctx.hub.broker().presence(&b.channel).await?;
+    Ok(serde_json::to_value(PresenceReply::from(&clients[..])).expect("presence serializes"))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserChannelBody {
+    user: String,
+    channel: String,
+}
+
+async fn user_channel(app: &App, b: UserChannelBody, subscribe: bool) -> ApiResult {
+    app.ctx.namespaces.resolve(&b.channel)?;
+    let message = if subscribe {
+        ControlMessage::Subscribe {
+            user: b.user,
+            channel: b.channel,
+        }
+    } else {
+        ControlMessage::Unsubscribe {
+            user: b.user,
+            channel: b.channel,
+        }
+    };
+    app.ctx.hub.broker().publish_control(&message).await?;
+    Ok(json!({}))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DisconnectBody {
+    user: Option<String>,
+    client: Option<String>,
+    code: Option<u16>,
+}
+
+async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
+    if b.user.is_none() && b.client.is_none() {
+        return Err(ApiError::code(ErrorCode::BadRequest, "give \"user\" or \"client\""));
+    }
+    let code = b.code.unwrap_or(4502);
+    if !(4000..5000).contains(&code) {
+        return Err(ApiError::code(ErrorCode::BadRequest, "code must be within 4000–4999"));
+    }
+    let message = ControlMessage::Disconnect {
+        user: b.user,
+        client: b.client,
+        code,
+    };
+    app.ctx.hub.broker().publish_control(&message).await?;
+    Ok(json!({}))
+}
+
+fn channels(app: &App) -> serde_json::Value {
+    let map: serde_json::Map<String, serde_json::Value> = app
+        .ctx
+        .hub
+        .channels()
+        .into_iter()
+        .map(|(name, n)| (name, json!({ "subscribers": n })))
+        .collect();
+    json!({ "channels": map })
+}

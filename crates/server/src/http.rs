@@ -1,0 +1,87 @@
+//! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, and the demo page.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use herald_core::NodeContext;
+use tokio::sync::watch;
+
+use crate::{api, ws};
+
+/// The demo page and the SDK bundle it loads (built from clients/js).
+const DEMO_HTML: &str = include_str!("../../../clients/js/demo/index.html");
+const DEMO_JS: &str = include_str!("../../../clients/js/demo/herald.js");
+
+/// Everything a request handler needs.
+pub struct App {
+    /// Hub, namespaces, tokens and config.
+    pub ctx: Arc<NodeContext>,
+    /// HTTP API key; `None` leaves the API open (only in `--dev`).
+    pub api_key: Option<String>,
+    /// Open WebSocket connections (for `limits.max_connections`).
+    pub ws_connections: AtomicUsize,
+    /// Flips to true when the node starts draining.
+    pub draining: watch::Receiver<bool>,
+}
+
+/// A response with a body.
+pub type HttpResponse = Response<Full<Bytes>>;
+
+/// JSON response.
+pub fn json(status: StatusCode, body: &serde_json::Value) -> HttpResponse {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> HttpResponse {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+/// Route one request.
+pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, Infallible> {
+    let path = req.uri().path().to_owned();
+    let response = match (req.method(), path.as_str()) {
+        (&Method::GET, "/ws") => ws::upgrade(app, req),
+        (_, "/ws") => api::error(StatusCode::METHOD_NOT_ALLOWED, 107, "use GET with a WebSocket upgrade"),
+        (&Method::GET, "/health") => {
+            if *app.draining.borrow() {
+                json(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({"status": "draining"}))
+            } else {
+                json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
+            }
+        }
+        (&Method::GET, "/metrics") => {
+            let ctx = &app.ctx;
+            let mut body = ctx.hub.metrics().render();
+            body.push_str(&ctx.hub.broker().metrics_text());
+            body.push_str(&format!(
+                "# HELP herald_ws_connections_open WebSocket connections open at the transport.\n# TYPE herald_ws_connections_open gauge\nherald_ws_connections_open {}\n",
+                app.ws_connections.load(Ordering::Relaxed)
+            ));
+            text(StatusCode::OK, "text/plain; version=0.0.4", body)
+        }
+        (_, p) if p.starts_with("/api/") => api::handle(app, req).await,
+        (&Method::GET, "/") if app.ctx.config.demo => text(StatusCode::OK, "text/html; charset=utf-8", DEMO_HTML),
+        (&Method::GET, "/herald.js") if app.ctx.config.demo => {
+            text(StatusCode::OK, "application/javascript; charset=utf-8", DEMO_JS)
+        }
+        (&Method::GET, "/") => text(
+            StatusCode::OK,
+            "text/plain; charset=utf-8",
+            "Herald real-time messaging node. WebSocket: /ws · API: /api/* · /health · /metrics\n",
+        ),
+        _ => api::error(StatusCode::NOT_FOUND, 107, "no such endpoint"),
+    };
+    Ok(response)
+}

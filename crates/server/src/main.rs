@@ -1,0 +1,138 @@
+//! `herald`: a real-time messaging server. `main` only parses flags, loads the config, sets up
+//! logging, binds, and hands over to [`herald_server::serve::run`].
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use herald_server::settings::{self, Overrides};
+use herald_server::token::{mint, TokenRequest};
+use tracing_subscriber::EnvFilter;
+
+/// Herald: WebSocket pub/sub with per-channel history, recovery and presence.
+#[derive(Parser)]
+#[command(name = "herald", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a node. With no configuration: an in-memory node on 127.0.0.1:8000 that logs a
+    /// generated API key. Every config key can be set as HERALD_<KEY> (see docs/config.md).
+    Serve(ServeArgs),
+    /// Print an HS256 token signed with HERALD_TOKEN_HMAC_SECRET (for development and scripts).
+    Token(TokenArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// TOML configuration file.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address to listen on (default 127.0.0.1).
+    #[arg(long)]
+    bind: Option<String>,
+    /// Port to listen on (default 8000; 0 picks a free one).
+    #[arg(long, short)]
+    port: Option<u16>,
+    /// Development mode: anonymous clients may connect, subscribe, publish and read history and
+    /// presence in the default namespace; serves the demo page; loopback only.
+    #[arg(long)]
+    dev: bool,
+    /// Serve the demo page at / (on by default in --dev).
+    #[arg(long)]
+    demo: bool,
+    /// TLS certificate chain (PEM), for https:// and wss://.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct TokenArgs {
+    /// The user id (`sub`).
+    #[arg(long, default_value = "")]
+    sub: String,
+    /// Seconds until the token expires (default: never).
+    #[arg(long)]
+    expires_in: Option<u64>,
+    /// Channels the server subscribes at connect (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    channels: Vec<String>,
+    /// Make a subscription token for this channel instead.
+    #[arg(long)]
+    channel: Option<String>,
+    /// `info` claim as JSON.
+    #[arg(long)]
+    info: Option<String>,
+    /// HS256 secret.
+    #[arg(long, env = "HERALD_TOKEN_HMAC_SECRET", hide_env_values = true)]
+    secret: String,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Token(t) => {
+            let req = TokenRequest {
+                sub: t.sub,
+                expires_in: t.expires_in,
+                channels: t.channels,
+                channel: t.channel,
+                info: t.info,
+            };
+            println!("{}", mint(&t.secret, &req)?);
+            Ok(())
+        }
+        Command::Serve(args) => serve(args),
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let flags = Overrides {
+        config: args.config,
+        bind: args.bind,
+        port: args.port,
+        dev: args.dev,
+        demo: args.demo,
+        tls_cert: args.tls_cert,
+        tls_key: args.tls_key,
+    };
+    let config = settings::load(&flags)?;
+    init_logging(&config.log_format, &config.log_level);
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let addr = format!("{}:{}", config.bind, config.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
+        herald_server::serve::run(listener, config, shutdown_signal()).await
+    })
+}
+
+fn init_logging(format: &str, level: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutdown signal received");
+}

@@ -1,0 +1,134 @@
+//! The accept loop (plain or TLS), and graceful drain on shutdown.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use herald_core::auth::TokenVerifier;
+use herald_core::namespace::Namespaces;
+use herald_core::{Config, Hub, Metrics, NodeContext};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::http::{route, App};
+
+/// Serve until `shutdown` resolves, then drain: every client is told to reconnect (4000 with a
+/// jittered `after_ms`), and the function returns once they are gone or the window has passed.
+pub async fn run(listener: TcpListener, mut config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
+    let api_key = match (&config.api_key, config.dev) {
+        (Some(k), _) if !k.is_empty() => Some(k.clone()),
+        (_, true) => {
+            tracing::warn!("dev mode without api_key: the HTTP API is open to anyone on loopback");
+            None
+        }
+        (_, false) => {
+            let key = format!("{:032x}", rand::random::<u128>());
+            tracing::warn!(api_key = %key, "no api_key configured: generated one for this run (set HERALD_API_KEY to keep one)");
+            Some(key)
+        }
+    };
+    config.api_key = api_key.clone();
+    let verifier = TokenVerifier::from_config(&config).map_err(anyhow::Error::msg)?;
+    if !verifier.has_keys() && !config.allow_anonymous {
+        tracing::warn!("no token keys and no anonymous access: clients cannot connect (set HERALD_TOKEN_HMAC_SECRET or use --dev)");
+    }
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::acceptor(cert, key)?),
+        _ => None,
+    };
+
+    let broker = crate::brokers::connect(&config).await?;
+    let metrics = Arc::new(Metrics::new());
+    let hub = Hub::new(config.node_name.clone(), broker, metrics);
+    hub.start().await.context("starting the broker")?;
+    let config = Arc::new(config);
+    let ctx = Arc::new(NodeContext {
+        hub: hub.clone(),
+        namespaces: Namespaces::from_config(&config),
+        verifier,
+        config: config.clone(),
+    });
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let app = Arc::new(App {
+        ctx,
+        api_key,
+        ws_connections: AtomicUsize::new(0),
+        draining: drain_rx,
+    });
+
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let ws_scheme = if tls.is_some() { "wss" } else { "ws" };
+    println!("herald listening on {scheme}://{addr} (WebSocket {ws_scheme}://{addr}/ws)");
+    tracing::info!(node = %config.node_name, broker = %config.broker_url, dev = config.dev, %addr, "herald started");
+    if config.dev {
+        tracing::info!(
+            "try: curl -X POST {scheme}://{addr}/api/publish -d '{{\"channel\":\"chat\",\"data\":{{\"text\":\"hi\"}}}}'{}",
+            if config.demo { format!(" · demo page: {scheme}://{addr}/") } else { String::new() }
+        );
+    }
+
+    let handshake_timeout = Duration::from_millis(config.limits.handshake_timeout_ms);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, _peer) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // EMFILE and friends: back off briefly instead of spinning.
+                        tracing::warn!(cause = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                let tls = tls.clone();
+                tokio::spawn(async move {
+                    match tls {
+                        Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout).await,
+                            Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
+                            Err(_) => tracing::debug!("TLS handshake timed out"),
+                        },
+                        None => serve_connection(app, stream, handshake_timeout).await,
+                    }
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+
+    drop(listener);
+    let open = app.ws_connections.load(Ordering::Relaxed);
+    tracing::info!(connections = open, drain_ms = config.drain_ms, "draining: clients are told to reconnect elsewhere");
+    let _ = drain_tx.send(true);
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(config.drain_ms) + Duration::from_secs(2);
+    while app.ws_connections.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::info!(left = app.ws_connections.load(Ordering::Relaxed), "stopped");
+    Ok(())
+}
+
+async fn serve_connection<S>(app: Arc<App>, stream: S, handshake_timeout: Duration)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| route(app.clone(), req));
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(handshake_timeout)
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
+    if let Err(e) = conn.await {
+        tracing::debug!(cause = %e, "HTTP connection ended with an error");
+    }
+}

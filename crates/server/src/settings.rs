@@ -1,0 +1,172 @@
+//! Loading the configuration: defaults ← TOML file ← `HERALD_*` environment ← flags.
+//!
+//! Every key of [`Config`] can be set from the environment: `HERALD_<KEY>` for top-level keys and
+//! `HERALD_<SECTION>__<KEY>` for nested ones (`HERALD_LIMITS__MAX_FRAME_BYTES=1024`).
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use herald_core::Config;
+
+/// Flags that override the file and the environment.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--config`
+    pub config: Option<PathBuf>,
+    /// `--bind`
+    pub bind: Option<String>,
+    /// `--port`
+    pub port: Option<u16>,
+    /// `--dev`
+    pub dev: bool,
+    /// `--demo`
+    pub demo: bool,
+    /// `--tls-cert`
+    pub tls_cert: Option<PathBuf>,
+    /// `--tls-key`
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Top-level keys read from `HERALD_*` (other `HERALD_*` variables, such as those test harnesses
+/// set, are ignored rather than rejected).
+const ENV_KEYS: &[&str] = &[
+    "bind",
+    "port",
+    "node_name",
+    "dev",
+    "demo",
+    "api_key",
+    "broker_url",
+    "tls_cert",
+    "tls_key",
+    "allow_anonymous",
+    "token_hmac_secret",
+    "token_rsa_public_key",
+    "token_rsa_public_key_file",
+    "token_ecdsa_public_key",
+    "token_ecdsa_public_key_file",
+    "ping_interval_s",
+    "pong_timeout_s",
+    "drain_ms",
+    "log_format",
+    "log_level",
+    "limits",
+    "default_namespace",
+];
+
+/// Load and validate the configuration.
+pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
+    let mut figment = Figment::from(Serialized::defaults(DefaultsShim::default()));
+    if let Some(path) = &flags.config {
+        if !path.exists() {
+            bail!("config file {} does not exist", path.display());
+        }
+        figment = figment.merge(Toml::file(path));
+    }
+    // HERALD_PING_INTERVAL is accepted as a short alias.
+    let env = Env::prefixed("HERALD_")
+        .split("__")
+        .map(|k| match k.as_str() {
+            "ping_interval" => "ping_interval_s".into(),
+            _ => k.into(),
+        })
+        .filter(|k| {
+            let top = k.as_str().split('.').next().unwrap_or_default();
+            ENV_KEYS.contains(&top) || top == "ping_interval"
+        });
+    figment = figment.merge(env);
+    let mut config: Config = figment.extract().context("invalid configuration")?;
+    if let Some(bind) = &flags.bind {
+        config.bind = bind.clone();
+    }
+    if let Some(port) = flags.port {
+        config.port = port;
+    }
+    config.dev |= flags.dev;
+    config.demo |= flags.demo;
+    if flags.tls_cert.is_some() {
+        config.tls_cert = flags.tls_cert.clone();
+    }
+    if flags.tls_key.is_some() {
+        config.tls_key = flags.tls_key.clone();
+    }
+    if config.dev {
+        let ip: IpAddr = config
+            .bind
+            .parse()
+            .with_context(|| format!("--dev needs an IP address to bind, got {:?}", config.bind))?;
+        if !ip.is_loopback() {
+            bail!("--dev opens everything to anonymous clients and only binds to loopback, not {ip}");
+        }
+        config.apply_dev();
+    }
+    if config.node_name.is_empty() {
+        config.node_name = format!("herald-{:06x}", rand::random::<u32>() & 0xff_ffff);
+    }
+    config.validate().map_err(anyhow::Error::msg)?;
+    Ok(config)
+}
+
+/// An empty provider: defaults come from `Config::default()` through serde's `#[serde(default)]`.
+#[derive(Default, serde::Serialize)]
+struct DefaultsShim {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_env_and_flags_layer() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "herald.toml",
+                r#"
+                port = 9100
+                api_key = "from-file"
+                [limits]
+                max_frame_bytes = 4096
+                [[namespaces]]
+                name = "chat"
+                publish = true
+                "#,
+            )?;
+            jail.set_env("HERALD_API_KEY", "12345");
+            jail.set_env("HERALD_LIMITS__MAX_CHANNELS_PER_CONNECTION", "7");
+            jail.set_env("HERALD_BIN", "/not/a/config/key");
+            let flags = Overrides {
+                config: Some("herald.toml".into()),
+                bind: Some("127.0.0.1".into()),
+                ..Overrides::default()
+            };
+            let c = load(&flags).expect("loads");
+            assert_eq!(c.port, 9100);
+            assert_eq!(c.api_key.as_deref(), Some("12345"), "env wins over file, numbers stay strings");
+            assert_eq!(c.limits.max_frame_bytes, 4096);
+            assert_eq!(c.limits.max_channels_per_connection, 7);
+            assert!(c.namespaces[0].publish);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_keys_and_public_dev_are_refused() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "prot = 1")?;
+            let flags = Overrides {
+                config: Some("bad.toml".into()),
+                ..Overrides::default()
+            };
+            assert!(load(&flags).is_err());
+            let dev = Overrides {
+                dev: true,
+                bind: Some("0.0.0.0".into()),
+                ..Overrides::default()
+            };
+            assert!(load(&dev).is_err());
+            Ok(())
+        });
+    }
+}

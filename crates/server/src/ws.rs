@@ -1,0 +1,300 @@
+//! One WebSocket connection: the upgrade, then a single task per connection that reads commands,
+//! hands them to the [`Session`], writes queued frames in batches, pings, and closes with the
+//! protocol's close codes.
+//!
+//! One task (not a reader and a writer) keeps an idle connection small: no second task, no
+//! channel, no split lock. The outbound queue is drained whenever it is woken; several queued
+//! frames go out newline-joined in one WebSocket message and one flush.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::upgrade::Upgraded;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use herald_core::outbound::CloseRequest;
+use herald_core::{Outbound, Session};
+use herald_protocol::command::parse_frame;
+use herald_protocol::encode::{push_disconnect, PING};
+use herald_protocol::{CloseCode, SUBPROTOCOL};
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_websockets::{Message, Payload, WebSocketStream};
+
+use crate::api;
+use crate::http::{App, HttpResponse};
+
+/// Largest batch of newline-joined frames in one WebSocket message.
+const BATCH_BYTES: usize = 64 * 1024;
+const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+/// Answer the upgrade request and spawn the connection's task.
+pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+    let headers = req.headers();
+    let has = |name: header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|v| v.trim().eq_ignore_ascii_case(token))
+    };
+    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
+        return api::error(StatusCode::BAD_REQUEST, 107, "expected a WebSocket upgrade");
+    }
+    if headers.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13") {
+        return api::error(StatusCode::BAD_REQUEST, 107, "Sec-WebSocket-Version must be 13");
+    }
+    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).map(|k| k.as_bytes().to_vec()) else {
+        return api::error(StatusCode::BAD_REQUEST, 107, "missing Sec-WebSocket-Key");
+    };
+    let protocols: Vec<String> = headers
+        .get_all(header::SEC_WEBSOCKET_PROTOCOL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|p| p.trim().to_owned())
+        .filter(|p| !p.is_empty())
+        .collect();
+    let subprotocol = match protocols.is_empty() {
+        true => None,
+        false if protocols.iter().any(|p| p == SUBPROTOCOL) => Some(SUBPROTOCOL),
+        false => return api::error(StatusCode::BAD_REQUEST, 107, "unsupported subprotocol (herald.v1.json only)"),
+    };
+    if *app.draining.borrow() {
+        return api::error(StatusCode::SERVICE_UNAVAILABLE, 111, "node is draining");
+    }
+
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(&key);
+    sha.update(WS_GUID.as_bytes());
+    use base64::Engine;
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes());
+
+    let max_frame = app.ctx.config.limits.max_frame_bytes;
+    tokio::spawn(async move {
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => {
+                // The codec's own limit sits far above ours so that our check (close 4503) runs
+                // first; only absurd frames hit the codec's limit (close 1009).
+                let limits = tokio_websockets::Limits::default().max_payload_len(Some(max_frame.saturating_mul(16)));
+                let ws = tokio_websockets::ServerBuilder::new()
+                    .limits(limits)
+                    .serve(TokioIo::new(upgraded));
+                run(app, ws).await;
+            }
+            Err(e) => tracing::debug!(cause = %e, "upgrade failed"),
+        }
+    });
+
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = response.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_str(&accept).expect("base64 is a header value"));
+    if let Some(p) = subprotocol {
+        h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+    }
+    response
+}
+
+/// Counts the connection while it lives.
+struct Counted(Arc<App>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.ws_connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.ctx.hub.metrics().connections.dec();
+    }
+}
+
+/// The connection's task.
+async fn run(app: Arc<App>, mut ws: Ws) {
+    let open = app.ws_connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let metrics = app.ctx.hub.metrics().clone();
+    metrics.connections.inc();
+    metrics.connections_accepted.inc();
+    let _counted = Counted(app.clone());
+    let config = app.ctx.config.clone();
+    let limits = &config.limits;
+    if limits.max_connections > 0 && open > limits.max_connections {
+        let req = close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached");
+        finish(&mut ws, Vec::new(), &req, write_timeout(&app)).await;
+        return;
+    }
+
+    let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
+    let mut session = Session::new(app.ctx.clone(), out.clone());
+    let mut draining = app.draining.clone();
+    let handshake_deadline = Instant::now() + Duration::from_millis(limits.handshake_timeout_ms);
+    let ping_every = Duration::from_secs(config.ping_interval_s);
+    let pong_timeout = Duration::from_secs(config.pong_timeout_s);
+    let mut next_ping = Instant::now() + ping_every;
+    let mut pong_due: Option<Instant> = None;
+
+    let close = loop {
+        let deadline = if !session.is_connected() {
+            handshake_deadline
+        } else {
+            let mut d = pong_due.map_or(next_ping, |p| p.min(next_ping));
+            if let Some(exp) = session.expires_at() {
+                d = d.min(Instant::from_std(exp));
+            }
+            d
+        };
+        tokio::select! {
+            biased;
+            _ = out.ready() => {
+                let drained = out.drain();
+                if !drained.controls.is_empty() {
+                    session.handle_controls(drained.controls).await;
+                }
+                if let Some(req) = drained.close {
+                    if req.code == CloseCode::SLOW_CONSUMER {
+                        metrics.slow_consumers.inc();
+                    }
+                    break Some((drained.frames, req));
+                }
+                if write_batch(&mut ws, drained.frames, write_timeout(&app)).await.is_err() {
+                    break None;
+                }
+            }
+            incoming = ws.next() => {
+                let message = match incoming {
+                    Some(Ok(m)) => m,
+                    // Too large for the codec (it has queued its own close 1009), reset, EOF.
+                    Some(Err(_)) | None => break None,
+                };
+                pong_due = None;
+                if message.is_close() {
+                    break None;
+                }
+                if message.is_ping() || message.is_pong() {
+                    continue;
+                }
+                let Some(text) = message.as_text() else {
+                    break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "binary frames are not part of the protocol")));
+                };
+                if text.len() > limits.max_frame_bytes {
+                    break Some((Vec::new(), close_request(CloseCode::MESSAGE_TOO_LARGE, "message too large")));
+                }
+                if let Some(req) = dispatch(&mut session, text).await {
+                    break Some((out.drain().frames, req));
+                }
+            }
+            _ = sleep_until(deadline) => {
+                let now = Instant::now();
+                if !session.is_connected() {
+                    break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "no connect command in time")));
+                }
+                if session.expires_at().is_some_and(|exp| Instant::from_std(exp) <= now) {
+                    break Some((out.drain().frames, close_request(CloseCode::TOKEN_EXPIRED, "token expired")));
+                }
+                if pong_due.is_some_and(|due| due <= now) {
+                    break Some((Vec::new(), close_request(CloseCode::NO_PONG, "no pong in time")));
+                }
+                if next_ping <= now {
+                    out.push(Bytes::from_static(PING));
+                    pong_due = Some(now + pong_timeout);
+                    next_ping = now + ping_every;
+                }
+            }
+            changed = draining.changed() => {
+                if changed.is_ok() && *draining.borrow() {
+                    // Spread reconnects over the drain window instead of a thundering herd.
+                    let after_ms = rand::random_range(0..config.drain_ms.max(1));
+                    out.close(CloseRequest { code: CloseCode::SHUTDOWN, reason: "server shutdown".into(), after_ms: Some(after_ms) });
+                }
+            }
+        }
+    };
+    if let Some((frames, req)) = close {
+        finish(&mut ws, frames, &req, write_timeout(&app)).await;
+    }
+    session.end().await;
+}
+
+fn write_timeout(app: &App) -> Duration {
+    Duration::from_millis(app.ctx.config.limits.write_timeout_ms)
+}
+
+fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
+    CloseRequest {
+        code,
+        reason: reason.into(),
+        after_ms: None,
+    }
+}
+
+/// Parse a text frame's messages and run them; stop at the first that closes the connection.
+async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
+    for parsed in parse_frame(text) {
+        let message = match parsed {
+            Ok(m) => m,
+            Err(malformed) => return Some(close_request(CloseCode::BAD_REQUEST, &malformed.0)),
+        };
+        if let Some(req) = session.handle(message).await {
+            return Some(req);
+        }
+    }
+    None
+}
+
+/// Write queued frames: one frame as it is (its bytes are shared with other subscribers),
+/// several newline-joined into messages of at most [`BATCH_BYTES`], then one flush.
+async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
+    if frames.is_empty() {
+        return Ok(());
+    }
+    let write = async {
+        if frames.len() == 1 {
+            let frame = frames.into_iter().next().expect("one frame");
+            return ws.send(Message::text(Payload::from(frame))).await;
+        }
+        let mut batch = BytesMut::new();
+        for frame in frames {
+            if !batch.is_empty() && batch.len() + 1 + frame.len() > BATCH_BYTES {
+                ws.feed(Message::text(Payload::from(batch.split().freeze()))).await?;
+            }
+            if !batch.is_empty() {
+                batch.extend_from_slice(b"\n");
+            }
+            batch.extend_from_slice(&frame);
+        }
+        if !batch.is_empty() {
+            ws.feed(Message::text(Payload::from(batch.freeze()))).await?;
+        }
+        ws.flush().await
+    };
+    match timeout(limit, write).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(()),
+    }
+}
+
+/// Send what is queued, the `disconnect` push and the close frame; wait briefly for the peer's
+/// close so that it sees a clean closing handshake.
+async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, req: &CloseRequest, limit: Duration) {
+    frames.push(push_disconnect(req.code, &req.reason, req.after_ms));
+    if write_batch(ws, frames, limit).await.is_err() {
+        return;
+    }
+    let code = tokio_websockets::CloseCode::try_from(req.code.0).unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
+    let mut reason = req.reason.clone();
+    // A close frame's reason must fit in 123 bytes.
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    if timeout(limit, ws.send(Message::close(Some(code), &reason))).await.is_err() {
+        return;
+    }
+    let _ = timeout(Duration::from_secs(1), async { while ws.next().await.is_some() {} }).await;
+}
