@@ -1,0 +1,524 @@
+//! Several brokers (one per simulated node) on one real Redis or Redis Cluster: targeted delivery,
+//! recovery across nodes, batching, presence expiry, and losing Redis without losing publications.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use herald_broker::conformance::{eventually, Recorder};
+use herald_broker::{
+    BrokerError, ControlMessage, HistoryQuery, PublishOptions, SharedBroker, StreamOptions,
+};
+use herald_broker_redis::RedisConfig;
+use herald_protocol::{ClientInfo, StreamPosition};
+use herald_testkit::redis::{RedisCluster, RedisOptions, RedisServer};
+
+fn unique(name: &str) -> String {
+    format!("t_{name}_{:08x}", rand::random::<u32>())
+}
+
+fn opts(size: usize) -> PublishOptions {
+    PublishOptions {
+        stream: StreamOptions {
+            history_size: size,
+            ..StreamOptions::default()
+        },
+        idempotency_key: None,
+    }
+}
+
+async fn node(cfg: &RedisConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
+    let broker = herald_broker_redis::connect_with(cfg.clone(), name)
+        .await
+        .expect("connect");
+    let rec = Arc::new(Recorder::default());
+    broker.start(rec.clone()).await.expect("start");
+    (broker, rec)
+}
+
+fn metric(broker: &SharedBroker, name: &str) -> f64 {
+    let text = broker.metrics_text();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+/// Sum of an integer reply over every server (a Cluster's `PUBSUB SHARDNUMSUB` answers per node).
+fn sum_over(servers: &[&RedisServer], args: &[&str]) -> i64 {
+    servers
+        .iter()
+        .map(|s| {
+            let out = s.cli(args);
+            out.lines()
+                .last()
+                .and_then(|l| l.trim().parse::<i64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+async fn targeted_fanout(cfg: RedisConfig, servers: &[&RedisServer], cluster: bool) {
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let (c, rc) = node(&cfg, "c").await;
+    let ch = unique("room");
+    b.subscribe(&ch).await.unwrap();
+    c.subscribe(&ch).await.unwrap();
+    let numsub = if cluster { "SHARDNUMSUB" } else { "NUMSUB" };
+    let pubsub = format!("herald:{{{ch}}}:p");
+    assert_eq!(
+        sum_over(servers, &["PUBSUB", numsub, &pubsub]),
+        2,
+        "B and C only"
+    );
+
+    for i in 0..100 {
+        a.publish(&ch, Bytes::from(i.to_string()), None, &opts(200))
+            .await
+            .unwrap();
+    }
+    eventually("B and C got 100", || {
+        rb.offsets(&ch).len() >= 100 && rc.offsets(&ch).len() >= 100
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let all: Vec<u64> = (1..=100).collect();
+    assert_eq!(rb.offsets(&ch), all, "exactly once, in order, on B");
+    assert_eq!(rc.offsets(&ch), all, "exactly once, in order, on C");
+    assert!(
+        ra.offsets(&ch).is_empty(),
+        "A hosts nobody: it receives nothing"
+    );
+    assert_eq!(metric(&a, "herald_broker_received_total"), 0.0);
+    assert_eq!(metric(&b, "herald_broker_received_total"), 100.0);
+    assert_eq!(metric(&a, "herald_broker_published_total"), 100.0);
+    assert_eq!(metric(&b, "herald_broker_subscribed_channels"), 1.0);
+    assert_eq!(
+        sum_over(servers, &["PUBSUB", "NUMPAT"]),
+        0,
+        "never a pattern subscription"
+    );
+
+    // The epoch travels with every publication.
+    let epoch = rb.publications.lock().unwrap()[0].1.clone();
+    let h = b
+        .history(&ch, &HistoryQuery::default(), &opts(200).stream)
+        .await
+        .unwrap();
+    assert_eq!(h.position.epoch, epoch);
+
+    // C's last subscriber leaves: C stops receiving.
+    c.unsubscribe(&ch).await.unwrap();
+    assert_eq!(sum_over(servers, &["PUBSUB", numsub, &pubsub]), 1);
+    a.publish(&ch, Bytes::from_static(b"101"), None, &opts(200))
+        .await
+        .unwrap();
+    eventually("B got 101", || rb.offsets(&ch).len() == 101).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rc.offsets(&ch).len(), 100);
+    assert_eq!(metric(&c, "herald_broker_subscribed_channels"), 0.0);
+
+    // Presence changes reach the nodes hosting the channel; control messages reach every node.
+    let who = ClientInfo {
+        user: "alice".into(),
+        client: "c1".into(),
+        info: None,
+    };
+    a.publish_presence_change(&ch, true, &who).await.unwrap();
+    eventually("join on B", || {
+        rb.presence_changes.lock().unwrap().len() == 1
+    })
+    .await;
+    assert_eq!(
+        rb.presence_changes.lock().unwrap()[0],
+        (ch.clone(), true, who)
+    );
+    let msg = ControlMessage::Unsubscribe {
+        user: "bob".into(),
+        channel: ch.clone(),
+    };
+    b.publish_control(&msg).await.unwrap();
+    for rec in [&ra, &rb, &rc] {
+        eventually("control everywhere", || {
+            rec.controls.lock().unwrap().contains(&msg)
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_delivers_only_to_hosting_nodes_exactly_once() {
+    let redis = RedisServer::start();
+    targeted_fanout(RedisConfig::from_url(&redis.url()), &[&redis], false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_delivers_only_to_hosting_nodes_exactly_once() {
+    let cluster = RedisCluster::start();
+    let servers: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    targeted_fanout(RedisConfig::from_url(&cluster.url()), &servers, true).await;
+    // Sharded pub/sub only: no node-wide channel subscriptions besides none at all.
+    assert_eq!(sum_over(&servers, &["PUBSUB", "NUMPAT"]), 0);
+}
+
+async fn recovery_across(cfg: RedisConfig) {
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("recover");
+    let o = opts(10);
+    // A subscriber on B reads the position first (this creates the stream's epoch).
+    let start = b
+        .history(
+            &ch,
+            &HistoryQuery {
+                since: None,
+                limit: Some(0),
+            },
+            &o.stream,
+        )
+        .await
+        .unwrap();
+    assert_eq!(start.position.offset, 0);
+    for i in 1..=5 {
+        let p = a
+            .publish(&ch, Bytes::from(i.to_string()), None, &o)
+            .await
+            .unwrap();
+        assert_eq!(
+            p.epoch, start.position.epoch,
+            "publisher and reader agree on the epoch"
+        );
+    }
+    let since = |offset| HistoryQuery {
+        since: Some(StreamPosition {
+            epoch: start.position.epoch.clone(),
+            offset,
+        }),
+        limit: None,
+    };
+    let r = b.history(&ch, &since(2), &o.stream).await.unwrap();
+    assert!(r.continuous);
+    assert_eq!(
+        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![3, 4, 5]
+    );
+    assert_eq!(&r.publications[0].data[..], b"3");
+    // Idempotency holds across nodes too.
+    let mut idem = o.clone();
+    idem.idempotency_key = Some("once".into());
+    let x = a
+        .publish(&ch, Bytes::from_static(b"7"), None, &idem)
+        .await
+        .unwrap();
+    let y = b
+        .publish(&ch, Bytes::from_static(b"7"), None, &idem)
+        .await
+        .unwrap();
+    assert_eq!(x, y);
+    // A limit returns the oldest after `since`.
+    let mut limited = since(0);
+    limited.limit = Some(2);
+    let r = b.history(&ch, &limited, &o.stream).await.unwrap();
+    assert_eq!(
+        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_recovery_across_nodes() {
+    let redis = RedisServer::start();
+    recovery_across(RedisConfig::from_url(&redis.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_recovery_across_nodes() {
+    let cluster = RedisCluster::start();
+    recovery_across(RedisConfig::from_url(&cluster.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_ttl_counts_old_entries_as_gone() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
+    let ch = unique("ttl");
+    let mut o = opts(10);
+    o.stream.history_ttl = Duration::from_millis(300);
+    let p = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let q = HistoryQuery {
+        since: Some(StreamPosition {
+            epoch: p.epoch.clone(),
+            offset: 0,
+        }),
+        limit: None,
+    };
+    let r = a.history(&ch, &q, &o.stream).await.unwrap();
+    assert!(!r.continuous, "expired by TTL");
+    assert_eq!(r.position, p, "the position outlives the history");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_subscribes_are_batched() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let channels: Vec<String> = (0..300).map(|i| unique(&format!("batch{i}"))).collect();
+    let results = futures_util::future::join_all(channels.iter().map(|c| a.subscribe(c))).await;
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(metric(&a, "herald_broker_subscribed_channels"), 300.0);
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let calls: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_subscribe:calls="))
+        .and_then(|r| r.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .expect("cmdstat_subscribe");
+    eprintln!("300 subscribes took {calls} SUBSCRIBE commands");
+    assert!(calls < 50, "300 subscribes took {calls} SUBSCRIBE commands");
+    assert_eq!(
+        redis
+            .cli(&["PUBSUB", "NUMSUB", &format!("herald:{{{}}}:p", channels[0])])
+            .lines()
+            .last(),
+        Some("1")
+    );
+    // Unsubscribing all of them leaves only the control channel.
+    let results = futures_util::future::join_all(channels.iter().map(|c| a.unsubscribe(c))).await;
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(redis.cli(&["PUBSUB", "CHANNELS"]), "herald:control");
+}
+
+/// Redis kills the subscription connection (as on a network blip); publications go on from
+/// another node meanwhile. The node reconnects, subscribes again, asks the hub to catch up, and
+/// every publication is in history for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscription_blip_resubscribes_and_asks_for_catch_up() {
+    let redis = RedisServer::start();
+    let cfg = RedisConfig::from_url(&redis.url());
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("blip");
+    a.subscribe(&ch).await.unwrap();
+    for i in 1..=10 {
+        b.publish(&ch, Bytes::from(i.to_string()), None, &opts(100))
+            .await
+            .unwrap();
+    }
+    eventually("first 10", || ra.offsets(&ch).len() == 10).await;
+    let killed = redis.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert!(killed.parse::<u32>().unwrap() >= 2, "killed {killed}");
+    for i in 11..=20 {
+        b.publish(&ch, Bytes::from(i.to_string()), None, &opts(100))
+            .await
+            .unwrap();
+    }
+    eventually("on_reconnected", || *ra.reconnects.lock().unwrap() >= 1).await;
+    assert!(
+        metric(&a, "herald_broker_resubscriptions_total") >= 2.0,
+        "channel + control"
+    );
+    assert!(metric(&a, "herald_broker_catchups_total") >= 1.0);
+    for i in 21..=25 {
+        b.publish(&ch, Bytes::from(i.to_string()), None, &opts(100))
+            .await
+            .unwrap();
+    }
+    eventually("live again", || ra.offsets(&ch).contains(&25)).await;
+    // What the hub would read to fill the gap.
+    let last_seen = ra
+        .offsets(&ch)
+        .into_iter()
+        .take_while(|o| *o <= 10)
+        .max()
+        .unwrap();
+    let epoch = ra.publications.lock().unwrap()[0].1.clone();
+    let q = HistoryQuery {
+        since: Some(StreamPosition {
+            epoch,
+            offset: last_seen,
+        }),
+        limit: None,
+    };
+    let gap = a.history(&ch, &q, &opts(100).stream).await.unwrap();
+    assert!(gap.continuous);
+    assert_eq!(gap.publications.first().map(|p| p.offset), Some(11));
+    assert_eq!(gap.publications.last().map(|p| p.offset), Some(25));
+    // Still exactly one subscription per node and channel.
+    assert_eq!(
+        redis
+            .cli(&["PUBSUB", "NUMSUB", &format!("herald:{{{ch}}}:p")])
+            .lines()
+            .last(),
+        Some("1")
+    );
+}
+
+/// Redis goes away: publishing and subscribing fail fast with "unavailable"; when Redis is back
+/// (with its data, here from an fsynced AOF) the stream continues in the same epoch and
+/// subscribers are restored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_fails_fast_then_recovers() {
+    let mut redis = RedisServer::start_with(RedisOptions {
+        persistent: true,
+        ..RedisOptions::default()
+    });
+    let mut cfg = RedisConfig::from_url(&redis.url());
+    cfg.command_timeout_ms = 1000;
+    cfg.health_check_ms = 300;
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("restart");
+    a.subscribe(&ch).await.unwrap();
+    let first = b
+        .publish(&ch, Bytes::from_static(b"1"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("first", || ra.offsets(&ch) == vec![1]).await;
+
+    redis.stop();
+    for _ in 0..3 {
+        let t = Instant::now();
+        let err = b
+            .publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
+        assert!(
+            t.elapsed() < Duration::from_secs(2),
+            "fails fast, took {:?}",
+            t.elapsed()
+        );
+    }
+    let t = Instant::now();
+    let other = unique("other");
+    assert!(matches!(
+        a.subscribe(&other).await,
+        Err(BrokerError::Unavailable(_))
+    ));
+    assert!(t.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        metric(&a, "herald_broker_connected{mode=\"standalone\"}"),
+        0.0
+    );
+
+    redis.restart();
+    eventually("on_reconnected", || *ra.reconnects.lock().unwrap() >= 1).await;
+    // The command connection comes back on its own, too.
+    let mut next = None;
+    for _ in 0..100 {
+        match b
+            .publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
+            .await
+        {
+            Ok(p) => {
+                next = Some(p);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    let next = next.expect("publish works again");
+    assert_eq!(next.epoch, first.epoch, "the stream survived the restart");
+    assert_eq!(next.offset, 2);
+    eventually("second", || ra.offsets(&ch) == vec![1, 2]).await;
+    assert_eq!(
+        metric(&a, "herald_broker_connected{mode=\"standalone\"}"),
+        1.0
+    );
+    assert!(metric(&b, "herald_broker_publish_errors_total") >= 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
+    let redis = RedisServer::start();
+    let mut cfg = RedisConfig::from_url(&redis.url());
+    cfg.presence_ttl_s = 1;
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let (c, _) = node(&cfg, "c").await;
+    let ch = unique("presence");
+    let who = |u: &str| ClientInfo {
+        user: u.into(),
+        client: format!("{u}-1"),
+        info: Some(serde_json::value::RawValue::from_string(r#"{"n":1}"#.into()).unwrap()),
+    };
+    a.add_presence(&ch, &who("alice")).await.unwrap();
+    c.add_presence(&ch, &who("carol")).await.unwrap();
+    let mut users: Vec<String> = b
+        .presence(&ch)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.user)
+        .collect();
+    users.sort();
+    assert_eq!(users, vec!["alice", "carol"]);
+    assert_eq!(
+        b.presence(&ch).await.unwrap()[0]
+            .info
+            .as_ref()
+            .unwrap()
+            .get(),
+        r#"{"n":1}"#
+    );
+
+    // A "crashes" (stops refreshing); C lives on and refreshes.
+    drop(a);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let users: Vec<String> = b
+        .presence(&ch)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|w| w.user)
+        .collect();
+    assert_eq!(
+        users,
+        vec!["carol"],
+        "alice expired with her node; carol was refreshed"
+    );
+    c.remove_presence(&ch, "carol-1").await.unwrap();
+    assert!(b.presence(&ch).await.unwrap().is_empty());
+}
+
+/// Channels spread over standalone shards by consistent hash, each with its history and pub/sub
+/// on its own shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_shards_spread_channels() {
+    let r1 = RedisServer::start();
+    let r2 = RedisServer::start();
+    let cfg = RedisConfig {
+        shards: vec![r1.addr(), r2.url()],
+        ..RedisConfig::default()
+    };
+    let (a, _) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let channels: Vec<String> = (0..20).map(|i| unique(&format!("s{i}"))).collect();
+    for ch in &channels {
+        b.subscribe(ch).await.unwrap();
+        a.publish(ch, Bytes::from_static(b"{}"), None, &opts(5))
+            .await
+            .unwrap();
+    }
+    eventually("all delivered", || {
+        rb.publications.lock().unwrap().len() == 20
+    })
+    .await;
+    let keys = |r: &RedisServer| r.cli(&["DBSIZE"]).parse::<u32>().unwrap();
+    assert!(keys(&r1) > 0 && keys(&r2) > 0, "both shards used");
+    // Control goes through shard 0 and reaches everyone.
+    let msg = ControlMessage::Subscribe {
+        user: "u".into(),
+        channel: "x".into(),
+    };
+    a.publish_control(&msg).await.unwrap();
+    eventually("control", || rb.controls.lock().unwrap().contains(&msg)).await;
+    assert_eq!(rb.reconnects.lock().unwrap().to_owned(), 0);
+    let _ = Ordering::Relaxed;
+}
