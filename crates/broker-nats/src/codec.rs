@@ -183,12 +183,17 @@ mod tests {
         let (h, p) = encode_publication("ep", 0, 0, &Bytes::new(), None);
         assert!(matches!(decode_delivery(Some(&h), &p), Delivery::Marker));
         let (h, p) = encode_presence_change(false, &who());
-        assert!(matches!(decode_delivery(Some(&h), &p), Delivery::Presence(false, w) if w == who()));
+        assert!(
+            matches!(decode_delivery(Some(&h), &p), Delivery::Presence(false, w) if w == who())
+        );
         assert!(matches!(decode_delivery(None, &p), Delivery::Unknown));
         let mut h = HeaderMap::new();
         h.insert(EPOCH, "ep");
         h.insert(OFFSET, "3");
         h.insert(INFO_LEN, "999");
-        assert!(matches!(decode_delivery(Some(&h), &Bytes::from_static(b"{}")), Delivery::Unknown));
+        assert!(matches!(
+            decode_delivery(Some(&h), &Bytes::from_static(b"{}")),
+            Delivery::Unknown
+        ));
     }
 }

@@ -193,7 +193,9 @@ mod tests {
             ..NatsConfig::default()
         };
         let text = format!("{config:?}");
-        assert!(!text.contains("s3cret") && !text.contains("pw-secret") && !text.contains("tok-secret"));
+        assert!(
+            !text.contains("s3cret") && !text.contains("pw-secret") && !text.contains("tok-secret")
+        );
         assert!(text.contains("nats://bob:<hidden>@h:4222"));
     }
 

@@ -1,9 +1,76 @@
-//! Herald's Broker on Nats: not implemented yet.
+//! # Herald's Broker on NATS
+//!
+//! Several Herald nodes share a NATS server (or cluster) with JetStream:
+//!
+//! - **Targeted delivery.** A node holds one core subscription per channel it hosts, on
+//!   `herald.d.<channel>`, taken when the channel's first local subscriber arrives and dropped
+//!   when the last leaves. No wildcard subscription ever delivers publications; the one
+//!   always-on subscription is `herald.control`.
+//! - **Offsets and history in JetStream.** A publication is stored on `herald.h.<channel>` in
+//!   one stream for all channels, with its epoch and offset in headers; the next offset is taken
+//!   with `Nats-Expected-Last-Subject-Sequence`, so storing and numbering are one atomic step
+//!   ([`publish`](crate::publish) module docs). The stream republishes each stored message to the
+//!   delivery subject, so nodes receive exactly what history holds, in offset order. Channels
+//!   without history go to a memory stream that keeps only the newest message (their offset
+//!   counter).
+//! - **Reconnects lose nothing.** After a reconnect the client re-subscribes, the broker flushes
+//!   and calls [`BrokerHandler::on_reconnected`](herald_broker::BrokerHandler::on_reconnected);
+//!   the hub then catches up every hosted channel from JetStream. Publishing while disconnected
+//!   fails at once with [`BrokerError::Unavailable`].
+//! - **Presence** lives in a memory stream with a TTL, refreshed by the node that owns each
+//!   record, so a crashed node's clients expire.
+//!
+//! The guide with configuration keys is `docs/multi-node-nats.md`.
+//!
+//! # Layout
+//! - [`config`]: [`NatsConfig`], the `[nats]` configuration table.
+//! - `broker`: [`NatsBroker`], the connection and shared state; routes each `Broker` call.
+//! - `publish`: offsets by compare-and-set, the per-channel tail cache, epoch markers.
+//! - `history`: position and publication reads (link walk or ephemeral consumer).
+//! - `receive`: per-channel subscription tasks, control messages, reconnect recovery.
+//! - `presence`: presence records, their refresh and expiry.
+//! - `streams`: creating and growing the JetStream streams.
+//! - `codec`: how a publication is laid out in a NATS message.
+//! - [`subject`]: channel names ↔ subject tokens.
+//! - `metrics`: counters for `/metrics`.
+
+mod broker;
+mod codec;
+pub mod config;
+mod history;
+mod metrics;
+mod presence;
+mod publish;
+mod receive;
+mod streams;
+pub mod subject;
+
+use std::sync::Arc;
 
 use herald_broker::{BrokerError, SharedBroker};
 
-/// Connect to the broker at `url` as node `node`.
+pub use broker::NatsBroker;
+pub use config::{NatsConfig, Storage};
+
+/// Connect to the NATS server(s) at `url` (comma-separated for several) as node `node`, with
+/// the default configuration. This is what `HERALD_BROKER_URL=nats://…` does.
 pub async fn connect(url: &str, node: &str) -> Result<SharedBroker, BrokerError> {
-    let _ = node;
-    Err(BrokerError::Unavailable(format!("the nats broker is not implemented yet ({url})")))
+    let urls = url
+        .split(',')
+        .map(|u| u.trim().to_owned())
+        .filter(|u| !u.is_empty())
+        .collect();
+    connect_with(
+        NatsConfig {
+            urls,
+            ..NatsConfig::default()
+        },
+        node,
+    )
+    .await
+}
+
+/// Connect with a full configuration (the server's `[nats]` table).
+pub async fn connect_with(config: NatsConfig, node: &str) -> Result<SharedBroker, BrokerError> {
+    Ok(Arc::new(NatsBroker::connect(config, node).await?))
 }

@@ -1,1 +1,201 @@
-//! nats-server for tests (written by the NATS broker work).
+//! nats-server with JetStream for tests: a real process on a free loopback port with its own
+//! storage directory, killed (and its directory removed) on drop.
+//!
+//! ```no_run
+//! let mut nats = herald_testkit::nats::NatsServer::start();
+//! let url = nats.url(); // nats://127.0.0.1:<port>
+//! nats.restart();       // same port, same storage: JetStream file streams survive
+//! ```
+//!
+//! The binary is `nats-server` on `PATH`, or `HERALD_NATS_SERVER_BIN`.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::free_port;
+
+/// Environment variable naming the nats-server binary.
+pub const BIN_ENV: &str = "HERALD_NATS_SERVER_BIN";
+
+/// How long a server gets to start accepting and report healthy JetStream.
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running nats-server (`-js`), killed on drop.
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    monitor_port: u16,
+    store_dir: PathBuf,
+    extra_args: Vec<String>,
+}
+
+fn binary() -> String {
+    std::env::var(BIN_ENV).unwrap_or_else(|_| "nats-server".to_owned())
+}
+
+/// A fresh directory under the system temp dir, unique to this process and call.
+fn temp_dir() -> PathBuf {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("herald-nats-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create nats-server storage directory");
+    dir
+}
+
+impl NatsServer {
+    /// Start a server with JetStream on a free port, and wait until it is healthy.
+    ///
+    /// # Panics
+    /// When the binary is missing (with an install hint) or the server does not come up.
+    pub fn start() -> NatsServer {
+        Self::start_with_args(&[])
+    }
+
+    /// Like [`start`](Self::start), with extra command-line arguments.
+    pub fn start_with_args(args: &[&str]) -> NatsServer {
+        let mut server = NatsServer {
+            child: None,
+            port: free_port(),
+            monitor_port: free_port(),
+            store_dir: temp_dir(),
+            extra_args: args.iter().map(|a| (*a).to_owned()).collect(),
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let bin = binary();
+        let child = Command::new(&bin)
+            .args(["-js", "-a", "127.0.0.1", "-p"])
+            .arg(self.port.to_string())
+            .arg("-m")
+            .arg(self.monitor_port.to_string())
+            .arg("-sd")
+            .arg(&self.store_dir)
+            .args(&self.extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => panic!(
+                "`{bin}` not found. Install it (Debian/Ubuntu: `apt-get install -y nats-server`) \
+                 or set {BIN_ENV} to its path."
+            ),
+            Err(err) => panic!("could not start `{bin}`: {err}"),
+        };
+        self.child = Some(child);
+        self.wait_healthy();
+    }
+
+    /// Poll the monitoring endpoint until JetStream reports healthy.
+    fn wait_healthy(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "nats-server exited during startup ({status}); is port {} taken?",
+                        self.port
+                    );
+                }
+            }
+            let client_port_open = TcpStream::connect(("127.0.0.1", self.port)).is_ok();
+            if client_port_open && self.monitor_get("/healthz").is_some_and(|b| b.contains("ok")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nats-server did not become healthy in time");
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// The client URL, `nats://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// The client port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The HTTP monitoring base URL (`/varz`, `/connz?subs=1`, `/subsz`, `/healthz`).
+    pub fn monitor_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitor_port)
+    }
+
+    /// GET a monitoring path (e.g. `/connz?subs=1`) and return the body, `None` on any error.
+    /// Plain HTTP/1.0 over a socket, so that tests need no HTTP client for it.
+    pub fn monitor_get(&self, path: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.monitor_port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        head.starts_with("HTTP/1.").then(|| body.to_owned())
+    }
+
+    /// Stop the server the way an operator would (SIGTERM: it flushes JetStream to disk and
+    /// closes connections), SIGKILL after 10 s. The storage directory stays.
+    pub fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let terminated = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        if terminated {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    /// Kill the server at once (SIGKILL), as a crash would. Publications acknowledged in the
+    /// last moment may not have reached the disk.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Start the server again on the same port with the same storage.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "start_again on a running server");
+        self.spawn();
+    }
+
+    /// Stop, then start again on the same port and storage.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
+    /// Whether the process is running.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.store_dir);
+    }
+}

@@ -1,0 +1,249 @@
+//! Reading a channel's position and publications back from JetStream.
+//!
+//! The channel's last message gives the position (epoch, top offset). Publications are then read
+//! newest first: a few by following each message's `Herald-Prev` link (one direct get each, no
+//! server state), more through a short-lived filtered consumer (three round trips in all, however
+//! many messages). nats-server 2.9 has no batched direct get, so this is the cheapest pair.
+//! A namespace's `history_size` and `history_ttl` are applied here, on read: the stream may keep
+//! more than a namespace shows.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy};
+use async_nats::jetstream::stream;
+use futures_util::StreamExt;
+use herald_broker::{BrokerError, HistoryQuery, HistoryResult, StreamOptions};
+use herald_protocol::{Publication, StreamPosition};
+use time::OffsetDateTime;
+
+use crate::broker::Inner;
+use crate::codec::decode_publication;
+use crate::metrics::inc;
+use crate::publish::{last_or_marker, read_seq, Found};
+use crate::streams::Kind;
+
+/// Up to this many publications are read by following links; more through a consumer.
+const WALK_LIMIT: usize = 8;
+
+/// `Broker::history`.
+pub(crate) async fn history(
+    inner: &Inner,
+    channel: &str,
+    query: &HistoryQuery,
+    opts: &StreamOptions,
+) -> Result<HistoryResult, BrokerError> {
+    inc(&inner.metrics.history_reads);
+    let result = read(inner, channel, query, opts).await;
+    if result.is_err() {
+        inc(&inner.metrics.history_errors);
+    }
+    result
+}
+
+async fn read(
+    inner: &Inner,
+    channel: &str,
+    query: &HistoryQuery,
+    opts: &StreamOptions,
+) -> Result<HistoryResult, BrokerError> {
+    inner.ensure_connected()?;
+    let kind = inner.kind(opts);
+    let subject = inner.stream_subject(kind, channel);
+    let last = last_or_marker(inner, kind, &subject).await?;
+    let position = StreamPosition {
+        epoch: last.stored.epoch.clone(),
+        offset: last.stored.offset,
+    };
+    let kept = if kind == Kind::History {
+        opts.history_size
+    } else {
+        0
+    };
+    let limit = query.limit.unwrap_or(usize::MAX);
+    let answer = |publications, continuous| HistoryResult {
+        position: position.clone(),
+        publications,
+        continuous,
+    };
+
+    let Some(since) = &query.since else {
+        // The newest `limit`, oldest first.
+        let want = limit.min(kept);
+        let publications = newest(inner, kind, &subject, &last, want, opts.history_ttl).await?;
+        return Ok(answer(publications, true));
+    };
+    if since.epoch != position.epoch || since.offset > position.offset {
+        return Ok(answer(Vec::new(), false));
+    }
+    let missed = position.offset - since.offset;
+    if missed == 0 {
+        return Ok(answer(Vec::new(), true));
+    }
+    if missed > kept as u64 {
+        // Trimmed by size already: no read needed to know recovery is impossible.
+        return Ok(answer(Vec::new(), false));
+    }
+    let want = usize::try_from(missed).unwrap_or(usize::MAX);
+    let publications = newest(inner, kind, &subject, &last, want, opts.history_ttl).await?;
+    let continuous = publications.len() == want
+        && publications.first().map(|p| p.offset) == Some(since.offset + 1);
+    if !continuous {
+        return Ok(answer(Vec::new(), false));
+    }
+    Ok(answer(publications.into_iter().take(limit).collect(), true))
+}
+
+/// The newest `want` publications of the subject that are younger than `ttl`, oldest first,
+/// consecutive and ending at `last`. Fewer when older ones are gone.
+async fn newest(
+    inner: &Inner,
+    kind: Kind,
+    subject: &str,
+    last: &Found,
+    want: usize,
+    ttl: Duration,
+) -> Result<Vec<Publication>, BrokerError> {
+    if want == 0 || last.stored.offset == 0 {
+        return Ok(Vec::new());
+    }
+    let cutoff = cutoff(ttl);
+    let mut chain: Vec<Found> = if want <= WALK_LIMIT {
+        walk_back(inner, kind, last, want).await?
+    } else {
+        scan(inner, kind, subject, last, cutoff).await?
+    };
+    // Oldest first; keep the unbroken run that ends at `last` and is young enough.
+    chain.retain(|f| f.time >= cutoff);
+    let mut run: Vec<Publication> = Vec::with_capacity(chain.len());
+    let mut expect = last.stored.offset;
+    for f in chain.into_iter().rev() {
+        if f.stored.epoch != last.stored.epoch || f.stored.offset != expect || expect == 0 {
+            break;
+        }
+        expect -= 1;
+        run.push(f.stored.into_publication());
+        if run.len() == want {
+            break;
+        }
+    }
+    run.reverse();
+    Ok(run)
+}
+
+/// `now - ttl`, clamped.
+fn cutoff(ttl: Duration) -> OffsetDateTime {
+    let now = OffsetDateTime::now_utc();
+    time::Duration::try_from(ttl)
+        .ok()
+        .and_then(|ttl| now.checked_sub(ttl))
+        .unwrap_or(OffsetDateTime::UNIX_EPOCH)
+}
+
+/// Follow `Herald-Prev` links from `last`: up to `want` messages, oldest first.
+async fn walk_back(
+    inner: &Inner,
+    kind: Kind,
+    last: &Found,
+    want: usize,
+) -> Result<Vec<Found>, BrokerError> {
+    let mut chain = vec![last.clone()];
+    while chain.len() < want {
+        let prev = chain.last().map_or(0, |f| f.stored.prev);
+        if prev == 0 {
+            break;
+        }
+        match read_seq(inner, kind, prev).await? {
+            Some(f) if f.stored.offset > 0 => chain.push(f),
+            _ => break,
+        }
+    }
+    chain.reverse();
+    Ok(chain)
+}
+
+/// Read every message of the subject newer than `cutoff` with an ephemeral consumer; oldest
+/// first. Bounded by what the stream keeps per channel: `max_msgs_per_channel`, and, since
+/// publishing trims a channel to its own `history_size` every `history_size` publications (see
+/// `publish.rs`), at most twice the namespace's history.
+async fn scan(
+    inner: &Inner,
+    kind: Kind,
+    subject: &str,
+    last: &Found,
+    cutoff: OffsetDateTime,
+) -> Result<Vec<Found>, BrokerError> {
+    // A second of slack for clock skew between this node and the server; filtered exactly later.
+    let start_time = cutoff.checked_sub(time::Duration::SECOND).unwrap_or(cutoff);
+    let deliver_policy = if start_time <= OffsetDateTime::UNIX_EPOCH {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartTime { start_time }
+    };
+    let messages = fetch_filtered(inner, inner.streams.of(kind), subject, deliver_policy).await?;
+    let mut chain = Vec::with_capacity(messages.len());
+    for (seq, time, message) in messages {
+        if seq > last.seq {
+            break;
+        }
+        let headers = message.headers.unwrap_or_default();
+        if let Some(stored) = decode_publication(&headers, &message.payload) {
+            if stored.offset > 0 {
+                chain.push(Found { seq, time, stored });
+            }
+        }
+    }
+    Ok(chain)
+}
+
+/// Every message matching `filter` from `deliver_policy` on, with its stream sequence and time,
+/// through an ephemeral pull consumer that is deleted afterwards.
+pub(crate) async fn fetch_filtered(
+    inner: &Inner,
+    stream: &stream::Stream<()>,
+    filter: &str,
+    deliver_policy: DeliverPolicy,
+) -> Result<Vec<(u64, OffsetDateTime, async_nats::Message)>, BrokerError> {
+    let config = pull::Config {
+        deliver_policy,
+        filter_subject: filter.to_owned(),
+        ack_policy: AckPolicy::None,
+        // The server removes it by itself should the delete below not arrive.
+        inactive_threshold: Duration::from_secs(30),
+        memory_storage: true,
+        ..pull::Config::default()
+    };
+    let consumer = inner
+        .timed("create consumer", stream.create_consumer(config))
+        .await?
+        .map_err(|e| BrokerError::Unavailable(format!("create consumer on {filter}: {e}")))?;
+    let pending = usize::try_from(consumer.cached_info().num_pending).unwrap_or(usize::MAX);
+    let name = consumer.cached_info().name.clone();
+    let mut out = Vec::with_capacity(pending.min(4096));
+    if pending > 0 {
+        let read = async {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(pending)
+                .messages()
+                .await
+                .map_err(|e| BrokerError::Unavailable(format!("fetch {filter}: {e}")))?;
+            while let Some(message) = batch.next().await {
+                let message = message
+                    .map_err(|e| BrokerError::Unavailable(format!("fetch {filter}: {e}")))?;
+                let info = message
+                    .info()
+                    .map_err(|e| BrokerError::Internal(format!("message info: {e}")))?;
+                let (seq, time) = (info.stream_sequence, info.published);
+                out.push((seq, time, message.message));
+            }
+            Ok::<_, BrokerError>(())
+        };
+        inner.timed("fetch", read).await??;
+    }
+    // Not on the caller's path; an ephemeral consumer also expires by itself.
+    let stream = stream.clone();
+    tokio::spawn(async move {
+        let _ = stream.delete_consumer(&name).await;
+    });
+    Ok(out)
+}

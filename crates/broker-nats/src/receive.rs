@@ -1,0 +1,227 @@
+//! The receive path: one core NATS subscription per hosted channel (on its delivery subject),
+//! the control subscription, and what happens when the connection comes back.
+//!
+//! `read_channel → deliver → handler.on_publication`: each channel has its own task, so a
+//! channel's messages reach the hub in the order the stream republished them (offset order),
+//! and unsubscribing is dropping that task's subscription.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::{Event, Message, Subscriber};
+use futures_util::StreamExt;
+use herald_broker::{BrokerError, ControlMessage};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::broker::Inner;
+use crate::codec::{decode_delivery, Delivery};
+use crate::metrics::inc;
+use crate::presence;
+
+/// A hosted channel's subscription task.
+pub(crate) struct ChannelTask {
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
+}
+
+/// `Broker::subscribe`: subscribe the delivery subject and return once the server has it
+/// (a flush round trip), so that a history read made afterwards misses nothing.
+pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &str) -> Result<(), BrokerError> {
+    inner.ensure_connected()?;
+    let subject = inner.subjects.delivery(channel);
+    let subscriber = inner
+        .timed("subscribe", inner.client.subscribe(subject))
+        .await?
+        .map_err(|e| BrokerError::Unavailable(format!("subscribe {channel}: {e}")))?;
+    // On failure `subscriber` drops here, which unsubscribes.
+    inner
+        .timed("flush", inner.client.flush())
+        .await?
+        .map_err(|e| BrokerError::Unavailable(format!("subscribe {channel}: {e}")))?;
+    let (stop, stopped) = oneshot::channel();
+    let task = tokio::spawn(read_channel(
+        inner.clone(),
+        channel.to_owned(),
+        subscriber,
+        stopped,
+    ));
+    let previous = inner
+        .channels
+        .lock()
+        .expect("channels lock")
+        .insert(channel.to_owned(), ChannelTask { stop, task });
+    if let Some(previous) = previous {
+        // The hub never subscribes twice; should it, keep exactly one subscription.
+        warn!(%channel, "subscribed twice; replacing the earlier subscription");
+        stop_task(previous).await;
+    } else {
+        inner
+            .metrics
+            .subscriptions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// `Broker::unsubscribe`: stop the channel's task; returns once nothing more is delivered.
+pub(crate) async fn unsubscribe(inner: &Inner, channel: &str) -> Result<(), BrokerError> {
+    let entry = inner
+        .channels
+        .lock()
+        .expect("channels lock")
+        .remove(channel);
+    if let Some(entry) = entry {
+        inner
+            .metrics
+            .subscriptions
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        stop_task(entry).await;
+    }
+    Ok(())
+}
+
+async fn stop_task(entry: ChannelTask) {
+    let _ = entry.stop.send(());
+    let _ = entry.task.await;
+}
+
+/// One channel's receive loop.
+async fn read_channel(
+    inner: Arc<Inner>,
+    channel: String,
+    mut subscriber: Subscriber,
+    mut stopped: oneshot::Receiver<()>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut stopped => break,
+            message = subscriber.next() => match message {
+                Some(message) => deliver(&inner, &channel, message),
+                None => break,
+            },
+        }
+    }
+    // Waits for room in the client's command queue; dropping would only try once.
+    let _ = tokio::time::timeout(Duration::from_secs(1), subscriber.unsubscribe()).await;
+}
+
+/// Hand one delivery-subject message to the hub.
+fn deliver(inner: &Inner, channel: &str, message: Message) {
+    let Some(handler) = inner.handler.get() else {
+        return;
+    };
+    match decode_delivery(message.headers.as_ref(), &message.payload) {
+        Delivery::Publication(stored) => {
+            inc(&inner.metrics.publications_received);
+            let epoch = stored.epoch.clone();
+            handler.on_publication(channel, &epoch, stored.into_publication());
+        }
+        Delivery::Presence(joined, who) => {
+            inc(&inner.metrics.presence_changes_received);
+            handler.on_presence_change(channel, joined, who);
+        }
+        Delivery::Marker => {}
+        Delivery::Unknown => {
+            inc(&inner.metrics.malformed_received);
+            debug!(%channel, subject = %message.subject, "ignored a message that is not Herald's");
+        }
+    }
+}
+
+/// The control subscription's loop (the one subscription every node always holds).
+pub(crate) async fn read_control(
+    inner: Arc<Inner>,
+    mut subscriber: Subscriber,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let message = tokio::select! {
+            message = subscriber.next() => message,
+            _ = shutdown.changed() => break,
+        };
+        let Some(message) = message else { break };
+        match serde_json::from_slice::<ControlMessage>(&message.payload) {
+            Ok(control) => {
+                inc(&inner.metrics.control_received);
+                if let Some(handler) = inner.handler.get() {
+                    handler.on_control(control);
+                }
+            }
+            Err(err) => {
+                inc(&inner.metrics.malformed_received);
+                debug!(cause = %err, "ignored a bad control message");
+            }
+        }
+    }
+}
+
+/// Connection events: count them, and after a reconnect restore state and tell the hub.
+pub(crate) async fn watch_connection(
+    inner: Arc<Inner>,
+    mut events: mpsc::UnboundedReceiver<Event>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut lost = false;
+    loop {
+        let event = tokio::select! {
+            event = events.recv() => event,
+            _ = shutdown.changed() => return,
+        };
+        match event {
+            None => return,
+            Some(Event::Disconnected) => {
+                lost = true;
+                warn!("lost the connection to NATS; publishing fails until it is back");
+            }
+            Some(Event::Connected) if lost => {
+                lost = false;
+                info!("reconnected to NATS; catching up");
+                let inner = inner.clone();
+                let shutdown = shutdown.clone();
+                // Off this loop, so that another disconnect is seen meanwhile.
+                tokio::spawn(async move { recover(inner, shutdown).await });
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// After a reconnect: the client has re-sent every subscription; make sure the streams exist
+/// (the server may have restarted without them), that the re-subscriptions are in effect (flush),
+/// then let the hub catch up every hosted channel from history and re-store presence.
+async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
+    inner.tails.clear();
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if *shutdown.borrow() {
+            return;
+        }
+        if inner.ensure_connected().is_err() {
+            // Disconnected again: the next Connected event starts over.
+            return;
+        }
+        let ready = async {
+            inner.streams.ensure().await?;
+            inner
+                .timed("flush", inner.client.flush())
+                .await?
+                .map_err(|e| BrokerError::Unavailable(e.to_string()))
+        };
+        match ready.await {
+            Ok(()) => break,
+            Err(err) => {
+                debug!(cause = %err, "JetStream not ready after reconnect; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+    inc(&inner.metrics.reconnects);
+    if let Some(handler) = inner.handler.get() {
+        handler.on_reconnected();
+    }
+    presence::refresh_all(&inner).await;
+}
