@@ -1,0 +1,553 @@
+//! Several NATS brokers (one per simulated node) on one real nats-server: targeted delivery,
+//! one offset sequence under concurrent publishers, recovery across nodes, long histories,
+//! presence expiry, and a NATS restart that loses nothing.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use herald_broker::conformance::{eventually, Recorder};
+use herald_broker::{
+    BrokerError, ControlMessage, HistoryQuery, PublishOptions, SharedBroker, StreamOptions,
+};
+use herald_broker_nats::NatsConfig;
+use herald_protocol::{ClientInfo, StreamPosition};
+use herald_testkit::nats::NatsServer;
+
+fn unique(name: &str) -> String {
+    format!("t_{name}_{:08x}", rand::random::<u32>())
+}
+
+fn opts(size: usize) -> PublishOptions {
+    PublishOptions {
+        stream: StreamOptions {
+            history_size: size,
+            ..StreamOptions::default()
+        },
+        idempotency_key: None,
+    }
+}
+
+async fn node(cfg: &NatsConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
+    let broker = herald_broker_nats::connect_with(cfg.clone(), name)
+        .await
+        .expect("connect");
+    let rec = Arc::new(Recorder::default());
+    broker.start(rec.clone()).await.expect("start");
+    (broker, rec)
+}
+
+fn since(epoch: &str, offset: u64) -> HistoryQuery {
+    HistoryQuery {
+        since: Some(StreamPosition {
+            epoch: epoch.to_owned(),
+            offset,
+        }),
+        limit: None,
+    }
+}
+
+/// Subjects each named connection (`herald-<node>`) holds, from `/connz?subs=1`.
+fn subscriptions_of(nats: &NatsServer, node: &str) -> Vec<String> {
+    let body = nats.monitor_get("/connz?subs=1&limit=1024").expect("connz");
+    let connz: serde_json::Value = serde_json::from_str(&body).expect("connz json");
+    let name = format!("herald-{node}");
+    connz["connections"]
+        .as_array()
+        .expect("connections")
+        .iter()
+        .filter(|c| c["name"] == name.as_str())
+        .flat_map(|c| {
+            c["subscriptions_list"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect()
+}
+
+fn who(client: &str) -> ClientInfo {
+    ClientInfo {
+        user: format!("u-{client}"),
+        client: client.to_owned(),
+        info: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delivers_only_to_hosting_nodes_exactly_once() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let (c, rc) = node(&cfg, "c").await;
+    let ch = unique("room");
+    b.subscribe(&ch).await.unwrap();
+    c.subscribe(&ch).await.unwrap();
+
+    let delivery = format!("herald.d.{ch}");
+    assert!(subscriptions_of(&nats, "b").contains(&delivery));
+    assert!(subscriptions_of(&nats, "c").contains(&delivery));
+    assert!(!subscriptions_of(&nats, "a").contains(&delivery));
+    for n in ["a", "b", "c"] {
+        for s in subscriptions_of(&nats, n) {
+            let wildcard = s.contains('*') || s.contains('>');
+            assert!(
+                !(wildcard && s.starts_with("herald.")),
+                "{n} holds wildcard {s}"
+            );
+        }
+    }
+
+    for i in 0..100 {
+        a.publish(&ch, Bytes::from(i.to_string()), None, &opts(200))
+            .await
+            .unwrap();
+    }
+    let all: Vec<u64> = (1..=100).collect();
+    eventually("b and c get 100", || {
+        rb.offsets(&ch).len() >= 100 && rc.offsets(&ch).len() >= 100
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rb.offsets(&ch), all, "b: in order, exactly once");
+    assert_eq!(rc.offsets(&ch), all, "c: in order, exactly once");
+    assert!(ra.offsets(&ch).is_empty(), "a hosts nothing");
+
+    b.unsubscribe(&ch).await.unwrap();
+    // UNSUB is sent without waiting for the server; it gets there in a moment.
+    eventually("b's subscription gone", || {
+        !subscriptions_of(&nats, "b").contains(&delivery)
+    })
+    .await;
+    a.publish(&ch, Bytes::from_static(b"101"), None, &opts(200))
+        .await
+        .unwrap();
+    eventually("c gets 101", || rc.offsets(&ch).len() == 101).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rb.offsets(&ch).len(), 100, "b unsubscribed");
+    assert!(b
+        .metrics_text()
+        .contains("herald_broker_subscriptions{broker=\"nats\"} 0"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishers_share_one_offset_sequence() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let (c, rc) = node(&cfg, "c").await;
+    let ch = unique("race");
+    c.subscribe(&ch).await.unwrap();
+
+    let publisher = |broker: SharedBroker, ch: String| {
+        tokio::spawn(async move {
+            let mut tasks = Vec::new();
+            for i in 0..4 {
+                let (broker, ch) = (broker.clone(), ch.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut positions = Vec::new();
+                    for j in 0..50 {
+                        let data = Bytes::from(format!("{}", i * 100 + j));
+                        positions.push(broker.publish(&ch, data, None, &opts(500)).await.unwrap());
+                    }
+                    positions
+                }));
+            }
+            let mut all = Vec::new();
+            for t in tasks {
+                all.extend(t.await.unwrap());
+            }
+            all
+        })
+    };
+    let (pa, pb) = (
+        publisher(a.clone(), ch.clone()),
+        publisher(b.clone(), ch.clone()),
+    );
+    let mut positions = pa.await.unwrap();
+    positions.extend(pb.await.unwrap());
+    let epochs: BTreeSet<&str> = positions.iter().map(|p| p.epoch.as_str()).collect();
+    assert_eq!(epochs.len(), 1, "one epoch");
+    let offsets: BTreeSet<u64> = positions.iter().map(|p| p.offset).collect();
+    assert_eq!(
+        offsets,
+        (1..=400).collect(),
+        "every offset once, none skipped"
+    );
+
+    eventually("c gets 400", || rc.offsets(&ch).len() >= 400).await;
+    assert_eq!(
+        rc.offsets(&ch),
+        (1..=400).collect::<Vec<_>>(),
+        "in offset order"
+    );
+    let conflicts = a.metrics_text() + &b.metrics_text();
+    assert!(conflicts.contains("herald_broker_publish_conflicts_total"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_across_nodes() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("recover");
+    let o = opts(20);
+
+    // A subscriber that arrives first fixes the epoch the first publisher then uses.
+    let empty = b
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
+    assert_eq!(empty.position.offset, 0);
+    let mut last = empty.position.clone();
+    for i in 1..=30 {
+        last = a
+            .publish(&ch, Bytes::from(i.to_string()), None, &o)
+            .await
+            .unwrap();
+    }
+    assert_eq!(last.epoch, empty.position.epoch, "marker epoch kept");
+    assert_eq!(last.offset, 30);
+
+    // Few missed: read by following links; many: through a consumer.
+    for from in [27, 12] {
+        let r = b
+            .history(&ch, &since(&last.epoch, from), &o.stream)
+            .await
+            .unwrap();
+        assert!(r.continuous, "since {from}");
+        let got: Vec<u64> = r.publications.iter().map(|p| p.offset).collect();
+        assert_eq!(got, (from + 1..=30).collect::<Vec<_>>());
+        assert_eq!(
+            &r.publications[0].data[..],
+            (from + 1).to_string().as_bytes()
+        );
+    }
+    let limited = HistoryQuery {
+        limit: Some(3),
+        ..since(&last.epoch, 12)
+    };
+    let r = b.history(&ch, &limited, &o.stream).await.unwrap();
+    assert!(r.continuous);
+    assert_eq!(
+        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![13, 14, 15]
+    );
+
+    let gone = b
+        .history(&ch, &since(&last.epoch, 9), &o.stream)
+        .await
+        .unwrap();
+    assert!(
+        !gone.continuous && gone.publications.is_empty(),
+        "trimmed: never partial"
+    );
+    let other = b
+        .history(&ch, &since("other", 29), &o.stream)
+        .await
+        .unwrap();
+    assert!(!other.continuous);
+    let newest = HistoryQuery {
+        since: None,
+        limit: Some(2),
+    };
+    let r = b.history(&ch, &newest, &o.stream).await.unwrap();
+    assert_eq!(
+        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![29, 30]
+    );
+    let all = b
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
+    assert_eq!(all.publications.len(), 20);
+    assert_eq!(all.publications[0].offset, 11);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn longer_history_than_the_stream_default_grows_the_stream() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("long");
+    let o = opts(300);
+    let mut last = None;
+    for i in 1..=350 {
+        last = Some(
+            a.publish(&ch, Bytes::from(i.to_string()), None, &o)
+                .await
+                .unwrap(),
+        );
+    }
+    let last = last.unwrap();
+    let all = b
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
+    let got: Vec<u64> = all.publications.iter().map(|p| p.offset).collect();
+    assert_eq!(got, (51..=350).collect::<Vec<_>>());
+    let r = b
+        .history(&ch, &since(&last.epoch, 100), &o.stream)
+        .await
+        .unwrap();
+    assert!(r.continuous);
+    assert_eq!(r.publications.len(), 250);
+    assert!(
+        !b.history(&ch, &since(&last.epoch, 40), &o.stream)
+            .await
+            .unwrap()
+            .continuous
+    );
+
+    // A namespace with a short history on the same stream is trimmed to (about) its own size.
+    let short = unique("short");
+    let o5 = opts(5);
+    for i in 1..=23 {
+        a.publish(&short, Bytes::from(i.to_string()), None, &o5)
+            .await
+            .unwrap();
+    }
+    let r = b
+        .history(&short, &HistoryQuery::default(), &o5.stream)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
+        vec![19, 20, 21, 22, 23]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_ttl_counts_old_entries_as_gone() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let ch = unique("ttl");
+    let mut o = opts(10);
+    o.stream.history_ttl = Duration::from_millis(700);
+    let p = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    let fresh = a
+        .history(&ch, &since(&p.epoch, 0), &o.stream)
+        .await
+        .unwrap();
+    assert!(fresh.continuous && fresh.publications.len() == 1);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let old = a
+        .history(&ch, &since(&p.epoch, 0), &o.stream)
+        .await
+        .unwrap();
+    assert!(!old.continuous, "expired from history");
+    assert_eq!(old.position, p, "the position outlives the history");
+    let current = a
+        .history(&ch, &since(&p.epoch, 1), &o.stream)
+        .await
+        .unwrap();
+    assert!(current.continuous);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_without_history_still_number_publications() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let ch = unique("live");
+    b.subscribe(&ch).await.unwrap();
+    let p1 = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &opts(0))
+        .await
+        .unwrap();
+    let p2 = b
+        .publish(&ch, Bytes::from_static(b"2"), None, &opts(0))
+        .await
+        .unwrap();
+    assert_eq!((p1.offset, p2.offset), (1, 2));
+    assert_eq!(p1.epoch, p2.epoch);
+    eventually("b gets both", || rb.offsets(&ch) == vec![1, 2]).await;
+    let h = a
+        .history(&ch, &since(&p1.epoch, 1), &opts(0).stream)
+        .await
+        .unwrap();
+    assert_eq!(h.position, p2);
+    assert!(
+        !h.continuous && h.publications.is_empty(),
+        "nothing kept to recover from"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotency_keys_hold_across_nodes_and_odd_names_round_trip() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let ch = format!("ns:{}.x#alice,bob", unique("odd"));
+    b.subscribe(&ch).await.unwrap();
+    let mut o = opts(10);
+    o.idempotency_key = Some("key-1".into());
+    let first = a
+        .publish(&ch, Bytes::from_static(b"{\"v\":1}"), Some(who("c1")), &o)
+        .await
+        .unwrap();
+    let again = b
+        .publish(&ch, Bytes::from_static(b"{\"v\":1}"), Some(who("c1")), &o)
+        .await
+        .unwrap();
+    assert_eq!(first, again);
+    eventually("b gets it", || rb.offsets(&ch) == vec![1]).await;
+    let got = rb.publications.lock().unwrap()[0].clone();
+    assert_eq!(got.0, ch, "channel name comes back intact");
+    assert_eq!(got.2.info, Some(who("c1")));
+    let h = b
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
+    assert_eq!(h.publications.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_changes_and_control_reach_the_right_nodes() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let (_c, rc) = node(&cfg, "c").await;
+    let ch = unique("joins");
+    b.subscribe(&ch).await.unwrap();
+    a.publish_presence_change(&ch, true, &who("x"))
+        .await
+        .unwrap();
+    eventually("b sees the join", || {
+        rb.presence_changes.lock().unwrap().len() == 1
+    })
+    .await;
+    let (channel, joined, w) = rb.presence_changes.lock().unwrap()[0].clone();
+    assert_eq!((channel.as_str(), joined, w), (ch.as_str(), true, who("x")));
+    let msg = ControlMessage::Subscribe {
+        user: "u".into(),
+        channel: ch.clone(),
+    };
+    a.publish_control(&msg).await.unwrap();
+    for rec in [&ra, &rb, &rc] {
+        eventually("control everywhere", || {
+            rec.controls.lock().unwrap().contains(&msg)
+        })
+        .await;
+    }
+    assert!(
+        rc.presence_changes.lock().unwrap().is_empty(),
+        "c hosts nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig {
+        presence_ttl_s: 2,
+        ..NatsConfig::with_url(&nats.url())
+    };
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let (c, _) = node(&cfg, "c").await;
+    let ch = unique("presence");
+    a.add_presence(&ch, &who("x")).await.unwrap();
+    b.add_presence(&ch, &who("y")).await.unwrap();
+    b.add_presence(&ch, &who("z")).await.unwrap();
+    b.remove_presence(&ch, "z").await.unwrap();
+    let clients = |list: Vec<ClientInfo>| {
+        let mut c: Vec<String> = list.into_iter().map(|w| w.client).collect();
+        c.sort();
+        c
+    };
+    assert_eq!(clients(c.presence(&ch).await.unwrap()), vec!["x", "y"]);
+    drop(a); // crashed: x is never removed
+    let started = Instant::now();
+    loop {
+        let now = clients(c.presence(&ch).await.unwrap());
+        if now == vec!["y"] {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "x did not expire: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // b keeps y alive past several TTLs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(clients(c.presence(&ch).await.unwrap()), vec!["y"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_restart_fails_fast_then_loses_nothing() {
+    let mut nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let ch = unique("restart");
+    b.subscribe(&ch).await.unwrap();
+    let o = opts(100);
+    let mut last = None;
+    for i in 1..=5 {
+        last = Some(
+            a.publish(&ch, Bytes::from(i.to_string()), None, &o)
+                .await
+                .unwrap(),
+        );
+    }
+    let last = last.unwrap();
+    eventually("b gets 5", || rb.offsets(&ch).len() == 5).await;
+
+    nats.stop();
+    eventually("a sees the loss", || {
+        a.metrics_text()
+            .contains("herald_broker_connected{broker=\"nats\"} 0")
+    })
+    .await;
+    let t = Instant::now();
+    let err = a
+        .publish(&ch, Bytes::from_static(b"x"), None, &o)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
+    assert!(
+        t.elapsed() < Duration::from_millis(100),
+        "fails fast: {:?}",
+        t.elapsed()
+    );
+    assert!(matches!(
+        b.history(&ch, &HistoryQuery::default(), &o.stream).await,
+        Err(BrokerError::Unavailable(_))
+    ));
+
+    nats.start_again();
+    eventually("both reconnect and ask for catch-up", || {
+        *ra.reconnects.lock().unwrap() >= 1 && *rb.reconnects.lock().unwrap() >= 1
+    })
+    .await;
+    let h = b
+        .history(&ch, &since(&last.epoch, 0), &o.stream)
+        .await
+        .unwrap();
+    assert!(h.continuous, "file storage kept history and epoch");
+    assert_eq!(h.publications.len(), 5);
+    let next = a
+        .publish(&ch, Bytes::from_static(b"6"), None, &o)
+        .await
+        .unwrap();
+    assert_eq!((next.epoch.as_str(), next.offset), (last.epoch.as_str(), 6));
+    eventually("b re-subscribed and gets 6 live", || {
+        rb.offsets(&ch) == vec![1, 2, 3, 4, 5, 6]
+    })
+    .await;
+}
