@@ -17,7 +17,7 @@ export default defineConfig({
           include: ['test/integration/**/*.test.ts'],
           environment: 'node',
           globalSetup: ['test/support/global-setup.ts'],
-          testTimeout: 60_000,
+          testTimeout: 30_000,
           hookTimeout: 120_000,
           // Each file starts its own server; two cores, so do not run them side by side.
           fileParallelism: false,
@@ -29,7 +29,7 @@ export default defineConfig({
           include: ['test/browser/**/*.test.ts'],
           environment: 'node',
           globalSetup: ['test/support/global-setup.ts'],
-          testTimeout: 60_000,
+          testTimeout: 30_000,
           hookTimeout: 120_000,
           fileParallelism: false,
         },

@@ -375,7 +375,10 @@ var Subscription = class {
   get _token() {
     return this.opts.token;
   }
-  /** Resolves once the subscription is active; rejects if it ends before that. */
+  /**
+   * Resolves once the subscription is active; rejects if it ends first, or if the client stops
+   * (`disconnected`) before that.
+   */
   ready() {
     if (this._state === "subscribed") return Promise.resolve();
     if (this._state === "unsubscribed") {
@@ -450,6 +453,13 @@ var Subscription = class {
   _applyPresence(kind, info) {
     if (this._state !== "subscribed") return;
     this.call(kind === "join" ? this.opts.onJoin : this.opts.onLeave, { channel: this.channel, info });
+  }
+  /**
+   * @internal The client stopped (disconnected for good). The subscription stays registered for a
+   * later `connect()`, but nobody should wait on `ready()` for a connection that is not coming.
+   */
+  _clientStopped(error) {
+    for (const w of this.waiters.splice(0)) w.reject(error);
   }
   /** @internal A non-fatal problem worth telling the app about. */
   _reportError(error) {
@@ -866,10 +876,12 @@ var Herald = class extends Emitter {
     t?.close();
     this.teardown(code, reason);
     this.clearTimer("reconnectTimer");
+    const stopped = new ConnectionError(ClientCode.NotConnected, `client disconnected: ${reason}`, code);
     for (const w of this.waiters.splice(0)) {
       clearTimeout(w.timer);
-      w.fail(new ConnectionError(ClientCode.NotConnected, `client disconnected: ${reason}`, code));
+      w.fail(stopped);
     }
+    for (const sub of this.subs.values()) sub._clientStopped(stopped);
     this.removeOnline?.();
     this.removeOnline = void 0;
     if (this._state === "disconnected") return;

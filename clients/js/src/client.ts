@@ -480,10 +480,12 @@ export class Herald extends Emitter<HeraldEvents> {
     t?.close();
     this.teardown(code, reason);
     this.clearTimer('reconnectTimer');
+    const stopped = new ConnectionError(ClientCode.NotConnected, `client disconnected: ${reason}`, code);
     for (const w of this.waiters.splice(0)) {
       clearTimeout(w.timer);
-      w.fail(new ConnectionError(ClientCode.NotConnected, `client disconnected: ${reason}`, code));
+      w.fail(stopped);
     }
+    for (const sub of this.subs.values()) sub._clientStopped(stopped);
     this.removeOnline?.();
     this.removeOnline = undefined;
     if (this._state === 'disconnected') return;

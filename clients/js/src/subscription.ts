@@ -137,7 +137,10 @@ export class Subscription<T = unknown> {
     return this.opts.token;
   }
 
-  /** Resolves once the subscription is active; rejects if it ends before that. */
+  /**
+   * Resolves once the subscription is active; rejects if it ends first, or if the client stops
+   * (`disconnected`) before that.
+   */
   ready(): Promise<void> {
     if (this._state === 'subscribed') return Promise.resolve();
     if (this._state === 'unsubscribed') {
@@ -221,6 +224,14 @@ export class Subscription<T = unknown> {
   _applyPresence(kind: 'join' | 'leave', info: ClientInfo): void {
     if (this._state !== 'subscribed') return;
     this.call(kind === 'join' ? this.opts.onJoin : this.opts.onLeave, { channel: this.channel, info });
+  }
+
+  /**
+   * @internal The client stopped (disconnected for good). The subscription stays registered for a
+   * later `connect()`, but nobody should wait on `ready()` for a connection that is not coming.
+   */
+  _clientStopped(error: HeraldError): void {
+    for (const w of this.waiters.splice(0)) w.reject(error);
   }
 
   /** @internal A non-fatal problem worth telling the app about. */

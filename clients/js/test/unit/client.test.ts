@@ -642,3 +642,19 @@ describe('frame handling edge cases', () => {
     expect(h.state).toBe('connected');
   });
 });
+
+describe('ready()', () => {
+  it('rejects a subscription waiter when the client stops, keeps the subscription', async () => {
+    const h = client();
+    const sub = h.subscribe('chat');
+    h.connect();
+    await flush();
+    const ready = sub.ready().catch((e) => e);
+    FakeSocket.last().open();
+    FakeSocket.last().replyError('connect', 101, 'unauthorized');
+    const err = await ready;
+    expect(err).toBeInstanceOf(ConnectionError);
+    expect(err.closeCode).toBe(101);
+    expect(h.getSubscription('chat')).toBe(sub);
+  });
+});
