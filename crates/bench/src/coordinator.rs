@@ -540,8 +540,12 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
         }
     }
     progress.done();
-    for w in &mut procs {
-        let _ = w.child.wait().await;
+    for w in procs {
+        let WorkerProc {
+            mut child, stdin, ..
+        } = w;
+        drop(stdin);
+        let _ = child.wait().await;
     }
     let metrics_after = scrape_all(&p).await;
 

@@ -139,5 +139,6 @@ async fn worker_main() -> Result<()> {
     });
     worker::run(init.params, init.scenario, init.shard, cmd_rx, ev_tx).await?;
     let _ = writer.await;
-    Ok(())
+    // The stdin reader sits in a blocking read that cannot be cancelled; leave without waiting.
+    std::process::exit(0)
 }
