@@ -197,7 +197,7 @@ pub(crate) async fn publish(
     let m = &inner.metrics;
     match &result {
         Ok(_) => {
-            inc(&m.publishes);
+            inc(&m.published);
             let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
             m.publish_micros
                 .fetch_add(micros, std::sync::atomic::Ordering::Relaxed);

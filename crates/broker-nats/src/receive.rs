@@ -59,7 +59,7 @@ pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &str) -> Result<(), B
     } else {
         inner
             .metrics
-            .subscriptions
+            .subscribed_channels
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(())
@@ -75,7 +75,7 @@ pub(crate) async fn unsubscribe(inner: &Inner, channel: &str) -> Result<(), Brok
     if let Some(entry) = entry {
         inner
             .metrics
-            .subscriptions
+            .subscribed_channels
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         stop_task(entry).await;
     }
@@ -115,17 +115,17 @@ fn deliver(inner: &Inner, channel: &str, message: Message) {
     };
     match decode_delivery(message.headers.as_ref(), &message.payload) {
         Delivery::Publication(stored) => {
-            inc(&inner.metrics.publications_received);
+            inc(&inner.metrics.received_publications);
             let epoch = stored.epoch.clone();
             handler.on_publication(channel, &epoch, stored.into_publication());
         }
         Delivery::Presence(joined, who) => {
-            inc(&inner.metrics.presence_changes_received);
+            inc(&inner.metrics.received_presence);
             handler.on_presence_change(channel, joined, who);
         }
         Delivery::Marker => {}
         Delivery::Unknown => {
-            inc(&inner.metrics.malformed_received);
+            inc(&inner.metrics.received_invalid);
             debug!(%channel, subject = %message.subject, "ignored a message that is not Herald's");
         }
     }
@@ -145,13 +145,13 @@ pub(crate) async fn read_control(
         let Some(message) = message else { break };
         match serde_json::from_slice::<ControlMessage>(&message.payload) {
             Ok(control) => {
-                inc(&inner.metrics.control_received);
+                inc(&inner.metrics.received_control);
                 if let Some(handler) = inner.handler.get() {
                     handler.on_control(control);
                 }
             }
             Err(err) => {
-                inc(&inner.metrics.malformed_received);
+                inc(&inner.metrics.received_invalid);
                 debug!(cause = %err, "ignored a bad control message");
             }
         }
@@ -178,6 +178,7 @@ pub(crate) async fn watch_connection(
             }
             Some(Event::Connected) if lost => {
                 lost = false;
+                inc(&inner.metrics.reconnects);
                 info!("reconnected to NATS; catching up");
                 let inner = inner.clone();
                 let shutdown = shutdown.clone();
@@ -219,7 +220,12 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
             }
         }
     }
-    inc(&inner.metrics.reconnects);
+    let hosted = inner.channels.lock().expect("channels lock").len() as u64;
+    inner
+        .metrics
+        .resubscriptions
+        .fetch_add(hosted, std::sync::atomic::Ordering::Relaxed);
+    inc(&inner.metrics.catchups);
     if let Some(handler) = inner.handler.get() {
         handler.on_reconnected();
     }

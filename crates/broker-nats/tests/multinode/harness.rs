@@ -1,0 +1,307 @@
+//! Real `herald` nodes (the server binary) on free ports, a protocol client over real
+//! WebSockets, and plain HTTP for the API and `/metrics`. Broker-neutral: nodes get the broker
+//! URL from [`SharedBroker`](super::SharedBroker).
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio_websockets::{ClientBuilder, MaybeTlsStream, Message, WebSocketStream};
+
+pub const API_KEY: &str = "k";
+const WAIT: Duration = Duration::from_secs(15);
+
+/// The herald binary: `HERALD_BIN`, else `<target>/debug/herald` (built once if missing).
+pub fn herald_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(bin) = std::env::var("HERALD_BIN") {
+            return PathBuf::from(bin);
+        }
+        let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target"));
+        let bin = target.join("debug").join("herald");
+        if !bin.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-p", "herald-server", "--bin", "herald"])
+                .current_dir(&workspace)
+                .status()
+                .expect("run cargo build -p herald-server");
+            assert!(status.success(), "cargo build -p herald-server failed");
+        }
+        assert!(
+            bin.exists(),
+            "no herald binary at {} (set HERALD_BIN)",
+            bin.display()
+        );
+        bin
+    })
+    .clone()
+}
+
+/// A running `herald serve --dev`, killed on drop.
+pub struct Node {
+    pub name: String,
+    child: Option<Child>,
+    pub addr: SocketAddr,
+}
+
+impl Node {
+    /// Start node `name` on a free port against the broker at `broker_url`.
+    pub async fn start(name: &str, broker_url: &str) -> Node {
+        // The same settings as a file too: the environment alone did not reach the config when
+        // this was written (see the report to the server's owner).
+        let config = std::env::temp_dir().join(format!(
+            "herald-e2e-{}-{name}-{:08x}.toml",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::write(
+            &config,
+            format!("node_name = {name:?}\nbroker_url = {broker_url:?}\napi_key = {API_KEY:?}\n"),
+        )
+        .expect("write config");
+        let mut cmd = Command::new(herald_bin());
+        cmd.args(["serve", "--dev", "--port", "0", "--config"])
+            .arg(&config);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("HERALD_BROKER_URL", broker_url)
+            .env("HERALD_NODE_NAME", name)
+            .env("HERALD_API_KEY", API_KEY)
+            .env(
+                "RUST_LOG",
+                std::env::var("HERALD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().expect("spawn herald");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(WAIT, lines.next_line())
+            .await
+            .expect("herald did not start in time")
+            .expect("read stdout")
+            .expect("herald exited before listening");
+        // "herald listening on http://127.0.0.1:PORT (WebSocket ws://…/ws)"
+        let url = line.split_whitespace().nth(3).expect("listening line");
+        let addr = url
+            .split("://")
+            .nth(1)
+            .expect("url")
+            .parse()
+            .expect("address");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Node {
+            name: name.to_owned(),
+            child: Some(child),
+            addr,
+        }
+    }
+
+    /// A handle on a node started elsewhere (for another task); it does not own the process.
+    pub fn attach(name: &str, addr: SocketAddr) -> Node {
+        Node {
+            name: name.to_owned(),
+            child: None,
+            addr,
+        }
+    }
+
+    /// Kill the process at once (a crash).
+    pub async fn kill(mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill().await;
+        }
+    }
+
+    /// Raw HTTP; returns status and body as JSON (or a JSON string when it is not JSON).
+    pub async fn http(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut stream = TcpStream::connect(self.addr).await.expect("connect API");
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {API_KEY}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(req.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
+            .await
+            .expect("API timeout")
+            .expect("read");
+        let text = String::from_utf8_lossy(&raw);
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let body = text
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b)
+            .unwrap_or_default();
+        let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
+        (status, value)
+    }
+
+    /// `POST /api/publish`; (status, body).
+    pub async fn try_publish(&self, channel: &str, data: Value, key: Option<&str>) -> (u16, Value) {
+        let mut body = json!({"channel": channel, "data": data});
+        if let Some(key) = key {
+            body["idempotency_key"] = json!(key);
+        }
+        self.http("POST", "/api/publish", Some(body)).await
+    }
+
+    /// `POST /api/publish`, asserting success; returns the offset.
+    pub async fn publish(&self, channel: &str, data: Value) -> u64 {
+        let (status, body) = self.try_publish(channel, data, None).await;
+        assert_eq!(status, 200, "publish on {}: {body}", self.name);
+        body["offset"].as_u64().expect("offset")
+    }
+
+    /// A metric's value from `/metrics` (the first line `name` or `name{…}`).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let (_, body) = self.http("GET", "/metrics", None).await;
+        let text = body.as_str().unwrap_or_default().to_owned();
+        text.lines()
+            .find(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} not found on {}", self.name))
+    }
+
+    /// A protocol client connected (anonymously, dev mode) with these subscriptions.
+    pub async fn client(&self, subs: Value) -> Client {
+        let mut c = Client::open(self.addr).await;
+        let reply = c.call("connect", json!({ "subs": subs })).await;
+        assert!(
+            reply.get("connect").is_some(),
+            "connect failed on {}: {reply}",
+            self.name
+        );
+        c.connect_reply = reply["connect"].clone();
+        c
+    }
+}
+
+/// A protocol client: splits newline-batched frames, answers pings, keeps pushes in order.
+pub struct Client {
+    ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
+    pending: VecDeque<Value>,
+    next_id: u64,
+    pub connect_reply: Value,
+    pub close_code: Option<u16>,
+}
+
+impl Client {
+    async fn open(addr: SocketAddr) -> Client {
+        let uri = format!("ws://{addr}/ws").parse().expect("uri");
+        let (ws, _) = ClientBuilder::from_uri(uri)
+            .connect()
+            .await
+            .expect("ws handshake");
+        Client {
+            ws,
+            pending: VecDeque::new(),
+            next_id: 1,
+            connect_reply: Value::Null,
+            close_code: None,
+        }
+    }
+
+    async fn send_raw(&mut self, text: String) {
+        self.ws.send(Message::text(text)).await.expect("send");
+    }
+
+    /// Send a command and wait for its reply (pushes meanwhile stay queued in order).
+    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_raw(json!({ "id": id, method: params }).to_string())
+            .await;
+        if let Some(pos) = self.pending.iter().position(|m| m["id"] == id) {
+            return self.pending.remove(pos).expect("pending");
+        }
+        loop {
+            let m = self
+                .read(WAIT)
+                .await
+                .unwrap_or_else(|| panic!("closed before reply {id}"));
+            if m["id"] == id {
+                return m;
+            }
+            self.pending.push_back(m);
+        }
+    }
+
+    /// The next message within `wait`; `None` on timeout or close.
+    pub async fn next_within(&mut self, wait: Duration) -> Option<Value> {
+        if let Some(m) = self.pending.pop_front() {
+            return Some(m);
+        }
+        self.read(wait).await
+    }
+
+    /// Collect `pub` pushes of `channel` until `count` arrived (or `wait` passes with nothing).
+    pub async fn offsets(&mut self, channel: &str, count: usize, wait: Duration) -> Vec<u64> {
+        let mut out = Vec::new();
+        while out.len() < count {
+            let Some(m) = self.next_within(wait).await else {
+                break;
+            };
+            if m["pub"]["channel"] == channel {
+                out.push(m["pub"]["offset"].as_u64().expect("offset"));
+            }
+        }
+        out
+    }
+
+    async fn read(&mut self, wait: Duration) -> Option<Value> {
+        loop {
+            if let Some(m) = self.pending.pop_front() {
+                return Some(m);
+            }
+            let msg = match tokio::time::timeout(wait, self.ws.next()).await {
+                Ok(Some(Ok(m))) => m,
+                Ok(_) => return None,
+                Err(_) => return None,
+            };
+            if let Some((code, _)) = msg.as_close() {
+                self.close_code = Some(u16::from(code));
+                return None;
+            }
+            let Some(text) = msg.as_text() else { continue };
+            let lines: Vec<Value> = text
+                .split('\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_str(l).expect("JSON from server"))
+                .collect();
+            for m in lines {
+                if m == json!({}) {
+                    self.send_raw("{}".into()).await;
+                    continue;
+                }
+                self.pending.push_back(m);
+            }
+        }
+    }
+}
