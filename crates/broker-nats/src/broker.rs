@@ -180,6 +180,7 @@ async fn connect_options(
         .connection_timeout(Duration::from_millis(config.connect_timeout_ms.max(100)))
         .request_timeout(Some(config.request_timeout()))
         .max_reconnects(None)
+        .ping_interval(Duration::from_secs(config.ping_interval_s.max(1)))
         .reconnect_delay_callback(move |attempts| {
             let exp = Duration::from_millis(50u64 << attempts.min(10));
             exp.min(max_delay)

@@ -83,6 +83,13 @@ pub struct NatsConfig {
     pub connect_timeout_ms: u64,
     /// Longest pause between reconnect attempts, in milliseconds.
     pub reconnect_max_delay_ms: u64,
+    /// Seconds between client pings; a connection that misses two is declared lost (so a silent
+    /// network partition is noticed within about twice this).
+    pub ping_interval_s: u64,
+    /// Read tails and history with direct gets, which any replica may answer. Faster on a NATS
+    /// cluster, but a lagging replica can make a catch-up look impossible; off by default (reads
+    /// go to the stream leader). No effect on a single server.
+    pub direct_reads: bool,
 }
 
 impl Default for NatsConfig {
@@ -111,6 +118,8 @@ impl Default for NatsConfig {
             request_timeout_ms: 3000,
             connect_timeout_ms: 5000,
             reconnect_max_delay_ms: 2000,
+            ping_interval_s: 10,
+            direct_reads: false,
         }
     }
 }
@@ -122,6 +131,25 @@ impl NatsConfig {
             urls: vec![url.to_owned()],
             ..NatsConfig::default()
         }
+    }
+
+    /// Use `url` (comma-separated for several servers) when no `urls` are configured: how the
+    /// server combines `broker_url` with the `[nats]` table.
+    ///
+    /// ```
+    /// use herald_broker_nats::NatsConfig;
+    /// let config = NatsConfig::default().or_url("nats://a:4222,nats://b:4222");
+    /// assert_eq!(config.urls, ["nats://a:4222", "nats://b:4222"]);
+    /// ```
+    pub fn or_url(mut self, url: &str) -> Self {
+        if self.urls.is_empty() {
+            self.urls = url
+                .split(',')
+                .map(|u| u.trim().to_owned())
+                .filter(|u| !u.is_empty())
+                .collect();
+        }
+        self
     }
 
     pub(crate) fn request_timeout(&self) -> Duration {
@@ -162,6 +190,8 @@ impl fmt::Debug for NatsConfig {
             .field("request_timeout_ms", &self.request_timeout_ms)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("reconnect_max_delay_ms", &self.reconnect_max_delay_ms)
+            .field("ping_interval_s", &self.ping_interval_s)
+            .field("direct_reads", &self.direct_reads)
             .finish()
     }
 }

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishErrorKind;
-use async_nats::jetstream::stream::DirectGetErrorKind;
+use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use herald_broker::{new_epoch, BrokerError, PublishOptions};
@@ -106,31 +106,65 @@ fn found(message: async_nats::jetstream::message::StreamMessage) -> Result<Found
 }
 
 /// The last message stored on a subject; `None` when the subject holds nothing.
+///
+/// From the stream leader (`STREAM.MSG.GET`) unless `direct_reads` is set: on a NATS cluster a
+/// direct get may be answered by a replica that lags, and a stale tail or position would cost a
+/// publish retry or, worse, make a catch-up look impossible. On one server both are the same.
 pub(crate) async fn read_last(
     inner: &Inner,
     kind: Kind,
     subject: &str,
 ) -> Result<Option<Found>, BrokerError> {
-    let get = inner.streams.of(kind).direct_get_last_for_subject(subject);
-    match inner.timed("read last", get).await? {
-        Ok(message) => found(message).map(Some),
-        Err(err) if matches!(err.kind(), DirectGetErrorKind::NotFound) => Ok(None),
+    let stream = inner.streams.of(kind);
+    let result = if inner.config.direct_reads {
+        let get = stream.direct_get_last_for_subject(subject);
+        match inner.timed("read last", get).await? {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if matches!(err.kind(), DirectGetErrorKind::NotFound) => Ok(None),
+            Err(err) => Err(err.to_string()),
+        }
+    } else {
+        let get = stream.get_last_raw_message_by_subject(subject);
+        match inner.timed("read last", get).await? {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if matches!(err.kind(), RawMessageErrorKind::NoMessageFound) => Ok(None),
+            Err(err) => Err(err.to_string()),
+        }
+    };
+    match result {
+        Ok(message) => message.map(found).transpose(),
         Err(err) => Err(BrokerError::Unavailable(format!(
             "read last of {subject}: {err}"
         ))),
     }
 }
 
-/// The message at a stream sequence; `None` when it is gone (trimmed, expired).
+/// The message at a stream sequence; `None` when it is gone (trimmed, expired). Leader or
+/// replica as for [`read_last`].
 pub(crate) async fn read_seq(
     inner: &Inner,
     kind: Kind,
     seq: u64,
 ) -> Result<Option<Found>, BrokerError> {
-    let get = inner.streams.of(kind).direct_get(seq);
-    match inner.timed("read message", get).await? {
-        Ok(message) => found(message).map(Some),
-        Err(err) if matches!(err.kind(), DirectGetErrorKind::NotFound) => Ok(None),
+    let stream = inner.streams.of(kind);
+    let result = if inner.config.direct_reads {
+        match inner.timed("read message", stream.direct_get(seq)).await? {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if matches!(err.kind(), DirectGetErrorKind::NotFound) => Ok(None),
+            Err(err) => Err(err.to_string()),
+        }
+    } else {
+        match inner
+            .timed("read message", stream.get_raw_message(seq))
+            .await?
+        {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if matches!(err.kind(), RawMessageErrorKind::NoMessageFound) => Ok(None),
+            Err(err) => Err(err.to_string()),
+        }
+    };
+    match result {
+        Ok(message) => message.map(found).transpose(),
         Err(err) => Err(BrokerError::Unavailable(format!(
             "read message {seq}: {err}"
         ))),

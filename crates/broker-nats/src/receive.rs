@@ -6,7 +6,7 @@
 //! and unsubscribing is dropping that task's subscription.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::{Event, Message, Subscriber};
 use futures_util::StreamExt;
@@ -165,6 +165,7 @@ pub(crate) async fn watch_connection(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut lost = false;
+    let mut last_slow_catchup: Option<Instant> = None;
     loop {
         let event = tokio::select! {
             event = events.recv() => event,
@@ -184,6 +185,19 @@ pub(crate) async fn watch_connection(
                 let shutdown = shutdown.clone();
                 // Off this loop, so that another disconnect is seen meanwhile.
                 tokio::spawn(async move { recover(inner, shutdown).await });
+            }
+            Some(Event::SlowConsumer(_)) => {
+                // The client dropped messages of a subscription that fell behind: the hub may
+                // have missed publications it will not notice until the next one arrives.
+                // Ask it to catch up, at most once a second.
+                if last_slow_catchup.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                    last_slow_catchup = Some(Instant::now());
+                    warn!("NATS subscription fell behind and dropped messages; catching up");
+                    inc(&inner.metrics.catchups);
+                    if let Some(handler) = inner.handler.get() {
+                        handler.on_reconnected();
+                    }
+                }
             }
             Some(_) => {}
         }

@@ -17,3 +17,25 @@ async fn conformance() {
     })
     .await;
 }
+
+/// The same suite with replica-served direct gets and an in-memory history stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_direct_reads_memory_storage() {
+    let nats = NatsServer::start();
+    let config = herald_broker_nats::NatsConfig {
+        direct_reads: true,
+        storage: herald_broker_nats::Storage::Memory,
+        stream: "HERALD_MEM".into(),
+        subject_prefix: "hmem".into(),
+        ..herald_broker_nats::NatsConfig::with_url(&nats.url())
+    };
+    herald_broker::conformance::run(|| {
+        let config = config.clone();
+        async move {
+            herald_broker_nats::connect_with(config, "conformance")
+                .await
+                .expect("connect to nats") as SharedBroker
+        }
+    })
+    .await;
+}
