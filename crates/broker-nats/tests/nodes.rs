@@ -321,6 +321,24 @@ async fn longer_history_than_the_stream_default_grows_the_stream() {
         r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
         vec![19, 20, 21, 22, 23]
     );
+    // In the stream: trimmed to 5 at offset 20 (in the background, so maybe a little later),
+    // then up to 3 appended: 5 to 8 kept, not 23.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    let stream = js.get_stream("HERALD").await.unwrap();
+    let subject = format!("herald.h.{}", herald_broker_nats::subject::escape(&short));
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let mut counts = stream.info_with_subjects(&subject).await.unwrap();
+        let mut kept = 0;
+        while let Some(entry) = futures_util::StreamExt::next(&mut counts).await {
+            kept += entry.unwrap().1;
+        }
+        if (5..=8).contains(&kept) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "background trim: {kept} kept");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
