@@ -173,6 +173,12 @@ function classify(value, text = "") {
       reason: typeof u.reason === "string" ? u.reason : ""
     };
   }
+  if (isObject(value.subscribe)) {
+    const b = value.subscribe;
+    if (typeof b.channel !== "string") return { type: "invalid", text, reason: "subscribe push without channel" };
+    const { channel, ...result } = b;
+    return { type: "subscribed", channel, result };
+  }
   if (isObject(value.disconnect)) {
     const d = value.disconnect;
     const code = typeof d.code === "number" ? d.code : 0;
@@ -579,6 +585,8 @@ var Herald = class extends Emitter {
     super();
     this._state = "disconnected";
     this.subs = /* @__PURE__ */ new Map();
+    /** Channels the server subscribed this connection to (see the `subscribed` event). */
+    this.serverSubs = /* @__PURE__ */ new Set();
     this.pending = /* @__PURE__ */ new Map();
     this.waiters = [];
     this.nextId = 1;
@@ -811,6 +819,13 @@ var Herald = class extends Emitter {
     this.emit("connected", ctx);
     if (this._state !== "connected") return;
     const results = r.subs ?? {};
+    const requested = new Set(included.map((s) => s.channel));
+    for (const [channel, res] of Object.entries(results)) {
+      if (requested.has(channel) || "error" in res) continue;
+      this.serverSubs.add(channel);
+      this.emit("subscribed", { channel, epoch: res.epoch, offset: res.offset, recoverable: res.recoverable !== false });
+    }
+    if (this._state !== "connected") return;
     for (const sub of included) {
       if (this.subs.get(sub.channel) !== sub || this._state !== "connected") continue;
       const res = results[sub.channel];
@@ -894,6 +909,7 @@ var Herald = class extends Emitter {
     this.clearTimer("pingTimer");
     this.clearTimer("refreshTimer");
     this._clientId = void 0;
+    this.serverSubs.clear();
     const pending = [...this.pending.values()];
     this.pending.clear();
     for (const sub of this.subs.values()) {
@@ -934,6 +950,7 @@ var Herald = class extends Emitter {
       case "pub": {
         const sub = this.subs.get(msg.channel);
         if (!sub) {
+          if (!this.serverSubs.has(msg.channel)) return;
           const ctx = { channel: msg.channel, offset: msg.pub.offset, data: msg.pub.data };
           if (msg.pub.info) ctx.info = msg.pub.info;
           this.emit("publication", ctx);
@@ -946,12 +963,29 @@ var Herald = class extends Emitter {
       case "leave": {
         const sub = this.subs.get(msg.channel);
         if (sub) sub._applyPresence(msg.type, msg.info);
-        else this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        else if (this.serverSubs.has(msg.channel)) this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        return;
+      }
+      case "subscribed": {
+        if (this.subs.has(msg.channel)) return;
+        this.serverSubs.add(msg.channel);
+        const r = msg.result;
+        this.emit("subscribed", {
+          channel: msg.channel,
+          epoch: String(r.epoch ?? ""),
+          offset: typeof r.offset === "number" ? r.offset : 0,
+          recoverable: r.recoverable !== false
+        });
         return;
       }
       case "unsub": {
         const sub = this.subs.get(msg.channel);
-        if (!sub) return;
+        if (!sub) {
+          if (this.serverSubs.delete(msg.channel)) {
+            this.emit("unsubscribed", { channel: msg.channel, code: msg.code, reason: msg.reason });
+          }
+          return;
+        }
         if (shouldResubscribe(msg.code)) {
           this.resync(sub, false);
         } else {

@@ -97,7 +97,14 @@ export interface HeraldEvents {
   /** The client stopped and will not reconnect on its own. */
   disconnected: StateContext;
   error: ErrorContext;
-  /** Publications of channels the server subscribed this connection to (token `channels` claim). */
+  /**
+   * Server-side subscriptions: channels the server subscribed this connection to (token `channels`
+   * claim, or the server API). `subscribed` / `unsubscribed` mark their lifetime; their
+   * publications, joins and leaves arrive as client events. They are not restored with `since`
+   * after a reconnect: use `subscribe()` for channels that need the delivery guarantee.
+   */
+  subscribed: { channel: string; epoch: string; offset: number; recoverable: boolean };
+  unsubscribed: { channel: string; code: number; reason: string };
   publication: PublicationContext;
   join: { channel: string; info: ClientInfo };
   leave: { channel: string; info: ClientInfo };
@@ -132,6 +139,8 @@ export class Herald extends Emitter<HeraldEvents> {
   private _state: ConnectionState = 'disconnected';
   private transport: Transport | undefined;
   private readonly subs = new Map<string, Subscription<never>>();
+  /** Channels the server subscribed this connection to (see the `subscribed` event). */
+  private readonly serverSubs = new Set<string>();
   private readonly pending = new Map<number, Pending>();
   private waiters: Waiter[] = [];
   private nextId = 1;
@@ -406,6 +415,13 @@ export class Herald extends Emitter<HeraldEvents> {
     if (this._state !== 'connected') return; // a listener disconnected us
 
     const results = r.subs ?? {};
+    const requested = new Set(included.map((s) => s.channel));
+    for (const [channel, res] of Object.entries(results)) {
+      if (requested.has(channel) || 'error' in res) continue;
+      this.serverSubs.add(channel);
+      this.emit('subscribed', { channel, epoch: res.epoch, offset: res.offset, recoverable: res.recoverable !== false });
+    }
+    if (this._state !== 'connected') return;
     for (const sub of included) {
       if (this.subs.get(sub.channel) !== sub || this._state !== 'connected') continue;
       const res = results[sub.channel];
@@ -499,6 +515,7 @@ export class Herald extends Emitter<HeraldEvents> {
     this.clearTimer('pingTimer');
     this.clearTimer('refreshTimer');
     this._clientId = undefined;
+    this.serverSubs.clear();
     const pending = [...this.pending.values()];
     this.pending.clear();
     for (const sub of this.subs.values()) {
@@ -545,6 +562,8 @@ export class Herald extends Emitter<HeraldEvents> {
       case 'pub': {
         const sub = this.subs.get(msg.channel);
         if (!sub) {
+          // Neither ours nor the server's: a late one from a channel we just unsubscribed.
+          if (!this.serverSubs.has(msg.channel)) return;
           const ctx: PublicationContext = { channel: msg.channel, offset: msg.pub.offset, data: msg.pub.data };
           if (msg.pub.info) ctx.info = msg.pub.info;
           this.emit('publication', ctx);
@@ -557,12 +576,29 @@ export class Herald extends Emitter<HeraldEvents> {
       case 'leave': {
         const sub = this.subs.get(msg.channel);
         if (sub) sub._applyPresence(msg.type, msg.info);
-        else this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        else if (this.serverSubs.has(msg.channel)) this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        return;
+      }
+      case 'subscribed': {
+        if (this.subs.has(msg.channel)) return; // ours already; the server would not do this
+        this.serverSubs.add(msg.channel);
+        const r = msg.result;
+        this.emit('subscribed', {
+          channel: msg.channel,
+          epoch: String(r.epoch ?? ''),
+          offset: typeof r.offset === 'number' ? r.offset : 0,
+          recoverable: r.recoverable !== false,
+        });
         return;
       }
       case 'unsub': {
         const sub = this.subs.get(msg.channel);
-        if (!sub) return;
+        if (!sub) {
+          if (this.serverSubs.delete(msg.channel)) {
+            this.emit('unsubscribed', { channel: msg.channel, code: msg.code, reason: msg.reason });
+          }
+          return;
+        }
         if (shouldResubscribe(msg.code)) {
           this.resync(sub, false);
         } else {

@@ -76,6 +76,8 @@ export type ServerMessage =
   | { type: 'leave'; channel: string; info: ClientInfo }
   | { type: 'unsub'; channel: string; code: number; reason: string }
   | { type: 'disconnect'; code: number; reason: string; reconnect: boolean; afterMs?: number }
+  /** The server subscribed this connection (server API `subscribe`); not a reply, it has no id. */
+  | { type: 'subscribed'; channel: string; result: SubscribeResult }
   | { type: 'unknown'; raw: unknown }
   | { type: 'invalid'; text: string; reason: string };
 
@@ -167,6 +169,12 @@ export function classify(value: unknown, text = ''): ServerMessage {
       code: typeof u.code === 'number' ? u.code : 0,
       reason: typeof u.reason === 'string' ? u.reason : '',
     };
+  }
+  if (isObject(value.subscribe)) {
+    const b = value.subscribe;
+    if (typeof b.channel !== 'string') return { type: 'invalid', text, reason: 'subscribe push without channel' };
+    const { channel, ...result } = b;
+    return { type: 'subscribed', channel, result: result as unknown as SubscribeResult };
   }
   if (isObject(value.disconnect)) {
     const d = value.disconnect;

@@ -658,3 +658,49 @@ describe('ready()', () => {
     expect(h.getSubscription('chat')).toBe(sub);
   });
 });
+
+describe('server-side subscriptions', () => {
+  it('reports token channels from connect and the API subscribe push, and their publications', async () => {
+    const h = client();
+    const events: string[] = [];
+    h.on('subscribed', (c) => events.push(`subscribed:${c.channel}`));
+    h.on('unsubscribed', (c) => events.push(`unsubscribed:${c.channel}:${c.code}`));
+    h.on('publication', (p) => events.push(`pub:${p.channel}:${p.offset}`));
+    h.subscribe('mine');
+    h.connect();
+    await flush();
+    const s = FakeSocket.last();
+    s.accept({
+      subs: {
+        mine: { epoch: 'M', offset: 0, recoverable: true },
+        'user:ann': { epoch: 'U', offset: 5, recoverable: true },
+      },
+    });
+    s.push({ subscribe: { channel: 'news', epoch: 'N', offset: 1, recoverable: true } });
+    s.push({ pub: { channel: 'user:ann', offset: 6, data: 0 } });
+    s.push({ pub: { channel: 'news', offset: 2, data: 0 } });
+    s.push({ pub: { channel: 'stranger', offset: 1, data: 0 } }); // not subscribed: dropped
+    s.push({ unsub: { channel: 'news', code: 2000, reason: 'unsubscribed by the server' } });
+    s.push({ pub: { channel: 'news', offset: 3, data: 0 } }); // after unsub: dropped
+    expect(events).toEqual([
+      'subscribed:user:ann',
+      'subscribed:news',
+      'pub:user:ann:6',
+      'pub:news:2',
+      'unsubscribed:news:2000',
+    ]);
+  });
+
+  it('does not report publications of a channel it just unsubscribed from', async () => {
+    const h = client();
+    const seen: string[] = [];
+    h.on('publication', (p) => seen.push(p.channel));
+    const sub = h.subscribe('chat');
+    h.connect();
+    await flush();
+    FakeSocket.last().accept({ subs: { chat: { epoch: 'A', offset: 0, recoverable: true } } });
+    sub.unsubscribe();
+    FakeSocket.last().push({ pub: { channel: 'chat', offset: 1, data: 0 } });
+    expect(seen).toEqual([]);
+  });
+});

@@ -114,3 +114,14 @@ describe('classify', () => {
     expect(classify({ unsub: { code: 1 } }).type).toBe('invalid');
   });
 });
+
+describe('server-side subscribe push', () => {
+  it('is told apart from a reply by the missing id', () => {
+    expect(classify({ subscribe: { channel: 'news', epoch: 'e', offset: 3, recoverable: true } })).toEqual({
+      type: 'subscribed',
+      channel: 'news',
+      result: { epoch: 'e', offset: 3, recoverable: true },
+    });
+    expect(classify({ id: 4, subscribe: { epoch: 'e', offset: 3, recoverable: true } })).toMatchObject({ type: 'reply' });
+  });
+});
