@@ -568,3 +568,19 @@ async fn nats_restart_fails_fast_then_loses_nothing() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_nats_fails_connect_quickly() {
+    let port = herald_testkit::free_port();
+    let cfg = NatsConfig {
+        connect_timeout_ms: 500,
+        ..NatsConfig::with_url(&format!("nats://127.0.0.1:{port}"))
+    };
+    let t = Instant::now();
+    let err = herald_broker_nats::connect_with(cfg, "a")
+        .await
+        .err()
+        .expect("no server there");
+    assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+}
