@@ -111,8 +111,14 @@ async fn started(broker: &SharedBroker) -> Arc<Recorder> {
 pub async fn publish_assigns_consecutive_offsets(broker: SharedBroker) {
     let _rec = started(&broker).await;
     let ch = unique("offsets");
-    let a = broker.publish(&ch, Bytes::from_static(b"1"), None, &opts(10)).await.unwrap();
-    let b = broker.publish(&ch, Bytes::from_static(b"2"), None, &opts(10)).await.unwrap();
+    let a = broker
+        .publish(&ch, Bytes::from_static(b"1"), None, &opts(10))
+        .await
+        .unwrap();
+    let b = broker
+        .publish(&ch, Bytes::from_static(b"2"), None, &opts(10))
+        .await
+        .unwrap();
     assert_eq!((a.offset, b.offset), (1, 2));
     assert_eq!(a.epoch, b.epoch);
 }
@@ -149,9 +155,15 @@ pub async fn history_and_recovery(broker: SharedBroker) {
         offset: 0,
     };
     for i in 1..=8 {
-        last = broker.publish(&ch, Bytes::from(i.to_string()), None, &o).await.unwrap();
+        last = broker
+            .publish(&ch, Bytes::from(i.to_string()), None, &o)
+            .await
+            .unwrap();
     }
-    let all = broker.history(&ch, &HistoryQuery::default(), &o.stream).await.unwrap();
+    let all = broker
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
     assert_eq!(all.position, last);
     let offsets: Vec<u64> = all.publications.iter().map(|p| p.offset).collect();
     assert_eq!(offsets, vec![4, 5, 6, 7, 8]);
@@ -167,17 +179,32 @@ pub async fn history_and_recovery(broker: SharedBroker) {
     assert!(ok.continuous);
     assert_eq!(ok.publications.len(), 5);
     let gone = broker.history(&ch, &since(2), &o.stream).await.unwrap();
-    assert!(!gone.continuous && gone.publications.is_empty(), "never partial");
+    assert!(
+        !gone.continuous && gone.publications.is_empty(),
+        "never partial"
+    );
     let current = broker.history(&ch, &since(8), &o.stream).await.unwrap();
     assert!(current.continuous && current.publications.is_empty());
     let mut wrong_epoch = since(7);
     wrong_epoch.since.as_mut().unwrap().epoch = "not-the-epoch".into();
-    assert!(!broker.history(&ch, &wrong_epoch, &o.stream).await.unwrap().continuous);
+    assert!(
+        !broker
+            .history(&ch, &wrong_epoch, &o.stream)
+            .await
+            .unwrap()
+            .continuous
+    );
 
     // Without history, offsets still advance and the position is readable.
     let none = unique("nohistory");
-    broker.publish(&none, Bytes::from_static(b"1"), None, &opts(0)).await.unwrap();
-    let h = broker.history(&none, &HistoryQuery::default(), &opts(0).stream).await.unwrap();
+    broker
+        .publish(&none, Bytes::from_static(b"1"), None, &opts(0))
+        .await
+        .unwrap();
+    let h = broker
+        .history(&none, &HistoryQuery::default(), &opts(0).stream)
+        .await
+        .unwrap();
     assert_eq!(h.position.offset, 1);
     assert!(h.publications.is_empty());
 }
@@ -188,10 +215,19 @@ pub async fn idempotent_publish(broker: SharedBroker) {
     let ch = unique("idem");
     let mut o = opts(10);
     o.idempotency_key = Some("k1".into());
-    let a = broker.publish(&ch, Bytes::from_static(b"1"), None, &o).await.unwrap();
-    let b = broker.publish(&ch, Bytes::from_static(b"1"), None, &o).await.unwrap();
+    let a = broker
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    let b = broker
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
     assert_eq!(a, b);
-    let h = broker.history(&ch, &HistoryQuery::default(), &o.stream).await.unwrap();
+    let h = broker
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
     assert_eq!(h.publications.len(), 1);
 }
 
@@ -206,8 +242,13 @@ pub async fn presence_add_list_remove(broker: SharedBroker) {
     };
     broker.add_presence(&ch, &who("a")).await.unwrap();
     broker.add_presence(&ch, &who("b")).await.unwrap();
-    let mut clients: Vec<String> =
-        broker.presence(&ch).await.unwrap().into_iter().map(|c| c.client).collect();
+    let mut clients: Vec<String> = broker
+        .presence(&ch)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.client)
+        .collect();
     clients.sort();
     assert_eq!(clients, vec!["a", "b"]);
     broker.remove_presence(&ch, "a").await.unwrap();
@@ -225,5 +266,8 @@ pub async fn control_reaches_every_node(broker: SharedBroker) {
         code: 4502,
     };
     broker.publish_control(&msg).await.unwrap();
-    eventually("control message", || rec.controls.lock().unwrap().contains(&msg)).await;
+    eventually("control message", || {
+        rec.controls.lock().unwrap().contains(&msg)
+    })
+    .await;
 }

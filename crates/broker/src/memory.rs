@@ -280,7 +280,12 @@ fn read_history(stream: &Stream, query: &HistoryQuery) -> HistoryResult {
         }
         None => {
             let skip = stream.entries.len().saturating_sub(limit);
-            let pubs = stream.entries.iter().skip(skip).map(|(p, _)| p.clone()).collect();
+            let pubs = stream
+                .entries
+                .iter()
+                .skip(skip)
+                .map(|(p, _)| p.clone())
+                .collect();
             (pubs, true)
         }
     };

@@ -4,5 +4,6 @@ use herald_broker::{MemoryBroker, SharedBroker};
 
 #[tokio::test]
 async fn memory_broker_conforms() {
-    herald_broker::conformance::run(|| async { Arc::new(MemoryBroker::new()) as SharedBroker }).await;
+    herald_broker::conformance::run(|| async { Arc::new(MemoryBroker::new()) as SharedBroker })
+        .await;
 }

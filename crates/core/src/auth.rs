@@ -57,7 +57,9 @@ pub struct TokenVerifier {
 impl TokenVerifier {
     /// Load the keys named in the config.
     pub fn from_config(config: &Config) -> Result<Self, String> {
-        let pem = |text: &Option<String>, file: &Option<std::path::PathBuf>| -> Result<Option<Vec<u8>>, String> {
+        let pem = |text: &Option<String>,
+                   file: &Option<std::path::PathBuf>|
+         -> Result<Option<Vec<u8>>, String> {
             if let Some(t) = text {
                 return Ok(Some(t.as_bytes().to_vec()));
             }
@@ -68,12 +70,18 @@ impl TokenVerifier {
                 None => Ok(None),
             }
         };
-        let rsa = pem(&config.token_rsa_public_key, &config.token_rsa_public_key_file)?
-            .map(|p| DecodingKey::from_rsa_pem(&p).map_err(|e| format!("RSA public key: {e}")))
-            .transpose()?;
-        let ecdsa = pem(&config.token_ecdsa_public_key, &config.token_ecdsa_public_key_file)?
-            .map(|p| DecodingKey::from_ec_pem(&p).map_err(|e| format!("ECDSA public key: {e}")))
-            .transpose()?;
+        let rsa = pem(
+            &config.token_rsa_public_key,
+            &config.token_rsa_public_key_file,
+        )?
+        .map(|p| DecodingKey::from_rsa_pem(&p).map_err(|e| format!("RSA public key: {e}")))
+        .transpose()?;
+        let ecdsa = pem(
+            &config.token_ecdsa_public_key,
+            &config.token_ecdsa_public_key_file,
+        )?
+        .map(|p| DecodingKey::from_ec_pem(&p).map_err(|e| format!("ECDSA public key: {e}")))
+        .transpose()?;
         Ok(TokenVerifier {
             hmac: config
                 .token_hmac_secret
@@ -91,12 +99,17 @@ impl TokenVerifier {
     }
 
     fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AuthError> {
-        let header = jsonwebtoken::decode_header(token).map_err(|e| AuthError::Invalid(e.to_string()))?;
+        let header =
+            jsonwebtoken::decode_header(token).map_err(|e| AuthError::Invalid(e.to_string()))?;
         let key = match header.alg {
             Algorithm::HS256 => self.hmac.as_ref(),
             Algorithm::RS256 => self.rsa.as_ref(),
             Algorithm::ES256 => self.ecdsa.as_ref(),
-            other => return Err(AuthError::Invalid(format!("algorithm {other:?} is not accepted"))),
+            other => {
+                return Err(AuthError::Invalid(format!(
+                    "algorithm {other:?} is not accepted"
+                )))
+            }
         }
         .ok_or_else(|| AuthError::Invalid(format!("no key configured for {:?}", header.alg)))?;
         let mut validation = Validation::new(header.alg);
@@ -118,7 +131,12 @@ impl TokenVerifier {
     }
 
     /// Verify a subscription token for `channel` held by `user`.
-    pub fn subscription(&self, token: &str, user: &str, channel: &str) -> Result<SubscriptionClaims, AuthError> {
+    pub fn subscription(
+        &self,
+        token: &str,
+        user: &str,
+        channel: &str,
+    ) -> Result<SubscriptionClaims, AuthError> {
         let claims: SubscriptionClaims = self.decode(token)?;
         if claims.channel != channel {
             return Err(AuthError::Invalid("token is for another channel".into()));
@@ -144,16 +162,27 @@ mod tests {
     }
 
     fn hs(claims: serde_json::Value, secret: &str) -> String {
-        encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes())).unwrap()
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret.as_bytes()),
+        )
+        .unwrap()
     }
 
     fn now() -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
     }
 
     #[test]
     fn accepts_valid_hs256() {
-        let t = hs(serde_json::json!({"sub": "alice", "exp": now() + 60, "channels": ["a"], "info": {"n": 1}}), "s3cret");
+        let t = hs(
+            serde_json::json!({"sub": "alice", "exp": now() + 60, "channels": ["a"], "info": {"n": 1}}),
+            "s3cret",
+        );
         let c = verifier().connection(&t).unwrap();
         assert_eq!(c.sub, "alice");
         assert_eq!(c.channels, vec!["a"]);
@@ -163,15 +192,27 @@ mod tests {
     #[test]
     fn expired_and_forged_tokens() {
         let expired = hs(serde_json::json!({"sub": "a", "exp": now() - 5}), "s3cret");
-        assert_eq!(verifier().connection(&expired).unwrap_err(), AuthError::Expired);
+        assert_eq!(
+            verifier().connection(&expired).unwrap_err(),
+            AuthError::Expired
+        );
         let forged = hs(serde_json::json!({"sub": "a"}), "wrong");
-        assert!(matches!(verifier().connection(&forged), Err(AuthError::Invalid(_))));
-        assert!(matches!(verifier().connection("garbage"), Err(AuthError::Invalid(_))));
+        assert!(matches!(
+            verifier().connection(&forged),
+            Err(AuthError::Invalid(_))
+        ));
+        assert!(matches!(
+            verifier().connection("garbage"),
+            Err(AuthError::Invalid(_))
+        ));
     }
 
     #[test]
     fn subscription_token_binds_user_and_channel() {
-        let t = hs(serde_json::json!({"sub": "bob", "channel": "priv:x"}), "s3cret");
+        let t = hs(
+            serde_json::json!({"sub": "bob", "channel": "priv:x"}),
+            "s3cret",
+        );
         assert!(verifier().subscription(&t, "bob", "priv:x").is_ok());
         assert!(verifier().subscription(&t, "eve", "priv:x").is_err());
         assert!(verifier().subscription(&t, "bob", "priv:y").is_err());

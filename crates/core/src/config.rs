@@ -123,13 +123,18 @@ impl Config {
             return Err("tls_cert and tls_key go together".into());
         }
         for ns in &self.namespaces {
-            if ns.name.is_empty() || !ns.name.bytes().all(crate::namespace::is_name_byte) || ns.name.contains(':') {
+            if ns.name.is_empty()
+                || !ns.name.bytes().all(crate::namespace::is_name_byte)
+                || ns.name.contains(':')
+            {
                 return Err(format!("bad namespace name {:?}", ns.name));
             }
         }
         let l = &self.limits;
         if l.max_frame_bytes < 128 || l.outbound_queue_bytes < l.max_frame_bytes {
-            return Err("limits: max_frame_bytes ≥ 128 and outbound_queue_bytes ≥ max_frame_bytes".into());
+            return Err(
+                "limits: max_frame_bytes ≥ 128 and outbound_queue_bytes ≥ max_frame_bytes".into(),
+            );
         }
         Ok(())
     }

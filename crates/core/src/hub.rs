@@ -140,7 +140,9 @@ impl Hub {
                 broker,
                 metrics,
                 shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-                transitions: (0..TRANSITION_STRIPES).map(|_| tokio::sync::Mutex::new(())).collect(),
+                transitions: (0..TRANSITION_STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
                 registry: Mutex::default(),
                 nodes: Mutex::default(),
                 next_key: AtomicU64::new(1),
@@ -193,7 +195,10 @@ impl Hub {
     pub fn register(&self, client: Arc<str>, user: Arc<str>, out: Arc<Outbound>) -> ConnKey {
         let key = ConnKey(self.shared.next_key.fetch_add(1, Ordering::Relaxed));
         let mut reg = self.shared.registry.lock().expect("registry lock");
-        reg.users.entry(user.clone()).or_default().push(client.clone());
+        reg.users
+            .entry(user.clone())
+            .or_default()
+            .push(client.clone());
         reg.clients.insert(client, ClientEntry { user, out });
         key
     }
@@ -213,7 +218,12 @@ impl Hub {
 
     /// Number of registered connections.
     pub fn connection_count(&self) -> usize {
-        self.shared.registry.lock().expect("registry lock").clients.len()
+        self.shared
+            .registry
+            .lock()
+            .expect("registry lock")
+            .clients
+            .len()
     }
 
     /// Ask every connection to close (drain on shutdown); `request` picks each one's hint.
@@ -240,7 +250,9 @@ impl Hub {
     ) -> Result<SubscribeResult, BrokerError> {
         let opts = ns.stream_options();
         {
-            let _transition = self.shared.transitions[stripe(channel, TRANSITION_STRIPES)].lock().await;
+            let _transition = self.shared.transitions[stripe(channel, TRANSITION_STRIPES)]
+                .lock()
+                .await;
             let first = {
                 let mut shard = self.shard(channel).lock().expect("hub lock");
                 let first = !shard.contains_key(channel);
@@ -294,14 +306,20 @@ impl Hub {
     /// position) and switch the subscriber to live delivery.
     pub fn activate(&self, channel: &str, key: ConnKey, position: &StreamPosition) {
         let mut shard = self.shard(channel).lock().expect("hub lock");
-        let Some(ch) = shard.get_mut(channel) else { return };
+        let Some(ch) = shard.get_mut(channel) else {
+            return;
+        };
         if ch.last_offset.is_none() {
             ch.last_offset = Some(position.offset);
             ch.epoch = Some(position.epoch.clone());
         }
-        let Some(sub) = ch.subscribers.get_mut(&key) else { return };
+        let Some(sub) = ch.subscribers.get_mut(&key) else {
+            return;
+        };
         let top = position.offset;
-        if let Mode::Pending(waiting) = std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top }) {
+        if let Mode::Pending(waiting) =
+            std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top })
+        {
             for p in waiting.iter().filter(|p| p.offset > top) {
                 sub.out.push(push_publication(channel, p));
             }
@@ -322,8 +340,12 @@ impl Hub {
 
     /// Remove a subscription; the last local subscriber unsubscribes the node at the broker.
     pub async fn unsubscribe(&self, channel: &str, key: ConnKey) {
-        let _transition = self.shared.transitions[stripe(channel, TRANSITION_STRIPES)].lock().await;
-        let Some(last) = self.remove_subscriber(channel, key) else { return };
+        let _transition = self.shared.transitions[stripe(channel, TRANSITION_STRIPES)]
+            .lock()
+            .await;
+        let Some(last) = self.remove_subscriber(channel, key) else {
+            return;
+        };
         self.shared.metrics.subscriptions.dec();
         if last {
             self.shared.metrics.channels.dec();
@@ -338,7 +360,11 @@ impl Hub {
         let mut all = Vec::new();
         for shard in self.shared.shards.iter() {
             let shard = shard.lock().expect("hub lock");
-            all.extend(shard.iter().map(|(name, ch)| (name.to_string(), ch.subscribers.len())));
+            all.extend(
+                shard
+                    .iter()
+                    .map(|(name, ch)| (name.to_string(), ch.subscribers.len())),
+            );
         }
         all
     }
@@ -365,7 +391,13 @@ impl Hub {
     /// Deliver one publication if it is the next offset; skip it if already delivered.
     ///
     /// Lock: the channel's shard lock is held.
-    fn deliver_in_order(&self, channel: &str, ch: &mut Channel, epoch: &str, p: Publication) -> Result<(), Gap> {
+    fn deliver_in_order(
+        &self,
+        channel: &str,
+        ch: &mut Channel,
+        epoch: &str,
+        p: Publication,
+    ) -> Result<(), Gap> {
         if ch.epoch.as_deref().is_some_and(|e| e != epoch) {
             // The stream was recreated: positions clients hold mean nothing any more.
             self.lose_continuity(ch, "stream epoch changed");
@@ -423,14 +455,32 @@ impl Hub {
         });
     }
 
-    fn finish_catchup(&self, channel: &str, history: Result<herald_broker::HistoryResult, BrokerError>) {
+    fn finish_catchup(
+        &self,
+        channel: &str,
+        history: Result<herald_broker::HistoryResult, BrokerError>,
+    ) {
         let mut shard = self.shard(channel).lock().expect("hub lock");
-        let Some(ch) = shard.get_mut(channel) else { return };
+        let Some(ch) = shard.get_mut(channel) else {
+            return;
+        };
         let waiting = ch.catchup.take().unwrap_or_default();
         let history = match history {
             Ok(h) if h.continuous => h,
-            Ok(_) => return self.lose_continuity_and_restart(ch, waiting, "history no longer holds the gap"),
-            Err(e) => return self.lose_continuity_and_restart(ch, waiting, &format!("catch-up failed: {e}")),
+            Ok(_) => {
+                return self.lose_continuity_and_restart(
+                    ch,
+                    waiting,
+                    "history no longer holds the gap",
+                )
+            }
+            Err(e) => {
+                return self.lose_continuity_and_restart(
+                    ch,
+                    waiting,
+                    &format!("catch-up failed: {e}"),
+                )
+            }
         };
         let epoch = history.position.epoch.clone();
         let mut rest = history.publications.into_iter().chain(waiting);
@@ -451,7 +501,11 @@ impl Hub {
     /// Close every subscriber of the channel with 4003 so its client recovers (or learns it
     /// cannot).
     fn lose_continuity(&self, ch: &mut Channel, why: &str) {
-        tracing::warn!(subscribers = ch.subscribers.len(), why, "channel continuity lost");
+        tracing::warn!(
+            subscribers = ch.subscribers.len(),
+            why,
+            "channel continuity lost"
+        );
         for sub in ch.subscribers.values() {
             sub.out.close(CloseRequest {
                 code: CloseCode::INSUFFICIENT_STATE,
@@ -531,7 +585,12 @@ impl Hub {
     fn find(&self, user: Option<&str>, client: Option<&str>) -> Vec<Arc<Outbound>> {
         let reg = self.shared.registry.lock().expect("registry lock");
         if let Some(client) = client {
-            return reg.clients.get(client).map(|e| e.out.clone()).into_iter().collect();
+            return reg
+                .clients
+                .get(client)
+                .map(|e| e.out.clone())
+                .into_iter()
+                .collect();
         }
         let Some(user) = user else { return Vec::new() };
         reg.users
@@ -577,7 +636,11 @@ mod tests {
     }
 
     async fn hub() -> Hub {
-        let hub = Hub::new("test".into(), Arc::new(MemoryBroker::new()), Arc::new(Metrics::new()));
+        let hub = Hub::new(
+            "test".into(),
+            Arc::new(MemoryBroker::new()),
+            Arc::new(Metrics::new()),
+        );
         hub.start().await.unwrap();
         hub
     }
@@ -599,7 +662,10 @@ mod tests {
                 stream: ns().stream_options(),
                 idempotency_key: None,
             };
-            hub.broker().publish(channel, Bytes::from(i.to_string()), None, &opts).await.unwrap();
+            hub.broker()
+                .publish(channel, Bytes::from(i.to_string()), None, &opts)
+                .await
+                .unwrap();
         }
     }
 
@@ -609,11 +675,18 @@ mod tests {
         let out = Arc::new(Outbound::new(1 << 20));
         let key = hub.register("c1".into(), "u".into(), out.clone());
         publish(&hub, "ch", 3).await;
-        let since = hub.prepare_subscription("ch", key, &out, None, &ns()).await.unwrap().position;
+        let since = hub
+            .prepare_subscription("ch", key, &out, None, &ns())
+            .await
+            .unwrap()
+            .position;
         assert_eq!(since.offset, 3);
         // Published while the reply is being built: kept, then queued after it.
         publish(&hub, "ch", 2).await;
-        assert!(out.drain().frames.is_empty(), "nothing goes out before the reply");
+        assert!(
+            out.drain().frames.is_empty(),
+            "nothing goes out before the reply"
+        );
         hub.activate("ch", key, &since);
         publish(&hub, "ch", 1).await;
         assert_eq!(offsets(&out), vec![4, 5, 6]);
@@ -624,18 +697,34 @@ mod tests {
         let hub = hub().await;
         let out = Arc::new(Outbound::new(1 << 20));
         let key = hub.register("c1".into(), "u".into(), out.clone());
-        let pos = hub.prepare_subscription("ch", key, &out, None, &ns()).await.unwrap().position;
+        let pos = hub
+            .prepare_subscription("ch", key, &out, None, &ns())
+            .await
+            .unwrap()
+            .position;
         hub.activate("ch", key, &pos);
         publish(&hub, "ch", 2).await;
         // Simulate a lost broker message: publish offsets 3 and 4 into history without delivery,
         // then deliver 5 directly.
         let opts = PublishOptions::default();
-        let p3 = hub.broker().history("ch", &HistoryQuery::default(), &opts.stream).await.unwrap();
+        let p3 = hub
+            .broker()
+            .history("ch", &HistoryQuery::default(), &opts.stream)
+            .await
+            .unwrap();
         assert_eq!(p3.position.offset, 2);
         let epoch = p3.position.epoch.clone();
         // Offset 4 arrives after 2: the hub asks history for 3, which was never stored, so it
         // cannot guarantee continuity and closes the subscriber with 4003.
-        hub.deliver("ch", &epoch, Publication { offset: 4, data: Bytes::from_static(b"4"), info: None });
+        hub.deliver(
+            "ch",
+            &epoch,
+            Publication {
+                offset: 4,
+                data: Bytes::from_static(b"4"),
+                info: None,
+            },
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
         let drained = out.drain();
         assert_eq!(drained.frames.len(), 2);
@@ -647,10 +736,18 @@ mod tests {
         let hub = hub().await;
         let out = Arc::new(Outbound::new(1 << 20));
         let key = hub.register("c1".into(), "u".into(), out.clone());
-        let pos = hub.prepare_subscription("ch", key, &out, None, &ns()).await.unwrap().position;
+        let pos = hub
+            .prepare_subscription("ch", key, &out, None, &ns())
+            .await
+            .unwrap()
+            .position;
         hub.activate("ch", key, &pos);
         publish(&hub, "ch", 2).await;
-        let p = Publication { offset: 2, data: Bytes::from_static(b"x"), info: None };
+        let p = Publication {
+            offset: 2,
+            data: Bytes::from_static(b"x"),
+            info: None,
+        };
         hub.deliver("ch", &pos.epoch, p);
         assert_eq!(offsets(&out), vec![1, 2]);
     }
@@ -660,7 +757,11 @@ mod tests {
         let hub = hub().await;
         let out = Arc::new(Outbound::new(1 << 20));
         let key = hub.register("c1".into(), "u".into(), out.clone());
-        let pos = hub.prepare_subscription("ch", key, &out, None, &ns()).await.unwrap().position;
+        let pos = hub
+            .prepare_subscription("ch", key, &out, None, &ns())
+            .await
+            .unwrap()
+            .position;
         hub.activate("ch", key, &pos);
         assert_eq!(hub.channels(), vec![("ch".to_string(), 1)]);
         hub.unsubscribe("ch", key).await;

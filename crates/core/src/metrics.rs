@@ -62,11 +62,27 @@ impl Metrics {
         }
         Metrics {
             connections: reg!("connections", "Open client connections", Gauge::default()),
-            connections_accepted: reg!("connections_accepted", "Connections accepted", Counter::default()),
+            connections_accepted: reg!(
+                "connections_accepted",
+                "Connections accepted",
+                Counter::default()
+            ),
             subscriptions: reg!("subscriptions", "Client subscriptions", Gauge::default()),
-            channels: reg!("channels", "Channels with local subscribers", Gauge::default()),
-            commands: reg!("commands", "Commands received from clients", Counter::default()),
-            publications: reg!("publications", "Publications accepted by this node", Counter::default()),
+            channels: reg!(
+                "channels",
+                "Channels with local subscribers",
+                Gauge::default()
+            ),
+            commands: reg!(
+                "commands",
+                "Commands received from clients",
+                Counter::default()
+            ),
+            publications: reg!(
+                "publications",
+                "Publications accepted by this node",
+                Counter::default()
+            ),
             publications_received: reg!(
                 "hub_publications_received",
                 "Publications received from the broker",
@@ -77,11 +93,31 @@ impl Metrics {
                 "Publications received for channels without local subscribers",
                 Counter::default()
             ),
-            deliveries: reg!("deliveries", "Publications queued to connections", Counter::default()),
-            slow_consumers: reg!("slow_consumers", "Connections closed as slow consumers (4001)", Counter::default()),
-            recovered: reg!("recovered", "Subscriptions recovered from history", Counter::default()),
-            recovery_failed: reg!("recovery_failed", "Subscriptions that could not recover", Counter::default()),
-            catchups: reg!("catchups", "Catch-ups from history after a gap or broker reconnect", Counter::default()),
+            deliveries: reg!(
+                "deliveries",
+                "Publications queued to connections",
+                Counter::default()
+            ),
+            slow_consumers: reg!(
+                "slow_consumers",
+                "Connections closed as slow consumers (4001)",
+                Counter::default()
+            ),
+            recovered: reg!(
+                "recovered",
+                "Subscriptions recovered from history",
+                Counter::default()
+            ),
+            recovery_failed: reg!(
+                "recovery_failed",
+                "Subscriptions that could not recover",
+                Counter::default()
+            ),
+            catchups: reg!(
+                "catchups",
+                "Catch-ups from history after a gap or broker reconnect",
+                Counter::default()
+            ),
             continuity_lost: reg!(
                 "continuity_lost",
                 "Connections closed with 4003 because continuity was lost",

@@ -18,7 +18,10 @@ pub fn is_name_byte(b: u8) -> bool {
 /// Check a channel name's length and alphabet.
 pub fn validate_channel(channel: &str) -> Result<(), (ErrorCode, String)> {
     if channel.is_empty() || channel.len() > MAX_CHANNEL_LEN {
-        return Err((ErrorCode::BadRequest, format!("channel name must be 1 to {MAX_CHANNEL_LEN} bytes")));
+        return Err((
+            ErrorCode::BadRequest,
+            format!("channel name must be 1 to {MAX_CHANNEL_LEN} bytes"),
+        ));
     }
     if !channel.bytes().all(is_name_byte) {
         return Err((
@@ -61,7 +64,10 @@ impl Namespaces {
         match channel.split_once(':') {
             None => Ok(&self.default),
             Some((ns, _)) => self.named.get(ns).ok_or_else(|| {
-                (ErrorCode::UnknownNamespace, format!("unknown namespace {ns:?}"))
+                (
+                    ErrorCode::UnknownNamespace,
+                    format!("unknown namespace {ns:?}"),
+                )
             }),
         }
     }
@@ -78,10 +84,17 @@ pub struct Subscriber<'a> {
 }
 
 /// May this connection subscribe to `channel` in namespace `ns`?
-pub fn may_subscribe(ns: &NamespaceConfig, channel: &str, who: &Subscriber<'_>) -> Result<(), (ErrorCode, String)> {
+pub fn may_subscribe(
+    ns: &NamespaceConfig,
+    channel: &str,
+    who: &Subscriber<'_>,
+) -> Result<(), (ErrorCode, String)> {
     if let Some(mut users) = allowed_users(channel) {
         if who.user.is_empty() || !users.any(|u| u == who.user) {
-            return Err((ErrorCode::PermissionDenied, "channel is limited to other users".into()));
+            return Err((
+                ErrorCode::PermissionDenied,
+                "channel is limited to other users".into(),
+            ));
         }
     }
     if who.granted_by_connection_token || who.has_subscription_token {
@@ -130,16 +143,28 @@ mod tests {
         let ns = Namespaces::from_config(&config());
         assert_eq!(ns.resolve("news").unwrap().name, "");
         assert_eq!(ns.resolve("priv:x").unwrap().name, "priv");
-        assert_eq!(ns.resolve("nope:x").unwrap_err().0, ErrorCode::UnknownNamespace);
-        assert_eq!(ns.resolve("bad channel").unwrap_err().0, ErrorCode::BadRequest);
-        assert_eq!(ns.resolve(&"a".repeat(256)).unwrap_err().0, ErrorCode::BadRequest);
+        assert_eq!(
+            ns.resolve("nope:x").unwrap_err().0,
+            ErrorCode::UnknownNamespace
+        );
+        assert_eq!(
+            ns.resolve("bad channel").unwrap_err().0,
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            ns.resolve(&"a".repeat(256)).unwrap_err().0,
+            ErrorCode::BadRequest
+        );
     }
 
     #[test]
     fn policies() {
         let c = config();
         let def = &c.default_namespace;
-        assert!(may_subscribe(def, "news", &who("")).is_err(), "authenticated by default");
+        assert!(
+            may_subscribe(def, "news", &who("")).is_err(),
+            "authenticated by default"
+        );
         assert!(may_subscribe(def, "news", &who("bob")).is_ok());
         let private = &c.namespaces[0];
         assert!(may_subscribe(private, "priv:x", &who("bob")).is_err());
@@ -156,11 +181,19 @@ mod tests {
         let def = &c.default_namespace;
         assert!(may_subscribe(def, "dm#alice,bob", &who("alice")).is_ok());
         assert!(may_subscribe(def, "dm#alice,bob", &who("bob")).is_ok());
-        assert_eq!(may_subscribe(def, "dm#alice,bob", &who("eve")).unwrap_err().0, ErrorCode::PermissionDenied);
+        assert_eq!(
+            may_subscribe(def, "dm#alice,bob", &who("eve"))
+                .unwrap_err()
+                .0,
+            ErrorCode::PermissionDenied
+        );
         let granted = Subscriber {
             granted_by_connection_token: true,
             ..who("eve")
         };
-        assert!(may_subscribe(def, "dm#alice,bob", &granted).is_err(), "a token cannot widen a user list");
+        assert!(
+            may_subscribe(def, "dm#alice,bob", &granted).is_err(),
+            "a token cannot widen a user list"
+        );
     }
 }

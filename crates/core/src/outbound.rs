@@ -115,7 +115,11 @@ impl Outbound {
 
     /// Hand the session a control message.
     pub fn control(&self, control: Control) {
-        self.state.lock().expect("outbound lock").controls.push(control);
+        self.state
+            .lock()
+            .expect("outbound lock")
+            .controls
+            .push(control);
         self.notify.notify_one();
     }
 
@@ -149,7 +153,10 @@ mod tests {
         let d = q.drain();
         assert!(d.frames.is_empty(), "queued frames are freed on overflow");
         assert_eq!(d.close.unwrap().code, CloseCode::SLOW_CONSUMER);
-        assert!(!q.push(Bytes::from_static(b"1")), "closed queues take nothing");
+        assert!(
+            !q.push(Bytes::from_static(b"1")),
+            "closed queues take nothing"
+        );
     }
 
     #[test]
@@ -159,7 +166,14 @@ mod tests {
             q.push(Bytes::copy_from_slice(f));
         }
         let d = q.drain();
-        assert_eq!(d.frames, vec![Bytes::from_static(b"a"), Bytes::from_static(b"b"), Bytes::from_static(b"c")]);
+        assert_eq!(
+            d.frames,
+            vec![
+                Bytes::from_static(b"a"),
+                Bytes::from_static(b"b"),
+                Bytes::from_static(b"c")
+            ]
+        );
         assert!(q.push(Bytes::from_static(b"0123456789")));
     }
 

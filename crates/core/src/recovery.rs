@@ -36,9 +36,12 @@ impl Serialize for SubscribeResult {
             offset: self.position.offset,
             recoverable: self.recoverable,
             recovered: self.recovered,
-            publications: self
-                .recovered
-                .map(|_| self.publications.iter().map(PublicationWire::from).collect()),
+            publications: self.recovered.map(|_| {
+                self.publications
+                    .iter()
+                    .map(PublicationWire::from)
+                    .collect()
+            }),
         }
         .serialize(s)
     }
@@ -46,7 +49,11 @@ impl Serialize for SubscribeResult {
 
 /// Decide what a subscription with an optional `since` gets, from the history read made after the
 /// node's broker subscription took effect.
-pub fn decide(since: Option<&StreamPosition>, history: HistoryResult, recoverable: bool) -> SubscribeResult {
+pub fn decide(
+    since: Option<&StreamPosition>,
+    history: HistoryResult,
+    recoverable: bool,
+) -> SubscribeResult {
     let Some(_) = since else {
         return SubscribeResult {
             position: history.position,
@@ -60,7 +67,11 @@ pub fn decide(since: Option<&StreamPosition>, history: HistoryResult, recoverabl
         position: history.position,
         recoverable,
         recovered: Some(recovered),
-        publications: if recovered { history.publications } else { Vec::new() },
+        publications: if recovered {
+            history.publications
+        } else {
+            Vec::new()
+        },
     }
 }
 
@@ -118,7 +129,10 @@ mod tests {
         assert_eq!(r.recovered, Some(false));
         assert!(r.publications.is_empty());
         let json = serde_json::to_string(&r).unwrap();
-        assert!(json.ends_with(r#""recovered":false,"publications":[]}"#), "{json}");
+        assert!(
+            json.ends_with(r#""recovered":false,"publications":[]}"#),
+            "{json}"
+        );
     }
 
     #[test]

@@ -9,11 +9,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use herald_broker::{BrokerError, HistoryQuery, PublishOptions};
 use herald_protocol::command::{
-    ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams, SubscribeParams,
+    ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams,
+    SubscribeParams,
 };
 use herald_protocol::encode::{push_subscribed, push_unsub, reply, reply_error};
 use herald_protocol::types::PublicationWire;
-use herald_protocol::{codes, ClientInfo, CloseCode, Command, CommandError, ErrorCode, StreamPosition};
+use herald_protocol::{
+    codes, ClientInfo, CloseCode, Command, CommandError, ErrorCode, StreamPosition,
+};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -87,7 +90,10 @@ fn ns_error((code, message): (ErrorCode, String)) -> CommandError {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 /// `expires_in` seconds and the matching deadline for a token's `exp`.
@@ -162,7 +168,10 @@ impl Session {
             Ok(c) => c,
             Err(e) if self.connected.is_none() => {
                 self.reply_err(id, &e);
-                return Some(close(CloseCode::BAD_REQUEST, "first command must be a valid connect"));
+                return Some(close(
+                    CloseCode::BAD_REQUEST,
+                    "first command must be a valid connect",
+                ));
             }
             Err(e) => {
                 self.reply_err(id, &e);
@@ -172,17 +181,26 @@ impl Session {
         if self.connected.is_none() {
             return match command {
                 Command::Connect(p) => self.connect(id, p).await,
-                _ => Some(close(CloseCode::BAD_REQUEST, "first command must be connect")),
+                _ => Some(close(
+                    CloseCode::BAD_REQUEST,
+                    "first command must be connect",
+                )),
             };
         }
         let method = command.method().name();
         let result: Result<Bytes, CommandError> = match command {
-            Command::Connect(_) => Err(CommandError::new(ErrorCode::BadRequest, "already connected")),
+            Command::Connect(_) => Err(CommandError::new(
+                ErrorCode::BadRequest,
+                "already connected",
+            )),
             Command::Subscribe(p) => match self.subscribe(id, p).await {
                 Ok(()) => return None,
                 Err(e) => Err(e),
             },
-            Command::Unsubscribe(p) => self.unsubscribe(p).await.map(|_| reply(id, method, &serde_json::json!({}))),
+            Command::Unsubscribe(p) => self
+                .unsubscribe(p)
+                .await
+                .map(|_| reply(id, method, &serde_json::json!({}))),
             Command::Publish(p) => self.publish(p).await.map(|pos| reply(id, method, &pos)),
             Command::History(p) => self.history(id, p).await,
             Command::Presence(p) => self.presence(id, p).await,
@@ -216,7 +234,10 @@ impl Session {
             },
             None if self.ctx.config.allow_anonymous => None,
             None => {
-                self.reply_err(id, &CommandError::new(ErrorCode::Unauthorized, "a connection token is required"));
+                self.reply_err(
+                    id,
+                    &CommandError::new(ErrorCode::Unauthorized, "a connection token is required"),
+                );
                 return Some(close(CloseCode::UNAUTHORIZED, "token required"));
             }
         };
@@ -227,7 +248,10 @@ impl Session {
         let (expires_in, expires_at) = expiry(exp);
         let client: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
         let user: Arc<str> = Arc::from(user);
-        let key = self.ctx.hub.register(client.clone(), user.clone(), self.out.clone());
+        let key = self
+            .ctx
+            .hub
+            .register(client.clone(), user.clone(), self.out.clone());
         self.connected = Some(Connected {
             key,
             client: client.clone(),
@@ -248,7 +272,9 @@ impl Session {
         }
         let mut results: Vec<(String, Result<SubscribeResult, CommandError>)> = Vec::new();
         for (channel, since, token, granted) in wanted {
-            let r = self.prepare(&channel, token.as_deref(), since.as_ref(), granted).await;
+            let r = self
+                .prepare(&channel, token.as_deref(), since.as_ref(), granted)
+                .await;
             results.push((channel, r));
         }
         let connect_result = ConnectResult {
@@ -296,14 +322,20 @@ impl Session {
             return Err(ErrorCode::AlreadySubscribed.into());
         }
         if conn.channels.len() >= ctx.config.limits.max_channels_per_connection {
-            return Err(CommandError::new(ErrorCode::LimitExceeded, "too many channels on this connection"));
+            return Err(CommandError::new(
+                ErrorCode::LimitExceeded,
+                "too many channels on this connection",
+            ));
         }
         let has_subscription_token = match token {
             Some(t) => match ctx.verifier.subscription(t, &conn.user, channel) {
                 Ok(_) => true,
                 Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
                 Err(AuthError::Invalid(why)) => {
-                    return Err(CommandError::new(ErrorCode::PermissionDenied, format!("subscription token: {why}")))
+                    return Err(CommandError::new(
+                        ErrorCode::PermissionDenied,
+                        format!("subscription token: {why}"),
+                    ))
                 }
             },
             None => false,
@@ -327,7 +359,9 @@ impl Session {
     async fn activate(&mut self, channel: &str, result: &SubscribeResult) {
         let conn = self.connected.as_ref().expect("connected");
         self.ctx.hub.activate(channel, conn.key, &result.position);
-        let Some(ns) = conn.channels.get(channel) else { return };
+        let Some(ns) = conn.channels.get(channel) else {
+            return;
+        };
         if ns.presence {
             let who = conn.who();
             let broker = self.ctx.hub.broker();
@@ -343,7 +377,9 @@ impl Session {
     }
 
     async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), CommandError> {
-        let result = self.prepare(&p.channel, p.token.as_deref(), p.since.as_ref(), false).await?;
+        let result = self
+            .prepare(&p.channel, p.token.as_deref(), p.since.as_ref(), false)
+            .await?;
         self.out.push(reply(id, "subscribe", &result));
         self.activate(&p.channel, &result).await;
         Ok(())
@@ -352,7 +388,9 @@ impl Session {
     /// Leave a channel: hub, presence and leave push.
     async fn leave(&mut self, channel: &str) -> bool {
         let conn = self.connected.as_mut().expect("connected");
-        let Some(ns) = conn.channels.remove(channel) else { return false };
+        let Some(ns) = conn.channels.remove(channel) else {
+            return false;
+        };
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             let broker = self.ctx.hub.broker();
@@ -360,7 +398,10 @@ impl Session {
                 tracing::warn!(channel, cause = %e, "presence not removed");
             }
             if ns.join_leave {
-                if let Err(e) = broker.publish_presence_change(channel, false, &conn.who()).await {
+                if let Err(e) = broker
+                    .publish_presence_change(channel, false, &conn.who())
+                    .await
+                {
                     tracing::warn!(channel, cause = %e, "leave not published");
                 }
             }
@@ -377,7 +418,12 @@ impl Session {
     /// May this connection read or write `channel` (subscribed, or allowed to subscribe)?
     fn check_access(&self, channel: &str) -> Result<Arc<NamespaceConfig>, CommandError> {
         let conn = self.connected.as_ref().expect("connected");
-        let ns = self.ctx.namespaces.resolve(channel).map_err(ns_error)?.clone();
+        let ns = self
+            .ctx
+            .namespaces
+            .resolve(channel)
+            .map_err(ns_error)?
+            .clone();
         if !conn.channels.contains_key(channel) {
             let who = Subscriber {
                 user: &conn.user,
@@ -392,7 +438,10 @@ impl Session {
     async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, CommandError> {
         let ns = self.check_access(&p.channel)?;
         if !ns.publish {
-            return Err(CommandError::new(ErrorCode::PermissionDenied, "clients may not publish here"));
+            return Err(CommandError::new(
+                ErrorCode::PermissionDenied,
+                "clients may not publish here",
+            ));
         }
         let conn = self.connected.as_ref().expect("connected");
         let info = ClientInfo {
@@ -414,7 +463,9 @@ impl Session {
             .await
             .map_err(broker_error)?;
         let metrics = self.ctx.hub.metrics();
-        metrics.publish_seconds.observe(started.elapsed().as_secs_f64());
+        metrics
+            .publish_seconds
+            .observe(started.elapsed().as_secs_f64());
         metrics.publications.inc();
         Ok(position)
     }
@@ -422,7 +473,10 @@ impl Session {
     async fn history(&mut self, id: u64, p: HistoryParams) -> Result<Bytes, CommandError> {
         let ns = self.check_access(&p.channel)?;
         if !ns.history || ns.history_size == 0 {
-            return Err(CommandError::new(ErrorCode::NotAvailable, "this namespace keeps no history for clients"));
+            return Err(CommandError::new(
+                ErrorCode::NotAvailable,
+                "this namespace keeps no history for clients",
+            ));
         }
         let query = HistoryQuery {
             since: p.since,
@@ -441,9 +495,18 @@ impl Session {
     async fn presence(&mut self, id: u64, p: ChannelParams) -> Result<Bytes, CommandError> {
         let ns = self.check_access(&p.channel)?;
         if !ns.presence {
-            return Err(CommandError::new(ErrorCode::NotAvailable, "presence is off in this namespace"));
+            return Err(CommandError::new(
+                ErrorCode::NotAvailable,
+                "presence is off in this namespace",
+            ));
         }
-        let clients = self.ctx.hub.broker().presence(&p.channel).await.map_err(broker_error)?;
+        let clients = self
+            .ctx
+            .hub
+            .broker()
+            .presence(&p.channel)
+            .await
+            .map_err(broker_error)?;
         Ok(reply(id, "presence", &PresenceReply::from(&clients[..])))
     }
 
@@ -451,11 +514,16 @@ impl Session {
         let claims = match self.ctx.verifier.connection(&p.token) {
             Ok(c) => c,
             Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
-            Err(AuthError::Invalid(why)) => return Err(CommandError::new(ErrorCode::Unauthorized, why)),
+            Err(AuthError::Invalid(why)) => {
+                return Err(CommandError::new(ErrorCode::Unauthorized, why))
+            }
         };
         let conn = self.connected.as_mut().expect("connected");
         if claims.sub != *conn.user {
-            return Err(CommandError::new(ErrorCode::Unauthorized, "token is for another user"));
+            return Err(CommandError::new(
+                ErrorCode::Unauthorized,
+                "token is for another user",
+            ));
         }
         let (expires_in, expires_at) = expiry(claims.exp);
         conn.expires_at = expires_at;
@@ -474,16 +542,23 @@ impl Session {
         }
         for control in controls {
             match control {
-                Control::Subscribe(channel) => match self.prepare(&channel, None, None, true).await {
+                Control::Subscribe(channel) => match self.prepare(&channel, None, None, true).await
+                {
                     Ok(result) => {
                         self.out.push(push_subscribed(&channel, &result));
                         self.activate(&channel, &result).await;
                     }
-                    Err(e) => tracing::debug!(channel, cause = %e.message, "server-side subscribe skipped"),
+                    Err(e) => {
+                        tracing::debug!(channel, cause = %e.message, "server-side subscribe skipped")
+                    }
                 },
                 Control::Unsubscribe(channel) => {
                     if self.leave(&channel).await {
-                        self.out.push(push_unsub(&channel, codes::UNSUB_SERVER, "unsubscribed by the server"));
+                        self.out.push(push_unsub(
+                            &channel,
+                            codes::UNSUB_SERVER,
+                            "unsubscribed by the server",
+                        ));
                     }
                 }
             }
@@ -492,7 +567,9 @@ impl Session {
 
     /// The connection is gone: leave every channel and forget the client.
     pub async fn end(mut self) {
-        let Some(conn) = self.connected.as_ref() else { return };
+        let Some(conn) = self.connected.as_ref() else {
+            return;
+        };
         let channels: Vec<String> = conn.channels.keys().cloned().collect();
         let client = conn.client.clone();
         for channel in channels {

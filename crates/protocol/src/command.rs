@@ -232,7 +232,10 @@ pub fn parse_message(text: &str) -> Result<Message, MalformedFrame> {
     };
     let mut methods = fields.iter().filter(|(k, _)| **k != "id");
     let command = match (methods.next(), methods.next()) {
-        (None, _) => Err(CommandError::new(ErrorCode::BadRequest, "command without a method")),
+        (None, _) => Err(CommandError::new(
+            ErrorCode::BadRequest,
+            "command without a method",
+        )),
         (Some(_), Some(_)) => Err(CommandError::new(
             ErrorCode::BadRequest,
             "a command must have exactly one method",
@@ -248,7 +251,10 @@ fn parse_command(name: &str, params: &RawValue) -> Result<Command, CommandError>
     })?;
     fn params_of<'a, T: Deserialize<'a>>(m: Method, raw: &'a RawValue) -> Result<T, CommandError> {
         serde_json::from_str(raw.get()).map_err(|e| {
-            CommandError::new(ErrorCode::BadRequest, format!("bad {} params: {e}", m.name()))
+            CommandError::new(
+                ErrorCode::BadRequest,
+                format!("bad {} params: {e}", m.name()),
+            )
         })
     }
     Ok(match method {
@@ -278,7 +284,11 @@ mod tests {
     #[test]
     fn parses_subscribe_with_since() {
         let m = one(r#"{"id":3,"subscribe":{"channel":"news","since":{"epoch":"e","offset":7}}}"#);
-        let Message::Command { id, command: Ok(Command::Subscribe(p)) } = m else {
+        let Message::Command {
+            id,
+            command: Ok(Command::Subscribe(p)),
+        } = m
+        else {
             panic!("not a subscribe: {m:?}")
         };
         assert_eq!(id, 3);
@@ -289,13 +299,23 @@ mod tests {
     #[test]
     fn publish_keeps_data_raw() {
         let m = one(r#"{"id":1,"publish":{"channel":"c","data":{"b": [1, 2.50]}}}"#);
-        let Message::Command { command: Ok(Command::Publish(p)), .. } = m else { panic!() };
+        let Message::Command {
+            command: Ok(Command::Publish(p)),
+            ..
+        } = m
+        else {
+            panic!()
+        };
         assert_eq!(p.data.get(), r#"{"b": [1, 2.50]}"#);
     }
 
     #[test]
     fn unknown_method_is_a_reply_error() {
-        let Message::Command { id, command: Err(e) } = one(r#"{"id":9,"explode":{}}"#) else {
+        let Message::Command {
+            id,
+            command: Err(e),
+        } = one(r#"{"id":9,"explode":{}}"#)
+        else {
             panic!()
         };
         assert_eq!((id, e.code), (9, ErrorCode::UnknownMethod));
@@ -303,7 +323,9 @@ mod tests {
 
     #[test]
     fn bad_params_are_bad_request() {
-        let Message::Command { command: Err(e), .. } = one(r#"{"id":9,"subscribe":{"chan":1}}"#)
+        let Message::Command {
+            command: Err(e), ..
+        } = one(r#"{"id":9,"subscribe":{"chan":1}}"#)
         else {
             panic!()
         };
@@ -312,8 +334,9 @@ mod tests {
 
     #[test]
     fn two_methods_are_bad_request() {
-        let Message::Command { command: Err(e), .. } =
-            one(r#"{"id":9,"subscribe":{"channel":"a"},"publish":{"channel":"a","data":1}}"#)
+        let Message::Command {
+            command: Err(e), ..
+        } = one(r#"{"id":9,"subscribe":{"channel":"a"},"publish":{"channel":"a","data":1}}"#)
         else {
             panic!()
         };
@@ -322,7 +345,13 @@ mod tests {
 
     #[test]
     fn malformed_frames_are_rejected() {
-        for bad in ["nope", "[1]", r#"{"id":0,"presence":{}}"#, r#"{"presence":{}}"#, r#"{"id":"1"}"#] {
+        for bad in [
+            "nope",
+            "[1]",
+            r#"{"id":0,"presence":{}}"#,
+            r#"{"presence":{}}"#,
+            r#"{"id":"1"}"#,
+        ] {
             assert!(parse_message(bad).is_err(), "{bad} accepted");
         }
     }

@@ -166,7 +166,10 @@ mod tests {
 
     #[test]
     fn reply_and_error_shapes() {
-        assert_eq!(&reply(4, "unsubscribe", &serde_json::json!({}))[..], br#"{"id":4,"unsubscribe":{}}"#);
+        assert_eq!(
+            &reply(4, "unsubscribe", &serde_json::json!({}))[..],
+            br#"{"id":4,"unsubscribe":{}}"#
+        );
         assert_eq!(
             &reply_error(5, ErrorCode::PermissionDenied, "no")[..],
             br#"{"id":5,"error":{"code":103,"message":"no"}}"#

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
-use hyper::{header, Method, Request, StatusCode};
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
 use herald_core::session::{history_body, PresenceReply};
 use herald_protocol::{ErrorCode, StreamPosition};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::{header, Method, Request, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
@@ -48,7 +48,10 @@ impl From<(ErrorCode, String)> for ApiError {
 
 /// An error response.
 pub fn error(status: StatusCode, code: u16, message: &str) -> HttpResponse {
-    json(status, &json!({"error": {"code": code, "message": message}}))
+    json(
+        status,
+        &json!({"error": {"code": code, "message": message}}),
+    )
 }
 
 type ApiResult = Result<serde_json::Value, ApiError>;
@@ -75,15 +78,27 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
         (Method::POST, "subscribe") => user_channel(&app, body(&app, req).await?, true).await,
         (Method::POST, "unsubscribe") => user_channel(&app, body(&app, req).await?, false).await,
         (Method::POST, "disconnect") => disconnect(&app, body(&app, req).await?).await,
-        (_, "channels" | "info" | "publish" | "broadcast" | "history" | "presence" | "subscribe" | "unsubscribe" | "disconnect") => {
-            Err(ApiError(StatusCode::METHOD_NOT_ALLOWED, 107, "method not allowed".into()))
-        }
-        _ => Err(ApiError(StatusCode::NOT_FOUND, 107, format!("no API endpoint /api/{path}"))),
+        (
+            _,
+            "channels" | "info" | "publish" | "broadcast" | "history" | "presence" | "subscribe"
+            | "unsubscribe" | "disconnect",
+        ) => Err(ApiError(
+            StatusCode::METHOD_NOT_ALLOWED,
+            107,
+            "method not allowed".into(),
+        )),
+        _ => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            107,
+            format!("no API endpoint /api/{path}"),
+        )),
     }
 }
 
 fn authorize(app: &App, req: &Request<Incoming>) -> Result<(), ApiError> {
-    let Some(key) = &app.api_key else { return Ok(()) };
+    let Some(key) = &app.api_key else {
+        return Ok(());
+    };
     let given = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -91,11 +106,20 @@ fn authorize(app: &App, req: &Request<Incoming>) -> Result<(), ApiError> {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     // Constant-time comparison: the key is a secret.
-    let ok = given.is_some_and(|g| g.len() == key.len() && g.bytes().zip(key.bytes()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
+    let ok = given.is_some_and(|g| {
+        g.len() == key.len()
+            && g.bytes()
+                .zip(key.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    });
     if ok {
         Ok(())
     } else {
-        Err(ApiError::code(ErrorCode::Unauthorized, "missing or wrong API key (Authorization: Bearer <key>)"))
+        Err(ApiError::code(
+            ErrorCode::Unauthorized,
+            "missing or wrong API key (Authorization: Bearer <key>)",
+        ))
     }
 }
 
@@ -104,11 +128,21 @@ async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<
     let bytes: Bytes = match Limited::new(req.into_body(), limit).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, 106, format!("request body over {limit} bytes")))
+            return Err(ApiError(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                106,
+                format!("request body over {limit} bytes"),
+            ))
         }
-        Err(e) => return Err(ApiError::code(ErrorCode::BadRequest, format!("reading body: {e}"))),
+        Err(e) => {
+            return Err(ApiError::code(
+                ErrorCode::BadRequest,
+                format!("reading body: {e}"),
+            ))
+        }
     };
-    serde_json::from_slice(&bytes).map_err(|e| ApiError::code(ErrorCode::BadRequest, format!("bad JSON body: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::code(ErrorCode::BadRequest, format!("bad JSON body: {e}")))
 }
 
 #[derive(Deserialize)]
@@ -119,16 +153,28 @@ struct PublishBody {
     idempotency_key: Option<String>,
 }
 
-async fn publish_one(app: &App, channel: &str, data: Bytes, idempotency_key: Option<String>) -> Result<StreamPosition, ApiError> {
+async fn publish_one(
+    app: &App,
+    channel: &str,
+    data: Bytes,
+    idempotency_key: Option<String>,
+) -> Result<StreamPosition, ApiError> {
     let ns = app.ctx.namespaces.resolve(channel)?;
     let opts = PublishOptions {
         stream: ns.stream_options(),
         idempotency_key,
     };
     let started = Instant::now();
-    let position = app.ctx.hub.broker().publish(channel, data, None, &opts).await?;
+    let position = app
+        .ctx
+        .hub
+        .broker()
+        .publish(channel, data, None, &opts)
+        .await?;
     let metrics = app.ctx.hub.metrics();
-    metrics.publish_seconds.observe(started.elapsed().as_secs_f64());
+    metrics
+        .publish_seconds
+        .observe(started.elapsed().as_secs_f64());
     metrics.publications.inc();
     Ok(position)
 }
@@ -149,7 +195,11 @@ struct BroadcastBody {
 async fn broadcast(app: &App, b: BroadcastBody) -> ApiResult {
     let max = app.ctx.config.limits.max_broadcast_channels;
     if b.channels.len() > max {
-        return Err(ApiError(StatusCode::PAYLOAD_TOO_LARGE, 106, format!("at most {max} channels per broadcast")));
+        return Err(ApiError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            106,
+            format!("at most {max} channels per broadcast"),
+        ));
     }
     let data = Bytes::copy_from_slice(b.data.get().as_bytes());
     let mut results = Vec::with_capacity(b.channels.len());
@@ -173,13 +223,21 @@ struct HistoryBody {
 async fn history(app: &App, b: HistoryBody) -> ApiResult {
     let ns = app.ctx.namespaces.resolve(&b.channel)?;
     if ns.history_size == 0 {
-        return Err(ApiError::code(ErrorCode::NotAvailable, "this namespace keeps no history"));
+        return Err(ApiError::code(
+            ErrorCode::NotAvailable,
+            "this namespace keeps no history",
+        ));
     }
     let query = HistoryQuery {
         since: b.since,
         limit: b.limit,
     };
-    let h = app.ctx.hub.broker().history(&b.channel, &query, &ns.stream_options()).await?;
+    let h = app
+        .ctx
+        .hub
+        .broker()
+        .history(&b.channel, &query, &ns.stream_options())
+        .await?;
     Ok(history_body(&h))
 }
 
@@ -192,7 +250,10 @@ struct ChannelBody {
 async fn presence(app: &App, b: ChannelBody) -> ApiResult {
     let ns = app.ctx.namespaces.resolve(&b.channel)?;
     if !ns.presence {
-        return Err(ApiError::code(ErrorCode::NotAvailable, "presence is off in this namespace"));
+        return Err(ApiError::code(
+            ErrorCode::NotAvailable,
+            "presence is off in this namespace",
+        ));
     }
     let clients = app.ctx.hub.broker().presence(&b.channel).await?;
     Ok(serde_json::to_value(PresenceReply::from(&clients[..])).expect("presence serializes"))
@@ -232,11 +293,17 @@ struct DisconnectBody {
 
 async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
     if b.user.is_none() && b.client.is_none() {
-        return Err(ApiError::code(ErrorCode::BadRequest, "give \"user\" or \"client\""));
+        return Err(ApiError::code(
+            ErrorCode::BadRequest,
+            "give \"user\" or \"client\"",
+        ));
     }
     let code = b.code.unwrap_or(4502);
     if !(4000..5000).contains(&code) {
-        return Err(ApiError::code(ErrorCode::BadRequest, "code must be within 4000–4999"));
+        return Err(ApiError::code(
+            ErrorCode::BadRequest,
+            "code must be within 4000–4999",
+        ));
     }
     let message = ControlMessage::Disconnect {
         user: b.user,

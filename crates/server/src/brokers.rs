@@ -22,12 +22,16 @@ pub async fn connect(config: &Config) -> anyhow::Result<SharedBroker> {
             broker.spawn_sweeper(longest_meta);
             Ok(broker)
         }
-        "redis" | "rediss" | "redis+cluster" => herald_broker_redis::connect(url, &config.node_name)
-            .await
-            .with_context(|| format!("connecting to Redis at {url}")),
+        "redis" | "rediss" | "redis+cluster" => {
+            herald_broker_redis::connect(url, &config.node_name)
+                .await
+                .with_context(|| format!("connecting to Redis at {url}"))
+        }
         "nats" => herald_broker_nats::connect(url, &config.node_name)
             .await
             .with_context(|| format!("connecting to NATS at {url}")),
-        other => bail!("unknown broker {other:?} in broker_url (memory, redis://, redis+cluster://, nats://)"),
+        other => bail!(
+            "unknown broker {other:?} in broker_url (memory, redis://, redis+cluster://, nats://)"
+        ),
     }
 }

@@ -5,11 +5,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
+use herald_core::NodeContext;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
-use herald_core::NodeContext;
 use tokio::sync::watch;
 
 use crate::{api, ws};
@@ -37,14 +37,18 @@ pub type HttpResponse = Response<Full<Bytes>>;
 pub fn json(status: StatusCode, body: &serde_json::Value) -> HttpResponse {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> HttpResponse {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
 }
 
@@ -53,10 +57,17 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
     let path = req.uri().path().to_owned();
     let response = match (req.method(), path.as_str()) {
         (&Method::GET, "/ws") => ws::upgrade(app, req),
-        (_, "/ws") => api::error(StatusCode::METHOD_NOT_ALLOWED, 107, "use GET with a WebSocket upgrade"),
+        (_, "/ws") => api::error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            107,
+            "use GET with a WebSocket upgrade",
+        ),
         (&Method::GET, "/health") => {
             if *app.draining.borrow() {
-                json(StatusCode::SERVICE_UNAVAILABLE, &serde_json::json!({"status": "draining"}))
+                json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &serde_json::json!({"status": "draining"}),
+                )
             } else {
                 json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
             }
@@ -72,10 +83,14 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
         (_, p) if p.starts_with("/api/") => api::handle(app, req).await,
-        (&Method::GET, "/") if app.ctx.config.demo => text(StatusCode::OK, "text/html; charset=utf-8", DEMO_HTML),
-        (&Method::GET, "/herald.js") if app.ctx.config.demo => {
-            text(StatusCode::OK, "application/javascript; charset=utf-8", DEMO_JS)
+        (&Method::GET, "/") if app.ctx.config.demo => {
+            text(StatusCode::OK, "text/html; charset=utf-8", DEMO_HTML)
         }
+        (&Method::GET, "/herald.js") if app.ctx.config.demo => text(
+            StatusCode::OK,
+            "application/javascript; charset=utf-8",
+            DEMO_JS,
+        ),
         (&Method::GET, "/") => text(
             StatusCode::OK,
             "text/plain; charset=utf-8",

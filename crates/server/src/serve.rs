@@ -20,7 +20,11 @@ use crate::http::{route, App};
 
 /// Serve until `shutdown` resolves, then drain: every client is told to reconnect (4000 with a
 /// jittered `after_ms`), and the function returns once they are gone or the window has passed.
-pub async fn run(listener: TcpListener, mut config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+pub async fn run(
+    listener: TcpListener,
+    mut config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let api_key = match (&config.api_key, config.dev) {
         (Some(k), _) if !k.is_empty() => Some(k.clone()),
@@ -108,9 +112,15 @@ pub async fn run(listener: TcpListener, mut config: Config, shutdown: impl Futur
 
     drop(listener);
     let open = app.ws_connections.load(Ordering::Relaxed);
-    tracing::info!(connections = open, drain_ms = config.drain_ms, "draining: clients are told to reconnect elsewhere");
+    tracing::info!(
+        connections = open,
+        drain_ms = config.drain_ms,
+        "draining: clients are told to reconnect elsewhere"
+    );
     let _ = drain_tx.send(true);
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(config.drain_ms) + Duration::from_secs(2);
+    let deadline = tokio::time::Instant::now()
+        + Duration::from_millis(config.drain_ms)
+        + Duration::from_secs(2);
     while app.ws_connections.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

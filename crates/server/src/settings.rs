@@ -69,13 +69,22 @@ pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
     // HERALD_PING_INTERVAL is accepted as a short alias.
     let env = Env::prefixed("HERALD_")
         .split("__")
-        .map(|k| match k.as_str() {
-            "ping_interval" => "ping_interval_s".into(),
-            _ => k.into(),
+        .map(|k| {
+            if k.as_str().eq_ignore_ascii_case("ping_interval") {
+                "ping_interval_s".into()
+            } else {
+                k.into()
+            }
         })
         .filter(|k| {
-            let top = k.as_str().split('.').next().unwrap_or_default();
-            ENV_KEYS.contains(&top) || top == "ping_interval"
+            // Figment hands keys over as written (upper case); it lowercases them later.
+            let top = k
+                .as_str()
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            ENV_KEYS.contains(&top.as_str())
         });
     figment = figment.merge(env);
     let mut config: Config = figment.extract().context("invalid configuration")?;
@@ -99,7 +108,9 @@ pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
             .parse()
             .with_context(|| format!("--dev needs an IP address to bind, got {:?}", config.bind))?;
         if !ip.is_loopback() {
-            bail!("--dev opens everything to anonymous clients and only binds to loopback, not {ip}");
+            bail!(
+                "--dev opens everything to anonymous clients and only binds to loopback, not {ip}"
+            );
         }
         config.apply_dev();
     }
@@ -143,7 +154,11 @@ mod tests {
             };
             let c = load(&flags).expect("loads");
             assert_eq!(c.port, 9100);
-            assert_eq!(c.api_key.as_deref(), Some("12345"), "env wins over file, numbers stay strings");
+            assert_eq!(
+                c.api_key.as_deref(),
+                Some("12345"),
+                "env wins over file, numbers stay strings"
+            );
             assert_eq!(c.limits.max_frame_bytes, 4096);
             assert_eq!(c.limits.max_channels_per_connection, 7);
             assert!(c.namespaces[0].publish);

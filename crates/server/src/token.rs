@@ -35,8 +35,13 @@ pub fn mint(secret: &str, req: &TokenRequest) -> anyhow::Result<String> {
         claims.insert("channel".into(), json!(channel));
     }
     if let Some(info) = &req.info {
-        let value: Value = serde_json::from_str(info).map_err(|e| anyhow::anyhow!("--info is not JSON: {e}"))?;
+        let value: Value =
+            serde_json::from_str(info).map_err(|e| anyhow::anyhow!("--info is not JSON: {e}"))?;
         claims.insert("info".into(), value);
     }
-    Ok(encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret.as_bytes()))?)
+    Ok(encode(
+        &Header::new(Algorithm::HS256),
+        &claims,
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )?)
 }

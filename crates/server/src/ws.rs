@@ -12,17 +12,17 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
+use herald_core::outbound::CloseRequest;
+use herald_core::{Outbound, Session};
+use herald_protocol::command::parse_frame;
+use herald_protocol::encode::{push_disconnect, PING};
+use herald_protocol::{CloseCode, SUBPROTOCOL};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::upgrade::Upgraded;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use herald_core::outbound::CloseRequest;
-use herald_core::{Outbound, Session};
-use herald_protocol::command::parse_frame;
-use herald_protocol::encode::{push_disconnect, PING};
-use herald_protocol::{CloseCode, SUBPROTOCOL};
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_websockets::{Message, Payload, WebSocketStream};
 
@@ -49,10 +49,21 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
         return api::error(StatusCode::BAD_REQUEST, 107, "expected a WebSocket upgrade");
     }
-    if headers.get(header::SEC_WEBSOCKET_VERSION).map(|v| v.as_bytes()) != Some(b"13") {
-        return api::error(StatusCode::BAD_REQUEST, 107, "Sec-WebSocket-Version must be 13");
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(|v| v.as_bytes())
+        != Some(b"13")
+    {
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            107,
+            "Sec-WebSocket-Version must be 13",
+        );
     }
-    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY).map(|k| k.as_bytes().to_vec()) else {
+    let Some(key) = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| k.as_bytes().to_vec())
+    else {
         return api::error(StatusCode::BAD_REQUEST, 107, "missing Sec-WebSocket-Key");
     };
     let protocols: Vec<String> = headers
@@ -66,7 +77,13 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     let subprotocol = match protocols.is_empty() {
         true => None,
         false if protocols.iter().any(|p| p == SUBPROTOCOL) => Some(SUBPROTOCOL),
-        false => return api::error(StatusCode::BAD_REQUEST, 107, "unsupported subprotocol (herald.v1.json only)"),
+        false => {
+            return api::error(
+                StatusCode::BAD_REQUEST,
+                107,
+                "unsupported subprotocol (herald.v1.json only)",
+            )
+        }
     };
     if *app.draining.borrow() {
         return api::error(StatusCode::SERVICE_UNAVAILABLE, 111, "node is draining");
@@ -84,7 +101,8 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
             Ok(upgraded) => {
                 // The codec's own limit sits far above ours so that our check (close 4503) runs
                 // first; only absurd frames hit the codec's limit (close 1009).
-                let limits = tokio_websockets::Limits::default().max_payload_len(Some(max_frame.saturating_mul(16)));
+                let limits = tokio_websockets::Limits::default()
+                    .max_payload_len(Some(max_frame.saturating_mul(16)));
                 let ws = tokio_websockets::ServerBuilder::new()
                     .limits(limits)
                     .serve(TokioIo::new(upgraded));
@@ -99,7 +117,10 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     let h = response.headers_mut();
     h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_str(&accept).expect("base64 is a header value"));
+    h.insert(
+        header::SEC_WEBSOCKET_ACCEPT,
+        HeaderValue::from_str(&accept).expect("base64 is a header value"),
+    );
     if let Some(p) = subprotocol {
         h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
     }
@@ -262,7 +283,8 @@ async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result
         let mut batch = BytesMut::new();
         for frame in frames {
             if !batch.is_empty() && batch.len() + 1 + frame.len() > BATCH_BYTES {
-                ws.feed(Message::text(Payload::from(batch.split().freeze()))).await?;
+                ws.feed(Message::text(Payload::from(batch.split().freeze())))
+                    .await?;
             }
             if !batch.is_empty() {
                 batch.extend_from_slice(b"\n");
@@ -270,7 +292,8 @@ async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result
             batch.extend_from_slice(&frame);
         }
         if !batch.is_empty() {
-            ws.feed(Message::text(Payload::from(batch.freeze()))).await?;
+            ws.feed(Message::text(Payload::from(batch.freeze())))
+                .await?;
         }
         ws.flush().await
     };
@@ -287,14 +310,21 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, req: &CloseRequest, limit: 
     if write_batch(ws, frames, limit).await.is_err() {
         return;
     }
-    let code = tokio_websockets::CloseCode::try_from(req.code.0).unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
+    let code = tokio_websockets::CloseCode::try_from(req.code.0)
+        .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
     let mut reason = req.reason.clone();
     // A close frame's reason must fit in 123 bytes.
     while reason.len() > 123 {
         reason.pop();
     }
-    if timeout(limit, ws.send(Message::close(Some(code), &reason))).await.is_err() {
+    if timeout(limit, ws.send(Message::close(Some(code), &reason)))
+        .await
+        .is_err()
+    {
         return;
     }
-    let _ = timeout(Duration::from_secs(1), async { while ws.next().await.is_some() {} }).await;
+    let _ = timeout(Duration::from_secs(1), async {
+        while ws.next().await.is_some() {}
+    })
+    .await;
 }

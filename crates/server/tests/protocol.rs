@@ -1,0 +1,200 @@
+//! Every row of the protocol tables, against the real binary.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn connect_reply_has_client_node_ping_and_subs() {
+    let node = Node::dev().await;
+    let mut c = node.client().await;
+    let r = c
+        .call(
+            "connect",
+            json!({"name": "test", "version": "1", "subs": {"a": {}, "b": {}}}),
+        )
+        .await;
+    let res = &r["connect"];
+    assert!(res["client"].as_str().is_some_and(|s| !s.is_empty()));
+    assert!(res["node"].as_str().is_some());
+    assert_eq!(res["ping_interval"], 25);
+    assert!(res.get("expires_in").is_none());
+    for ch in ["a", "b"] {
+        let sub = &res["subs"][ch];
+        assert!(sub["epoch"].as_str().is_some(), "{r}");
+        assert_eq!(sub["offset"], 0);
+        assert_eq!(sub["recoverable"], true);
+    }
+}
+
+#[tokio::test]
+async fn subscribe_publish_unsubscribe_round_trip() {
+    let node = Node::dev().await;
+    let mut c = node.connected(&[]).await;
+    let r = c.call("subscribe", json!({"channel": "news"})).await;
+    assert_eq!(r["subscribe"]["offset"], 0);
+    assert_eq!(r["subscribe"]["recoverable"], true);
+    let epoch = r["subscribe"]["epoch"].clone();
+
+    node.publish("news", json!({"n": 1})).await;
+    // The subscriber's own join push comes first (dev namespace has join/leave).
+    let join = c.push("join").await;
+    assert_eq!(join["channel"], "news");
+    let p = c.push("pub").await;
+    assert_eq!(p, json!({"channel": "news", "offset": 1, "data": {"n": 1}}));
+
+    let r = c
+        .call("publish", json!({"channel": "news", "data": "from client"}))
+        .await;
+    assert_eq!(r["publish"], json!({"epoch": epoch, "offset": 2}));
+    let p = c.push("pub").await;
+    assert_eq!(p["data"], "from client");
+    assert_eq!(
+        p["info"]["client"].as_str().is_some(),
+        true,
+        "client publications carry info: {p}"
+    );
+
+    let r = c.call("unsubscribe", json!({"channel": "news"})).await;
+    assert_eq!(r["unsubscribe"], json!({}));
+    node.publish("news", json!(3)).await;
+    assert!(
+        c.try_next(std::time::Duration::from_millis(300))
+            .await
+            .is_none(),
+        "no publication after unsubscribe"
+    );
+}
+
+#[tokio::test]
+async fn history_and_presence_commands() {
+    let node = Node::dev().await;
+    for i in 1..=5 {
+        node.publish("h", json!(i)).await;
+    }
+    let mut c = node.connected(&["h"]).await;
+    let r = c.call("history", json!({"channel": "h", "limit": 2})).await;
+    let h = &r["history"];
+    assert_eq!(h["offset"], 5);
+    let offsets: Vec<_> = h["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, vec![4, 5]);
+    let since = json!({"epoch": h["epoch"], "offset": 3});
+    let r = c
+        .call("history", json!({"channel": "h", "since": since}))
+        .await;
+    assert_eq!(r["history"]["publications"].as_array().unwrap().len(), 2);
+
+    let r = c.call("presence", json!({"channel": "h"})).await;
+    let clients = r["presence"]["clients"].as_object().unwrap();
+    assert_eq!(clients.len(), 1);
+    assert_eq!(clients.values().next().unwrap()["user"], "");
+}
+
+#[tokio::test]
+async fn join_and_leave_pushes() {
+    let node = Node::dev().await;
+    let mut a = node.connected(&["room"]).await;
+    assert_eq!(a.push("join").await["channel"], "room");
+    let mut b = node.connected(&["room"]).await;
+    let b_client = b.push("join").await["info"]["client"].clone();
+    let join = a.push("join").await;
+    assert_eq!(join["info"]["client"], b_client);
+    drop(b);
+    let leave = a.push("leave").await;
+    assert_eq!(
+        leave,
+        json!({"channel": "room", "info": {"user": "", "client": b_client}})
+    );
+}
+
+#[tokio::test]
+async fn newline_batched_commands_are_all_answered() {
+    let node = Node::dev().await;
+    let mut c = node.connected(&[]).await;
+    c.send_raw("{\"id\":10,\"subscribe\":{\"channel\":\"x\"}}\n{\"id\":11,\"subscribe\":{\"channel\":\"y\"}}\n{}").await;
+    assert!(c.reply(10).await.get("subscribe").is_some());
+    assert!(c.reply(11).await.get("subscribe").is_some());
+}
+
+#[tokio::test]
+async fn server_pings_and_closes_silent_clients_with_4002() {
+    let node = Node::start(
+        &["--dev"],
+        &[
+            ("HERALD_PING_INTERVAL", "1"),
+            ("HERALD_PONG_TIMEOUT_S", "1"),
+        ],
+    )
+    .await;
+    let mut c = node.connected(&[]).await;
+    c.auto_pong = false;
+    assert_eq!(c.next().await, json!({}), "ping is an empty object");
+    let closed = c.closed().await;
+    assert_eq!(closed.code, Some(4002));
+    assert_eq!(closed.disconnect.unwrap()["reconnect"], true);
+
+    // A client that answers stays.
+    let mut ok = node.connected(&[]).await;
+    assert!(ok
+        .try_next(std::time::Duration::from_millis(3500))
+        .await
+        .is_none());
+    let r = ok.call("presence", json!({"channel": "z"})).await;
+    assert!(r.get("presence").is_some());
+}
+
+#[tokio::test]
+async fn error_codes_for_bad_commands() {
+    let node = Node::dev().await;
+    let mut c = node.connected(&["dup"]).await;
+    let code = |r: serde_json::Value| {
+        r["error"]["code"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("not an error: {r}"))
+    };
+    assert_eq!(code(c.call("explode", json!({})).await), 104);
+    assert_eq!(
+        code(c.call("subscribe", json!({"channel": "dup"})).await),
+        105
+    );
+    assert_eq!(code(c.call("subscribe", json!({"nope": 1})).await), 107);
+    assert_eq!(
+        code(
+            c.call("subscribe", json!({"channel": "bad channel!"}))
+                .await
+        ),
+        107
+    );
+    assert_eq!(
+        code(c.call("subscribe", json!({"channel": "ghost:x"})).await),
+        102
+    );
+    assert_eq!(code(c.call("connect", json!({})).await), 107);
+    // Still usable after errors.
+    assert!(c
+        .call("presence", json!({"channel": "dup"}))
+        .await
+        .get("presence")
+        .is_some());
+}
+
+#[tokio::test]
+async fn subprotocol_negotiation() {
+    let node = Node::dev().await;
+    let mut ok = Client::open(node.addr, &[("Sec-WebSocket-Protocol", "herald.v1.json")]).await;
+    assert!(ok.call("connect", json!({})).await.get("connect").is_some());
+    let tcp = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    let refused = Client::open_on(
+        Box::new(tcp),
+        &node.ws_url(),
+        &[("Sec-WebSocket-Protocol", "mqtt")],
+    )
+    .await;
+    assert!(refused.is_err(), "unknown subprotocol must be refused");
+}
