@@ -17,6 +17,7 @@ pub struct Config {
     /// Port to listen on (0: any free port, printed at start).
     pub port: u16,
     /// This node's name in `/api/info` and in `connect` replies (default: `herald-<random>`).
+    #[serde(deserialize_with = "lenient::string")]
     pub node_name: String,
     /// Development mode: anonymous connect, subscribe, client publish, history and presence in the
     /// default namespace; the demo page; an open HTTP API when no `api_key` is set. Loopback only.
@@ -24,6 +25,7 @@ pub struct Config {
     /// Serve the demo page at `/` (also on in `dev`).
     pub demo: bool,
     /// HTTP API key (`Authorization: Bearer …`). Generated and logged when absent (outside `dev`).
+    #[serde(deserialize_with = "lenient::opt_string")]
     pub api_key: Option<String>,
     /// `memory`, `redis://…`, `rediss://…`, `redis+cluster://…` or `nats://…`.
     pub broker_url: String,
@@ -34,6 +36,7 @@ pub struct Config {
     /// Allow connections without a token (user "").
     pub allow_anonymous: bool,
     /// HS256 secret for connection and subscription tokens.
+    #[serde(deserialize_with = "lenient::opt_string")]
     pub token_hmac_secret: Option<String>,
     /// RS256 public key, PEM text.
     pub token_rsa_public_key: Option<String>,
@@ -243,5 +246,41 @@ impl NamespaceConfig {
             history_ttl: Duration::from_secs(self.history_ttl_s),
             meta_ttl: Duration::from_secs(self.history_meta_ttl_s.max(self.history_ttl_s)),
         }
+    }
+}
+
+/// Secrets and names set from the environment may look like numbers (`HERALD_API_KEY=12345`);
+/// read them back as the text they were.
+mod lenient {
+    use serde::{Deserialize, Deserializer};
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Str(String),
+        Unsigned(u64),
+        Signed(i64),
+        Float(f64),
+        Bool(bool),
+    }
+
+    impl From<Text> for String {
+        fn from(t: Text) -> String {
+            match t {
+                Text::Str(s) => s,
+                Text::Unsigned(n) => n.to_string(),
+                Text::Signed(n) => n.to_string(),
+                Text::Float(n) => n.to_string(),
+                Text::Bool(b) => b.to_string(),
+            }
+        }
+    }
+
+    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+        Text::deserialize(d).map(String::from)
+    }
+
+    pub fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        Option::<Text>::deserialize(d).map(|t| t.map(String::from))
     }
 }
