@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh clone: installs what it needs (Debian packages for Redis,
+# NATS and Chromium; Rust crates; npm packages), then runs the Rust tests (unit, integration
+# against the real binary, real Redis / Redis Cluster / NATS started on free loopback ports) and
+# the TypeScript SDK's unit, Node integration and headless-browser tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
+[ -x /usr/bin/chromium ] || missing+=(chromium)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "== installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+echo "== cargo build"
+cargo build --workspace --all-targets --locked
+
+echo "== cargo test"
+cargo test --workspace --locked
+
+echo "== TypeScript SDK"
+HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh
