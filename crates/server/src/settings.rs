@@ -55,6 +55,8 @@ const ENV_KEYS: &[&str] = &[
     "log_level",
     "limits",
     "default_namespace",
+    "redis",
+    "nats",
 ];
 
 /// Load and validate the configuration.
