@@ -69,6 +69,9 @@ struct Channel {
     opts: StreamOptions,
 }
 
+/// One shard of the channel map.
+type ChannelMap = HashMap<Arc<str>, Channel>;
+
 struct ClientEntry {
     user: Arc<str>,
     out: Arc<Outbound>,
@@ -85,7 +88,7 @@ struct Shared {
     started: Instant,
     broker: SharedBroker,
     metrics: Arc<Metrics>,
-    shards: Box<[Mutex<HashMap<Arc<str>, Channel>>]>,
+    shards: Box<[Mutex<ChannelMap>]>,
     transitions: Box<[tokio::sync::Mutex<()>]>,
     registry: Mutex<Registry>,
     nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
@@ -185,7 +188,7 @@ impl Hub {
         &self.shared.node_name
     }
 
-    fn shard(&self, channel: &str) -> &Mutex<HashMap<Arc<str>, Channel>> {
+    fn shard(&self, channel: &str) -> &Mutex<ChannelMap> {
         &self.shared.shards[stripe(channel, SHARDS)]
     }
 

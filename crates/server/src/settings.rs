@@ -133,6 +133,7 @@ mod tests {
 
     #[test]
     fn file_env_and_flags_layer() {
+        #[allow(clippy::result_large_err)]
         figment::Jail::expect_with(|jail| {
             jail.create_file(
                 "herald.toml",
@@ -170,6 +171,7 @@ mod tests {
 
     #[test]
     fn unknown_keys_and_public_dev_are_refused() {
+        #[allow(clippy::result_large_err)]
         figment::Jail::expect_with(|jail| {
             jail.create_file("bad.toml", "prot = 1")?;
             let flags = Overrides {

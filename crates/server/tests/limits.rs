@@ -1,0 +1,398 @@
+//! Every limit and close code, and malformed input, against the real binary. Each test also checks
+//! that the other connections of the node are unaffected.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::SinkExt;
+use serde_json::{json, Value};
+
+fn error_code(r: &Value) -> u64 {
+    r["error"]["code"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("not an error reply: {r}"))
+}
+
+/// A working connection: a command round trip and a live publication.
+async fn assert_usable(node: &Node, c: &mut Client, channel: &str) {
+    let r = c.call("presence", json!({"channel": channel})).await;
+    assert!(r.get("presence").is_some(), "connection unusable: {r}");
+    let data = json!({"probe": rand_u64()});
+    node.publish(channel, data.clone()).await;
+    loop {
+        let m = c.next().await;
+        if let Some(p) = m.get("pub") {
+            if p["data"] == data {
+                return;
+            }
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(7);
+    h.finish()
+}
+
+/// Expect a `disconnect` push with `code` and then the close frame with the same code.
+async fn assert_closed_with(c: &mut Client, code: u16) {
+    let closed = c.closed().await;
+    assert_eq!(closed.code, Some(code), "{closed:?}");
+    let d = closed
+        .disconnect
+        .unwrap_or_else(|| panic!("no disconnect push before close {code}"));
+    assert_eq!(d["code"], code, "{d}");
+    assert_eq!(d["reconnect"], code < 4500, "{d}");
+    assert!(d["reason"].as_str().is_some_and(|r| !r.is_empty()), "{d}");
+}
+
+#[tokio::test]
+async fn message_over_max_frame_bytes_closes_with_4503() {
+    let node = Node::start(&["--dev"], &[("HERALD_LIMITS__MAX_FRAME_BYTES", "1024")]).await;
+    let mut other = node.connected(&["room"]).await;
+    other.push("join").await;
+    let mut c = node.connected(&[]).await;
+    // Just under the limit is fine.
+    let small = json!({"id": 2, "publish": {"channel": "x", "data": "a".repeat(900)}}).to_string();
+    assert!(small.len() <= 1024);
+    c.send_raw(&small).await;
+    assert!(c.reply(2).await.get("publish").is_some());
+    // Over it: no reply, the connection ends.
+    let big = json!({"id": 3, "publish": {"channel": "x", "data": "a".repeat(2000)}}).to_string();
+    c.send_raw(&big).await;
+    assert_closed_with(&mut c, 4503).await;
+    // Several small messages batched into one frame over the limit count as one message.
+    let mut c = node.connected(&[]).await;
+    let line = json!({"id": 1, "presence": {"channel": "x"}}).to_string();
+    let batch = vec![line; 1100 / 40 + 1].join("\n");
+    assert!(batch.len() > 1024);
+    c.send_raw(&batch).await;
+    assert_closed_with(&mut c, 4503).await;
+    assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
+async fn max_channels_per_connection_is_106() {
+    let node = Node::start(
+        &["--dev"],
+        &[("HERALD_LIMITS__MAX_CHANNELS_PER_CONNECTION", "3")],
+    )
+    .await;
+    let mut c = node.connected(&["a", "b"]).await;
+    let r = c.call("subscribe", json!({"channel": "c"})).await;
+    assert!(r.get("subscribe").is_some(), "{r}");
+    let r = c.call("subscribe", json!({"channel": "d"})).await;
+    assert_eq!(error_code(&r), 106, "{r}");
+    // Leaving one frees a slot.
+    c.call("unsubscribe", json!({"channel": "a"})).await;
+    let r = c.call("subscribe", json!({"channel": "d"})).await;
+    assert!(r.get("subscribe").is_some(), "{r}");
+    // In connect.subs, the channels beyond the limit fail one by one; the connection stays.
+    let mut many = node.client().await;
+    let r = many
+        .call(
+            "connect",
+            json!({"subs": {"s1": {}, "s2": {}, "s3": {}, "s4": {}, "s5": {}}}),
+        )
+        .await;
+    let subs = r["connect"]["subs"].as_object().expect("subs");
+    let ok = subs.values().filter(|s| s["epoch"].is_string()).count();
+    let limited = subs
+        .values()
+        .filter(|s| s["error"]["code"] == 106)
+        .count();
+    assert_eq!((ok, limited), (3, 2), "{r}");
+    // Other connections have their own budget.
+    let mut other = node.connected(&["x", "y", "z"]).await;
+    assert_usable(&node, &mut other, "x").await;
+    assert_usable(&node, &mut c, "b").await;
+}
+
+#[tokio::test]
+async fn command_rate_limit_replies_110_and_the_connection_stays() {
+    let node = Node::start(
+        &["--dev"],
+        &[
+            ("HERALD_LIMITS__COMMANDS_PER_SECOND", "5"),
+            ("HERALD_LIMITS__COMMAND_BURST", "5"),
+        ],
+    )
+    .await;
+    let mut other = node.connected(&["room"]).await;
+    let mut c = node.connected(&[]).await;
+    // Burst of 20 in one frame: the bucket (5, minus the connect) lets a few through.
+    let lines: Vec<String> = (10..30)
+        .map(|id| json!({"id": id, "presence": {"channel": "x"}}).to_string())
+        .collect();
+    c.send_raw(&lines.join("\n")).await;
+    let mut ok = 0;
+    let mut limited = 0;
+    for id in 10..30 {
+        let r = c.reply(id).await;
+        if r.get("presence").is_some() {
+            ok += 1;
+        } else {
+            assert_eq!(error_code(&r), 110, "{r}");
+            limited += 1;
+        }
+    }
+    assert!((4..=6).contains(&ok), "{ok} allowed");
+    assert_eq!(ok + limited, 20);
+    // Others are not limited by this connection's rate.
+    let r = other.call("presence", json!({"channel": "room"})).await;
+    assert!(r.get("presence").is_some());
+    // After a pause the bucket refills and the same connection works again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    for _ in 0..3 {
+        let r = c.call("presence", json!({"channel": "x"})).await;
+        assert!(r.get("presence").is_some(), "{r}");
+    }
+    let r = c.call("subscribe", json!({"channel": "live"})).await;
+    assert!(r.get("subscribe").is_some(), "{r}");
+    // Live publications are not commands: they keep flowing at any rate.
+    for i in 0..20 {
+        node.publish("live", json!(i)).await;
+    }
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        let m = c.next().await;
+        if let Some(p) = m.get("pub") {
+            got.push(p["data"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(got, (0..20).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn handshake_timeout_closes_with_4500() {
+    let node = Node::start(&["--dev"], &[("HERALD_LIMITS__HANDSHAKE_TIMEOUT_MS", "500")]).await;
+    let mut quick = node.connected(&["room"]).await;
+    let mut silent = node.client().await;
+    let started = Instant::now();
+    assert_closed_with(&mut silent, 4500).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(400) && took < Duration::from_secs(3),
+        "closed after {took:?}"
+    );
+    // A connected client is not subject to the handshake timeout.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_usable(&node, &mut quick, "room").await;
+    // Only pongs and no connect is still no handshake.
+    let mut ponger = node.client().await;
+    ponger.send_raw("{}").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ponger.send_raw("{}").await;
+    assert_closed_with(&mut ponger, 4500).await;
+}
+
+#[tokio::test]
+async fn connections_over_max_connections_close_with_4504() {
+    let node = Node::start(&["--dev"], &[("HERALD_LIMITS__MAX_CONNECTIONS", "2")]).await;
+    let mut a = node.connected(&["room"]).await;
+    let mut b = node.connected(&["room"]).await;
+    let mut extra = node.client().await;
+    assert_closed_with(&mut extra, 4504).await;
+    assert_usable(&node, &mut a, "room").await;
+    assert_usable(&node, &mut b, "room").await;
+    // A slot frees when a connection ends.
+    drop(b);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut c = node.client().await;
+        c.send("connect", json!({})).await;
+        let r = c.try_next(Duration::from_secs(2)).await;
+        if r.is_some_and(|r| r.get("connect").is_some()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "slot never freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn malformed_json_closes_with_4500() {
+    let node = Node::dev().await;
+    let mut other = node.connected(&["room"]).await;
+    for bad in [
+        "not json",
+        "{\"id\": 1, \"presence\": ",
+        "[1, 2]",
+        "42",
+        "\"text\"",
+    ] {
+        let mut c = node.connected(&[]).await;
+        c.send_raw(bad).await;
+        assert_closed_with(&mut c, 4500).await;
+        // Before connect too.
+        let mut c = node.client().await;
+        c.send_raw(bad).await;
+        assert_closed_with(&mut c, 4500).await;
+    }
+    // A bad line in a batch ends the connection after the good lines before it were answered.
+    let mut c = node.connected(&[]).await;
+    c.send_raw("{\"id\":5,\"presence\":{\"channel\":\"x\"}}\nnope")
+        .await;
+    assert!(c.reply(5).await.get("presence").is_some());
+    assert_closed_with(&mut c, 4500).await;
+    assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
+async fn command_before_connect_closes_with_4500() {
+    let node = Node::dev().await;
+    let mut other = node.connected(&["room"]).await;
+    for (method, params) in [
+        ("subscribe", json!({"channel": "x"})),
+        ("publish", json!({"channel": "x", "data": 1})),
+        ("presence", json!({"channel": "x"})),
+        ("refresh", json!({"token": "t"})),
+        ("explode", json!({})),
+    ] {
+        let mut c = node.client().await;
+        c.send(method, params).await;
+        let closed = c.closed().await;
+        assert_eq!(closed.code, Some(4500), "{method}: {closed:?}");
+        assert_eq!(closed.disconnect.unwrap()["code"], 4500);
+    }
+    // A connect with bad params is not a connect either.
+    let mut c = node.client().await;
+    c.send("connect", json!({"subs": 5})).await;
+    assert_eq!(c.closed().await.code, Some(4500));
+    assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
+async fn missing_or_zero_id_closes_with_4500() {
+    let node = Node::dev().await;
+    let mut other = node.connected(&["room"]).await;
+    for bad in [
+        json!({"presence": {"channel": "x"}}),
+        json!({"id": 0, "presence": {"channel": "x"}}),
+        json!({"id": -1, "presence": {"channel": "x"}}),
+        json!({"id": "1", "presence": {"channel": "x"}}),
+        json!({"id": 1.5, "presence": {"channel": "x"}}),
+    ] {
+        let mut c = node.connected(&[]).await;
+        c.send_raw(&bad.to_string()).await;
+        let closed = c.closed().await;
+        assert_eq!(closed.code, Some(4500), "{bad}: {closed:?}");
+        assert_eq!(closed.disconnect.unwrap()["code"], 4500);
+    }
+    // Before connect as well.
+    let mut c = node.client().await;
+    c.send_raw(&json!({"connect": {}}).to_string()).await;
+    assert_eq!(c.closed().await.code, Some(4500));
+    assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
+async fn binary_frame_closes_with_4500() {
+    let node = Node::dev().await;
+    let mut other = node.connected(&["room"]).await;
+    let mut c = node.connected(&[]).await;
+    c.ws
+        .send(tokio_websockets::Message::binary(
+            br#"{"id":2,"presence":{"channel":"x"}}"#.to_vec(),
+        ))
+        .await
+        .unwrap();
+    assert_closed_with(&mut c, 4500).await;
+    let mut c = node.client().await;
+    c.ws
+        .send(tokio_websockets::Message::binary(b"\x00\x01".to_vec()))
+        .await
+        .unwrap();
+    assert_closed_with(&mut c, 4500).await;
+    assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
+async fn slow_consumer_is_closed_with_4001_and_hurts_nobody() {
+    const TOTAL: u64 = 3000;
+    let node = Node::start(
+        &["--dev"],
+        &[("HERALD_LIMITS__OUTBOUND_QUEUE_BYTES", "65536")],
+    )
+    .await;
+    assert_eq!(node.metric("herald_slow_consumers_total").await, 0.0);
+    let mut bystander = node.connected(&["quiet"]).await;
+    bystander.push("join").await;
+
+    // The reader drains its socket as fast as it can and must see every publication in order.
+    let mut reader = node.connected(&["firehose"]).await;
+    reader.push("join").await;
+    // The slow one subscribes and then never reads.
+    let mut slow = node.connected(&["firehose"]).await;
+    reader.push("join").await;
+    let reader_task = tokio::spawn(async move {
+        let mut offsets = Vec::new();
+        while offsets.last().copied().unwrap_or(0) < TOTAL {
+            let m = reader.next().await;
+            if let Some(p) = m.get("pub") {
+                offsets.push(p["offset"].as_u64().unwrap());
+            }
+        }
+        (reader, offsets)
+    });
+
+    let pad = "x".repeat(8000);
+    let started = Instant::now();
+    let mut publishers = Vec::new();
+    for k in 0..4u64 {
+        let api = node.api_handle();
+        let pad = pad.clone();
+        publishers.push(tokio::spawn(async move {
+            for i in 0..TOTAL / 4 {
+                api.publish("firehose", json!({"i": k * 1000 + i, "pad": pad}))
+                    .await;
+            }
+        }));
+    }
+    for p in publishers {
+        p.await.unwrap();
+    }
+    eprintln!("published {TOTAL} in {:?}", started.elapsed());
+    let (mut reader, offsets) = tokio::time::timeout(Duration::from_secs(30), reader_task)
+        .await
+        .expect("reader did not get everything")
+        .unwrap();
+    assert_eq!(offsets, (1..=TOTAL).collect::<Vec<_>>());
+    eprintln!("reader done after {:?}", started.elapsed());
+
+    // Now read what reached the slow client: whatever the kernel buffered, then the end.
+    let mut pubs = 0u64;
+    let mut disconnect = None;
+    while let Some(m) = tokio::time::timeout(Duration::from_secs(15), slow.next_or_closed())
+        .await
+        .expect("slow client never closed")
+    {
+        if m.get("pub").is_some() {
+            pubs += 1;
+        } else if let Some(d) = m.get("disconnect") {
+            disconnect = Some(d.clone());
+        }
+    }
+    eprintln!(
+        "slow: {pubs} pubs, disconnect {disconnect:?}, close {:?} after {:?}",
+        slow.close_code,
+        started.elapsed()
+    );
+    assert!(pubs < TOTAL, "the slow client cannot have received everything");
+    if let Some(d) = &disconnect {
+        assert_eq!(d["code"], 4001);
+        assert_eq!(d["reconnect"], true);
+    }
+    if let Some(code) = slow.close_code.filter(|c| *c != 1006) {
+        assert_eq!(code, 4001);
+    }
+    assert_eq!(node.metric("herald_slow_consumers_total").await, 1.0);
+
+    // The reader and the bystander carry on.
+    assert_usable(&node, &mut reader, "firehose").await;
+    assert_usable(&node, &mut bystander, "quiet").await;
+}
