@@ -18,7 +18,7 @@ use redis::{AsyncConnectionConfig, ProtocolVersion, Value};
 
 use crate::config::{RedisConfig, Topology};
 use crate::keys::{self, Names};
-use crate::link::{self, Backoff, Commands, Connector, Link};
+use crate::link::{self, Backoff, Commands, Connector, Link, Probe};
 use crate::metrics::Metrics;
 use crate::scripts;
 use crate::subscriber::{self, Backend, Dispatch, Subscriber};
@@ -77,22 +77,34 @@ impl RedisBroker {
                 let mut links = Vec::new();
                 let mut subs = Vec::new();
                 for url in &urls {
-                    let cmd = connector_for(url, &cfg, ProtocolVersion::RESP2)?;
-                    links.push(Link::connect(cmd, &cfg).await?);
+                    let cmd = connector_for(url, &cfg, ProtocolVersion::RESP3)?;
+                    let link = Link::connect(cmd, &cfg).await?;
+                    let probe = Probe::Link(link.clone());
+                    links.push(link);
                     let sub = connector_for(url, &cfg, ProtocolVersion::RESP3)?;
                     subs.push(
-                        single_subscriber(sub, &cfg, &client_name, &dispatch, backoff, health)
-                            .await?,
+                        single_subscriber(
+                            sub,
+                            &cfg,
+                            &client_name,
+                            &dispatch,
+                            backoff,
+                            health,
+                            probe,
+                        )
+                        .await?,
                     );
                 }
                 (false, Commands::Shards(links), subs)
             }
             Topology::Sentinel { nodes, master } => {
-                let cmd = sentinel_connector(&nodes, &master, &cfg, ProtocolVersion::RESP2)?;
+                let cmd = sentinel_connector(&nodes, &master, &cfg, ProtocolVersion::RESP3)?;
                 let link = Link::connect(cmd, &cfg).await?;
                 let sub = sentinel_connector(&nodes, &master, &cfg, ProtocolVersion::RESP3)?;
+                let probe = Probe::Link(link.clone());
                 let subscriber =
-                    single_subscriber(sub, &cfg, &client_name, &dispatch, backoff, health).await?;
+                    single_subscriber(sub, &cfg, &client_name, &dispatch, backoff, health, probe)
+                        .await?;
                 (false, Commands::Shards(vec![link]), vec![subscriber])
             }
             Topology::Cluster(seeds) => {
@@ -119,6 +131,7 @@ impl RedisBroker {
                     backoff,
                     cfg.subscribe_batch,
                     health,
+                    Probe::Cluster(cmd.clone()),
                 );
                 (true, Commands::Cluster(cmd), vec![subscriber])
             }
@@ -251,6 +264,7 @@ async fn single_subscriber(
     dispatch: &Arc<Dispatch>,
     backoff: Backoff,
     health: Duration,
+    probe: Probe,
 ) -> Result<Subscriber, BrokerError> {
     let config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(cfg.connect_timeout()))
@@ -268,6 +282,7 @@ async fn single_subscriber(
         backoff,
         cfg.subscribe_batch,
         health,
+        probe,
     )
     .await
 }

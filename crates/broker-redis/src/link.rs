@@ -13,7 +13,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, IntoConnectionInfo,
-    Pipeline, ProtocolVersion, RedisError, RedisFuture, Value,
+    Pipeline, ProtocolVersion, PushInfo, PushKind, RedisError, RedisFuture, Value,
 };
 
 use crate::config::RedisConfig;
@@ -220,17 +220,38 @@ impl Link {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(cfg.connect_timeout()))
             .set_response_timeout(Some(cfg.command_timeout()));
-        let conn = connector.connect(config.clone()).await.map_err(|e| {
-            BrokerError::Unavailable(format!("redis at {}: {e}", connector.describe()))
-        })?;
-        Ok(Arc::new(Link {
+        let link = Arc::new(Link {
             connector,
             config,
             backoff: Backoff::new(cfg),
-            conn: Mutex::new(Some((1, conn))),
-            generation: AtomicU64::new(1),
-            reconnecting: AtomicBool::new(false),
-        }))
+            conn: Mutex::new(None),
+            generation: AtomicU64::new(0),
+            reconnecting: AtomicBool::new(true),
+        });
+        link.open().await.map_err(|e| {
+            BrokerError::Unavailable(format!("redis at {}: {e}", link.connector.describe()))
+        })?;
+        link.reconnecting.store(false, Ordering::Release);
+        Ok(link)
+    }
+
+    /// Open a new connection (next generation) whose loss is noticed at once, not at the next
+    /// command: the connection's reader reports `Disconnection` and a reconnect starts.
+    async fn open(self: &Arc<Self>) -> Result<(), RedisError> {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
+        let weak = Arc::downgrade(self);
+        let on_push = move |push: PushInfo| {
+            if push.kind == PushKind::Disconnection {
+                if let Some(link) = weak.upgrade() {
+                    link.lost(generation, "connection closed");
+                }
+            }
+            Ok::<(), std::convert::Infallible>(())
+        };
+        let config = self.config.clone().set_push_sender(on_push);
+        let c = self.connector.connect(config).await?;
+        *self.conn.lock().expect("link lock") = Some((generation, c));
+        Ok(())
     }
 
     /// The live connection, or `Unavailable` at once (and a reconnect starts).
@@ -248,17 +269,43 @@ impl Link {
     /// A command on connection `generation` failed with `err`: drop that connection if the error
     /// says it is gone.
     pub(crate) fn failed(self: &Arc<Self>, generation: u64, err: &RedisError) {
-        if !is_connection_error(err) {
-            return;
+        if is_connection_error(err) {
+            self.lost(generation, &err.to_string());
         }
+    }
+
+    fn lost(self: &Arc<Self>, generation: u64, cause: &str) {
         {
             let mut conn = self.conn.lock().expect("link lock");
             if conn.as_ref().is_some_and(|(g, _)| *g == generation) {
-                tracing::warn!(server = %self.connector.describe(), cause = %err, "redis command connection lost");
+                tracing::warn!(server = %self.connector.describe(), cause, "redis command connection lost");
                 *conn = None;
             }
         }
         self.start_reconnect();
+    }
+
+    /// `PING` on the live connection: whether commands work right now.
+    pub(crate) async fn probe(self: &Arc<Self>, timeout: Duration) -> Result<(), RedisError> {
+        let (generation, mut c) = self.get().map_err(|e| {
+            RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                e.to_string(),
+            ))
+        })?;
+        let result =
+            match tokio::time::timeout(timeout, redis::cmd("PING").query_async::<()>(&mut c)).await
+            {
+                Ok(r) => r,
+                Err(_) => Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "PING timed out",
+                ))),
+            };
+        if let Err(e) = &result {
+            self.failed(generation, e);
+        }
+        result
     }
 
     fn start_reconnect(self: &Arc<Self>) {
@@ -272,10 +319,8 @@ impl Link {
                 let delay = backoff.next_delay();
                 tokio::time::sleep(delay).await;
                 let Some(link) = weak.upgrade() else { return };
-                match link.connector.connect(link.config.clone()).await {
-                    Ok(c) => {
-                        let generation = link.generation.fetch_add(1, Ordering::Relaxed) + 1;
-                        *link.conn.lock().expect("link lock") = Some((generation, c));
+                match link.open().await {
+                    Ok(()) => {
                         link.reconnecting.store(false, Ordering::Release);
                         tracing::info!(server = %link.connector.describe(), "redis command connection restored");
                         return;
@@ -286,6 +331,36 @@ impl Link {
                 }
             }
         });
+    }
+}
+
+/// How a subscriber checks that commands work before it asks the hub to catch up (a catch-up
+/// reads history through the command connection).
+#[derive(Clone)]
+pub(crate) enum Probe {
+    /// The command link of the same standalone server.
+    Link(Arc<Link>),
+    /// The cluster command connection (`PING` goes to every primary).
+    Cluster(ClusterConnection),
+}
+
+impl Probe {
+    pub(crate) async fn check(&self, timeout: Duration) -> Result<(), RedisError> {
+        match self {
+            Probe::Link(link) => link.probe(timeout).await,
+            Probe::Cluster(c) => {
+                let mut c = c.clone();
+                match tokio::time::timeout(timeout, redis::cmd("PING").query_async::<()>(&mut c))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "PING timed out",
+                    ))),
+                }
+            }
+        }
     }
 }
 

@@ -61,7 +61,7 @@ impl Metrics {
             let _ = writeln!(out, "herald_broker_{name} {v}");
         };
         counter(
-            "published_total",
+            "messages_published_total",
             "Publications stored in Redis and published.",
             self.published.load(Relaxed),
         );
@@ -71,7 +71,7 @@ impl Metrics {
             self.publish_errors.load(Relaxed),
         );
         counter(
-            "received_total",
+            "messages_received_total",
             "Publication messages received from Redis pub/sub.",
             self.received_publications.load(Relaxed),
         );
@@ -152,7 +152,7 @@ mod tests {
         m.observe_rtt(Duration::from_micros(300));
         m.observe_rtt(Duration::from_secs(5));
         let text = m.render("standalone");
-        assert!(text.contains("herald_broker_published_total 3\n"));
+        assert!(text.contains("herald_broker_messages_published_total 3\n"));
         assert!(text.contains("herald_broker_redis_rtt_seconds_bucket{le=\"0.0005\"} 1\n"));
         assert!(text.contains("herald_broker_redis_rtt_seconds_bucket{le=\"+Inf\"} 2\n"));
         assert!(text.contains("herald_broker_connected{mode=\"standalone\"} 1\n"));

@@ -25,7 +25,7 @@ use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::keys::{self, Envelope, Names};
-use crate::link::{broker_error, is_connection_error, Backoff, Connector};
+use crate::link::{broker_error, is_connection_error, Backoff, Connector, Probe};
 use crate::metrics::Metrics;
 
 /// Concurrent `SSUBSCRIBE` commands in flight on a Cluster (one per slot).
@@ -242,6 +242,7 @@ impl Subscriber {
         backoff: Backoff,
         batch: usize,
         health_every: Duration,
+        probe: Probe,
     ) -> Result<Subscriber, BrokerError> {
         let (signal_tx, signals) = mpsc::channel(SIGNAL_QUEUE);
         if let Backend::Single { .. } = backend {
@@ -263,6 +264,7 @@ impl Subscriber {
             batch: batch.max(1),
             backoff,
             health_every,
+            probe,
         };
         tokio::spawn(actor.run());
         Ok(Subscriber { requests: tx })
@@ -314,6 +316,7 @@ impl Subscriber {
         backoff: Backoff,
         batch: usize,
         health_every: Duration,
+        probe: Probe,
     ) -> Subscriber {
         let (tx, requests) = mpsc::channel(REQUEST_QUEUE);
         let actor = Actor {
@@ -327,6 +330,7 @@ impl Subscriber {
             batch: batch.max(1),
             backoff,
             health_every,
+            probe,
         };
         tokio::spawn(actor.run());
         Subscriber { requests: tx }
@@ -377,6 +381,9 @@ struct Actor {
     batch: usize,
     backoff: Backoff,
     health_every: Duration,
+    /// Checked after reconnecting and before subscribing again, so that the catch-up that
+    /// follows can read history.
+    probe: Probe,
 }
 
 impl Actor {
@@ -598,6 +605,7 @@ impl Actor {
 
     async fn try_resync(&mut self) -> Result<usize, RedisError> {
         reconnect_single(&mut self.backend, &self.dispatch, &self.signal_tx).await?;
+        self.probe.check(self.health_every).await?;
         let conn = self.conn().expect("connected after reconnect");
         let channels: Vec<String> = self.desired.iter().cloned().collect();
         let n = channels.len();

@@ -91,9 +91,9 @@ async fn targeted_fanout(cfg: RedisConfig, servers: &[&RedisServer], cluster: bo
         ra.offsets(&ch).is_empty(),
         "A hosts nobody: it receives nothing"
     );
-    assert_eq!(metric(&a, "herald_broker_received_total"), 0.0);
-    assert_eq!(metric(&b, "herald_broker_received_total"), 100.0);
-    assert_eq!(metric(&a, "herald_broker_published_total"), 100.0);
+    assert_eq!(metric(&a, "herald_broker_messages_received_total"), 0.0);
+    assert_eq!(metric(&b, "herald_broker_messages_received_total"), 100.0);
+    assert_eq!(metric(&a, "herald_broker_messages_published_total"), 100.0);
     assert_eq!(metric(&b, "herald_broker_subscribed_channels"), 1.0);
     assert_eq!(
         sum_over(servers, &["PUBSUB", "NUMPAT"]),
