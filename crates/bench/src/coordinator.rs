@@ -172,6 +172,9 @@ pub struct RunResult {
     pub timeline: Vec<u64>,
     /// `/metrics` differences per node (before → after).
     pub metrics_delta: Vec<Metrics>,
+    /// `/metrics` differences per node from before the run to when every client was connected
+    /// (the server's own connection and subscription gauges, to bracket the client-side count).
+    pub metrics_connected_delta: Vec<Metrics>,
     /// `rooms`: broker messages received per node vs. the ideal.
     pub broker: Vec<BrokerFigures>,
     /// What stopped or limited the test.
@@ -428,6 +431,7 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
         res.connect_rate = res.connected as f64 / res.connect_s;
     }
     let srv_connected = sample_all(&servers.pids);
+    let metrics_connected = scrape_all(&p).await;
     let connect_wall = t0.elapsed().as_secs_f64();
     // Let the server settle (queues drained, allocator quiet) before the window opens.
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -642,6 +646,11 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
         .zip(&metrics_after)
         .map(|(a, b)| sysstat::metrics_delta(a, b))
         .collect();
+    res.metrics_connected_delta = metrics_before
+        .iter()
+        .zip(&metrics_connected)
+        .map(|(a, b)| sysstat::metrics_delta(a, b))
+        .collect();
     if scenario == Scenario::Rooms {
         res.broker = broker_figures(&p, &publish, &metrics_before, &metrics_after);
     }
@@ -662,6 +671,8 @@ fn add_counters(a: &mut Counters, b: &Counters) {
     a.pings += b.pings;
     a.disconnect_pushes += b.disconnect_pushes;
     a.unsub_pushes += b.unsub_pushes;
+    a.joins += b.joins;
+    a.leaves += b.leaves;
     a.error_replies += b.error_replies;
     a.parse_errors += b.parse_errors;
     a.deliveries += b.deliveries;

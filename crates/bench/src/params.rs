@@ -104,7 +104,7 @@ pub struct Params {
     #[arg(long, default_value_t = 30.0)]
     pub retry_for: f64,
     /// Prometheus counter that counts publications a node receives from the broker (`rooms`).
-    #[arg(long, default_value = "herald_broker_messages_received_total")]
+    #[arg(long, default_value = "herald_hub_publications_received_total")]
     pub broker_metric: String,
     /// First loopback source address; worker i dials from this + i (127.0.0.2, 127.0.0.3, …).
     #[arg(long, default_value = "127.0.0.2")]

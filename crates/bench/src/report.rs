@@ -65,6 +65,16 @@ pub fn table(r: &RunResult) -> String {
             s.connect_cpu_pct
         );
     }
+    for (i, m) in r.metrics_connected_delta.iter().enumerate() {
+        let g = |k: &str| m.get(k).map_or("n/a".to_string(), |v| format!("{v:.0}"));
+        let _ = writeln!(
+            o,
+            "{:<26} node {i}: +{} connections, +{} subscriptions (server's /metrics when all were connected)",
+            "server-side count",
+            g("herald_connections"),
+            g("herald_subscriptions")
+        );
+    }
     if r.rss_per_connection != 0.0 {
         let _ = writeln!(
             o,
@@ -147,8 +157,8 @@ pub fn table(r: &RunResult) -> String {
     }
     let _ = writeln!(
         o,
-        "{:<26} pings {}, disconnect pushes {}, server closes {}, errors replies {}, parse errors {}",
-        "events", c.pings, c.disconnect_pushes, c.server_closes, c.error_replies, c.parse_errors
+        "{:<26} pings {}, join {}, leave {}, disconnect pushes {}, server closes {}, error replies {}, parse errors {}",
+        "events", c.pings, c.joins, c.leaves, c.disconnect_pushes, c.server_closes, c.error_replies, c.parse_errors
     );
     for s in &r.stopped_by {
         let _ = writeln!(o, "{:<26} {s}", "stopped by / limits");

@@ -124,6 +124,12 @@ pub struct Incoming<'a> {
     /// The server is about to close the connection.
     #[serde(default)]
     pub disconnect: Option<Box<RawValue>>,
+    /// Presence: someone subscribed (where the namespace turns `join_leave` on).
+    #[serde(default)]
+    pub join: Option<Box<RawValue>>,
+    /// Presence: someone left.
+    #[serde(default)]
+    pub leave: Option<Box<RawValue>>,
 }
 
 impl Incoming<'_> {
@@ -135,6 +141,8 @@ impl Incoming<'_> {
             && self.publication.is_none()
             && self.unsub.is_none()
             && self.disconnect.is_none()
+            && self.join.is_none()
+            && self.leave.is_none()
     }
 }
 
@@ -165,6 +173,8 @@ mod tests {
         let publ = p.publication.unwrap();
         assert_eq!((publ.offset, publ.data.t), (7, 5));
         assert!(parse("{}").unwrap().is_ping());
+        let j = parse(r#"{"join":{"channel":"c","info":{"user":"","client":"x"}}}"#).unwrap();
+        assert!(!j.is_ping() && j.join.is_some());
         let r = parse(
             r#"{"id":1,"connect":{"client":"a","node":"n","ping_interval":25,"subs":{"c":{"epoch":"e","offset":3,"recoverable":true,"recovered":true,"publications":[{"offset":3,"data":{"t":1,"s":0}}]}}}}"#,
         )

@@ -146,6 +146,10 @@ pub struct Counters {
     pub disconnect_pushes: u64,
     /// `unsub` pushes.
     pub unsub_pushes: u64,
+    /// Presence `join` pushes.
+    pub joins: u64,
+    /// Presence `leave` pushes.
+    pub leaves: u64,
     /// Error replies.
     pub error_replies: u64,
     /// Lines that did not parse.
@@ -787,6 +791,10 @@ fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount) -> bool
             s.counters.disconnect_pushes += 1;
         } else if inc.unsub.is_some() {
             s.counters.unsub_pushes += 1;
+        } else if inc.join.is_some() {
+            s.counters.joins += 1;
+        } else if inc.leave.is_some() {
+            s.counters.leaves += 1;
         } else if inc.error.is_some() {
             s.counters.error_replies += 1;
         } else if inc.is_ping() {
