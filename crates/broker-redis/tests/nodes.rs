@@ -522,3 +522,63 @@ async fn standalone_shards_spread_channels() {
     assert_eq!(rb.reconnects.lock().unwrap().to_owned(), 0);
     let _ = Ordering::Relaxed;
 }
+
+/// Broker load is real work: with rooms hosted on 1 to 4 of 4 nodes, each node receives exactly
+/// the publications of the rooms it hosts (a pattern subscription would deliver all of them to
+/// every node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broker_load_is_the_nodes_hosting_each_room() {
+    let redis = RedisServer::start();
+    let cfg = RedisConfig::from_url(&redis.url());
+    let mut nodes = Vec::new();
+    for i in 0..4 {
+        nodes.push(node(&cfg, &format!("n{i}")).await);
+    }
+    let per_room = 10;
+    let mut hosted = [0u64; 4];
+    let mut total_hosting = 0;
+    let rooms: Vec<String> = (0..8).map(|r| unique(&format!("room{r}"))).collect();
+    for (r, room) in rooms.iter().enumerate() {
+        // Room r is hosted on 1 + r % 4 nodes, starting at node r % 4.
+        for k in 0..=(r % 4) {
+            let n = (r + k) % 4;
+            nodes[n].0.subscribe(room).await.unwrap();
+            hosted[n] += per_room;
+            total_hosting += 1;
+        }
+    }
+    for (r, room) in rooms.iter().enumerate() {
+        for i in 0..per_room {
+            let publisher = &nodes[(r + 1) % 4].0;
+            publisher
+                .publish(room, Bytes::from(i.to_string()), None, &opts(0))
+                .await
+                .unwrap();
+        }
+    }
+    let expected: u64 = hosted.iter().sum();
+    eventually("all delivered", || {
+        nodes
+            .iter()
+            .map(|(_, rec)| rec.publications.lock().unwrap().len() as u64)
+            .sum::<u64>()
+            >= expected
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let publications = rooms.len() as u64 * per_room;
+    let mut received = 0.0;
+    for (i, (broker, _)) in nodes.iter().enumerate() {
+        let got = metric(broker, "herald_broker_messages_received_total");
+        assert_eq!(
+            got, hosted[i] as f64,
+            "node {i} receives only rooms it hosts"
+        );
+        received += got;
+    }
+    let per_publication = received / publications as f64;
+    let ideal = total_hosting as f64 / rooms.len() as f64;
+    eprintln!("broker messages per publication: {per_publication:.2} (ideal {ideal:.2}, pattern design 4)");
+    assert!((per_publication - ideal).abs() < 1e-9);
+    assert_eq!(redis.cli(&["PUBSUB", "NUMPAT"]), "0");
+}
