@@ -71,6 +71,8 @@ pub struct RedisOptions {
     pub persistent: bool,
     /// Extra `redis-server` arguments, e.g. `["--requirepass", "secret"]`.
     pub extra_args: Vec<String>,
+    /// Run as a Sentinel monitoring this master: (name, `host:port`), quorum 1.
+    pub sentinel_of: Option<(String, String)>,
 }
 
 /// One `redis-server` process on 127.0.0.1, killed on drop.
@@ -113,6 +115,32 @@ impl RedisServer {
     }
 
     fn args(&self) -> Vec<String> {
+        if let Some((name, master)) = &self.options.sentinel_of {
+            let (host, port) = master.rsplit_once(':').expect("host:port");
+            let conf = self.dir.0.join("sentinel.conf");
+            if !conf.exists() {
+                let text = format!(
+                    "sentinel monitor {name} {host} {port} 1\nsentinel down-after-milliseconds {name} 1000\n\
+                     sentinel failover-timeout {name} 2000\n"
+                );
+                std::fs::write(&conf, text).expect("write sentinel.conf");
+            }
+            return [
+                conf.display().to_string(),
+                "--sentinel".into(),
+                "--port".into(),
+                self.port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--dir".into(),
+                self.dir.0.display().to_string(),
+                "--logfile".into(),
+                "redis.log".into(),
+            ]
+            .into_iter()
+            .chain(self.options.extra_args.iter().cloned())
+            .collect();
+        }
         let mut args: Vec<String> = vec![
             "--port".into(),
             self.port.to_string(),
@@ -199,6 +227,14 @@ impl RedisServer {
         let log = std::fs::read_to_string(self.dir.0.join("redis.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(10)..].join("\n")
+    }
+
+    /// A Sentinel (`redis-server --sentinel`) that monitors `master` under `name`, quorum 1.
+    pub fn start_sentinel(name: &str, master: &RedisServer) -> Self {
+        Self::start_with(RedisOptions {
+            sentinel_of: Some((name.to_owned(), master.addr())),
+            ..RedisOptions::default()
+        })
     }
 
     /// The TCP port.
@@ -389,6 +425,18 @@ mod tests {
         let port = r.port();
         drop(r);
         assert!(!ping(port, None), "killed on drop");
+    }
+
+    #[test]
+    fn sentinel_names_the_master() {
+        let master = RedisServer::start();
+        let sentinel = RedisServer::start_sentinel("mymaster", &master);
+        let addr = sentinel.cli(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+        assert_eq!(
+            addr.lines().last(),
+            Some(master.port().to_string().as_str()),
+            "{addr}"
+        );
     }
 
     #[test]
