@@ -185,6 +185,12 @@ async fn run(app: Arc<App>, mut ws: Ws) {
                     break Some((drained.frames, req));
                 }
                 if write_batch(&mut ws, drained.frames, write_timeout(&app)).await.is_err() {
+                    // A client that stopped reading blocks the write until it times out; its
+                    // queue overflows meanwhile. It is a slow consumer even though the jammed
+                    // socket cannot carry the 4001 any more.
+                    if out.drain().close.is_some_and(|r| r.code == CloseCode::SLOW_CONSUMER) {
+                        metrics.slow_consumers.inc();
+                    }
                     break None;
                 }
             }
