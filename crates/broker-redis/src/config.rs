@@ -125,6 +125,27 @@ impl RedisConfig {
         }
     }
 
+    /// Whether one of `url`, `shards`, `cluster` or `sentinel` is set.
+    pub fn names_servers(&self) -> bool {
+        self.url.is_some()
+            || !self.shards.is_empty()
+            || !self.cluster.is_empty()
+            || self.sentinel.is_some()
+    }
+
+    /// Use `url` (the server's `broker_url`) when the table names no servers itself.
+    ///
+    /// ```
+    /// let cfg = herald_broker_redis::RedisConfig::default().or_url("redis://127.0.0.1:6379");
+    /// assert_eq!(cfg.url.as_deref(), Some("redis://127.0.0.1:6379"));
+    /// ```
+    pub fn or_url(mut self, url: &str) -> Self {
+        if !self.names_servers() {
+            self.url = Some(url.to_owned());
+        }
+        self
+    }
+
     pub(crate) fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms.max(1))
     }
