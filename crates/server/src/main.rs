@@ -108,11 +108,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        // Handlers first: a SIGTERM that arrives once the node says it listens must drain it,
+        // not kill it.
+        let shutdown = shutdown_signal()?;
         let addr = format!("{}:{}", config.bind, config.port);
         let listener = tokio::net::TcpListener::bind(&addr)
             .await
             .with_context(|| format!("binding {addr}"))?;
-        herald_server::serve::run(listener, config, shutdown_signal()).await
+        herald_server::serve::run(listener, config, shutdown).await
     })
 }
 
@@ -128,18 +131,24 @@ fn init_logging(format: &str, level: &str) {
     }
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Install the SIGINT/SIGTERM handlers now; the future resolves on the first signal.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
+    let (mut int, mut term) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (
+            signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        )
+    };
+    Ok(async move {
+        #[cfg(unix)]
         tokio::select! {
-            _ = ctrl_c => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutdown signal received");
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutdown signal received");
+    })
 }
