@@ -1,0 +1,455 @@
+//! Operating the binary: health, metrics, graceful drain on SIGTERM, the command line, config
+//! layering, TLS, and `herald token`.
+
+mod common;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Run `herald ARGS` to completion with a clean `HERALD_*` environment plus `env`.
+fn herald(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+    cmd.args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn herald");
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > Duration::from_secs(10) {
+            let _ = child.kill();
+            panic!("herald {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tokio::test]
+async fn health_is_ok() {
+    let node = Node::dev().await;
+    let (status, body) = node.http("GET", "/health", None, None).await;
+    assert_eq!((status, body), (200, json!({"status": "ok"})));
+}
+
+#[tokio::test]
+async fn metrics_count_connections() {
+    let node = Node::dev().await;
+    let (status, body) = node.http("GET", "/metrics", None, None).await;
+    assert_eq!(status, 200);
+    let text = body.as_str().expect("text body");
+    assert!(text.contains("# TYPE herald_connections gauge"), "{text}");
+    assert_eq!(node.metric("herald_connections").await, 0.0);
+    let accepted = node.metric("herald_connections_accepted_total").await;
+
+    let mut c = node.connected(&["m"]).await;
+    assert_eq!(node.metric("herald_connections").await, 1.0);
+    assert_eq!(
+        node.metric("herald_connections_accepted_total").await,
+        accepted + 1.0
+    );
+    assert_eq!(node.metric("herald_subscriptions").await, 1.0);
+    c.call("publish", json!({"channel": "m", "data": 1})).await;
+    assert!(node.metric("herald_publications_total").await >= 1.0);
+    drop(c);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while node.metric("herald_connections").await != 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "connection gauge never went down"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(node.metric("herald_subscriptions").await, 0.0);
+}
+
+#[tokio::test]
+async fn sigterm_drains_every_client_with_4000_and_exits_0() {
+    let drain_ms = 1500u64;
+    let mut node = Node::start(&["--dev"], &[("HERALD_DRAIN_MS", "1500")]).await;
+    let mut clients = Vec::new();
+    for i in 0..5 {
+        let mut c = node.connected(&["room"]).await;
+        let r = c
+            .call("subscribe", json!({"channel": format!("own-{i}")}))
+            .await;
+        assert!(r.get("subscribe").is_some());
+        clients.push(c);
+    }
+    let sent = Instant::now();
+    node.sigterm();
+    for c in &mut clients {
+        let closed = c.closed().await;
+        assert_eq!(closed.code, Some(4000), "{closed:?}");
+        let d = closed.disconnect.expect("disconnect push");
+        assert_eq!(d["code"], 4000, "{d}");
+        assert_eq!(d["reconnect"], true, "{d}");
+        let after = d["after_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("after_ms: {d}"));
+        assert!(after < drain_ms, "after_ms {after} outside [0, {drain_ms})");
+    }
+    let status = tokio::time::timeout(Duration::from_secs(6), node.child.wait())
+        .await
+        .expect("herald did not exit after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+    let took = sent.elapsed();
+    assert!(
+        took < Duration::from_millis(drain_ms) + Duration::from_secs(3),
+        "exit took {took:?}"
+    );
+    // It no longer listens.
+    assert!(TcpStream::connect(node.addr).await.is_err());
+}
+
+#[tokio::test]
+async fn sigterm_with_no_clients_exits_promptly() {
+    let mut node = Node::start(&["--dev"], &[("HERALD_DRAIN_MS", "10000")]).await;
+    let sent = Instant::now();
+    node.sigterm();
+    let status = tokio::time::timeout(Duration::from_secs(5), node.child.wait())
+        .await
+        .expect("herald did not exit")
+        .unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn help_and_version() {
+    let out = herald(&["--help"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let help = text(&out.stdout);
+    assert!(help.contains("serve") && help.contains("token"), "{help}");
+    let out = herald(&["serve", "--help"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    let help = text(&out.stdout);
+    for flag in [
+        "--dev",
+        "--port",
+        "--bind",
+        "--config",
+        "--tls-cert",
+        "--tls-key",
+    ] {
+        assert!(help.contains(flag), "serve --help lacks {flag}: {help}");
+    }
+    let out = herald(&["token", "--help"], &[]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out.stdout).contains("--sub"));
+    let out = herald(&["--version"], &[]);
+    assert!(out.status.success());
+    assert!(text(&out.stdout).starts_with("herald "), "{out:?}");
+    // Unknown flags fail.
+    let out = herald(&["serve", "--no-such-flag"], &[]);
+    assert!(!out.status.success());
+}
+
+#[tokio::test]
+async fn dev_refuses_a_public_bind() {
+    for bind in ["0.0.0.0", "::", "192.0.2.1"] {
+        let out = herald(&["serve", "--dev", "--bind", bind, "--port", "0"], &[]);
+        assert!(
+            !out.status.success(),
+            "--dev --bind {bind} started: {out:?}"
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("loopback") && err.contains(bind),
+            "unclear message for {bind}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "it must not listen: {out:?}");
+    }
+    let out = herald(
+        &["serve", "--dev", "--bind", "localhost", "--port", "0"],
+        &[],
+    );
+    assert!(!out.status.success());
+    let out = herald(&["serve", "--config", "/no/such/herald.toml"], &[]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("/no/such/herald.toml"),
+        "{out:?}"
+    );
+    let bad = config_file("bad.toml", "prot = 8000\n");
+    let out = herald(&["serve", "--config", &bad, "--port", "0"], &[]);
+    assert!(!out.status.success(), "a typo in the file must be refused");
+    assert!(text(&out.stderr).contains("prot"), "{out:?}");
+}
+
+#[tokio::test]
+async fn config_file_sets_namespaces_and_env_overrides_it() {
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        allow_anonymous = true
+        ping_interval_s = 30
+        node_name = "from-file"
+
+        [limits]
+        max_channels_per_connection = 50
+
+        [default_namespace]
+        subscribe = "anonymous"
+        publish = false
+
+        [[namespaces]]
+        name = "chat"
+        subscribe = "anonymous"
+        publish = true
+        presence = true
+        "#,
+    );
+    let node = Node::start(
+        &["--config", &cfg],
+        &[
+            ("HERALD_PING_INTERVAL_S", "7"),
+            ("HERALD_DEFAULT_NAMESPACE__PUBLISH", "true"),
+            ("HERALD_LIMITS__MAX_CHANNELS_PER_CONNECTION", "2"),
+        ],
+    )
+    .await;
+    let mut c = node.client().await;
+    let r = c.call("connect", json!({})).await;
+    assert_eq!(r["connect"]["ping_interval"], 7, "env wins over the file");
+    assert_eq!(r["connect"]["node"], "from-file", "file wins over defaults");
+    // The file's namespace exists, with its settings.
+    let r = c.call("subscribe", json!({"channel": "chat:lobby"})).await;
+    assert!(r.get("subscribe").is_some(), "{r}");
+    let r = c.call("presence", json!({"channel": "chat:lobby"})).await;
+    assert!(r.get("presence").is_some(), "{r}");
+    let r = c.call("subscribe", json!({"channel": "other:x"})).await;
+    assert_eq!(r["error"]["code"], 102, "{r}");
+    // Env merged into the file's section: publish turned on, subscribe kept.
+    let r = c
+        .call("publish", json!({"channel": "plain", "data": 1}))
+        .await;
+    assert_eq!(r["publish"]["offset"], 1, "{r}");
+    let r = c.call("subscribe", json!({"channel": "plain"})).await;
+    assert!(r.get("subscribe").is_some(), "{r}");
+    let r = c.call("subscribe", json!({"channel": "plain2"})).await;
+    assert_eq!(r["error"]["code"], 106, "env limit 2 wins over 50: {r}");
+}
+
+/// A TLS connection to the node, verified against the fixture certificate.
+async fn tls(node: &Node) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let tcp = TcpStream::connect(node.addr).await.unwrap();
+    let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+    tls_connector()
+        .connect(name, tcp)
+        .await
+        .expect("TLS handshake")
+}
+
+/// One HTTPS request; status and JSON body.
+async fn https(node: &Node, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut s = tls(node).await;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {API_KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    // A peer that skips close_notify ends in an error after the data; what was read counts.
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(Value::String(body.into())),
+    )
+}
+
+#[tokio::test]
+async fn tls_serves_https_and_wss() {
+    let cert = fixture("tls_cert.pem");
+    let key = fixture("tls_key.pem");
+    let node = Node::start(&["--dev", "--tls-cert", &cert, "--tls-key", &key], &[]).await;
+    assert!(node.tls, "the listening line says https://");
+
+    let (status, body) = https(&node, "GET", "/health", None).await;
+    assert_eq!((status, body), (200, json!({"status": "ok"})));
+
+    let stream = tls(&node).await;
+    let mut c = Client::open_on(Box::new(stream), "wss://localhost/ws", &[])
+        .await
+        .expect("WebSocket over TLS");
+    let r = c.call("connect", json!({"subs": {"secure": {}}})).await;
+    assert!(r["connect"]["subs"]["secure"]["epoch"].is_string(), "{r}");
+    assert_eq!(c.push("join").await["channel"], "secure");
+    let (status, r) = https(
+        &node,
+        "POST",
+        "/api/publish",
+        Some(json!({"channel": "secure", "data": {"over": "tls"}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        c.push("pub").await,
+        json!({"channel": "secure", "offset": 1, "data": {"over": "tls"}})
+    );
+
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    let mut plain = TcpStream::connect(node.addr).await.unwrap();
+    plain
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut raw)).await;
+    assert!(!String::from_utf8_lossy(&raw).contains("200 OK"));
+    // The TLS client still works.
+    let r = c.call("presence", json!({"channel": "secure"})).await;
+    assert!(r.get("presence").is_some(), "{r}");
+}
+
+#[tokio::test]
+async fn tls_flags_go_together_and_bad_files_fail() {
+    let out = herald(
+        &[
+            "serve",
+            "--dev",
+            "--port",
+            "0",
+            "--tls-cert",
+            &fixture("tls_cert.pem"),
+        ],
+        &[],
+    );
+    assert!(!out.status.success(), "--tls-cert without --tls-key");
+    let out = herald(
+        &[
+            "serve",
+            "--dev",
+            "--port",
+            "0",
+            "--tls-cert",
+            &fixture("tls_cert.pem"),
+            "--tls-key",
+            &fixture("rsa_public.pem"),
+        ],
+        &[],
+    );
+    assert!(
+        !out.status.success(),
+        "a public key is no private key: {out:?}"
+    );
+}
+
+#[tokio::test]
+async fn herald_token_prints_a_working_token() {
+    let out = herald(
+        &[
+            "token",
+            "--sub",
+            "alice",
+            "--secret",
+            "s",
+            "--expires-in",
+            "600",
+            "--channels",
+            "news,alerts",
+            "--info",
+            r#"{"name":"Alice"}"#,
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let t = text(&out.stdout).trim().to_owned();
+    assert_eq!(t.split('.').count(), 3, "a JWT: {t}");
+
+    let cfg = config_file(
+        "herald.toml",
+        "[default_namespace]\nsubscribe = \"authenticated\"\npresence = true\n\n[[namespaces]]\nname = \"priv\"\nsubscribe = \"token\"\n",
+    );
+    let node = Node::start(&["--config", &cfg], &[("HERALD_TOKEN_HMAC_SECRET", "s")]).await;
+    let mut c = node.client().await;
+    let r = c.call("connect", json!({"token": t})).await;
+    let res = &r["connect"];
+    let secs = res["expires_in"].as_u64().unwrap_or_else(|| panic!("{r}"));
+    assert!((598..=600).contains(&secs), "{r}");
+    assert!(res["subs"]["news"]["epoch"].is_string(), "{r}");
+    assert!(res["subs"]["alerts"]["epoch"].is_string(), "{r}");
+    let (_, p) = node
+        .api("/api/presence", Some(json!({"channel": "news"})))
+        .await;
+    let entry = p["clients"][res["client"].as_str().unwrap()].clone();
+    assert_eq!(entry, json!({"user": "alice", "info": {"name": "Alice"}}));
+
+    // The secret may come from the environment; a plain token has no exp.
+    let out = herald(
+        &["token", "--sub", "bob"],
+        &[("HERALD_TOKEN_HMAC_SECRET", "s")],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let mut c = node.client().await;
+    let r = c
+        .call("connect", json!({"token": text(&out.stdout).trim()}))
+        .await;
+    assert!(r["connect"]["client"].is_string(), "{r}");
+    assert!(r["connect"].get("expires_in").is_none(), "{r}");
+    // A subscription token for a channel.
+    let r = c.call("subscribe", json!({"channel": "priv:x"})).await;
+    assert_eq!(r["error"]["code"], 103, "{r}");
+    let out = herald(
+        &[
+            "token",
+            "--sub",
+            "bob",
+            "--channel",
+            "priv:x",
+            "--secret",
+            "s",
+        ],
+        &[],
+    );
+    assert!(out.status.success());
+    let r = c
+        .call(
+            "subscribe",
+            json!({"channel": "priv:x", "token": text(&out.stdout).trim()}),
+        )
+        .await;
+    assert!(r["subscribe"]["epoch"].is_string(), "{r}");
+    // Signed with another secret, it is refused.
+    let out = herald(&["token", "--sub", "eve", "--secret", "other"], &[]);
+    let mut c = node.client().await;
+    let r = c
+        .call("connect", json!({"token": text(&out.stdout).trim()}))
+        .await;
+    assert_eq!(r["error"]["code"], 101, "{r}");
+    // Without a secret it fails.
+    let out = herald(&["token", "--sub", "x"], &[]);
+    assert!(!out.status.success());
+}
