@@ -23,6 +23,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::upgrade::Upgraded;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout, Instant};
 use tokio_websockets::{Message, Payload, WebSocketStream};
 
@@ -197,8 +198,14 @@ async fn run(app: Arc<App>, mut ws: Ws) {
             incoming = ws.next() => {
                 let message = match incoming {
                     Some(Ok(m)) => m,
-                    // Too large for the codec (it has queued its own close 1009), reset, EOF.
-                    Some(Err(_)) | None => break None,
+                    // Too large for the codec or a WebSocket protocol error: the codec has queued
+                    // its own close frame (1009, 1002); send it.
+                    Some(Err(_)) => {
+                        linger(&mut ws, write_timeout(&app)).await;
+                        break None;
+                    }
+                    // Reset or EOF.
+                    None => break None,
                 };
                 pong_due = None;
                 if message.is_close() {
@@ -307,6 +314,22 @@ async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result
         Ok(Ok(())) => Ok(()),
         _ => Err(()),
     }
+}
+
+/// Flush the close frame the codec queued, then read off what the peer still sends (the rest of
+/// an oversized frame) for a moment: closing a socket with unread input resets the connection,
+/// and the peer would lose the close frame.
+async fn linger(ws: &mut Ws, limit: Duration) {
+    if !matches!(timeout(limit, ws.flush()).await, Ok(Ok(()))) {
+        return;
+    }
+    let io = ws.get_mut();
+    let _ = timeout(Duration::from_secs(1), async {
+        let _ = io.shutdown().await;
+        let mut buf = [0u8; 8192];
+        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
 }
 
 /// Send what is queued, the `disconnect` push and the close frame; wait briefly for the peer's

@@ -72,7 +72,58 @@ async fn message_over_max_frame_bytes_closes_with_4503() {
     assert!(batch.len() > 1024);
     c.send_raw(&batch).await;
     assert_closed_with(&mut c, 4503).await;
+    // Absurd frames (over 16 × the limit) are refused by the WebSocket codec itself with 1009.
+    let mut c = node.connected(&[]).await;
+    let huge = json!({"id": 4, "publish": {"channel": "x", "data": "a".repeat(20_000)}});
+    c.send_raw(&huge.to_string()).await;
+    let closed = c.closed().await;
+    assert_eq!(closed.code, Some(1009), "{closed:?}");
     assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
+async fn lost_continuity_closes_subscribers_with_4003() {
+    // Streams forgotten one second after their last publication: the next one starts a new epoch,
+    // and the node can no longer vouch for the positions its subscribers hold.
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        allow_anonymous = true
+        [default_namespace]
+        subscribe = "anonymous"
+        history_ttl_s = 1
+        history_meta_ttl_s = 1
+        "#,
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    let mut bystander = node.connected(&["steady"]).await;
+    let mut c = node.connected(&["ephemeral"]).await;
+    let first = node.publish("ephemeral", json!(1)).await;
+    assert_eq!(c.push("pub").await["offset"], 1);
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let second = node.publish("ephemeral", json!(2)).await;
+    assert_ne!(second["epoch"], first["epoch"], "the stream was recreated");
+    assert_eq!(second["offset"], 1);
+    assert_closed_with(&mut c, 4003).await;
+
+    // The client recovers: its position is from another epoch, so it learns to reload.
+    let mut c = node.client().await;
+    let r = c
+        .call(
+            "connect",
+            json!({"subs": {"ephemeral": {"since": {"epoch": first["epoch"], "offset": 1}}}}),
+        )
+        .await;
+    let sub = &r["connect"]["subs"]["ephemeral"];
+    assert_eq!(sub["recovered"], false, "{r}");
+    assert_eq!(sub["epoch"], second["epoch"], "{r}");
+    assert_eq!(sub["offset"], 1, "{r}");
+    node.publish("ephemeral", json!(3)).await;
+    assert_eq!(c.push("pub").await["offset"], 2);
+    let r = bystander
+        .call("history", json!({"channel": "steady", "limit": 0}))
+        .await;
+    assert!(r.get("history").is_some(), "{r}");
 }
 
 #[tokio::test]
