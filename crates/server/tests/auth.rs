@@ -491,7 +491,9 @@ async fn user_limited_channels_admit_only_their_users() {
 #[tokio::test]
 async fn publish_history_and_presence_switches() {
     let node = permissions_node().await;
-    let (mut alice, _) = connect_with(&node, &token(json!({"sub": "alice"})), json!({})).await;
+    let (mut alice, connected) =
+        connect_with(&node, &token(json!({"sub": "alice"})), json!({})).await;
+    let alice_id = connected["client"].clone();
     let r = alice.call("subscribe", json!({"channel": "ro:x"})).await;
     assert!(r.get("subscribe").is_some(), "{r}");
     let r = alice
@@ -503,11 +505,19 @@ async fn publish_history_and_presence_switches() {
     let r = alice.call("presence", json!({"channel": "ro:x"})).await;
     assert_eq!(error_code(&r), 108, "presence = false: {r}");
 
-    // Where they are on, the same connection may.
+    // Where they are on, the same connection may; its publications name it.
+    let r = alice.call("subscribe", json!({"channel": "news"})).await;
+    assert!(r.get("subscribe").is_some(), "{r}");
     let r = alice
         .call("publish", json!({"channel": "news", "data": 1}))
         .await;
     assert_eq!(r["publish"]["offset"], 1, "{r}");
+    let p = alice.push("pub").await;
+    assert_eq!(
+        p["info"],
+        json!({"user": "alice", "client": alice_id}),
+        "{p}"
+    );
     let r = alice.call("presence", json!({"channel": "news"})).await;
     assert!(r.get("presence").is_some(), "{r}");
     // members: publish is off by default.
