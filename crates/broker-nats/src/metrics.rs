@@ -4,6 +4,12 @@
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+/// Upper bounds of the publish-time histogram, in seconds (the Redis broker's RTT buckets).
+const PUBLISH_BUCKETS: [f64; 12] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0,
+];
 
 /// Relaxed atomics: each counter is independent and read only for `/metrics`.
 #[derive(Default)]
@@ -13,8 +19,10 @@ pub(crate) struct Metrics {
     /// Publishes that lost the race for the next offset to another publisher and retried.
     pub(crate) publish_conflicts: AtomicU64,
     pub(crate) publish_duplicates: AtomicU64,
-    /// Sum of successful publish latencies, in microseconds.
-    pub(crate) publish_micros: AtomicU64,
+    /// Sum of successful publish times, in microseconds.
+    publish_micros: AtomicU64,
+    /// Successful publishes per `PUBLISH_BUCKETS` bucket (not cumulative; beyond the last: none).
+    publish_buckets: [AtomicU64; PUBLISH_BUCKETS.len()],
     pub(crate) history_reads: AtomicU64,
     pub(crate) history_errors: AtomicU64,
     /// Publications handed to the hub.
@@ -42,6 +50,17 @@ pub(crate) fn inc(counter: &AtomicU64) {
 }
 
 impl Metrics {
+    /// Record one successful publish, waiting for the channel's earlier publishes included.
+    pub(crate) fn observe_publish(&self, took: Duration) {
+        let s = took.as_secs_f64();
+        if let Some(i) = PUBLISH_BUCKETS.iter().position(|b| s <= *b) {
+            self.publish_buckets[i].fetch_add(1, Relaxed);
+        }
+        inc(&self.published);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.publish_micros.fetch_add(micros, Relaxed);
+    }
+
     /// Prometheus text exposition of every counter.
     pub(crate) fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
@@ -147,18 +166,22 @@ impl Metrics {
             "Whether the connection to NATS is up.",
             self.connected.load(Relaxed).to_string(),
         );
-        let _ = writeln!(out, "# HELP herald_broker_nats_publish_seconds Time to store a publication (JetStream ack included).");
-        let _ = writeln!(out, "# TYPE herald_broker_nats_publish_seconds summary");
+        let name = "herald_broker_nats_publish_seconds";
         let _ = writeln!(
             out,
-            "herald_broker_nats_publish_seconds_sum {:.6}",
-            self.publish_micros.load(Relaxed) as f64 / 1e6
+            "# HELP {name} Time to store a publication (JetStream ack included)."
         );
-        let _ = writeln!(
-            out,
-            "herald_broker_nats_publish_seconds_count {}",
-            self.published.load(Relaxed)
-        );
+        let _ = writeln!(out, "# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, bucket) in PUBLISH_BUCKETS.iter().zip(&self.publish_buckets) {
+            cumulative += bucket.load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.published.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.publish_micros.load(Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum:.6}");
+        let _ = writeln!(out, "{name}_count {count}");
         out
     }
 }
@@ -170,9 +193,11 @@ mod tests {
     #[test]
     fn renders_prometheus_lines() {
         let m = Metrics::default();
-        inc(&m.published);
+        m.observe_publish(Duration::from_micros(300));
         let text = m.render();
         assert!(text.contains("herald_broker_messages_published_total 1\n"));
+        assert!(text.contains("herald_broker_nats_publish_seconds_bucket{le=\"0.00025\"} 0\n"));
+        assert!(text.contains("herald_broker_nats_publish_seconds_bucket{le=\"0.0005\"} 1\n"));
         assert!(text.contains("herald_broker_nats_publish_seconds_count 1\n"));
         assert!(text
             .lines()

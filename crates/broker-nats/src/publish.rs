@@ -230,12 +230,7 @@ pub(crate) async fn publish(
     let result = append(inner, channel, &data, info.as_ref(), opts).await;
     let m = &inner.metrics;
     match &result {
-        Ok(_) => {
-            inc(&m.published);
-            let micros = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-            m.publish_micros
-                .fetch_add(micros, std::sync::atomic::Ordering::Relaxed);
-        }
+        Ok(_) => m.observe_publish(started.elapsed()),
         Err(_) => inc(&m.publish_errors),
     }
     result
