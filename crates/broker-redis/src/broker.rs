@@ -125,8 +125,7 @@ impl RedisBroker {
                     .map_err(|e| BrokerError::Unavailable(format!("redis cluster: {e}")))?;
                 let subscriber = Subscriber::start_cluster(
                     sub,
-                    signal_tx,
-                    signals,
+                    (signal_tx, signals),
                     dispatch.clone(),
                     backoff,
                     cfg.subscribe_batch,
@@ -207,6 +206,8 @@ fn sentinel_connector(
         };
         node_info = node_info.set_tls_mode(mode);
     }
+    // `build` takes a String without the `tls` feature and `impl AsRef<str>` with it.
+    #[allow(clippy::unnecessary_to_owned)]
     let client = SentinelClient::build(
         sentinels,
         master.to_owned(),

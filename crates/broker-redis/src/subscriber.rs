@@ -128,7 +128,8 @@ fn push_sender(
     }
 }
 
-/// How the actor talks to Redis.
+/// How the actor talks to Redis. One per subscriber, so the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Backend {
     /// One standalone server (or a Sentinel master): `SUBSCRIBE`, reconnecting ourselves.
     Single {
@@ -310,8 +311,7 @@ impl Subscriber {
     /// from [`cluster_push_sender`].
     pub(crate) fn start_cluster(
         conn: ClusterConnection,
-        signal_tx: mpsc::Sender<Signal>,
-        signals: mpsc::Receiver<Signal>,
+        (signal_tx, signals): (mpsc::Sender<Signal>, mpsc::Receiver<Signal>),
         dispatch: Arc<Dispatch>,
         backoff: Backoff,
         batch: usize,
