@@ -142,6 +142,8 @@ pub struct RunResult {
     pub servers: Vec<ServerFigures>,
     /// Measured window (hold or publish), seconds.
     pub window_s: f64,
+    /// The whole machine's CPU over the window (other tenants' builds show up as `nice`).
+    pub machine: sysstat::MachineCpu,
     /// Load generator CPU over the window, % of one core: coordinator (publisher) and workers.
     pub rig_cpu_pct: RigCpu,
     /// What the publisher did.
@@ -444,6 +446,7 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
         sample_all(&worker_pids),
         sysstat::sample(0).unwrap_or_default(),
     );
+    let machine_a = sysstat::machine();
     let mut workers_rss = 0u64;
     let publish = if scenario.publishes() {
         let chans = params::channels(&p, scenario);
@@ -521,6 +524,7 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
         sample_all(&worker_pids),
         sysstat::sample(0).unwrap_or_default(),
     );
+    res.machine = sysstat::machine_cpu(&machine_a, &sysstat::machine());
 
     // Phase 3: finish, drain, collect.
     let finish = worker::Command::Finish {
@@ -757,7 +761,13 @@ fn stopped_by(p: &Params, scenario: Scenario, r: &RunResult) -> Vec<String> {
             ));
         }
     }
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as f64 * 100.0;
+    let cores = r.machine.cores.max(1) as f64 * 100.0;
+    if r.machine.nice > 5.0 || r.machine.loadavg_start > 3.0 {
+        v.push(format!(
+            "machine shared with other work: {:.0}% of all CPU went to niced processes (load average {:.1}→{:.1})",
+            r.machine.nice, r.machine.loadavg_start, r.machine.loadavg_end
+        ));
+    }
     let server_cpu: f64 = r.servers.iter().map(|s| s.cpu_pct).sum();
     let rig_cpu = r.rig_cpu_pct.coordinator + r.rig_cpu_pct.workers;
     if server_cpu + rig_cpu > 0.85 * cores {

@@ -91,6 +91,12 @@ pub fn table(r: &RunResult) -> String {
         r.rig_cpu_pct.workers,
         mb(r.rig_cpu_pct.workers_rss)
     );
+    let m = &r.machine;
+    let _ = writeln!(
+        o,
+        "{:<26} {} cores: user {:.0}%, system {:.0}%, softirq {:.0}%, nice (others) {:.0}%, idle {:.0}%; load {:.1}",
+        "machine CPU (window)", m.cores, m.user, m.system, m.softirq, m.nice, m.idle, m.loadavg_start
+    );
     if r.publish.scheduled > 0 {
         let _ = writeln!(
             o,

@@ -63,6 +63,84 @@ pub fn cpu_pct(a: &ProcSample, b: &ProcSample, wall_s: f64) -> f64 {
     }
 }
 
+/// Whole-machine CPU counters from `/proc/stat` (all cores), in clock ticks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineSample {
+    /// user, nice, system, idle, iowait, irq, softirq, steal.
+    pub ticks: [u64; 8],
+    /// 1-minute load average.
+    pub loadavg: f64,
+}
+
+/// Samples `/proc/stat` and `/proc/loadavg`.
+pub fn machine() -> MachineSample {
+    let mut m = MachineSample::default();
+    if let Ok(stat) = std::fs::read_to_string("/proc/stat") {
+        if let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) {
+            for (i, v) in line.split_whitespace().skip(1).take(8).enumerate() {
+                m.ticks[i] = v.parse().unwrap_or(0);
+            }
+        }
+    }
+    m.loadavg = std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0.0);
+    m
+}
+
+/// How the machine's CPU time was spent between two samples, in percent of all cores.
+///
+/// `nice` is other people's niced work (builds) sharing the machine; `softirq` is loopback TCP
+/// processing that the kernel may not charge to the server or the rig.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineCpu {
+    /// Number of cores.
+    pub cores: usize,
+    /// Load average (1 min) at the start of the window.
+    pub loadavg_start: f64,
+    /// Load average (1 min) at the end of the window.
+    pub loadavg_end: f64,
+    /// User time, %.
+    pub user: f64,
+    /// Niced user time, %.
+    pub nice: f64,
+    /// System time, %.
+    pub system: f64,
+    /// Soft interrupts, %.
+    pub softirq: f64,
+    /// Idle, %.
+    pub idle: f64,
+    /// Everything else (iowait, irq, steal), %.
+    pub other: f64,
+}
+
+/// The breakdown between two [`machine`] samples.
+pub fn machine_cpu(a: &MachineSample, b: &MachineSample) -> MachineCpu {
+    let d: Vec<f64> = (0..8)
+        .map(|i| b.ticks[i].saturating_sub(a.ticks[i]) as f64)
+        .collect();
+    let total: f64 = d.iter().sum::<f64>().max(1.0);
+    let pct = |v: f64| 100.0 * v / total;
+    MachineCpu {
+        cores: std::fs::read_to_string("/proc/stat")
+            .map(|s| {
+                s.lines()
+                    .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+                    .count()
+            })
+            .unwrap_or(0),
+        loadavg_start: a.loadavg,
+        loadavg_end: b.loadavg,
+        user: pct(d[0]),
+        nice: pct(d[1]),
+        system: pct(d[2]),
+        idle: pct(d[3]),
+        softirq: pct(d[6]),
+        other: pct(d[4] + d[5] + d[7]),
+    }
+}
+
 /// A parsed Prometheus text exposition: `name{labels}` → value.
 pub type Metrics = BTreeMap<String, f64>;
 
