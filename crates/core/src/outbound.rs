@@ -75,7 +75,9 @@ impl Outbound {
         if state.close.is_some() {
             return false;
         }
-        if state.bytes + frame.len() > self.limit {
+        // A frame always fits an empty queue: a reply that carries a large recovery must reach
+        // the client, or it would reconnect with the same `since` and overflow again forever.
+        if state.bytes > 0 && state.bytes + frame.len() > self.limit {
             state.frames = VecDeque::new();
             state.bytes = 0;
             state.close = Some(CloseRequest {
@@ -157,6 +159,13 @@ mod tests {
             !q.push(Bytes::from_static(b"1")),
             "closed queues take nothing"
         );
+    }
+
+    #[test]
+    fn an_oversized_frame_fits_an_empty_queue_only() {
+        let q = Outbound::new(4);
+        assert!(q.push(Bytes::from_static(b"a large recovery reply")));
+        assert!(!q.push(Bytes::from_static(b"x")), "nothing more until drained");
     }
 
     #[test]
