@@ -408,6 +408,15 @@ impl Actor {
         }
     }
 
+    /// The connection is gone (or suspect): resubscribe before anything else, and show it in
+    /// `herald_broker_connected` at once.
+    fn mark_down(&mut self) {
+        if !self.needs_resync {
+            self.needs_resync = true;
+            self.dispatch.metrics.disconnected.fetch_add(1, Relaxed);
+        }
+    }
+
     fn conn(&self) -> Option<SubConn> {
         match &self.backend {
             Backend::Single { conn, .. } => conn.clone().map(SubConn::Single),
@@ -428,13 +437,13 @@ impl Actor {
                 };
                 if generation == current {
                     tracing::warn!("redis subscription connection lost");
-                    self.needs_resync = true;
+                    self.mark_down();
                 }
             }
             Signal::Unsubscribed(ch) => {
                 if self.desired.contains(&ch) {
                     tracing::warn!(channel = %ch, "redis dropped a shard channel subscription (slot moved?)");
-                    self.needs_resync = true;
+                    self.mark_down();
                 }
             }
         }
@@ -459,7 +468,7 @@ impl Actor {
             n += 1;
         }
         let Some(conn) = self.conn() else {
-            self.needs_resync = true;
+            self.mark_down();
             for (_, tx) in subs {
                 let _ = tx.send(Err(unavailable()));
             }
@@ -499,7 +508,9 @@ impl Actor {
                 }
                 Err(e) => {
                     self.desired.remove(&c);
-                    self.needs_resync |= is_connection_error(&e);
+                    if is_connection_error(&e) {
+                        self.mark_down();
+                    }
                     tracing::warn!(channel = %c, cause = %e, "redis subscribe failed");
                     failed.push(c);
                     let _ = tx.send(Err(broker_error(e)));
@@ -507,7 +518,9 @@ impl Actor {
             }
         }
         if let Err(e) = unsub_result {
-            self.needs_resync |= is_connection_error(&e);
+            if is_connection_error(&e) {
+                self.mark_down();
+            }
         }
         for (_, tx) in unsubs {
             let _ = tx.send(Ok(()));
@@ -533,7 +546,7 @@ impl Actor {
 
     async fn health_check(&mut self) {
         let Some(conn) = self.conn() else {
-            self.needs_resync = true;
+            self.mark_down();
             return;
         };
         match tokio::time::timeout(self.health_every, conn.ping()).await {
@@ -541,11 +554,11 @@ impl Actor {
             Ok(Err(e)) if !is_connection_error(&e) => {}
             Ok(Err(e)) => {
                 tracing::warn!(cause = %e, "redis subscription connection failed its health check");
-                self.needs_resync = true;
+                self.mark_down();
             }
             Err(_) => {
                 tracing::warn!("redis subscription connection did not answer PING");
-                self.needs_resync = true;
+                self.mark_down();
             }
         }
     }
@@ -554,7 +567,6 @@ impl Actor {
     /// the hub to catch up. Requests that arrive while waiting are answered at once. Returns false
     /// when the broker is gone.
     async fn resync(&mut self) -> bool {
-        self.dispatch.metrics.disconnected.fetch_add(1, Relaxed);
         if let Backend::Single { conn, .. } = &mut self.backend {
             // Drop the old connection now: Redis forgets its subscriptions with it.
             *conn = None;

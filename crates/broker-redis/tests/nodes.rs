@@ -582,3 +582,35 @@ async fn broker_load_is_the_nodes_hosting_each_room() {
     assert!((per_publication - ideal).abs() < 1e-9);
     assert_eq!(redis.cli(&["PUBSUB", "NUMPAT"]), "0");
 }
+
+/// On a Cluster, the shard that holds a channel drops the node's subscription connection; the node
+/// subscribes again on that shard and asks for a catch-up, and delivery goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_subscription_blip_resubscribes() {
+    let cluster = RedisCluster::start();
+    let mut cfg = RedisConfig::from_url(&cluster.url());
+    cfg.health_check_ms = 300;
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("cblip");
+    a.subscribe(&ch).await.unwrap();
+    b.publish(&ch, Bytes::from_static(b"1"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("first", || ra.offsets(&ch) == vec![1]).await;
+    for n in cluster.nodes() {
+        n.cli(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    }
+    b.publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("on_reconnected", || *ra.reconnects.lock().unwrap() >= 1).await;
+    b.publish(&ch, Bytes::from_static(b"3"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("live again", || ra.offsets(&ch).contains(&3)).await;
+    let servers: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    let pubsub = format!("herald:{{{ch}}}:p");
+    assert_eq!(sum_over(&servers, &["PUBSUB", "SHARDNUMSUB", &pubsub]), 1);
+    assert!(metric(&a, "herald_broker_resubscriptions_total") >= 1.0);
+}
