@@ -165,7 +165,10 @@ mod tests {
     fn an_oversized_frame_fits_an_empty_queue_only() {
         let q = Outbound::new(4);
         assert!(q.push(Bytes::from_static(b"a large recovery reply")));
-        assert!(!q.push(Bytes::from_static(b"x")), "nothing more until drained");
+        assert!(
+            !q.push(Bytes::from_static(b"x")),
+            "nothing more until drained"
+        );
     }
 
     #[test]

@@ -444,11 +444,7 @@ impl Session {
             ));
         }
         let conn = self.connected.as_ref().expect("connected");
-        let info = ClientInfo {
-            user: conn.user.to_string(),
-            client: conn.client.to_string(),
-            info: None,
-        };
+        let info = conn.who();
         let opts = PublishOptions {
             stream: ns.stream_options(),
             idempotency_key: None,

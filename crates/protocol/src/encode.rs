@@ -77,10 +77,7 @@ pub fn push_presence_change(joined: bool, channel: &str, who: &ClientInfo) -> By
     }
     let change = Change {
         channel,
-        info: PublisherWire {
-            user: &who.user,
-            client: &who.client,
-        },
+        info: PublisherWire::from(who),
     };
     let key = if joined { "join" } else { "leave" };
     keyed(key, &change)
@@ -161,6 +158,30 @@ mod tests {
         assert_eq!(
             &push_publication("news", &p)[..],
             br#"{"pub":{"channel":"news","offset":7,"data":{"x": 1}}}"#
+        );
+    }
+
+    #[test]
+    fn publisher_info_carries_the_token_info_claim() {
+        let who = ClientInfo {
+            user: "alice".into(),
+            client: "c1".into(),
+            info: Some(
+                serde_json::value::RawValue::from_string(r#"{"name":"Alice"}"#.into()).unwrap(),
+            ),
+        };
+        let p = Publication {
+            offset: 1,
+            data: Bytes::from_static(b"1"),
+            info: Some(who.clone()),
+        };
+        assert_eq!(
+            &push_publication("c", &p)[..],
+            br#"{"pub":{"channel":"c","offset":1,"data":1,"info":{"user":"alice","client":"c1","info":{"name":"Alice"}}}}"#
+        );
+        assert_eq!(
+            &push_presence_change(true, "c", &who)[..],
+            br#"{"join":{"channel":"c","info":{"user":"alice","client":"c1","info":{"name":"Alice"}}}}"#
         );
     }
 

@@ -83,13 +83,27 @@ pub struct PublicationWire<'a> {
     pub info: Option<PublisherWire<'a>>,
 }
 
-/// `{"user","client"}` as carried in publications and join/leave pushes.
+/// `{"user","client","info"?}` as carried in publications and join/leave pushes; `info` is the
+/// connection token's `info` claim.
 #[derive(Serialize)]
 pub struct PublisherWire<'a> {
     /// User id.
     pub user: &'a str,
     /// Client id.
     pub client: &'a str,
+    /// The token's `info` claim, when it had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub info: Option<&'a RawValue>,
+}
+
+impl<'a> From<&'a ClientInfo> for PublisherWire<'a> {
+    fn from(i: &'a ClientInfo) -> Self {
+        PublisherWire {
+            user: &i.user,
+            client: &i.client,
+            info: i.info.as_deref(),
+        }
+    }
 }
 
 impl<'a> From<&'a Publication> for PublicationWire<'a> {
@@ -97,10 +111,7 @@ impl<'a> From<&'a Publication> for PublicationWire<'a> {
         PublicationWire {
             offset: p.offset,
             data: p.data_raw(),
-            info: p.info.as_ref().map(|i| PublisherWire {
-                user: &i.user,
-                client: &i.client,
-            }),
+            info: p.info.as_ref().map(PublisherWire::from),
         }
     }
 }
