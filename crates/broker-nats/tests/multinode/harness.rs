@@ -19,7 +19,8 @@ use tokio_websockets::{ClientBuilder, MaybeTlsStream, Message, WebSocketStream};
 pub const API_KEY: &str = "k";
 const WAIT: Duration = Duration::from_secs(15);
 
-/// The herald binary: `HERALD_BIN`, else `<target>/debug/herald` (built once if missing).
+/// The herald binary: `HERALD_BIN`, else `<target>/debug/herald` after `cargo build -p
+/// herald-server` (a no-op when it is fresh, so a stale binary is never tested), once per process.
 pub fn herald_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -30,16 +31,15 @@ pub fn herald_bin() -> PathBuf {
         let target = std::env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace.join("target"));
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-p", "herald-server", "--bin", "herald"])
+            .current_dir(&workspace)
+            .env("CARGO_TARGET_DIR", &target)
+            .status()
+            .expect("run cargo build -p herald-server");
+        assert!(status.success(), "cargo build -p herald-server failed");
         let bin = target.join("debug").join("herald");
-        if !bin.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .args(["build", "-p", "herald-server", "--bin", "herald"])
-                .current_dir(&workspace)
-                .status()
-                .expect("run cargo build -p herald-server");
-            assert!(status.success(), "cargo build -p herald-server failed");
-        }
         assert!(
             bin.exists(),
             "no herald binary at {} (set HERALD_BIN)",
@@ -60,21 +60,8 @@ pub struct Node {
 impl Node {
     /// Start node `name` on a free port against the broker at `broker_url`.
     pub async fn start(name: &str, broker_url: &str) -> Node {
-        // The same settings as a file too: the environment alone did not reach the config when
-        // this was written (see the report to the server's owner).
-        let config = std::env::temp_dir().join(format!(
-            "herald-e2e-{}-{name}-{:08x}.toml",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::write(
-            &config,
-            format!("node_name = {name:?}\nbroker_url = {broker_url:?}\napi_key = {API_KEY:?}\n"),
-        )
-        .expect("write config");
         let mut cmd = Command::new(herald_bin());
-        cmd.args(["serve", "--dev", "--port", "0", "--config"])
-            .arg(&config);
+        cmd.args(["serve", "--dev", "--port", "0"]);
         for (k, _) in std::env::vars() {
             if k.starts_with("HERALD_") {
                 cmd.env_remove(k);
