@@ -269,7 +269,9 @@ impl Link {
     /// A command on connection `generation` failed with `err`: drop that connection if the error
     /// says it is gone.
     pub(crate) fn failed(self: &Arc<Self>, generation: u64, err: &RedisError) {
-        if is_connection_error(err) {
+        // READONLY: the server became a replica (Sentinel failover); a new connection asks
+        // Sentinel for the new master.
+        if is_connection_error(err) || err.code() == Some("READONLY") {
             self.lost(generation, &err.to_string());
         }
     }

@@ -192,8 +192,20 @@ impl SubConn {
         }
     }
 
-    async fn ping(self) -> Result<(), RedisError> {
+    /// `PING`; with `want_master`, `ROLE` instead, failing unless the server is a master (after a
+    /// Sentinel failover the old master lives on as a replica that no longer gets publications).
+    async fn ping(self, want_master: bool) -> Result<(), RedisError> {
         match self {
+            SubConn::Single(mut c) if want_master => {
+                let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut c).await?;
+                match role.first() {
+                    Some(Value::BulkString(r)) if r == b"master" => Ok(()),
+                    _ => Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::NotConnected,
+                        "the server is no longer the master",
+                    ))),
+                }
+            }
             SubConn::Single(mut c) => redis::cmd("PING").query_async::<()>(&mut c).await,
             // Routed to every primary.
             SubConn::Cluster(mut c) => redis::cmd("PING").query_async::<()>(&mut c).await,
@@ -549,7 +561,15 @@ impl Actor {
             self.mark_down();
             return;
         };
-        match tokio::time::timeout(self.health_every, conn.ping()).await {
+        let want_master = matches!(
+            &self.backend,
+            Backend::Single {
+                connector: Connector::Sentinel(_),
+                ..
+            }
+        );
+        let r = tokio::time::timeout(self.health_every, conn.ping(want_master)).await;
+        match r {
             Ok(Ok(())) => {}
             Ok(Err(e)) if !is_connection_error(&e) => {}
             Ok(Err(e)) => {

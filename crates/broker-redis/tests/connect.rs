@@ -164,3 +164,125 @@ async fn sentinel_master() {
     })
     .await;
 }
+
+/// Sentinel fails the master over to its replica: the node follows (publishes get READONLY from the
+/// old master and reconnect; the subscription sees the old master's new role and moves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_is_followed() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start_with(RedisOptions {
+        extra_args: vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master.port().to_string(),
+        ],
+        ..RedisOptions::default()
+    });
+    let sentinel = RedisServer::start_sentinel("mymaster", &master);
+    // Sentinel learns about the replica from the master's INFO (every few seconds at first).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !sentinel
+        .cli(&["SENTINEL", "REPLICAS", "mymaster"])
+        .contains(&replica.port().to_string())
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sentinel never saw the replica"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut cfg = RedisConfig::from_url(&format!("redis+sentinel://{}/mymaster", sentinel.addr()));
+    cfg.health_check_ms = 300;
+    let a = herald_broker_redis::connect_with(cfg.clone(), "a")
+        .await
+        .unwrap();
+    let b = herald_broker_redis::connect_with(cfg, "b").await.unwrap();
+    let rec = Arc::new(Recorder::default());
+    a.start(Arc::new(Recorder::default())).await.unwrap();
+    b.start(rec.clone()).await.unwrap();
+    let ch = format!("failover{:08x}", rand::random::<u32>());
+    b.subscribe(&ch).await.unwrap();
+    a.publish(
+        &ch,
+        Bytes::from_static(b"1"),
+        None,
+        &PublishOptions::default(),
+    )
+    .await
+    .unwrap();
+    eventually("before failover", || rec.offsets(&ch) == vec![1]).await;
+
+    // Until Sentinel has fresh INFO from the replica it answers NOGOODSLAVE.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sentinel.cli(&["SENTINEL", "FAILOVER", "mymaster"]) != "OK" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sentinel refuses to fail over"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !replica.cli(&["ROLE"]).starts_with("master") {
+        assert!(std::time::Instant::now() < deadline, "no failover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Publish until it lands on the new master and reaches the subscriber there.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(p) = a
+            .publish(
+                &ch,
+                Bytes::from_static(b"2"),
+                None,
+                &PublishOptions::default(),
+            )
+            .await
+        {
+            let offset = p.offset;
+            let delivered = (0..100).any(|_| {
+                std::thread::sleep(Duration::from_millis(10));
+                rec.offsets(&ch).contains(&offset)
+            });
+            if delivered {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "did not follow the failover"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Sentinel turns the old master into a replica of the new one (which then relays
+    // publications too); the subscription notices the role and moves to the new master.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !master.cli(&["ROLE"]).starts_with("slave") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "old master not demoted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eventually("subscription moved", || {
+        *rec.reconnects.lock().unwrap() >= 1
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while a
+        .publish(
+            &ch,
+            Bytes::from_static(b"3"),
+            None,
+            &PublishOptions::default(),
+        )
+        .await
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "publish after the move"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eventually("after the move", || rec.offsets(&ch).len() >= 3).await;
+}
