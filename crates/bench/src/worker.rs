@@ -417,13 +417,14 @@ async fn client(ctx: Arc<Ctx>, i: usize) -> (String, Option<SubAccount>) {
             epoch: epoch.clone(),
             offset: a.last,
         });
-        let ws =
+        let (ws, rest) =
             match connect_retrying(&ctx, addr, &url, &pl.channel, since.as_ref(), why, &mut ctl)
                 .await
             {
-                Ok(Some((ws, reply))) => {
+                Ok(Some((ws, mut reply))) => {
+                    let rest = reply.rest.take();
                     on_subscribed(&ctx, &mut acct, &mut epoch, reply, why, started);
-                    ws
+                    (ws, rest)
                 }
                 Ok(None) => return (pl.channel, acct),
                 Err(kind) => {
@@ -436,12 +437,17 @@ async fn client(ctx: Arc<Ctx>, i: usize) -> (String, Option<SubAccount>) {
             };
         ctx.connected_now.fetch_add(1, Relaxed);
         // 2. Receive until the connection ends one way or another.
+        // Publications scheduled before this (re)subscription are catch-up, not live: they
+        // count as delivered but stay out of the latency histogram.
+        let live_from = if why == Why::First { 0 } else { now_ns() };
         let next = receive(
             &ctx,
             ws,
             &pl.channel,
             acct.as_mut().expect("set on subscribe"),
             &mut ctl,
+            rest,
+            live_from,
         )
         .await;
         ctx.connected_now.fetch_sub(1, Relaxed);
@@ -459,6 +465,8 @@ struct Reply {
     recovered: Option<bool>,
     /// Recovered publications: (offset, sent_ns, seq).
     publications: Vec<(u64, u64, u64)>,
+    /// Messages that followed the reply in the same frame (the server batches).
+    rest: Option<String>,
 }
 
 fn on_subscribed(
@@ -643,11 +651,21 @@ async fn connect_once(
             return Err(format!("closed with {code} before connect reply"));
         }
         let Some(text) = msg.as_text() else { continue };
-        for line in text.split('\n').filter(|l| !l.is_empty()) {
+        let mut at = 0;
+        for line in text.split('\n') {
+            let end = at + line.len();
+            at = end + 1;
+            if line.is_empty() {
+                continue;
+            }
             let inc = wire::parse(line).map_err(|e| format!("bad reply: {e}"))?;
             if inc.id != Some(1) {
                 continue;
             }
+            let rest = text
+                .get(end + 1..)
+                .filter(|r| !r.trim().is_empty())
+                .map(str::to_owned);
             if inc.error.is_some() {
                 return Err(format!(
                     "connect error reply: {}",
@@ -674,6 +692,7 @@ async fn connect_once(
                     offset: sub.offset,
                     recovered: sub.recovered,
                     publications,
+                    rest,
                 },
             ));
         }
@@ -687,7 +706,17 @@ async fn receive(
     channel: &str,
     acct: &mut SubAccount,
     ctl: &mut watch::Receiver<Control>,
+    first: Option<String>,
+    live_from: u64,
 ) -> Option<Why> {
+    if let Some(text) = first {
+        if on_frame(ctx, &text, channel, acct, live_from)
+            && ws.send(Message::text("{}")).await.is_err()
+        {
+            ctx.shared().counters.server_closes += 1;
+            return Some(Why::Broken);
+        }
+    }
     let jitter = ctx.scenario == Scenario::Jitter && *ctl.borrow() == Control::Run;
     let mut drop_at = jitter.then(|| {
         let (lo, hi) = (
@@ -716,7 +745,7 @@ async fn receive(
                     return Some(Why::Broken);
                 }
                 let Some(text) = msg.as_text() else { continue };
-                if on_frame(ctx, text, channel, acct) && ws.send(Message::text("{}")).await.is_err() {
+                if on_frame(ctx, text, channel, acct, live_from) && ws.send(Message::text("{}")).await.is_err() {
                     ctx.shared().counters.server_closes += 1;
                     return Some(Why::Broken);
                 }
@@ -763,7 +792,7 @@ async fn receive(
 }
 
 /// Handles one text frame; true if it held a ping to answer.
-fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount) -> bool {
+fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount, live_from: u64) -> bool {
     let now = now_ns();
     let mut ping = false;
     let mut s = ctx.shared();
@@ -784,7 +813,8 @@ fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount) -> bool
                 Seen::Duplicate | Seen::Stale => {}
                 _ => {
                     ctx.unique.fetch_add(1, Relaxed);
-                    count_delivery(ctx, &mut s, now, p.data.t, p.data.s, true);
+                    let live = p.data.t >= live_from;
+                    count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
                 }
             }
         } else if inc.disconnect.is_some() {

@@ -80,8 +80,9 @@ async fn run_worker(
     }
 }
 
-/// A server that, on every connection, answers `connect` at offset 0 and then sends offsets 1..=10
-/// as 1, 2, 2, 4, 3, 5, 7, 8, then "9\n10" in one frame (6 never comes), plus a `{}` ping.
+/// A server that, on every connection, answers `connect` at offset 0 with offset 1 in the same
+/// frame, then sends 2, 2, 4, 3, 5, 7, 8, then "9\n10" in one frame (6 never comes), plus a `{}`
+/// ping.
 async fn misbehaving_server(pongs: Arc<Mutex<u64>>) -> String {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -93,12 +94,15 @@ async fn misbehaving_server(pongs: Arc<Mutex<u64>>) -> String {
                 let (_, mut ws) = ServerBuilder::new().accept(s).await.unwrap();
                 let first = ws.next().await.unwrap().unwrap();
                 assert!(first.as_text().unwrap().contains("\"connect\""));
-                ws.send(Message::text(
-                    r#"{"id":1,"connect":{"client":"c","node":"n","ping_interval":25,"subs":{"t0":{"epoch":"E","offset":0,"recoverable":true}}}}"#.to_string(),
-                ))
+                // The reply and offset 1 share a frame, as a batching server sends them.
+                ws.send(Message::text(format!(
+                    "{}\n{}",
+                    r#"{"id":1,"connect":{"client":"c","node":"n","ping_interval":25,"subs":{"t0":{"epoch":"E","offset":0,"recoverable":true}}}}"#,
+                    pub_line(1)
+                )))
                 .await
                 .unwrap();
-                for o in [1, 2, 2, 4, 3, 5, 7, 8] {
+                for o in [2, 2, 4, 3, 5, 7, 8] {
                     ws.send(Message::text(pub_line(o))).await.unwrap();
                 }
                 ws.send(Message::text(format!("{}\n{}", pub_line(9), pub_line(10))))
