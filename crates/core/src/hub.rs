@@ -43,6 +43,9 @@ const TRANSITION_STRIPES: usize = 256;
 /// How often a node tells the others about itself, and when it is forgotten.
 const NODE_INFO_EVERY: Duration = Duration::from_secs(5);
 const NODE_INFO_EXPIRES: Duration = Duration::from_secs(15);
+/// Catch-up retries while the broker is unavailable: 100 ms doubling to 3.2 s (about 6 s in all).
+const CATCHUP_RETRY_FIRST: Duration = Duration::from_millis(100);
+const CATCHUP_RETRY_LAST: Duration = Duration::from_millis(3200);
 
 /// A connection's key in the hub (cheaper than its client id string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -453,7 +456,19 @@ impl Hub {
                 since: Some(StreamPosition { epoch, offset }),
                 limit: None,
             };
-            let history = hub.shared.broker.history(&channel, &query, &opts).await;
+            // A broker that just came back may still be re-establishing its command link: retry
+            // "unavailable" for a few seconds before telling clients to recover themselves.
+            let mut delay = CATCHUP_RETRY_FIRST;
+            let history = loop {
+                match hub.shared.broker.history(&channel, &query, &opts).await {
+                    Err(BrokerError::Unavailable(why)) if delay <= CATCHUP_RETRY_LAST => {
+                        tracing::debug!(channel, why, "catch-up read unavailable; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay *= 2;
+                    }
+                    other => break other,
+                }
+            };
             hub.finish_catchup(&channel, history);
         });
     }
