@@ -2,7 +2,7 @@
 # Reruns every benchmark in docs/benchmarks.md. Each scenario is one herald-bench command; this
 # script only adds the output file names. Run from the repository root after
 #   cargo build --release -p herald-server -p herald-bench
-# Results: docs/bench/<name>.txt (table), .json (parameters + raw results), .html (charts).
+# Results: docs/bench/<name>.txt (table), .json (parameters + raw results), .html and .svg (charts).
 # Optional: ONLY="idle-10k storm-19k" to run a subset. Needs redis-server for the rooms run.
 set -u
 T=${CARGO_TARGET_DIR:-target}/release
@@ -15,7 +15,7 @@ run() {
     name=$1; shift
     case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac
     echo "== $name: herald-bench $*" >&2
-    $P $B "$@" --json $D/$name.json --report $D/$name.html > $D/$name.txt
+    $P $B "$@" --json $D/$name.json --report $D/$name.html --report $D/$name.svg > $D/$name.txt
 }
 
 run idle-10k      idle -n 10000 -d 10 --server-cmd "$H --port 8000"

@@ -23,9 +23,9 @@ struct Cli {
     /// Write parameters, merged and raw results as JSON here.
     #[arg(long)]
     json: Option<String>,
-    /// Write a self-contained report here (`.html`, or `.svg` for the charts alone).
+    /// Write a self-contained report here (`.html`, or `.svg` for the charts alone); repeatable.
     #[arg(long)]
-    report: Option<String>,
+    report: Vec<String>,
     /// Run twice, with W and 2W worker processes, and show whether the figures move (rule 2).
     #[arg(long)]
     self_check: bool,
@@ -93,7 +93,7 @@ async fn coordinate(cli: Cli) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&doc)?)
             .with_context(|| format!("writing {path}"))?;
     }
-    if let Some(path) = &cli.report {
+    for path in &cli.report {
         let body = if path.ends_with(".svg") {
             report::svg(&runs)
         } else {
