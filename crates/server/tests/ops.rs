@@ -202,6 +202,34 @@ async fn dev_refuses_a_public_bind() {
 }
 
 #[tokio::test]
+async fn broker_tables_reach_the_brokers() {
+    // A typo in the [redis] / [nats] table is refused by the broker's own config, so the table
+    // really is handed over.
+    for (url, table) in [
+        ("redis://127.0.0.1:1", "redis"),
+        ("nats://127.0.0.1:1", "nats"),
+    ] {
+        let cfg = config_file(
+            "broker.toml",
+            &format!("broker_url = \"{url}\"\n[{table}]\nno_such_key = 1\n"),
+        );
+        let out = herald(&["serve", "--config", &cfg, "--port", "0"], &[]);
+        assert!(!out.status.success(), "{out:?}");
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!("invalid [{table}] table")) && err.contains("no_such_key"),
+            "{err}"
+        );
+    }
+    let out = herald(
+        &["serve", "--port", "0"],
+        &[("HERALD_BROKER_URL", "carrier-pigeon://x")],
+    );
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("unknown broker"), "{out:?}");
+}
+
+#[tokio::test]
 async fn config_file_sets_namespaces_and_env_overrides_it() {
     let cfg = config_file(
         "herald.toml",
