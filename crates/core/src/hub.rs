@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use herald_broker::{
-    BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, SharedBroker, StreamOptions,
+    BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, PublishOptions,
+    SharedBroker, StreamOptions,
 };
 use herald_protocol::encode::{push_presence_change, push_publication};
 use herald_protocol::{ClientInfo, CloseCode, Publication, StreamPosition};
@@ -193,6 +194,28 @@ impl Hub {
 
     fn shard(&self, channel: &str) -> &Mutex<ChannelMap> {
         &self.shared.shards[stripe(channel, SHARDS)]
+    }
+
+    /// Publish through the broker (API or client), timing it for `/metrics`.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        data: Bytes,
+        info: Option<ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        let started = Instant::now();
+        let position = self
+            .shared
+            .broker
+            .publish(channel, data, info, opts)
+            .await?;
+        let metrics = &self.shared.metrics;
+        metrics
+            .publish_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics.publications.inc();
+        Ok(position)
     }
 
     // ---- connections ------------------------------------------------------------------------

@@ -450,19 +450,12 @@ impl Session {
             idempotency_key: None,
         };
         let data = Bytes::copy_from_slice(p.data.get().as_bytes());
-        let started = Instant::now();
         let position = self
             .ctx
             .hub
-            .broker()
             .publish(&p.channel, data, Some(info), &opts)
             .await
             .map_err(broker_error)?;
-        let metrics = self.ctx.hub.metrics();
-        metrics
-            .publish_seconds
-            .observe(started.elapsed().as_secs_f64());
-        metrics.publications.inc();
         Ok(position)
     }
 

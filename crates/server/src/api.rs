@@ -2,7 +2,6 @@
 //! `{"error": {"code", "message"}}` with a fitting status.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
@@ -164,18 +163,7 @@ async fn publish_one(
         stream: ns.stream_options(),
         idempotency_key,
     };
-    let started = Instant::now();
-    let position = app
-        .ctx
-        .hub
-        .broker()
-        .publish(channel, data, None, &opts)
-        .await?;
-    let metrics = app.ctx.hub.metrics();
-    metrics
-        .publish_seconds
-        .observe(started.elapsed().as_secs_f64());
-    metrics.publications.inc();
+    let position = app.ctx.hub.publish(channel, data, None, &opts).await?;
     Ok(position)
 }
 
