@@ -26,6 +26,7 @@ run broadcast-300k broadcast -n 10000 -r 30 -d 30 --server-cmd "$H --port 8000"
 run broadcast-1k-50k broadcast -n 1000 -r 50 -d 30 --server-cmd "$H --port 8000"
 run jitter-10k    jitter -n 10000 -r 5 -d 60 --server-cmd "$H --port 8000"
 run storm-19k     storm -n 19000 -r 2 -d 20 --self-check --server-cmd "$H --port 8000"
+run storm-19k-spread2s storm -n 19000 -r 2 -d 20 --reconnect-jitter-ms 2000 --server-cmd "$H --port 8000"
 run fanin-10k     fanin -n 10000 -r 1 -d 10 --server-cmd "$H --port 8000"
 # --dev turns presence join/leave on in the default namespace: the cost of that at connect time.
 run idle-dev-3k   idle -n 3000 -d 5 --server-cmd "$T/herald serve --dev --port 8000"
