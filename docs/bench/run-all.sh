@@ -42,3 +42,16 @@ case " ${ONLY:-rooms-redis} " in *" rooms-redis "*)
     kill "$(cat /tmp/herald-bench-redis.pid)"
     ;;
 esac
+# The same on NATS (JetStream for history).
+case " ${ONLY:-rooms-nats} " in *" rooms-nats "*)
+    nats-server -p 4333 -js -sd /tmp/herald-bench-nats > /dev/null 2>&1 &
+    NATS_PID=$!
+    sleep 1
+    HERALD_BROKER_URL=nats://127.0.0.1:4333 run rooms-nats rooms -n 12000 -r 200 -d 20 --room-spread 2 \
+        --ws ws://127.0.0.1:8001/ws --ws ws://127.0.0.1:8002/ws --ws ws://127.0.0.1:8003/ws \
+        --api http://127.0.0.1:8001 --api http://127.0.0.1:8002 --api http://127.0.0.1:8003 \
+        --server-cmd "$H --port 8001" --server-cmd "$H --port 8002" --server-cmd "$H --port 8003"
+    kill "$NATS_PID"
+    rm -rf /tmp/herald-bench-nats
+    ;;
+esac
