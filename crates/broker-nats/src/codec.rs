@@ -1,25 +1,31 @@
-//! How a publication is laid out in a NATS message (stored in JetStream and republished to the
+//! How publications are laid out in a NATS message (stored in JetStream and republished to the
 //! delivery subject), and how presence changes travel.
 //!
 //! # Format
+//! One stored message holds one publication, or several consecutive ones of the same channel
+//! when they were queued behind each other (group commit, see `publish.rs`).
 //! ```text
 //! HPUB herald.h.chat=3Aroom 81 103
 //! NATS/1.0
 //! Herald-Epoch: 9f1c2b3a4d5e6f70
-//! Herald-Offset: 42
-//! Herald-Prev: 1187                       stream sequence of offset 41 on this subject (0: none)
-//! Herald-Info: 30                         publisher info: the first 30 payload bytes (optional)
+//! Herald-Offset: 42                       offset of the (first) publication
+//! Herald-Prev: 1187                       stream sequence of the previous message on this subject
+//! Herald-Info: 30                         one publication: its info is the first 30 payload bytes
 //! Nats-Expected-Last-Subject-Sequence: 1187
 //!
 //! {"user":"alice","client":"c1"}{"text":"hi"}
 //! ```
-//! The payload is the publisher's info as JSON followed by the data's raw JSON, so that neither
-//! is ever re-encoded, and `info` may hold any JSON (even with newlines), which a header could
-//! not. Offset 0 is an epoch marker: it fixes a channel's epoch before its first publication
-//! (see `publish.rs`) and is never delivered.
+//! Several publications: `Herald-Count: 3` and `Herald-Sizes: 30:14,0:9,0:11` (info and data
+//! length of each, in order), the payload being each one's info then data, back to back.
+//!
+//! Info and data are stored as their raw JSON, never re-encoded, and `info` may hold any JSON (even
+//! with newlines), which a header could not. Offset 0 with no publication is an epoch marker: it
+//! fixes a channel's epoch before its first publication and is never delivered.
 //!
 //! A presence change is a core NATS message on the delivery subject with a `Herald-Presence:
 //! join|leave` header and the client's info as JSON payload.
+
+use std::fmt::Write;
 
 use async_nats::HeaderMap;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -29,54 +35,89 @@ pub(crate) const EPOCH: &str = "Herald-Epoch";
 pub(crate) const OFFSET: &str = "Herald-Offset";
 pub(crate) const PREV: &str = "Herald-Prev";
 pub(crate) const INFO_LEN: &str = "Herald-Info";
+pub(crate) const COUNT: &str = "Herald-Count";
+pub(crate) const SIZES: &str = "Herald-Sizes";
 pub(crate) const PRESENCE: &str = "Herald-Presence";
 /// Marks a presence record as removed (the record itself expires later).
 pub(crate) const GONE: &str = "Herald-Gone";
 pub(crate) const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 pub(crate) const MSG_ID: &str = "Nats-Msg-Id";
 
-/// One stored publication as read back from a message's headers and payload.
+/// One stored message as read back: an epoch marker or a run of consecutive publications.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
     pub(crate) epoch: String,
-    pub(crate) offset: u64,
-    /// Stream sequence of the previous publication on the same subject (0: none).
+    /// Offset of the first publication (0 for a marker).
+    pub(crate) first: u64,
+    /// Stream sequence of the previous message on the same subject (0: none).
     pub(crate) prev: u64,
-    pub(crate) data: Bytes,
-    pub(crate) info: Option<ClientInfo>,
+    /// In offset order; empty for a marker.
+    pub(crate) publications: Vec<Publication>,
 }
 
 impl Stored {
-    pub(crate) fn into_publication(self) -> Publication {
-        Publication {
-            offset: self.offset,
-            data: self.data,
-            info: self.info,
+    /// Offset of the last publication (0 for a marker).
+    pub(crate) fn last(&self) -> u64 {
+        match self.publications.last() {
+            Some(p) => p.offset,
+            None => self.first.saturating_sub(1),
+        }
+    }
+
+    /// An epoch marker.
+    pub(crate) fn marker(epoch: String) -> Self {
+        Stored {
+            epoch,
+            first: 0,
+            prev: 0,
+            publications: Vec::new(),
         }
     }
 }
 
-/// Headers and payload of a publication to store.
-pub(crate) fn encode_publication(
+fn info_json(info: Option<&ClientInfo>) -> Vec<u8> {
+    info.map(|i| serde_json::to_vec(i).unwrap_or_else(|_| b"{}".to_vec()))
+        .unwrap_or_default()
+}
+
+/// Headers and payload of a message holding `items` (data, info) as offsets `first`, `first + 1`,
+/// …; no items: an epoch marker (offset 0).
+pub(crate) fn encode_publications(
     epoch: &str,
-    offset: u64,
+    first: u64,
     prev: u64,
-    data: &Bytes,
-    info: Option<&ClientInfo>,
+    items: &[(&Bytes, Option<&ClientInfo>)],
 ) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(EPOCH, epoch);
-    headers.insert(OFFSET, offset.to_string());
+    headers.insert(OFFSET, first.to_string());
     headers.insert(PREV, prev.to_string());
     headers.insert(EXPECTED_LAST_SUBJECT_SEQ, prev.to_string());
-    let payload = match info {
-        None => data.clone(),
-        Some(info) => {
-            let info = serde_json::to_vec(info).unwrap_or_else(|_| b"{}".to_vec());
+    let payload = match items {
+        [] => Bytes::new(),
+        [(data, None)] => (*data).clone(),
+        [(data, Some(info))] => {
+            let info = info_json(Some(info));
             headers.insert(INFO_LEN, info.len().to_string());
             let mut buf = BytesMut::with_capacity(info.len() + data.len());
             buf.put_slice(&info);
             buf.put_slice(data);
+            buf.freeze()
+        }
+        many => {
+            let mut sizes = String::with_capacity(many.len() * 8);
+            let mut buf = BytesMut::new();
+            for (i, (data, info)) in many.iter().enumerate() {
+                let info = info_json(*info);
+                if i > 0 {
+                    sizes.push(',');
+                }
+                let _ = write!(sizes, "{}:{}", info.len(), data.len());
+                buf.put_slice(&info);
+                buf.put_slice(data);
+            }
+            headers.insert(COUNT, many.len().to_string());
+            headers.insert(SIZES, sizes);
             buf.freeze()
         }
     };
@@ -91,25 +132,65 @@ fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     header(headers, name).and_then(|v| v.trim().parse().ok())
 }
 
-/// Read a stored publication back. `None` when the message is not one of ours.
-pub(crate) fn decode_publication(headers: &HeaderMap, payload: &Bytes) -> Option<Stored> {
+fn client_info(bytes: &[u8]) -> Option<Option<ClientInfo>> {
+    if bytes.is_empty() {
+        return Some(None);
+    }
+    serde_json::from_slice(bytes).ok().map(Some)
+}
+
+/// Read a stored message back. `None` when it is not one of ours or is malformed.
+pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Option<Stored> {
     let epoch = header(headers, EPOCH)?.to_owned();
-    let offset = header_u64(headers, OFFSET)?;
+    let first = header_u64(headers, OFFSET)?;
     let prev = header_u64(headers, PREV).unwrap_or(0);
-    let (info, data) = match header_u64(headers, INFO_LEN) {
-        None => (None, payload.clone()),
-        Some(len) => {
-            let len = usize::try_from(len).ok().filter(|l| *l <= payload.len())?;
-            let info: ClientInfo = serde_json::from_slice(&payload[..len]).ok()?;
-            (Some(info), payload.slice(len..))
+    let mut publications = Vec::new();
+    if first == 0 {
+        return Some(Stored::marker(epoch));
+    }
+    match header(headers, SIZES) {
+        None => {
+            let (info, data) = match header_u64(headers, INFO_LEN) {
+                None => (None, payload.clone()),
+                Some(len) => {
+                    let len = usize::try_from(len).ok().filter(|l| *l <= payload.len())?;
+                    (client_info(&payload[..len])?, payload.slice(len..))
+                }
+            };
+            publications.push(Publication {
+                offset: first,
+                data,
+                info,
+            });
         }
-    };
+        Some(sizes) => {
+            let mut at = 0usize;
+            for (i, size) in sizes.split(',').enumerate() {
+                let (info_len, data_len) = size.split_once(':')?;
+                let info_len: usize = info_len.parse().ok()?;
+                let data_len: usize = data_len.parse().ok()?;
+                let info_end = at.checked_add(info_len)?;
+                let data_end = info_end.checked_add(data_len)?;
+                if data_end > payload.len() {
+                    return None;
+                }
+                publications.push(Publication {
+                    offset: first + i as u64,
+                    data: payload.slice(info_end..data_end),
+                    info: client_info(&payload[at..info_end])?,
+                });
+                at = data_end;
+            }
+            if header_u64(headers, COUNT) != Some(publications.len() as u64) {
+                return None;
+            }
+        }
+    }
     Some(Stored {
         epoch,
-        offset,
+        first,
         prev,
-        data,
-        info,
+        publications,
     })
 }
 
@@ -123,8 +204,8 @@ pub(crate) fn encode_presence_change(joined: bool, who: &ClientInfo) -> (HeaderM
 
 /// What arrived on a delivery subject.
 pub(crate) enum Delivery {
-    /// A stored publication (offset ≥ 1).
-    Publication(Stored),
+    /// Stored publications (at least one), in offset order.
+    Publications(Stored),
     /// An epoch marker: nothing to deliver.
     Marker,
     /// A client joined (`true`) or left.
@@ -144,9 +225,9 @@ pub(crate) fn decode_delivery(headers: Option<&HeaderMap>, payload: &Bytes) -> D
             Err(_) => Delivery::Unknown,
         };
     }
-    match decode_publication(headers, payload) {
-        Some(stored) if stored.offset == 0 => Delivery::Marker,
-        Some(stored) => Delivery::Publication(stored),
+    match decode_publications(headers, payload) {
+        Some(stored) if stored.publications.is_empty() => Delivery::Marker,
+        Some(stored) => Delivery::Publications(stored),
         None => Delivery::Unknown,
     }
 }
@@ -164,24 +245,53 @@ mod tests {
     }
 
     #[test]
-    fn publication_round_trips_with_and_without_info() {
+    fn one_publication_round_trips_with_and_without_info() {
         let data = Bytes::from_static(br#"{"text":"hi"}"#);
-        let (h, p) = encode_publication("ep", 42, 7, &data, Some(&who()));
-        let s = decode_publication(&h, &p).unwrap();
-        assert_eq!((s.epoch.as_str(), s.offset, s.prev), ("ep", 42, 7));
-        assert_eq!(s.data, data);
-        assert_eq!(s.info, Some(who()));
+        let (h, p) = encode_publications("ep", 42, 7, &[(&data, Some(&who()))]);
+        let s = decode_publications(&h, &p).unwrap();
+        assert_eq!(
+            (s.epoch.as_str(), s.first, s.prev, s.last()),
+            ("ep", 42, 7, 42)
+        );
+        assert_eq!(s.publications[0].data, data);
+        assert_eq!(s.publications[0].info, Some(who()));
 
-        let (h, p) = encode_publication("ep", 1, 0, &data, None);
-        let s = decode_publication(&h, &p).unwrap();
-        assert_eq!((s.offset, s.info), (1, None));
-        assert_eq!(s.data, data);
+        let (h, p) = encode_publications("ep", 1, 0, &[(&data, None)]);
+        let s = decode_publications(&h, &p).unwrap();
+        assert_eq!(s.publications.len(), 1);
+        assert_eq!(
+            (s.publications[0].offset, s.publications[0].info.clone()),
+            (1, None)
+        );
+        assert_eq!(s.publications[0].data, data);
+    }
+
+    #[test]
+    fn several_publications_round_trip_in_order() {
+        let (a, b, c) = (
+            Bytes::from_static(b"1"),
+            Bytes::from_static(br#"{"x":[2]}"#),
+            Bytes::from_static(b"\"three\""),
+        );
+        let w = who();
+        let (h, p) =
+            encode_publications("ep", 10, 3, &[(&a, Some(&w)), (&b, None), (&c, Some(&w))]);
+        let s = decode_publications(&h, &p).unwrap();
+        let offsets: Vec<u64> = s.publications.iter().map(|p| p.offset).collect();
+        assert_eq!(offsets, vec![10, 11, 12]);
+        assert_eq!(s.last(), 12);
+        assert_eq!(s.publications[1].data, b);
+        assert_eq!(s.publications[1].info, None);
+        assert_eq!(s.publications[2].data, c);
+        assert_eq!(s.publications[2].info, Some(w));
     }
 
     #[test]
     fn markers_presence_and_strangers_are_told_apart() {
-        let (h, p) = encode_publication("ep", 0, 0, &Bytes::new(), None);
+        let (h, p) = encode_publications("ep", 0, 0, &[]);
         assert!(matches!(decode_delivery(Some(&h), &p), Delivery::Marker));
+        let marker = decode_publications(&h, &p).unwrap();
+        assert_eq!((marker.first, marker.last()), (0, 0));
         let (h, p) = encode_presence_change(false, &who());
         assert!(
             matches!(decode_delivery(Some(&h), &p), Delivery::Presence(false, w) if w == who())
@@ -191,9 +301,16 @@ mod tests {
         h.insert(EPOCH, "ep");
         h.insert(OFFSET, "3");
         h.insert(INFO_LEN, "999");
+        let junk = Bytes::from_static(b"{}");
         assert!(matches!(
-            decode_delivery(Some(&h), &Bytes::from_static(b"{}")),
+            decode_delivery(Some(&h), &junk),
             Delivery::Unknown
         ));
+        h.insert(SIZES, "0:1,0:5");
+        h.insert(COUNT, "2");
+        assert!(
+            matches!(decode_delivery(Some(&h), &junk), Delivery::Unknown),
+            "sizes beyond payload"
+        );
     }
 }

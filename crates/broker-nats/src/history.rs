@@ -17,12 +17,13 @@ use herald_protocol::{Publication, StreamPosition};
 use time::OffsetDateTime;
 
 use crate::broker::Inner;
-use crate::codec::decode_publication;
+use crate::codec::decode_publications;
 use crate::metrics::inc;
 use crate::publish::{last_or_marker, read_seq, Found};
 use crate::streams::Kind;
 
-/// Up to this many publications are read by following links; more through a consumer.
+/// Up to this many publications are read by following links (at most one request per message,
+/// fewer when messages hold several); more through a consumer.
 const WALK_LIMIT: usize = 8;
 
 /// `Broker::history`.
@@ -52,7 +53,7 @@ async fn read(
     let last = last_or_marker(inner, kind, &subject).await?;
     let position = StreamPosition {
         epoch: last.stored.epoch.clone(),
-        offset: last.stored.offset,
+        offset: last.stored.last(),
     };
     let kept = if kind == Kind::History {
         opts.history_size
@@ -103,7 +104,8 @@ async fn newest(
     want: usize,
     ttl: Duration,
 ) -> Result<Vec<Publication>, BrokerError> {
-    if want == 0 || last.stored.offset == 0 {
+    let top = last.stored.last();
+    if want == 0 || top == 0 {
         return Ok(Vec::new());
     }
     let cutoff = cutoff(ttl);
@@ -112,18 +114,21 @@ async fn newest(
     } else {
         scan(inner, kind, subject, last, cutoff).await?
     };
-    // Oldest first; keep the unbroken run that ends at `last` and is young enough.
+    // Oldest message first; keep the unbroken run of publications that ends at the top and is
+    // young enough, newest `want` of it.
     chain.retain(|f| f.time >= cutoff);
-    let mut run: Vec<Publication> = Vec::with_capacity(chain.len());
-    let mut expect = last.stored.offset;
-    for f in chain.into_iter().rev() {
-        if f.stored.epoch != last.stored.epoch || f.stored.offset != expect || expect == 0 {
+    let mut run: Vec<Publication> = Vec::with_capacity(want.min(4096));
+    let mut expect = top;
+    'messages: for f in chain.into_iter().rev() {
+        if f.stored.epoch != last.stored.epoch {
             break;
         }
-        expect -= 1;
-        run.push(f.stored.into_publication());
-        if run.len() == want {
-            break;
+        for p in f.stored.publications.into_iter().rev() {
+            if p.offset != expect || expect == 0 || run.len() == want {
+                break 'messages;
+            }
+            expect -= 1;
+            run.push(p);
         }
     }
     run.reverse();
@@ -139,21 +144,26 @@ fn cutoff(ttl: Duration) -> OffsetDateTime {
         .unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
 
-/// Follow `Herald-Prev` links from `last`: up to `want` messages, oldest first.
+/// Follow `Herald-Prev` links from `last` until the messages hold `want` publications (or the
+/// chain breaks), oldest first.
 async fn walk_back(
     inner: &Inner,
     kind: Kind,
     last: &Found,
     want: usize,
 ) -> Result<Vec<Found>, BrokerError> {
+    let mut held = last.stored.publications.len();
     let mut chain = vec![last.clone()];
-    while chain.len() < want {
+    while held < want {
         let prev = chain.last().map_or(0, |f| f.stored.prev);
         if prev == 0 {
             break;
         }
         match read_seq(inner, kind, prev).await? {
-            Some(f) if f.stored.offset > 0 => chain.push(f),
+            Some(f) if !f.stored.publications.is_empty() => {
+                held += f.stored.publications.len();
+                chain.push(f);
+            }
             _ => break,
         }
     }
@@ -186,8 +196,8 @@ async fn scan(
             break;
         }
         let headers = message.headers.unwrap_or_default();
-        if let Some(stored) = decode_publication(&headers, &message.payload) {
-            if stored.offset > 0 {
+        if let Some(stored) = decode_publications(&headers, &message.payload) {
+            if !stored.publications.is_empty() {
                 chain.push(Found { seq, time, stored });
             }
         }

@@ -16,6 +16,8 @@ const PUBLISH_BUCKETS: [f64; 12] = [
 pub(crate) struct Metrics {
     pub(crate) published: AtomicU64,
     pub(crate) publish_errors: AtomicU64,
+    /// Messages stored: fewer than publications when queued ones were stored together.
+    pub(crate) stored_messages: AtomicU64,
     /// Publishes that lost the race for the next offset to another publisher and retried.
     pub(crate) publish_conflicts: AtomicU64,
     pub(crate) publish_duplicates: AtomicU64,
@@ -69,7 +71,7 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE herald_broker_{name} {kind}");
             let _ = writeln!(out, "herald_broker_{name} {value}");
         };
-        let counters: [(&str, &str, &AtomicU64); 16] = [
+        let counters: [(&str, &str, &AtomicU64); 17] = [
             (
                 "messages_published_total",
                 "Publications stored in JetStream by this node.",
@@ -79,6 +81,11 @@ impl Metrics {
                 "publish_errors_total",
                 "Publishes that failed.",
                 &self.publish_errors,
+            ),
+            (
+                "nats_stored_messages_total",
+                "JetStream messages stored: fewer than publications when queued ones went together.",
+                &self.stored_messages,
             ),
             (
                 "publish_conflicts_total",

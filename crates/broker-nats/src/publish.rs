@@ -1,21 +1,27 @@
-//! Publishing: the next offset of a channel is taken with an optimistic, per-subject
-//! compare-and-set that JetStream checks atomically with storing.
+//! Publishing: the next offsets of a channel are taken with an optimistic, per-subject
+//! compare-and-set that JetStream checks atomically with storing, and publications that queue
+//! up behind each other are stored together (group commit).
 //!
-//! Every stored publication carries its epoch and offset in headers. To append, a node reads the
-//! channel's last message (its *tail*: stream sequence, epoch, offset), then publishes offset + 1
-//! with `Nats-Expected-Last-Subject-Sequence: <tail sequence>`. JetStream stores the message only
-//! if the subject's last message is still that one; otherwise it answers "wrong last sequence"
-//! (10071), the node re-reads the tail and tries again. So two nodes never store the same offset,
-//! and no offset is skipped. A channel with no message left starts a new epoch at offset 1 with
-//! expected sequence 0 ("nothing on this subject").
+//! Every stored message carries its epoch and (first) offset in headers. To append, a node reads
+//! the channel's last message (its *tail*: stream sequence, epoch, last offset), then publishes
+//! the next offset with `Nats-Expected-Last-Subject-Sequence: <tail sequence>`. JetStream stores
+//! the message only if the subject's last message is still that one; otherwise it answers "wrong
+//! last sequence" (10071), the node re-reads the tail and tries again. So two nodes never store
+//! the same offset, and no offset is skipped. A channel with no message left starts a new epoch
+//! at offset 1 with expected sequence 0 ("nothing on this subject").
 //!
-//! The tail is cached per channel, so a node that publishes to a channel again needs one round
-//! trip. Publishes of one channel from one node are serialized on that cache entry (an async
-//! mutex): they cannot be pipelined, because each needs the sequence JetStream gave the previous
-//! one. Per channel and node that bounds throughput at one publish per JetStream round trip
-//! (measured in docs/benchmarks.md); different channels proceed in parallel.
+//! Per channel, a node keeps the tail (one round trip per store once known) and a queue. A store
+//! cannot start before the previous one's sequence is known, so stores of one channel are
+//! sequential; while one is in flight, newer publications wait in the queue and the next store
+//! takes all of them as one message (offsets N+1 … N+k). Throughput of a busy channel then grows
+//! with the batch instead of being capped at one publication per round trip; an idle channel
+//! still stores each publication alone, at once. A publication with an idempotency key is always
+//! stored alone (JetStream deduplicates whole messages).
+//!
+//! The store runs in its own task, so a caller that gives up (an HTTP client that disconnects)
+//! never leaves the channel's queue without a flusher.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,42 +32,68 @@ use bytes::Bytes;
 use herald_broker::{new_epoch, BrokerError, PublishOptions};
 use herald_protocol::{ClientInfo, StreamPosition};
 use time::OffsetDateTime;
-use tokio::sync::Mutex as AsyncMutex;
+use tokio::sync::oneshot;
 
 use crate::broker::Inner;
-use crate::codec::{decode_publication, encode_publication, Stored, MSG_ID};
+use crate::codec::{decode_publications, encode_publications, Stored, MSG_ID};
 use crate::metrics::inc;
 use crate::streams::Kind;
 use crate::subject::escape;
 
-/// Channels whose tail is cached; beyond this, idle entries are dropped.
-const MAX_TAILS: usize = 65_536;
-/// Attempts before a publish that keeps losing the race gives up (error 111, retry later).
+/// Channels whose state is kept; beyond this, idle entries are dropped.
+const MAX_CHANNELS: usize = 65_536;
+/// Attempts before a store that keeps losing the race gives up (error 111, retry later).
 const MAX_ATTEMPTS: u32 = 32;
+/// Publications stored in one message at most.
+const MAX_BATCH: usize = 256;
+/// Payload bytes of one batched message at most (NATS' default max_payload is 1 MiB; a single
+/// larger publication still goes alone and meets the server's own limit).
+const MAX_BATCH_BYTES: usize = 256 * 1024;
+/// Publications waiting on one channel of one node at most; beyond, publishing fails (111).
+const MAX_QUEUED: usize = 10_000;
 
 /// The last stored message of a channel's subject.
 #[derive(Debug, Clone)]
 pub(crate) struct Tail {
     pub(crate) epoch: String,
+    /// Offset of its last publication (0 for an epoch marker).
     pub(crate) offset: u64,
     /// Its stream sequence.
     pub(crate) seq: u64,
 }
 
-type Slot = Arc<AsyncMutex<Option<Tail>>>;
+/// One publication waiting for its channel's next store.
+struct Pending {
+    data: Bytes,
+    info: Option<ClientInfo>,
+    msg_id: Option<String>,
+    done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
+}
 
-/// Cached tails, one slot per subject. `None` in a slot: unknown, read it first.
+/// A channel's publishing state on this node.
+#[derive(Default)]
+struct Channel {
+    /// `None`: unknown, read it before storing.
+    tail: Option<Tail>,
+    waiting: VecDeque<Pending>,
+    /// A flusher task is running for this channel.
+    flushing: bool,
+}
+
+type Slot = Arc<Mutex<Channel>>;
+
+/// Per-channel publishing state, one slot per subject. std Mutexes: held for queue operations
+/// only, never across an `.await`.
 #[derive(Default)]
 pub(crate) struct Tails {
     map: Mutex<HashMap<String, Slot>>,
 }
 
 impl Tails {
-    /// The slot of a subject. Lock rule: the map lock is held only to find the slot.
-    pub(crate) fn slot(&self, subject: &str) -> Slot {
+    fn slot(&self, subject: &str) -> Slot {
         let mut map = self.map.lock().expect("tails lock");
-        if map.len() >= MAX_TAILS {
-            // Drop slots nobody is publishing through right now.
+        if map.len() >= MAX_CHANNELS {
+            // Drop the state of channels nobody is publishing to right now.
             map.retain(|_, slot| Arc::strong_count(slot) > 1);
         }
         map.entry(subject.to_owned()).or_default().clone()
@@ -69,7 +101,10 @@ impl Tails {
 
     /// Forget every tail (after a reconnect: the server may have lost or replaced streams).
     pub(crate) fn clear(&self) {
-        self.map.lock().expect("tails lock").clear();
+        let map = self.map.lock().expect("tails lock");
+        for slot in map.values() {
+            slot.lock().expect("channel lock").tail = None;
+        }
     }
 }
 
@@ -85,14 +120,14 @@ impl Found {
     pub(crate) fn tail(&self) -> Tail {
         Tail {
             epoch: self.stored.epoch.clone(),
-            offset: self.stored.offset,
+            offset: self.stored.last(),
             seq: self.seq,
         }
     }
 }
 
 fn found(message: async_nats::jetstream::message::StreamMessage) -> Result<Found, BrokerError> {
-    let stored = decode_publication(&message.headers, &message.payload).ok_or_else(|| {
+    let stored = decode_publications(&message.headers, &message.payload).ok_or_else(|| {
         BrokerError::Internal(format!(
             "message {} on {} is not a Herald publication",
             message.sequence, message.subject
@@ -218,16 +253,17 @@ async fn back_off(attempt: u32) {
     }
 }
 
-/// `Broker::publish`: store the next publication of a channel and return its position.
+/// `Broker::publish`: queue the publication on its channel, make sure a flusher runs, and wait
+/// for its position.
 pub(crate) async fn publish(
-    inner: &Inner,
+    inner: &Arc<Inner>,
     channel: &str,
     data: Bytes,
     info: Option<ClientInfo>,
     opts: &PublishOptions,
 ) -> Result<StreamPosition, BrokerError> {
     let started = Instant::now();
-    let result = append(inner, channel, &data, info.as_ref(), opts).await;
+    let result = enqueue(inner, channel, data, info, opts).await;
     let m = &inner.metrics;
     match &result {
         Ok(_) => m.observe_publish(started.elapsed()),
@@ -236,11 +272,11 @@ pub(crate) async fn publish(
     result
 }
 
-async fn append(
-    inner: &Inner,
+async fn enqueue(
+    inner: &Arc<Inner>,
     channel: &str,
-    data: &Bytes,
-    info: Option<&ClientInfo>,
+    data: Bytes,
+    info: Option<ClientInfo>,
     opts: &PublishOptions,
 ) -> Result<StreamPosition, BrokerError> {
     inner.ensure_connected()?;
@@ -251,36 +287,156 @@ async fn append(
         .idempotency_key
         .as_ref()
         .map(|key| format!("{}:{key}", escape(channel)));
-
+    let (done, position) = oneshot::channel();
     let slot = inner.tails.slot(&subject);
-    let mut tail = slot.lock().await;
-    for attempt in 0..MAX_ATTEMPTS {
-        if tail.is_none() {
-            *tail = read_last(inner, kind, &subject).await?.map(|f| f.tail());
+    let start_flusher = {
+        let mut ch = slot.lock().expect("channel lock");
+        if ch.waiting.len() >= MAX_QUEUED {
+            return Err(BrokerError::Unavailable(format!(
+                "channel {channel}: {MAX_QUEUED} publications already waiting, retry"
+            )));
         }
-        let (epoch, offset, prev) = match &*tail {
+        ch.waiting.push_back(Pending {
+            data,
+            info,
+            msg_id,
+            done,
+        });
+        !std::mem::replace(&mut ch.flushing, true)
+    };
+    if start_flusher {
+        let history_size = opts.stream.history_size;
+        tokio::spawn(flush(inner.clone(), kind, subject, slot, history_size));
+    }
+    position
+        .await
+        .unwrap_or_else(|_| Err(BrokerError::Internal("publisher task ended".into())))
+}
+
+/// The next batch: the oldest waiting publication, and while they fit, the ones after it. One
+/// with an idempotency key goes alone.
+fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
+    let size = |p: &Pending| p.data.len() + if p.info.is_some() { 128 } else { 0 };
+    let Some(first) = waiting.pop_front() else {
+        return Vec::new();
+    };
+    let alone = first.msg_id.is_some();
+    let mut bytes = size(&first);
+    let mut batch = vec![first];
+    while !alone && batch.len() < MAX_BATCH {
+        match waiting.front() {
+            Some(next) if next.msg_id.is_none() && bytes + size(next) <= MAX_BATCH_BYTES => {
+                bytes += size(next);
+                batch.extend(waiting.pop_front());
+            }
+            _ => break,
+        }
+    }
+    batch
+}
+
+fn copy_error(err: &BrokerError) -> BrokerError {
+    match err {
+        BrokerError::Unavailable(s) => BrokerError::Unavailable(s.clone()),
+        BrokerError::Internal(s) => BrokerError::Internal(s.clone()),
+    }
+}
+
+/// A channel's flusher: store batches until the queue is empty.
+async fn flush(inner: Arc<Inner>, kind: Kind, subject: String, slot: Slot, history_size: usize) {
+    loop {
+        let (batch, mut tail) = {
+            let mut ch = slot.lock().expect("channel lock");
+            if ch.waiting.is_empty() {
+                ch.flushing = false;
+                return;
+            }
+            (take_batch(&mut ch.waiting), ch.tail.clone())
+        };
+        let result = store_batch(&inner, kind, &subject, &mut tail, &batch).await;
+        slot.lock().expect("channel lock").tail = tail;
+        match result {
+            Ok(Appended::Stored(position)) => {
+                let first = position.offset;
+                let last = first + batch.len() as u64 - 1;
+                if kind == Kind::History {
+                    trim_later(&inner, &subject, first, last, history_size);
+                }
+                for (i, p) in batch.into_iter().enumerate() {
+                    let _ = p.done.send(Ok(StreamPosition {
+                        epoch: position.epoch.clone(),
+                        offset: first + i as u64,
+                    }));
+                }
+            }
+            Ok(Appended::Duplicate(position)) => {
+                for p in batch {
+                    let _ = p.done.send(Ok(position.clone()));
+                }
+            }
+            Err(err) => {
+                for p in batch {
+                    let _ = p.done.send(Err(copy_error(&err)));
+                }
+            }
+        }
+    }
+}
+
+/// What a batch became.
+enum Appended {
+    /// Stored; the position of its first publication.
+    Stored(StreamPosition),
+    /// An idempotency key seen before: the original's position.
+    Duplicate(StreamPosition),
+}
+
+/// Store one batch as the channel's next message, retrying on conflicts.
+async fn store_batch(
+    inner: &Inner,
+    kind: Kind,
+    subject: &str,
+    tail: &mut Option<Tail>,
+    batch: &[Pending],
+) -> Result<Appended, BrokerError> {
+    let items: Vec<(&Bytes, Option<&ClientInfo>)> =
+        batch.iter().map(|p| (&p.data, p.info.as_ref())).collect();
+    let msg_id = match batch {
+        [only] => only.msg_id.as_deref(),
+        _ => None,
+    };
+    for attempt in 0..MAX_ATTEMPTS {
+        // Queued publications fail fast too once the connection is gone.
+        inner.ensure_connected()?;
+        if tail.is_none() {
+            *tail = read_last(inner, kind, subject).await?.map(|f| f.tail());
+        }
+        let (epoch, first, prev) = match &*tail {
             Some(t) => (t.epoch.clone(), t.offset + 1, t.seq),
             None => (new_epoch(), 1, 0),
         };
-        let (mut headers, payload) = encode_publication(&epoch, offset, prev, data, info);
-        if let Some(id) = &msg_id {
-            headers.insert(MSG_ID, id.as_str());
+        let (mut headers, payload) = encode_publications(&epoch, first, prev, &items);
+        if let Some(id) = msg_id {
+            headers.insert(MSG_ID, id);
         }
-        match try_store(inner, &subject, headers, payload).await {
+        match try_store(inner, subject, headers, payload).await {
             Ok(Outcome::Stored(seq)) => {
+                inc(&inner.metrics.stored_messages);
                 *tail = Some(Tail {
                     epoch: epoch.clone(),
-                    offset,
+                    offset: first + items.len() as u64 - 1,
                     seq,
                 });
-                if kind == Kind::History {
-                    trim_later(inner, &subject, offset, opts.stream.history_size);
-                }
-                return Ok(StreamPosition { epoch, offset });
+                return Ok(Appended::Stored(StreamPosition {
+                    epoch,
+                    offset: first,
+                }));
             }
             Ok(Outcome::Duplicate(seq)) => {
                 inc(&inner.metrics.publish_duplicates);
-                return original(inner, kind, &subject, seq).await;
+                return original(inner, kind, subject, seq)
+                    .await
+                    .map(Appended::Duplicate);
             }
             Ok(Outcome::Conflict) => {
                 inc(&inner.metrics.publish_conflicts);
@@ -289,7 +445,6 @@ async fn append(
             }
             Ok(Outcome::StreamMissing) => {
                 *tail = None;
-                inner.tails.clear();
                 inner.streams.ensure().await?;
             }
             Err(err) => {
@@ -300,17 +455,20 @@ async fn append(
         }
     }
     Err(BrokerError::Unavailable(format!(
-        "channel {channel}: too many concurrent publishers, retry"
+        "{subject}: too many concurrent publishers, retry"
     )))
 }
 
-/// Every `history_size` publications, purge the channel down to its newest `history_size` in
-/// the background, so that a namespace with a short history does not keep the stream's full
-/// per-channel limit (which is the largest history of any namespace). One extra request per
-/// `history_size` publications; the newest message (the offset counter) is always kept.
-fn trim_later(inner: &Inner, subject: &str, offset: u64, history_size: usize) {
+/// Whenever a store crosses a multiple of `history_size`, purge the channel down to its newest
+/// `history_size` messages in the background, so that a namespace with a short history does not
+/// keep the stream's full per-channel limit (the largest history of any namespace). One extra
+/// request per `history_size` publications; the newest message (the offset counter) stays.
+fn trim_later(inner: &Inner, subject: &str, first: u64, last: u64, history_size: usize) {
     let keep = history_size as u64;
-    if offset.checked_rem(keep) != Some(0) || inner.streams.per_channel() <= history_size as i64 {
+    if keep == 0 || inner.streams.per_channel() <= history_size as i64 {
+        return;
+    }
+    if last / keep == (first - 1) / keep {
         return;
     }
     let stream = inner.streams.history.clone();
@@ -338,8 +496,8 @@ async fn original(
         BrokerError::Internal(format!("duplicate of {subject} but nothing stored"))
     })?;
     Ok(StreamPosition {
+        offset: found.stored.last(),
         epoch: found.stored.epoch,
-        offset: found.stored.offset,
     })
 }
 
@@ -350,39 +508,23 @@ pub(crate) async fn last_or_marker(
     kind: Kind,
     subject: &str,
 ) -> Result<Found, BrokerError> {
-    if let Some(last) = read_last(inner, kind, subject).await? {
-        return Ok(last);
-    }
-    let slot = inner.tails.slot(subject);
-    let mut tail = slot.lock().await;
     for attempt in 0..MAX_ATTEMPTS {
         if let Some(last) = read_last(inner, kind, subject).await? {
-            *tail = Some(last.tail());
             return Ok(last);
         }
+        // Expected sequence 0: stored only if the subject is still empty.
         let epoch = new_epoch();
-        let (headers, payload) = encode_publication(&epoch, 0, 0, &Bytes::new(), None);
+        let (headers, payload) = encode_publications(&epoch, 0, 0, &[]);
         match try_store(inner, subject, headers, payload).await? {
             Outcome::Stored(seq) | Outcome::Duplicate(seq) => {
-                let marker = Found {
+                return Ok(Found {
                     seq,
                     time: OffsetDateTime::now_utc(),
-                    stored: Stored {
-                        epoch,
-                        offset: 0,
-                        prev: 0,
-                        data: Bytes::new(),
-                        info: None,
-                    },
-                };
-                *tail = Some(marker.tail());
-                return Ok(marker);
+                    stored: Stored::marker(epoch),
+                });
             }
             Outcome::Conflict => back_off(attempt).await,
-            Outcome::StreamMissing => {
-                inner.tails.clear();
-                inner.streams.ensure().await?;
-            }
+            Outcome::StreamMissing => inner.streams.ensure().await?,
         }
     }
     Err(BrokerError::Unavailable(format!(

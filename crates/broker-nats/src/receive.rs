@@ -114,10 +114,12 @@ fn deliver(inner: &Inner, channel: &str, message: Message) {
         return;
     };
     match decode_delivery(message.headers.as_ref(), &message.payload) {
-        Delivery::Publication(stored) => {
-            inc(&inner.metrics.received_publications);
-            let epoch = stored.epoch.clone();
-            handler.on_publication(channel, &epoch, stored.into_publication());
+        Delivery::Publications(stored) => {
+            // A group-committed message holds several, in offset order.
+            for p in stored.publications {
+                inc(&inner.metrics.received_publications);
+                handler.on_publication(channel, &stored.epoch, p);
+            }
         }
         Delivery::Presence(joined, who) => {
             inc(&inner.metrics.received_presence);

@@ -584,3 +584,71 @@ async fn unreachable_nats_fails_connect_quickly() {
     assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_publications_are_stored_together_and_read_back_one_by_one() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let ch = unique("burst");
+    b.subscribe(&ch).await.unwrap();
+    let o = opts(1000);
+    let mut tasks = Vec::new();
+    for i in 0..500u32 {
+        let (a, ch, o) = (a.clone(), ch.clone(), o.clone());
+        let info = (i % 3 == 0).then(|| who(&format!("c{i}")));
+        tasks.push(tokio::spawn(async move {
+            let data = Bytes::from(format!("{{\"i\":{i}}}"));
+            (
+                data.clone(),
+                info.clone(),
+                a.publish(&ch, data, info, &o).await.unwrap(),
+            )
+        }));
+    }
+    let mut sent = Vec::new();
+    for t in tasks {
+        sent.push(t.await.unwrap());
+    }
+    let offsets: BTreeSet<u64> = sent.iter().map(|(_, _, p)| p.offset).collect();
+    assert_eq!(offsets, (1..=500).collect(), "every offset once");
+    let text = a.metrics_text();
+    let stored: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("herald_broker_nats_stored_messages_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        stored < 500.0,
+        "queued publications went together: {stored} messages"
+    );
+
+    eventually("b gets 500", || rb.offsets(&ch).len() >= 500).await;
+    assert_eq!(
+        rb.offsets(&ch),
+        (1..=500).collect::<Vec<_>>(),
+        "in order, once"
+    );
+    let epoch = sent[0].2.epoch.clone();
+    for (many, query) in [
+        (500, since(&epoch, 0)),
+        (5, since(&epoch, 495)),
+        (30, since(&epoch, 470)),
+    ] {
+        let h = b.history(&ch, &query, &o.stream).await.unwrap();
+        assert!(h.continuous);
+        assert_eq!(h.publications.len(), many);
+    }
+    let h = b.history(&ch, &since(&epoch, 0), &o.stream).await.unwrap();
+    for (data, info, position) in &sent {
+        let p = &h.publications[position.offset as usize - 1];
+        assert_eq!(
+            (&p.data, &p.info),
+            (data, info),
+            "offset {} holds its own data",
+            position.offset
+        );
+    }
+}
