@@ -101,20 +101,22 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Apply `dev` mode: open the default namespace to anonymous clients.
-    pub fn apply_dev(&mut self) {
-        if !self.dev {
-            return;
-        }
-        self.allow_anonymous = true;
-        self.demo = true;
-        let ns = &mut self.default_namespace;
-        ns.subscribe = SubscribePolicy::Anonymous;
-        ns.publish = true;
-        ns.history = true;
-        ns.presence = true;
-        ns.join_leave = true;
-        ns.history_size = ns.history_size.max(1000);
+    /// What `dev` mode changes, as defaults under the file and the environment: anonymous
+    /// clients may connect, subscribe, publish and read history and presence in the default
+    /// namespace, and the demo page is served.
+    pub fn dev_defaults() -> serde_json::Value {
+        serde_json::json!({
+            "allow_anonymous": true,
+            "demo": true,
+            "default_namespace": {
+                "subscribe": "anonymous",
+                "publish": true,
+                "history": true,
+                "history_size": 1000,
+                "presence": true,
+                "join_leave": true,
+            },
+        })
     }
 
     /// Check values that serde cannot.

@@ -111,10 +111,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // Handlers first: a SIGTERM that arrives once the node says it listens must drain it,
         // not kill it.
         let shutdown = shutdown_signal()?;
-        let addr = format!("{}:{}", config.bind, config.port);
-        let listener = tokio::net::TcpListener::bind(&addr)
-            .await
-            .with_context(|| format!("binding {addr}"))?;
+        let listener = herald_server::serve::bind(&config.bind, config.port).await?;
         herald_server::serve::run(listener, config, shutdown).await
     })
 }

@@ -13,10 +13,41 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::http::{route, App};
+
+/// Pending connections the kernel may queue. A reconnect storm after a deploy arrives all at
+/// once: with the default of 128, the kernel dropped SYNs and clients came back only on their
+/// 1, 3, 7 and 15 s retransmits (measured with herald-bench storm; see docs/benchmarks.md).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Bind the listener with a deep accept backlog, and lift this process's open-file limit to
+/// its hard limit (each connection is a descriptor).
+pub async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(cause = %e, "could not raise the open-file limit"),
+    }
+    let addr = tokio::net::lookup_host((host, port))
+        .await
+        .with_context(|| format!("resolving {host}"))?
+        .next()
+        .with_context(|| format!("{host} resolves to no address"))?;
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket
+        .bind(addr)
+        .with_context(|| format!("binding {addr}"))?;
+    socket
+        .listen(LISTEN_BACKLOG)
+        .with_context(|| format!("listening on {addr}"))
+}
 
 /// Serve until `shutdown` resolves, then drain: every client is told to reconnect (4000 with a
 /// jittered `after_ms`), and the function returns once they are gone or the window has passed.

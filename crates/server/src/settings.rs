@@ -61,34 +61,31 @@ const ENV_KEYS: &[&str] = &[
 
 /// Load and validate the configuration.
 pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
-    let mut figment = Figment::from(Serialized::defaults(DefaultsShim::default()));
     if let Some(path) = &flags.config {
         if !path.exists() {
             bail!("config file {} does not exist", path.display());
         }
-        figment = figment.merge(Toml::file(path));
     }
-    // HERALD_PING_INTERVAL is accepted as a short alias.
-    let env = Env::prefixed("HERALD_")
-        .split("__")
-        .map(|k| {
-            if k.as_str().eq_ignore_ascii_case("ping_interval") {
-                "ping_interval_s".into()
-            } else {
-                k.into()
-            }
-        })
-        .filter(|k| {
-            // Figment hands keys over as written (upper case); it lowercases them later.
-            let top = k
-                .as_str()
-                .split('.')
-                .next()
-                .unwrap_or_default()
-                .to_ascii_lowercase();
-            ENV_KEYS.contains(&top.as_str())
-        });
-    figment = figment.merge(env);
+    let file = || flags.config.as_ref().map(Toml::file);
+    // `dev` may come from a flag, the file or the environment; it only changes defaults, so the
+    // file and the environment still win over what it opens up.
+    let mut probe = Figment::new();
+    if let Some(f) = file() {
+        probe = probe.merge(f);
+    }
+    let dev = flags.dev
+        || probe
+            .merge(env_provider())
+            .extract_inner::<bool>("dev")
+            .unwrap_or(false);
+    let mut figment = Figment::from(Serialized::defaults(DefaultsShim::default()));
+    if dev {
+        figment = figment.merge(Serialized::defaults(Config::dev_defaults()));
+    }
+    if let Some(f) = file() {
+        figment = figment.merge(f);
+    }
+    figment = figment.merge(env_provider());
     let mut config: Config = figment.extract().context("invalid configuration")?;
     if let Some(bind) = &flags.bind {
         config.bind = bind.clone();
@@ -114,13 +111,35 @@ pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
                 "--dev opens everything to anonymous clients and only binds to loopback, not {ip}"
             );
         }
-        config.apply_dev();
     }
     if config.node_name.is_empty() {
         config.node_name = format!("herald-{:06x}", rand::random::<u32>() & 0xff_ffff);
     }
     config.validate().map_err(anyhow::Error::msg)?;
     Ok(config)
+}
+
+/// `HERALD_*` variables that name config keys (`HERALD_PING_INTERVAL` is a short alias).
+fn env_provider() -> Env {
+    Env::prefixed("HERALD_")
+        .split("__")
+        .map(|k| {
+            if k.as_str().eq_ignore_ascii_case("ping_interval") {
+                "ping_interval_s".into()
+            } else {
+                k.into()
+            }
+        })
+        .filter(|k| {
+            // Figment hands keys over as written (upper case); it lowercases them later.
+            let top = k
+                .as_str()
+                .split('.')
+                .next()
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            ENV_KEYS.contains(&top.as_str())
+        })
 }
 
 /// An empty provider: defaults come from `Config::default()` through serde's `#[serde(default)]`.
@@ -165,6 +184,41 @@ mod tests {
             assert_eq!(c.limits.max_frame_bytes, 4096);
             assert_eq!(c.limits.max_channels_per_connection, 7);
             assert!(c.namespaces[0].publish);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn dev_opens_defaults_that_the_file_can_close() {
+        figment::Jail::expect_with(|jail| {
+            let dev = load(&Overrides {
+                dev: true,
+                ..Overrides::default()
+            })
+            .expect("dev loads");
+            assert!(dev.allow_anonymous && dev.demo);
+            assert!(dev.default_namespace.publish && dev.default_namespace.join_leave);
+            assert_eq!(dev.default_namespace.history_size, 1000);
+
+            jail.create_file(
+                "quiet.toml",
+                "dev = true\n[default_namespace]\njoin_leave = false\nhistory_size = 10\n",
+            )?;
+            let quiet = load(&Overrides {
+                config: Some("quiet.toml".into()),
+                ..Overrides::default()
+            })
+            .expect("loads");
+            assert!(
+                quiet.dev && quiet.allow_anonymous,
+                "dev from the file counts"
+            );
+            assert!(
+                !quiet.default_namespace.join_leave,
+                "the file wins over dev defaults"
+            );
+            assert_eq!(quiet.default_namespace.history_size, 10);
+            assert!(quiet.default_namespace.publish);
             Ok(())
         });
     }
