@@ -5,13 +5,14 @@
 #   rooms      rooms of 12 spread over S of N nodes: broker messages each node receives per
 #              publication (herald_broker_messages_received_total) vs. the ideal, and latency
 #   broadcast  one channel, subscribers spread over 2 nodes: latency at a fixed publication rate
-#   hot        one channel, 3 nodes, rising publication rates: where publishing one channel stops
-#              keeping up (NATS numbers a channel's publications one JetStream round trip at a time)
+#   hot        one channel, 3 nodes, rising publication rates through one node's API: whether
+#              publishing one channel keeps up (NATS numbers a channel's stores one JetStream round
+#              trip at a time; publications queued meanwhile are stored together)
 #
 # Usage: crates/broker-nats/bench/compare.sh [out_dir]    (run it under docs/bench/prio.sh)
 #   HERALD_BIN / HERALD_BENCH_BIN: binaries (default: build release ones)
-#   ROOMS_CONNECTIONS (600), ROOMS_RATE (100/s), DURATION (10 s), BROADCAST_CONNECTIONS (2000),
-#   BROADCAST_RATE (20/s), HOT_RATES ("250 500 1000 2000")
+#   ROOMS_CONNECTIONS (600), ROOMS_RATE (100/s), DURATION (15 s), BROADCAST_CONNECTIONS (2000),
+#   BROADCAST_RATE (20/s), HOT_RATES ("1000 2000 4000")
 # Needs nats-server (≥ 2.9, JetStream) and redis-server. Prints Markdown tables; raw JSON in out_dir.
 set -euo pipefail
 
@@ -21,10 +22,10 @@ out="${1:-$root/target/nats-compare}"
 mkdir -p "$out"
 connections="${ROOMS_CONNECTIONS:-600}"
 rate="${ROOMS_RATE:-100}"
-duration="${DURATION:-10}"
+duration="${DURATION:-15}"
 bc_connections="${BROADCAST_CONNECTIONS:-2000}"
 bc_rate="${BROADCAST_RATE:-20}"
-hot_rates="${HOT_RATES:-250 500 1000 2000}"
+hot_rates="${HOT_RATES:-1000 2000 4000}"
 key=benchkey
 
 if [[ -z "${HERALD_BIN:-}" || -z "${HERALD_BENCH_BIN:-}" ]]; then
@@ -129,7 +130,7 @@ for broker in $(case_order 1); do
 done
 
 echo
-echo "### hot channel: 30 subscribers of one channel on 3 nodes, publications through all 3 APIs, $duration s per rate"
+echo "### hot channel: 30 subscribers of one channel on 3 nodes, published through the channel's home node, $duration s per rate"
 echo
 echo "| rate /s | broker | delivered | p50 | p99 | publish errors |"
 echo "| --- | --- | --- | --- | --- | --- |"
