@@ -205,7 +205,7 @@ async fn run(app: Arc<App>, mut ws: Ws) {
                     // Too large for the codec or a WebSocket protocol error: the codec has queued
                     // its own close frame (1009, 1002); send it.
                     Some(Err(_)) => {
-                        linger(&mut ws, write_timeout(&app)).await;
+                        Box::pin(linger(&mut ws, write_timeout(&app))).await;
                         break None;
                     }
                     // Reset or EOF.
@@ -330,7 +330,8 @@ async fn linger(ws: &mut Ws, limit: Duration) {
     let io = ws.get_mut();
     let _ = timeout(Duration::from_secs(1), async {
         let _ = io.shutdown().await;
-        let mut buf = [0u8; 8192];
+        // On the heap: an array here would live in every connection's task state.
+        let mut buf = vec![0u8; 8192];
         while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
     })
     .await;
