@@ -265,6 +265,7 @@ impl Broker for NatsBroker {
                 shutdown.clone(),
             ));
         }
+        tokio::spawn(receive::watch_streams(inner.clone(), shutdown.clone()));
         tokio::spawn(presence::run_refresher(inner.clone(), shutdown));
         Ok(())
     }

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use async_nats::HeaderMap;
 use bytes::Bytes;
@@ -140,70 +141,103 @@ fn found(message: async_nats::jetstream::message::StreamMessage) -> Result<Found
     })
 }
 
+/// Which message to read.
+#[derive(Clone, Copy)]
+enum Which<'a> {
+    LastOf(&'a str),
+    Seq(u64),
+}
+
+/// What one read found.
+enum Read {
+    Found(StreamMessage),
+    /// No such message (the subject is empty, or the message was trimmed).
+    Nothing,
+    /// The stream itself is gone.
+    NoStream,
+}
+
+/// One read, from the stream leader (`STREAM.MSG.GET`) unless `direct_reads` is set: on a NATS
+/// cluster a direct get may be answered by a replica that lags, and a stale tail or position would
+/// cost a publish retry or, worse, make a catch-up look impossible. On one server both are the
+/// same.
+async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, BrokerError> {
+    let stream = inner.streams.of(kind);
+    let what = match which {
+        Which::LastOf(subject) => format!("last of {subject}"),
+        Which::Seq(seq) => format!("message {seq}"),
+    };
+    let failed = |err: String| BrokerError::Unavailable(format!("read {what}: {err}"));
+    if inner.config.direct_reads {
+        let get = async {
+            match which {
+                Which::LastOf(subject) => stream.direct_get_last_for_subject(subject).await,
+                Which::Seq(seq) => stream.direct_get(seq).await,
+            }
+        };
+        match inner.timed("read", get).await? {
+            Ok(message) => Ok(Read::Found(message)),
+            Err(err) => match err.kind() {
+                DirectGetErrorKind::NotFound => Ok(Read::Nothing),
+                DirectGetErrorKind::ErrorResponse(status, _)
+                    if status == async_nats::StatusCode::NO_RESPONDERS =>
+                {
+                    Ok(Read::NoStream)
+                }
+                _ => Err(failed(err.to_string())),
+            },
+        }
+    } else {
+        let get = async {
+            match which {
+                Which::LastOf(subject) => stream.get_last_raw_message_by_subject(subject).await,
+                Which::Seq(seq) => stream.get_raw_message(seq).await,
+            }
+        };
+        match inner.timed("read", get).await? {
+            Ok(message) => Ok(Read::Found(message)),
+            Err(err) => match err.kind() {
+                RawMessageErrorKind::NoMessageFound => Ok(Read::Nothing),
+                RawMessageErrorKind::JetStream(e)
+                    if e.error_code() == async_nats::jetstream::ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    Ok(Read::NoStream)
+                }
+                _ => Err(failed(err.to_string())),
+            },
+        }
+    }
+}
+
+/// Read a message; a missing stream is recreated (empty: the read finds nothing).
+async fn read(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Option<Found>, BrokerError> {
+    match read_once(inner, kind, which).await? {
+        Read::Found(message) => found(message).map(Some),
+        Read::Nothing => Ok(None),
+        Read::NoStream => {
+            inner.tails.clear();
+            inner.streams.ensure().await?;
+            Ok(None)
+        }
+    }
+}
+
 /// The last message stored on a subject; `None` when the subject holds nothing.
-///
-/// From the stream leader (`STREAM.MSG.GET`) unless `direct_reads` is set: on a NATS cluster a
-/// direct get may be answered by a replica that lags, and a stale tail or position would cost a
-/// publish retry or, worse, make a catch-up look impossible. On one server both are the same.
 pub(crate) async fn read_last(
     inner: &Inner,
     kind: Kind,
     subject: &str,
 ) -> Result<Option<Found>, BrokerError> {
-    let stream = inner.streams.of(kind);
-    let result = if inner.config.direct_reads {
-        let get = stream.direct_get_last_for_subject(subject);
-        match inner.timed("read last", get).await? {
-            Ok(message) => Ok(Some(message)),
-            Err(err) if matches!(err.kind(), DirectGetErrorKind::NotFound) => Ok(None),
-            Err(err) => Err(err.to_string()),
-        }
-    } else {
-        let get = stream.get_last_raw_message_by_subject(subject);
-        match inner.timed("read last", get).await? {
-            Ok(message) => Ok(Some(message)),
-            Err(err) if matches!(err.kind(), RawMessageErrorKind::NoMessageFound) => Ok(None),
-            Err(err) => Err(err.to_string()),
-        }
-    };
-    match result {
-        Ok(message) => message.map(found).transpose(),
-        Err(err) => Err(BrokerError::Unavailable(format!(
-            "read last of {subject}: {err}"
-        ))),
-    }
+    read(inner, kind, Which::LastOf(subject)).await
 }
 
-/// The message at a stream sequence; `None` when it is gone (trimmed, expired). Leader or
-/// replica as for [`read_last`].
+/// The message at a stream sequence; `None` when it is gone (trimmed, expired).
 pub(crate) async fn read_seq(
     inner: &Inner,
     kind: Kind,
     seq: u64,
 ) -> Result<Option<Found>, BrokerError> {
-    let stream = inner.streams.of(kind);
-    let result = if inner.config.direct_reads {
-        match inner.timed("read message", stream.direct_get(seq)).await? {
-            Ok(message) => Ok(Some(message)),
-            Err(err) if matches!(err.kind(), DirectGetErrorKind::NotFound) => Ok(None),
-            Err(err) => Err(err.to_string()),
-        }
-    } else {
-        match inner
-            .timed("read message", stream.get_raw_message(seq))
-            .await?
-        {
-            Ok(message) => Ok(Some(message)),
-            Err(err) if matches!(err.kind(), RawMessageErrorKind::NoMessageFound) => Ok(None),
-            Err(err) => Err(err.to_string()),
-        }
-    };
-    match result {
-        Ok(message) => message.map(found).transpose(),
-        Err(err) => Err(BrokerError::Unavailable(format!(
-            "read message {seq}: {err}"
-        ))),
-    }
+    read(inner, kind, Which::Seq(seq)).await
 }
 
 /// What JetStream did with one store attempt.
@@ -444,7 +478,9 @@ async fn store_batch(
                 back_off(attempt).await;
             }
             Ok(Outcome::StreamMissing) => {
+                // Every cached tail pointed into the lost stream.
                 *tail = None;
+                inner.tails.clear();
                 inner.streams.ensure().await?;
             }
             Err(err) => {
@@ -524,7 +560,10 @@ pub(crate) async fn last_or_marker(
                 });
             }
             Outcome::Conflict => back_off(attempt).await,
-            Outcome::StreamMissing => inner.streams.ensure().await?,
+            Outcome::StreamMissing => {
+                inner.tails.clear();
+                inner.streams.ensure().await?;
+            }
         }
     }
     Err(BrokerError::Unavailable(format!(

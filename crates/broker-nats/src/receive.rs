@@ -247,3 +247,40 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
     }
     presence::refresh_all(&inner).await;
 }
+
+/// Background task: notice a stream that was deleted and created again while this node stayed
+/// connected (an operator, or another node after a loss), and forget the cached tails, which
+/// point at sequences of the old stream. Without a reconnect nothing else would tell: sequences
+/// restart at 1 in a new stream, so an old tail's sequence could match a new message by chance.
+/// Checked every few seconds; a publish that meets a missing stream clears them at once.
+pub(crate) async fn watch_streams(inner: Arc<Inner>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(STREAM_CHECK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut known: [Option<i128>; 2] = [None, None];
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if inner.ensure_connected().is_err() {
+            continue;
+        }
+        let now = inner.streams.created().await;
+        let replaced = known
+            .iter()
+            .zip(&now)
+            .any(|(before, after)| matches!((before, after), (Some(b), Some(a)) if a != b));
+        if replaced {
+            warn!("a Herald stream was recreated; forgetting cached channel tails");
+            inner.tails.clear();
+        }
+        for (k, n) in known.iter_mut().zip(now) {
+            if n.is_some() {
+                *k = n;
+            }
+        }
+    }
+}
+
+/// How often [`watch_streams`] looks.
+const STREAM_CHECK: Duration = Duration::from_secs(5);

@@ -165,6 +165,20 @@ impl Streams {
         [history, live, presence]
     }
 
+    /// When the history and live streams were created, as the server reports them now; `None`
+    /// for a stream that cannot be read right now.
+    pub(crate) async fn created(&self) -> [Option<i128>; 2] {
+        let mut out = [None, None];
+        for (slot, name) in out.iter_mut().zip([&self.history_name, &self.live_name]) {
+            if let Ok(mut stream) = self.js.get_stream(name.as_str()).await {
+                if let Ok(info) = stream.info().await {
+                    *slot = Some(info.created.unix_timestamp_nanos());
+                }
+            }
+        }
+        out
+    }
+
     /// Current per-channel limit of the history stream.
     pub(crate) fn per_channel(&self) -> i64 {
         self.per_channel.load(Ordering::Relaxed)

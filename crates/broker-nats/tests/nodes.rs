@@ -652,3 +652,80 @@ async fn queued_publications_are_stored_together_and_read_back_one_by_one() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_stream_starts_a_new_epoch() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    let ch = unique("reset");
+    b.subscribe(&ch).await.unwrap();
+    let o = opts(10);
+    let before = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    a.publish(&ch, Bytes::from_static(b"2"), None, &o)
+        .await
+        .unwrap();
+
+    // An operator deletes the stream (history lost); the next publish recreates it.
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.delete_stream("HERALD").await.unwrap();
+    let after = a
+        .publish(&ch, Bytes::from_static(b"3"), None, &o)
+        .await
+        .unwrap();
+    assert_ne!(after.epoch, before.epoch, "new epoch");
+    assert_eq!(after.offset, 1);
+    let h = b
+        .history(&ch, &since(&before.epoch, 2), &o.stream)
+        .await
+        .unwrap();
+    assert!(!h.continuous, "the old position means nothing any more");
+    eventually("b gets the new epoch's first", || {
+        rb.publications
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, e, p)| *e == after.epoch && p.offset == 1)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_recreated_behind_a_nodes_back_does_not_fool_its_cached_tail() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("behind");
+    let o = opts(10);
+    // a caches the channel's tail: sequence 1 of the stream.
+    let first = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    assert_eq!(first.offset, 1);
+    let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+    js.delete_stream("HERALD").await.unwrap();
+    // b recreates it and stores the channel's new first publication, again at sequence 1: the
+    // very sequence a expects.
+    let fresh = b
+        .publish(&ch, Bytes::from_static(b"2"), None, &o)
+        .await
+        .unwrap();
+    assert_eq!(fresh.offset, 1);
+    assert_ne!(fresh.epoch, first.epoch);
+    // a notices the recreation within a few seconds and numbers after b's publication.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let next = a
+        .publish(&ch, Bytes::from_static(b"3"), None, &o)
+        .await
+        .unwrap();
+    assert_eq!(
+        (next.epoch.as_str(), next.offset),
+        (fresh.epoch.as_str(), 2)
+    );
+}
