@@ -57,8 +57,8 @@ pub struct NatsConfig {
     /// Name of the history stream; the live and presence streams are `<stream>_LIVE` and
     /// `<stream>_PRESENCE`. Two deployments on one NATS need two names.
     pub stream: String,
-    /// Storage of the history stream (`file` or `memory`). The live and presence streams are
-    /// always in memory: they hold nothing that a restart should keep.
+    /// Storage of the history and live streams (`file` or `memory`). The presence stream is
+    /// always in memory: nodes store their records again after a reconnect.
     pub storage: Storage,
     /// JetStream replicas of each stream (1, or 3 on a NATS cluster).
     pub replicas: usize,

@@ -4,7 +4,7 @@
 //! | stream | subjects | storage | per channel | republished to |
 //! | --- | --- | --- | --- | --- |
 //! | `HERALD` | `herald.h.>` | file (config) | `max_msgs_per_channel` | `herald.d.>` |
-//! | `HERALD_LIVE` | `herald.l.>` | memory | 1 (the offset counter) | `herald.d.>` |
+//! | `HERALD_LIVE` | `herald.l.>` | file (config) | 1 (the offset counter) | `herald.d.>` |
 //! | `HERALD_PRESENCE` | `herald.p.>` | memory | 1 per client, expires | — |
 //!
 //! Delivery goes through RePublish (nats-server ≥ 2.9): the server forwards a message to the
@@ -104,6 +104,10 @@ impl Streams {
         let max_age = Duration::from_secs(self.max_age_s.load(Ordering::Relaxed));
         let duplicate_window = self.duplicate_window.min(max_age);
         let replicas = self.replicas;
+        let storage = match self.storage {
+            Storage::File => StorageType::File,
+            Storage::Memory => StorageType::Memory,
+        };
         let history = Config {
             name: self.history_name.clone(),
             description: Some("Herald channel history (one subject per channel)".into()),
@@ -113,10 +117,7 @@ impl Streams {
             max_bytes: self.max_bytes,
             max_messages: -1,
             discard: DiscardPolicy::Old,
-            storage: match self.storage {
-                Storage::File => StorageType::File,
-                Storage::Memory => StorageType::Memory,
-            },
+            storage,
             num_replicas: replicas,
             duplicate_window,
             allow_direct: true,
@@ -136,7 +137,9 @@ impl Streams {
             max_bytes: -1,
             max_messages: -1,
             discard: DiscardPolicy::Old,
-            storage: StorageType::Memory,
+            // Same storage as history: with files, a NATS restart keeps these channels' epochs
+            // and offsets, so their subscribers are not told to recover for nothing.
+            storage,
             num_replicas: replicas,
             duplicate_window,
             allow_direct: true,

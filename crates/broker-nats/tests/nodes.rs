@@ -525,6 +525,11 @@ async fn nats_restart_fails_fast_then_loses_nothing() {
     }
     let last = last.unwrap();
     eventually("b gets 5", || rb.offsets(&ch).len() == 5).await;
+    let live = unique("live");
+    let live_before = a
+        .publish(&live, Bytes::from_static(b"1"), None, &opts(0))
+        .await
+        .unwrap();
 
     nats.stop();
     eventually("a sees the loss", || {
@@ -567,6 +572,15 @@ async fn nats_restart_fails_fast_then_loses_nothing() {
         rb.offsets(&ch) == vec![1, 2, 3, 4, 5, 6]
     })
     .await;
+    // A channel without history keeps its epoch and offsets across the restart too.
+    let live_after = a
+        .publish(&live, Bytes::from_static(b"2"), None, &opts(0))
+        .await
+        .unwrap();
+    assert_eq!(
+        (live_after.epoch.as_str(), live_after.offset),
+        (live_before.epoch.as_str(), 2)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
