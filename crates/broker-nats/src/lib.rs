@@ -8,11 +8,11 @@
 //!   always-on subscription is `herald.control`.
 //! - **Offsets and history in JetStream.** A publication is stored on `herald.h.<channel>` in
 //!   one stream for all channels, with its epoch and offset in headers; the next offset is taken
-//!   with `Nats-Expected-Last-Subject-Sequence`, so storing and numbering are one atomic step
-//!   ([`publish`](crate::publish) module docs). The stream republishes each stored message to the
-//!   delivery subject, so nodes receive exactly what history holds, in offset order. Channels
-//!   without history go to a memory stream that keeps only the newest message (their offset
-//!   counter).
+//!   with `Nats-Expected-Last-Subject-Sequence`, so storing and numbering are one atomic step;
+//!   publications that queue up on a busy channel are stored together (the `publish` module).
+//!   The stream republishes each stored message to the delivery subject, so nodes receive
+//!   exactly what history holds, in offset order. Channels without history go to a stream that
+//!   keeps only the newest message (their offset counter).
 //! - **Reconnects lose nothing.** After a reconnect the client re-subscribes, the broker flushes
 //!   and calls [`BrokerHandler::on_reconnected`](herald_broker::BrokerHandler::on_reconnected);
 //!   the hub then catches up every hosted channel from JetStream. Publishing while disconnected
@@ -25,12 +25,14 @@
 //! # Layout
 //! - [`config`]: [`NatsConfig`], the `[nats]` configuration table.
 //! - `broker`: [`NatsBroker`], the connection and shared state; routes each `Broker` call.
-//! - `publish`: offsets by compare-and-set, the per-channel tail cache, epoch markers.
+//! - `publish`: offsets by compare-and-set, per-channel tail and queue (group commit), epoch
+//!   markers.
 //! - `history`: position and publication reads (link walk or ephemeral consumer).
-//! - `receive`: per-channel subscription tasks, control messages, reconnect recovery.
+//! - `receive`: per-channel subscription tasks, control messages, reconnect recovery, stream
+//!   recreation watch.
 //! - `presence`: presence records, their refresh and expiry.
 //! - `streams`: creating and growing the JetStream streams.
-//! - `codec`: how a publication is laid out in a NATS message.
+//! - `codec`: how publications are laid out in a NATS message.
 //! - [`subject`]: channel names ↔ subject tokens.
 //! - `metrics`: counters for `/metrics`.
 
