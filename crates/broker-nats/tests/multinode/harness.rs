@@ -32,12 +32,32 @@ pub fn herald_bin() -> PathBuf {
             .map(PathBuf::from)
             .unwrap_or_else(|| workspace.join("target"));
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
+        let mut build = std::process::Command::new(cargo);
+        build
             .args(["build", "-p", "herald-server", "--bin", "herald"])
             .current_dir(&workspace)
-            .env("CARGO_TARGET_DIR", &target)
-            .status()
-            .expect("run cargo build -p herald-server");
+            .env("CARGO_TARGET_DIR", &target);
+        // Cargo gives a test process its package's CARGO_PKG_*, CARGO_MANIFEST_DIR, …; build
+        // scripts (ring's) watch those names, so passing them on would rebuild half the tree here
+        // and again in the next ordinary build.
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy();
+            let injected = [
+                "CARGO_PKG_",
+                "CARGO_MANIFEST_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_CFG_",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "CARGO_RUSTC_CURRENT_DIR",
+                "OUT_DIR",
+            ];
+            if injected.iter().any(|p| key.starts_with(p)) {
+                build.env_remove(key.as_ref());
+            }
+        }
+        let status = build.status().expect("run cargo build -p herald-server");
         let bin = target.join("debug").join("herald");
         // The working tree is shared: a half-edited server may not build for a moment.
         assert!(
