@@ -5,6 +5,8 @@
 # the TypeScript SDK's unit, Node integration and headless-browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Debian installs nats-server in /usr/sbin, which a minimal PATH may lack.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
