@@ -7,7 +7,10 @@
 //! - [`free_port`]: a free TCP port on 127.0.0.1.
 //! - [`redis`]: standalone redis-server and a three-master Redis Cluster.
 //! - [`nats`]: nats-server with JetStream.
+//! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
+//!   broker through [`multinode::BrokerProcess`].
 
+pub mod multinode;
 pub mod nats;
 pub mod redis;
 

@@ -108,10 +108,17 @@ impl NatsServer {
                 }
             }
             let client_port_open = TcpStream::connect(("127.0.0.1", self.port)).is_ok();
-            if client_port_open && self.monitor_get("/healthz").is_some_and(|b| b.contains("ok")) {
+            if client_port_open
+                && self
+                    .monitor_get("/healthz")
+                    .is_some_and(|b| b.contains("ok"))
+            {
                 return;
             }
-            assert!(Instant::now() < deadline, "nats-server did not become healthy in time");
+            assert!(
+                Instant::now() < deadline,
+                "nats-server did not become healthy in time"
+            );
             std::thread::sleep(Duration::from_millis(25));
         }
     }

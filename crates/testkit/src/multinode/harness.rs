@@ -1,6 +1,6 @@
 //! Real `herald` nodes (the server binary) on free ports, a protocol client over real
 //! WebSockets, and plain HTTP for the API and `/metrics`. Broker-neutral: nodes get the broker
-//! URL from [`SharedBroker`](super::SharedBroker).
+//! URL from a [`BrokerProcess`](super::BrokerProcess).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
