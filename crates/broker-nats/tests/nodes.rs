@@ -7,27 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use herald_broker::conformance::{eventually, Recorder};
-use herald_broker::{
-    BrokerError, ControlMessage, HistoryQuery, PublishOptions, SharedBroker, StreamOptions,
-};
+use herald_broker::conformance::{eventually, opts, since, unique, who, Recorder};
+use herald_broker::{BrokerError, ControlMessage, HistoryQuery, SharedBroker};
 use herald_broker_nats::NatsConfig;
-use herald_protocol::{ClientInfo, StreamPosition};
+use herald_protocol::ClientInfo;
 use herald_testkit::nats::NatsServer;
-
-fn unique(name: &str) -> String {
-    format!("t_{name}_{:08x}", rand::random::<u32>())
-}
-
-fn opts(size: usize) -> PublishOptions {
-    PublishOptions {
-        stream: StreamOptions {
-            history_size: size,
-            ..StreamOptions::default()
-        },
-        idempotency_key: None,
-    }
-}
 
 async fn node(cfg: &NatsConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
     let broker = herald_broker_nats::connect_with(cfg.clone(), name)
@@ -36,16 +20,6 @@ async fn node(cfg: &NatsConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
     let rec = Arc::new(Recorder::default());
     broker.start(rec.clone()).await.expect("start");
     (broker, rec)
-}
-
-fn since(epoch: &str, offset: u64) -> HistoryQuery {
-    HistoryQuery {
-        since: Some(StreamPosition {
-            epoch: epoch.to_owned(),
-            offset,
-        }),
-        limit: None,
-    }
 }
 
 /// Subjects each named connection (`herald-<node>`) holds, from `/connz?subs=1`.
@@ -66,14 +40,6 @@ fn subscriptions_of(nats: &NatsServer, node: &str) -> Vec<String> {
         })
         .filter_map(|s| s.as_str().map(str::to_owned))
         .collect()
-}
-
-fn who(client: &str) -> ClientInfo {
-    ClientInfo {
-        user: format!("u-{client}"),
-        client: client.to_owned(),
-        info: None,
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

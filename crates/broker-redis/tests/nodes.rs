@@ -6,27 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use herald_broker::conformance::{eventually, Recorder};
-use herald_broker::{
-    BrokerError, ControlMessage, HistoryQuery, PublishOptions, SharedBroker, StreamOptions,
-};
+use herald_broker::conformance::{eventually, opts, unique, Recorder};
+use herald_broker::{BrokerError, ControlMessage, HistoryQuery, SharedBroker};
 use herald_broker_redis::RedisConfig;
 use herald_protocol::{ClientInfo, StreamPosition};
 use herald_testkit::redis::{RedisCluster, RedisOptions, RedisServer};
-
-fn unique(name: &str) -> String {
-    format!("t_{name}_{:08x}", rand::random::<u32>())
-}
-
-fn opts(size: usize) -> PublishOptions {
-    PublishOptions {
-        stream: StreamOptions {
-            history_size: size,
-            ..StreamOptions::default()
-        },
-        idempotency_key: None,
-    }
-}
 
 async fn node(cfg: &RedisConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
     let broker = herald_broker_redis::connect_with(cfg.clone(), name)

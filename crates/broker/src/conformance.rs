@@ -73,17 +73,40 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     panic!("timed out waiting for: {what}");
 }
 
-fn unique(name: &str) -> String {
+/// A channel (or user) name with a random suffix, so that tests sharing a broker server do not
+/// see each other's leftovers.
+pub fn unique(name: &str) -> String {
     format!("conf_{name}_{:08x}", rand::random::<u32>())
 }
 
-fn opts(size: usize) -> PublishOptions {
+/// Publish options keeping `size` publications of history.
+pub fn opts(size: usize) -> PublishOptions {
     PublishOptions {
         stream: StreamOptions {
             history_size: size,
             ..StreamOptions::default()
         },
         idempotency_key: None,
+    }
+}
+
+/// A history query for everything after `offset` in `epoch`.
+pub fn since(epoch: &str, offset: u64) -> HistoryQuery {
+    HistoryQuery {
+        since: Some(StreamPosition {
+            epoch: epoch.to_owned(),
+            offset,
+        }),
+        limit: None,
+    }
+}
+
+/// A client `client` of user `u-<client>`, without info.
+pub fn who(client: &str) -> ClientInfo {
+    ClientInfo {
+        user: format!("u-{client}"),
+        client: client.to_owned(),
+        info: None,
     }
 }
 
@@ -101,7 +124,8 @@ where
     control_reaches_every_node(make().await).await;
 }
 
-async fn started(broker: &SharedBroker) -> Arc<Recorder> {
+/// Start `broker` with a fresh [`Recorder`] as its handler.
+pub async fn started(broker: &SharedBroker) -> Arc<Recorder> {
     let rec = Arc::new(Recorder::default());
     broker.start(rec.clone()).await.expect("start");
     rec
