@@ -6,13 +6,24 @@
 //! to each connection's [`Outbound`] queue → the connection task writes it.
 //!
 //! # Continuity
-//! The hub remembers, per channel, the epoch and the last offset it delivered. A publication that
-//! skips offsets starts a catch-up from history (publications arriving meanwhile are buffered);
-//! a changed epoch or a catch-up that history cannot satisfy closes the channel's connections with
-//! 4003 so their clients recover. A new subscriber is *pending* from the moment it is added until
-//! its reply is queued: publications that arrive meanwhile are kept for it and those the reply's
-//! history already holds are dropped, so recovered and live publications meet with no gap and no
-//! duplicate.
+//! The hub remembers, per channel, the epoch and the last offset it delivered (its *baseline*). A
+//! publication that skips offsets starts a catch-up from history (publications arriving meanwhile
+//! are buffered); a changed epoch or a catch-up that history cannot satisfy *loses the channel*:
+//! each of its subscribers gets `unsub` with code 4003 (resubscribe with `since` to recover) and
+//! keeps its other subscriptions; the channel forgets its baseline.
+//!
+//! A new subscriber is *pending* from the moment it is added until its reply is queued:
+//! publications that arrive meanwhile are kept for it and those the reply's history already holds
+//! are dropped, so recovered and live publications meet with no gap and no duplicate. A channel
+//! without a baseline takes the first activated reply's position as its baseline, never an
+//! unchecked delivery: deliveries that arrive before are held and then run through the same
+//! gap check, so a publication lost between the reply's position and the first delivery is
+//! caught up from history.
+//!
+//! A lost publication at the tail of a burst leaves no later publication to reveal the gap, so a
+//! periodic *tail check* compares the broker's newest offset with the baseline: every channel that
+//! delivered since the last check is looked at on the next tick, every other channel within one
+//! sweep of all shards (see [`TAIL_CHECK_EVERY`]); a gap seen on two checks in a row is caught up.
 //!
 //! # Locks
 //! Channel maps are sharded `std::sync::Mutex`es, never held across an `.await` and never held
@@ -47,6 +58,14 @@ const NODE_INFO_EXPIRES: Duration = Duration::from_secs(15);
 /// Catch-up retries while the broker is unavailable: 100 ms doubling to 3.2 s (about 6 s in all).
 const CATCHUP_RETRY_FIRST: Duration = Duration::from_millis(100);
 const CATCHUP_RETRY_LAST: Duration = Duration::from_millis(3200);
+/// How often the tail check runs. A gap at the tail of a channel that delivered in the last tick
+/// is caught up within about two ticks; any other channel's within one sweep of the shards
+/// (`SHARDS` ticks, about a minute).
+pub const TAIL_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Broker reads the tail check makes at most per tick (the rest wait for the next tick).
+const TAIL_CHECKS_PER_TICK: usize = 512;
+/// Deliveries held for a channel that has no baseline yet (while its first reply is built).
+const EARLY_MAX: usize = 10_000;
 
 /// A connection's key in the hub (cheaper than its client id string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +76,8 @@ enum Mode {
     Pending(Vec<Publication>),
     /// Receiving; publications at or below `skip_until` were already in its reply.
     Live { skip_until: u64 },
+    /// The channel lost continuity: nothing more is delivered; the session leaves the channel.
+    Lost,
 }
 
 struct Subscriber {
@@ -66,11 +87,39 @@ struct Subscriber {
 
 struct Channel {
     subscribers: HashMap<ConnKey, Subscriber>,
+    /// The baseline: epoch and last offset delivered (both `None` until the first activation).
     epoch: Option<String>,
     last_offset: Option<u64>,
+    /// Deliveries that arrived while the channel had no baseline (with their epoch).
+    early: Vec<(String, Publication)>,
     /// Some while a catch-up from history runs: live publications wait here.
     catchup: Option<Vec<Publication>>,
+    /// Delivered since the last tail check.
+    active: bool,
+    /// The broker's position when the last tail check found it ahead of the baseline.
+    tail_ahead: Option<StreamPosition>,
     opts: StreamOptions,
+}
+
+impl Channel {
+    fn new(opts: StreamOptions) -> Self {
+        Channel {
+            subscribers: HashMap::new(),
+            epoch: None,
+            last_offset: None,
+            early: Vec::new(),
+            catchup: None,
+            active: false,
+            tail_ahead: None,
+            opts,
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        self.subscribers
+            .values()
+            .any(|s| matches!(s.mode, Mode::Pending(_)))
+    }
 }
 
 /// One shard of the channel map.
@@ -97,6 +146,8 @@ struct Shared {
     registry: Mutex<Registry>,
     nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
     next_key: AtomicU64,
+    /// The shard the tail check sweeps next.
+    sweep: AtomicU64,
 }
 
 /// Cheap-to-clone handle to the hub.
@@ -153,6 +204,7 @@ impl Hub {
                 registry: Mutex::default(),
                 nodes: Mutex::default(),
                 next_key: AtomicU64::new(1),
+                sweep: AtomicU64::new(0),
             }),
         }
     }
@@ -172,6 +224,16 @@ impl Hub {
                 if let Err(e) = hub.shared.broker.publish_control(&info).await {
                     tracing::debug!(cause = %e, "node info not published");
                 }
+            }
+        });
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TAIL_CHECK_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                Hub { shared }.check_tails().await;
             }
         });
         Ok(())
@@ -255,15 +317,6 @@ impl Hub {
             .len()
     }
 
-    /// Ask every connection to close (drain on shutdown); `request` picks each one's hint.
-    pub fn close_all(&self, mut request: impl FnMut() -> CloseRequest) -> usize {
-        let reg = self.shared.registry.lock().expect("registry lock");
-        for entry in reg.clients.values() {
-            entry.out.close(request());
-        }
-        reg.clients.len()
-    }
-
     // ---- subscriptions ----------------------------------------------------------------------
 
     /// First half of a subscription: add the connection as a pending subscriber, make sure the
@@ -285,13 +338,9 @@ impl Hub {
             let first = {
                 let mut shard = self.shard(channel).lock().expect("hub lock");
                 let first = !shard.contains_key(channel);
-                let ch = shard.entry(Arc::from(channel)).or_insert_with(|| Channel {
-                    subscribers: HashMap::new(),
-                    epoch: None,
-                    last_offset: None,
-                    catchup: None,
-                    opts: opts.clone(),
-                });
+                let ch = shard
+                    .entry(Arc::from(channel))
+                    .or_insert_with(|| Channel::new(opts.clone()));
                 ch.subscribers.insert(
                     key,
                     Subscriber {
@@ -332,25 +381,35 @@ impl Hub {
     }
 
     /// Second half: the reply is queued; queue what arrived meanwhile (after the reply's
-    /// position) and switch the subscriber to live delivery.
+    /// position) and switch the subscriber to live delivery. A channel without a baseline takes
+    /// this position as its baseline and then runs the deliveries it held through the gap check.
     pub fn activate(&self, channel: &str, key: ConnKey, position: &StreamPosition) {
         let mut shard = self.shard(channel).lock().expect("hub lock");
         let Some(ch) = shard.get_mut(channel) else {
             return;
         };
-        if ch.last_offset.is_none() {
-            ch.last_offset = Some(position.offset);
-            ch.epoch = Some(position.epoch.clone());
-        }
         let Some(sub) = ch.subscribers.get_mut(&key) else {
             return;
         };
         let top = position.offset;
-        if let Mode::Pending(waiting) =
-            std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top })
-        {
-            for p in waiting.iter().filter(|p| p.offset > top) {
-                sub.out.push(push_publication(channel, p));
+        match std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top }) {
+            Mode::Pending(waiting) => {
+                for p in waiting.iter().filter(|p| p.offset > top) {
+                    sub.out.push(push_publication(channel, p));
+                }
+            }
+            Mode::Lost => {
+                sub.mode = Mode::Lost;
+                return;
+            }
+            Mode::Live { .. } => {}
+        }
+        if ch.last_offset.is_none() {
+            ch.epoch = Some(position.epoch.clone());
+            ch.last_offset = Some(top);
+            ch.active = true;
+            for (epoch, p) in std::mem::take(&mut ch.early) {
+                self.deliver_to(channel, ch, &epoch, p);
             }
         }
     }
@@ -408,6 +467,12 @@ impl Hub {
             self.shared.metrics.publications_without_subscriber.inc();
             return;
         };
+        self.deliver_to(channel, ch, epoch, publication);
+    }
+
+    /// Deliver to a channel whose shard lock is held: buffer during a catch-up, start one on a
+    /// gap.
+    fn deliver_to(&self, channel: &str, ch: &mut Channel, epoch: &str, publication: Publication) {
         if let Some(waiting) = &mut ch.catchup {
             waiting.push(publication);
             return;
@@ -427,20 +492,31 @@ impl Hub {
         epoch: &str,
         p: Publication,
     ) -> Result<(), Gap> {
-        if ch.epoch.as_deref().is_some_and(|e| e != epoch) {
+        let Some(last) = ch.last_offset else {
+            // No baseline yet: hold it until the first reply's position is known (or drop it
+            // when no subscriber is waiting for one).
+            if ch.has_pending() {
+                if ch.early.len() >= EARLY_MAX {
+                    self.lose_continuity(channel, ch, "too many publications before the reply");
+                } else {
+                    ch.early.push((epoch.to_owned(), p));
+                }
+            }
+            return Ok(());
+        };
+        if ch.epoch.as_deref() != Some(epoch) {
             // The stream was recreated: positions clients hold mean nothing any more.
-            self.lose_continuity(ch, "stream epoch changed");
-            ch.epoch = Some(epoch.to_owned());
-            ch.last_offset = Some(p.offset);
+            self.lose_continuity(channel, ch, "stream epoch changed");
             return Ok(());
         }
-        match ch.last_offset {
-            Some(last) if p.offset <= last => return Ok(()),
-            Some(last) if p.offset > last + 1 => return Err(Gap),
-            _ => {}
+        if p.offset <= last {
+            return Ok(());
+        }
+        if p.offset > last + 1 {
+            return Err(Gap);
         }
         ch.last_offset = Some(p.offset);
-        ch.epoch = Some(epoch.to_owned());
+        ch.active = true;
         let frame = push_publication(channel, &p);
         let mut delivered = 0;
         for sub in ch.subscribers.values_mut() {
@@ -451,7 +527,7 @@ impl Hub {
                         delivered += 1;
                     }
                 }
-                Mode::Live { .. } => {}
+                Mode::Live { .. } | Mode::Lost => {}
             }
         }
         self.shared.metrics.deliveries.inc_by(delivered);
@@ -505,56 +581,58 @@ impl Hub {
         let Some(ch) = shard.get_mut(channel) else {
             return;
         };
-        let waiting = ch.catchup.take().unwrap_or_default();
+        let Some(waiting) = ch.catchup.take() else {
+            // Continuity was lost meanwhile; the channel starts over.
+            return;
+        };
         let history = match history {
             Ok(h) if h.continuous => h,
-            Ok(_) => {
-                return self.lose_continuity_and_restart(
-                    ch,
-                    waiting,
-                    "history no longer holds the gap",
-                )
-            }
+            Ok(_) => return self.lose_continuity(channel, ch, "history no longer holds the gap"),
             Err(e) => {
-                return self.lose_continuity_and_restart(
-                    ch,
-                    waiting,
-                    &format!("catch-up failed: {e}"),
-                )
+                tracing::warn!(channel, cause = %e, "catch-up read failed");
+                return self.lose_continuity(channel, ch, "catch-up failed");
             }
         };
         let epoch = history.position.epoch.clone();
-        let mut rest = history.publications.into_iter().chain(waiting);
-        for p in rest.by_ref() {
+        for p in history.publications.into_iter().chain(waiting) {
             if let Err(Gap) = self.deliver_in_order(channel, ch, &epoch, p) {
-                self.lose_continuity(ch, "gap after catch-up");
-                ch.last_offset = None;
-                break;
+                return self.lose_continuity(channel, ch, "gap after catch-up");
+            }
+            if ch.last_offset.is_none() {
+                return; // lost on an epoch change
             }
         }
     }
 
-    fn lose_continuity_and_restart(&self, ch: &mut Channel, waiting: Vec<Publication>, why: &str) {
-        self.lose_continuity(ch, why);
-        ch.last_offset = waiting.last().map(|p| p.offset).or(ch.last_offset);
-    }
-
-    /// Close every subscriber of the channel with 4003 so its client recovers (or learns it
-    /// cannot).
-    fn lose_continuity(&self, ch: &mut Channel, why: &str) {
+    /// The node cannot guarantee the channel's continuity any more: stop delivering it, tell
+    /// each subscriber's session to leave it (its client gets `unsub` 4003 and resubscribes with
+    /// `since`, or learns it cannot recover), and forget the baseline so that the next
+    /// subscriber's reply sets a new one.
+    ///
+    /// Lock: the channel's shard lock is held.
+    fn lose_continuity(&self, channel: &str, ch: &mut Channel, why: &str) {
         tracing::warn!(
+            channel,
             subscribers = ch.subscribers.len(),
             why,
             "channel continuity lost"
         );
-        for sub in ch.subscribers.values() {
-            sub.out.close(CloseRequest {
-                code: CloseCode::INSUFFICIENT_STATE,
+        for sub in ch.subscribers.values_mut() {
+            if matches!(sub.mode, Mode::Lost) {
+                continue;
+            }
+            sub.mode = Mode::Lost;
+            sub.out.control(Control::Lost {
+                channel: channel.to_owned(),
                 reason: format!("insufficient state: {why}"),
-                after_ms: None,
             });
             self.shared.metrics.continuity_lost.inc();
         }
+        ch.epoch = None;
+        ch.last_offset = None;
+        ch.catchup = None;
+        ch.early = Vec::new();
+        ch.tail_ahead = None;
     }
 
     /// After a broker reconnect: catch up every channel this node hosts.
@@ -580,13 +658,70 @@ impl Hub {
         }
     }
 
-    /// Queue a frame to every live local subscriber of a channel (no ordering with publications).
-    pub fn push_to_channel(&self, channel: &str, frame: Bytes) {
-        let shard = self.shard(channel).lock().expect("hub lock");
-        if let Some(ch) = shard.get(channel) {
-            for sub in ch.subscribers.values() {
-                sub.out.push(frame.clone());
+    // ---- tail check -------------------------------------------------------------------------
+
+    /// One tick of the tail check (see the module docs): channels that delivered since the last
+    /// tick, channels whose tail was ahead last time, and every channel of one shard.
+    async fn check_tails(&self) {
+        let sweep = (self.shared.sweep.fetch_add(1, Ordering::Relaxed) as usize) % SHARDS;
+        let mut due: Vec<(Arc<str>, StreamOptions)> = Vec::new();
+        for (n, shard) in self.shared.shards.iter().enumerate() {
+            let mut shard = shard.lock().expect("hub lock");
+            for (name, ch) in shard.iter_mut() {
+                let wanted = n == sweep || ch.active || ch.tail_ahead.is_some();
+                ch.active = false;
+                if wanted && ch.last_offset.is_some() && due.len() < TAIL_CHECKS_PER_TICK {
+                    due.push((name.clone(), ch.opts.clone()));
+                }
             }
+        }
+        let query = HistoryQuery {
+            since: None,
+            limit: Some(0),
+        };
+        for (channel, opts) in due {
+            let Ok(h) = self.shared.broker.history(&channel, &query, &opts).await else {
+                continue; // the broker is down: its reconnect triggers a catch-up anyway
+            };
+            self.tail_checked(&channel, h.position);
+        }
+    }
+
+    /// The broker's newest position for a hosted channel: a gap seen twice in a row (not a
+    /// publication still on its way) starts a catch-up; a changed epoch loses the channel.
+    fn tail_checked(&self, channel: &str, top: StreamPosition) {
+        let mut shard = self.shard(channel).lock().expect("hub lock");
+        let Some(ch) = shard.get_mut(channel) else {
+            return;
+        };
+        let (Some(epoch), Some(last)) = (ch.epoch.as_deref(), ch.last_offset) else {
+            return;
+        };
+        if ch.catchup.is_some() {
+            return;
+        }
+        // A stream that expired and was recreated empty holds nothing this node missed; its
+        // first publication will show the new epoch (and lose the channel) if one ever comes.
+        let behind = top.offset > 0 && (top.epoch != epoch || top.offset > last);
+        let seen_before = ch
+            .tail_ahead
+            .as_ref()
+            .is_some_and(|prev| prev.epoch != epoch || prev.offset > last);
+        if !behind {
+            ch.tail_ahead = None;
+            return;
+        }
+        if !seen_before {
+            ch.tail_ahead = Some(top);
+            return;
+        }
+        ch.tail_ahead = None;
+        self.shared.metrics.tail_gaps.inc();
+        if top.epoch != epoch {
+            self.lose_continuity(channel, ch, "stream epoch changed");
+        } else {
+            tracing::info!(channel, last, top = top.offset, "tail check found a gap");
+            self.begin_catchup(channel, ch, None);
         }
     }
 
@@ -670,7 +805,107 @@ struct Gap;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use herald_broker::{MemoryBroker, PublishOptions};
+    use async_trait::async_trait;
+    use herald_broker::{Broker, HistoryResult, MemoryBroker, PublishOptions};
+    use std::collections::HashSet;
+
+    /// A memory broker whose deliveries of chosen offsets never reach the hub (they are stored).
+    struct LossyBroker {
+        inner: MemoryBroker,
+        lose: Arc<Mutex<HashSet<u64>>>,
+    }
+
+    impl LossyBroker {
+        fn new() -> Self {
+            LossyBroker {
+                inner: MemoryBroker::new(),
+                lose: Arc::default(),
+            }
+        }
+        fn lose(&self, offsets: &[u64]) {
+            self.lose.lock().unwrap().extend(offsets);
+        }
+    }
+
+    struct Dropping {
+        inner: Arc<dyn BrokerHandler>,
+        lose: Arc<Mutex<HashSet<u64>>>,
+    }
+
+    impl BrokerHandler for Dropping {
+        fn on_publication(&self, channel: &str, epoch: &str, p: Publication) {
+            if !self.lose.lock().unwrap().remove(&p.offset) {
+                self.inner.on_publication(channel, epoch, p);
+            }
+        }
+        fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {
+            self.inner.on_presence_change(channel, joined, who);
+        }
+        fn on_control(&self, message: ControlMessage) {
+            self.inner.on_control(message);
+        }
+        fn on_reconnected(&self) {
+            self.inner.on_reconnected();
+        }
+    }
+
+    #[async_trait]
+    impl Broker for LossyBroker {
+        async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError> {
+            let lose = self.lose.clone();
+            self.inner
+                .start(Arc::new(Dropping {
+                    inner: handler,
+                    lose,
+                }))
+                .await
+        }
+        async fn publish(
+            &self,
+            channel: &str,
+            data: Bytes,
+            info: Option<ClientInfo>,
+            opts: &PublishOptions,
+        ) -> Result<StreamPosition, BrokerError> {
+            self.inner.publish(channel, data, info, opts).await
+        }
+        async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
+            self.inner.subscribe(channel).await
+        }
+        async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError> {
+            self.inner.unsubscribe(channel).await
+        }
+        async fn history(
+            &self,
+            channel: &str,
+            query: &HistoryQuery,
+            opts: &StreamOptions,
+        ) -> Result<HistoryResult, BrokerError> {
+            self.inner.history(channel, query, opts).await
+        }
+        async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
+            self.inner.add_presence(channel, who).await
+        }
+        async fn remove_presence(&self, channel: &str, client: &str) -> Result<(), BrokerError> {
+            self.inner.remove_presence(channel, client).await
+        }
+        async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
+            self.inner.presence(channel).await
+        }
+        async fn publish_presence_change(
+            &self,
+            channel: &str,
+            joined: bool,
+            who: &ClientInfo,
+        ) -> Result<(), BrokerError> {
+            self.inner
+                .publish_presence_change(channel, joined, who)
+                .await
+        }
+        async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError> {
+            self.inner.publish_control(message).await
+        }
+    }
 
     fn ns() -> NamespaceConfig {
         NamespaceConfig::default()
@@ -733,9 +968,93 @@ mod tests {
         assert_eq!(offsets(&out), vec![4, 5, 6]);
     }
 
+    /// What the session would be told: the channels it lost, in order.
+    fn lost(out: &Outbound) -> Vec<String> {
+        out.drain()
+            .controls
+            .into_iter()
+            .filter_map(|c| match c {
+                Control::Lost { channel, .. } => Some(channel),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn subscribed(hub: &Hub, channel: &str, client: &str) -> (ConnKey, Arc<Outbound>) {
+        let out = Arc::new(Outbound::new(1 << 20));
+        let key = hub.register(client.into(), "u".into(), out.clone());
+        let pos = hub
+            .prepare_subscription(channel, key, &out, None, &ns())
+            .await
+            .unwrap()
+            .position;
+        hub.activate(channel, key, &pos);
+        (key, out)
+    }
+
+    fn publication(offset: u64) -> Publication {
+        Publication {
+            offset,
+            data: Bytes::from(offset.to_string()),
+            info: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn gap_that_history_cannot_fill_loses_only_that_channel() {
+        let hub = hub().await;
+        let (_, out) = subscribed(&hub, "ch", "c1").await;
+        let key = ConnKey(1);
+        let other = hub
+            .prepare_subscription("other", key, &out, None, &ns())
+            .await
+            .unwrap()
+            .position;
+        hub.activate("other", key, &other);
+        publish(&hub, "ch", 2).await;
+        let epoch = hub
+            .broker()
+            .history("ch", &HistoryQuery::default(), &ns().stream_options())
+            .await
+            .unwrap()
+            .position
+            .epoch;
+        // Offset 4 arrives after 2, but 3 was never stored: history cannot fill the gap.
+        hub.deliver("ch", &epoch, publication(4));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let drained = out.drain();
+        assert_eq!(drained.frames.len(), 2, "1 and 2 were delivered");
+        assert!(drained.close.is_none(), "the connection stays");
+        assert!(matches!(&drained.controls[..], [Control::Lost { channel, .. }] if channel == "ch"));
+        assert_eq!(hub.metrics().continuity_lost.get(), 1);
+        // The other channel still delivers.
+        publish(&hub, "other", 1).await;
+        assert_eq!(offsets(&out), vec![1]);
+    }
+
     #[tokio::test]
     async fn gap_is_caught_up_from_history_in_order() {
-        let hub = hub().await;
+        let broker = Arc::new(LossyBroker::new());
+        let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+        hub.start().await.unwrap();
+        let (_, out) = subscribed(&hub, "ch", "c1").await;
+        publish(&hub, "ch", 1).await;
+        broker.lose(&[2, 3]);
+        publish(&hub, "ch", 2).await;
+        assert_eq!(offsets(&out), vec![1], "2 and 3 never arrived");
+        publish(&hub, "ch", 1).await; // 4 reveals the gap: 2 and 3 come from history first
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(offsets(&out), vec![2, 3, 4]);
+        assert_eq!(hub.metrics().catchups.get(), 1);
+        assert!(lost(&out).is_empty());
+    }
+
+    #[tokio::test]
+    async fn first_delivery_after_the_reply_is_checked_against_its_position() {
+        let broker = Arc::new(LossyBroker::new());
+        let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+        hub.start().await.unwrap();
+        publish(&hub, "ch", 2).await;
         let out = Arc::new(Outbound::new(1 << 20));
         let key = hub.register("c1".into(), "u".into(), out.clone());
         let pos = hub
@@ -743,33 +1062,41 @@ mod tests {
             .await
             .unwrap()
             .position;
-        hub.activate("ch", key, &pos);
+        assert_eq!(pos.offset, 2);
+        // 3 is published but never reaches this node; 4 does, before the reply is queued.
+        broker.lose(&[3]);
         publish(&hub, "ch", 2).await;
-        // Simulate a lost broker message: publish offsets 3 and 4 into history without delivery,
-        // then deliver 5 directly.
-        let opts = PublishOptions::default();
-        let p3 = hub
-            .broker()
-            .history("ch", &HistoryQuery::default(), &opts.stream)
-            .await
-            .unwrap();
-        assert_eq!(p3.position.offset, 2);
-        let epoch = p3.position.epoch.clone();
-        // Offset 4 arrives after 2: the hub asks history for 3, which was never stored, so it
-        // cannot guarantee continuity and closes the subscriber with 4003.
-        hub.deliver(
-            "ch",
-            &epoch,
-            Publication {
-                offset: 4,
-                data: Bytes::from_static(b"4"),
-                info: None,
-            },
-        );
+        hub.activate("ch", key, &pos);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        let drained = out.drain();
-        assert_eq!(drained.frames.len(), 2);
-        assert_eq!(drained.close.unwrap().code, CloseCode::INSUFFICIENT_STATE);
+        assert_eq!(offsets(&out), vec![3, 4], "the hole at 3 is caught up");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_tail_is_found_by_the_tail_check() {
+        let broker = Arc::new(LossyBroker::new());
+        let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+        hub.start().await.unwrap();
+        let (_, out) = subscribed(&hub, "ch", "c1").await;
+        publish(&hub, "ch", 1).await;
+        broker.lose(&[2]);
+        publish(&hub, "ch", 1).await; // the last of the burst, lost: nothing follows it
+        assert_eq!(offsets(&out), vec![1]);
+        tokio::time::sleep(TAIL_CHECK_EVERY * 3).await;
+        assert_eq!(offsets(&out), vec![2]);
+        assert_eq!(hub.metrics().tail_gaps.get(), 1);
+    }
+
+    #[tokio::test]
+    async fn changed_epoch_loses_the_channel_and_the_next_reply_sets_a_new_baseline() {
+        let hub = hub().await;
+        let (_, out) = subscribed(&hub, "ch", "c1").await;
+        hub.deliver("ch", "another-epoch", publication(7));
+        assert_eq!(lost(&out), vec!["ch".to_string()]);
+        assert!(out.drain().frames.is_empty(), "nothing from the new epoch");
+        hub.unsubscribe("ch", ConnKey(1)).await;
+        let (_, again) = subscribed(&hub, "ch", "c2").await;
+        publish(&hub, "ch", 2).await;
+        assert_eq!(offsets(&again), vec![1, 2]);
     }
 
     #[tokio::test]

@@ -37,8 +37,10 @@ pub struct Metrics {
     pub recovery_failed: Counter,
     /// Gap or reconnect catch-ups from history.
     pub catchups: Counter,
-    /// Connections closed with 4003 because continuity was lost.
+    /// Subscriptions ended with `unsub` 4003 because the node lost the channel's continuity.
     pub continuity_lost: Counter,
+    /// Gaps at a channel's tail found by the periodic tail check.
+    pub tail_gaps: Counter,
     /// Seconds a publish took at the broker.
     pub publish_seconds: Histogram,
 }
@@ -120,7 +122,12 @@ impl Metrics {
             ),
             continuity_lost: reg!(
                 "continuity_lost",
-                "Connections closed with 4003 because continuity was lost",
+                "Subscriptions ended with unsub 4003 because continuity was lost",
+                Counter::default()
+            ),
+            tail_gaps: reg!(
+                "tail_gaps",
+                "Gaps at a channel's tail found by the periodic tail check",
                 Counter::default()
             ),
             publish_seconds: reg!(

@@ -30,6 +30,14 @@ pub enum Control {
     Subscribe(String),
     /// Unsubscribe the connection from a channel (API `unsubscribe`).
     Unsubscribe(String),
+    /// The node lost continuity on a channel: the hub stopped delivering it to this connection,
+    /// which leaves it and tells its client to resubscribe with `since` (`unsub` 4003).
+    Lost {
+        /// The channel.
+        channel: String,
+        /// Why, for the `unsub` push.
+        reason: String,
+    },
 }
 
 #[derive(Default)]
@@ -98,11 +106,6 @@ impl Outbound {
             self.notify.notify_one();
         }
         true
-    }
-
-    /// Whether the last push overflowed or a close was requested.
-    pub fn is_closing(&self) -> bool {
-        self.state.lock().expect("outbound lock").close.is_some()
     }
 
     /// Ask the connection to close after what is queued. The first request wins.

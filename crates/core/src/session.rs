@@ -2,7 +2,7 @@
 //! The transport (WebSocket, timers, writes) lives in the server; the session only queues bytes on
 //! its [`Outbound`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -47,6 +47,9 @@ struct Connected {
     info: Option<Box<RawValue>>,
     expires_at: Option<Instant>,
     channels: HashMap<String, Arc<NamespaceConfig>>,
+    /// Channels the server subscribed (token `channels` claim, API `subscribe`): the client
+    /// cannot resubscribe them itself, so losing one closes the connection with 4003 instead.
+    server_side: HashSet<String>,
 }
 
 impl Connected {
@@ -259,6 +262,7 @@ impl Session {
             info,
             expires_at,
             channels: HashMap::new(),
+            server_side: HashSet::new(),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.
@@ -352,6 +356,9 @@ impl Session {
             .await
             .map_err(broker_error)?;
         conn.channels.insert(channel.to_owned(), ns);
+        if granted {
+            conn.server_side.insert(channel.to_owned());
+        }
         Ok(result)
     }
 
@@ -391,6 +398,7 @@ impl Session {
         let Some(ns) = conn.channels.remove(channel) else {
             return false;
         };
+        conn.server_side.remove(channel);
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             let broker = self.ctx.hub.broker();
@@ -548,6 +556,19 @@ impl Session {
                             codes::UNSUB_SERVER,
                             "unsubscribed by the server",
                         ));
+                    }
+                }
+                Control::Lost { channel, reason } => {
+                    let conn = self.connected.as_ref().expect("connected");
+                    let server_side = conn.server_side.contains(&channel);
+                    if !self.leave(&channel).await {
+                        continue;
+                    }
+                    if server_side {
+                        self.out.close(close(CloseCode::INSUFFICIENT_STATE, reason));
+                    } else {
+                        self.out
+                            .push(push_unsub(&channel, codes::UNSUB_RESUBSCRIBE, &reason));
                     }
                 }
             }

@@ -82,7 +82,7 @@ async fn message_over_max_frame_bytes_closes_with_4503() {
 }
 
 #[tokio::test]
-async fn lost_continuity_closes_subscribers_with_4003() {
+async fn lost_continuity_ends_only_that_subscription_with_unsub_4003() {
     // Streams forgotten one second after their last publication: the next one starts a new epoch,
     // and the node can no longer vouch for the positions its subscribers hold.
     let cfg = config_file(
@@ -93,37 +93,44 @@ async fn lost_continuity_closes_subscribers_with_4003() {
         subscribe = "anonymous"
         history_ttl_s = 1
         history_meta_ttl_s = 1
+        [[namespaces]]
+        name = "keep"
+        subscribe = "anonymous"
         "#,
     );
     let node = Node::start(&["--config", &cfg], &[]).await;
-    let mut bystander = node.connected(&["steady"]).await;
-    let mut c = node.connected(&["ephemeral"]).await;
+    let mut c = node.connected(&["ephemeral", "keep:steady"]).await;
     let first = node.publish("ephemeral", json!(1)).await;
     assert_eq!(c.push("pub").await["offset"], 1);
     tokio::time::sleep(Duration::from_millis(1300)).await;
     let second = node.publish("ephemeral", json!(2)).await;
     assert_ne!(second["epoch"], first["epoch"], "the stream was recreated");
     assert_eq!(second["offset"], 1);
-    assert_closed_with(&mut c, 4003).await;
+    let unsub = c.push("unsub").await;
+    assert_eq!(unsub["channel"], "ephemeral", "{unsub}");
+    assert_eq!(unsub["code"], 4003, "{unsub}");
 
-    // The client recovers: its position is from another epoch, so it learns to reload.
-    let mut c = node.client().await;
+    // The connection and its other subscription stay.
+    node.publish("keep:steady", json!("still here")).await;
+    let p = c.push("pub").await;
+    assert_eq!(
+        (p["channel"].clone(), p["offset"].clone()),
+        (json!("keep:steady"), json!(1))
+    );
+
+    // The client resubscribes: its position is from another epoch, so it learns to reload.
     let r = c
         .call(
-            "connect",
-            json!({"subs": {"ephemeral": {"since": {"epoch": first["epoch"], "offset": 1}}}}),
+            "subscribe",
+            json!({"channel": "ephemeral", "since": {"epoch": first["epoch"], "offset": 1}}),
         )
         .await;
-    let sub = &r["connect"]["subs"]["ephemeral"];
+    let sub = &r["subscribe"];
     assert_eq!(sub["recovered"], false, "{r}");
     assert_eq!(sub["epoch"], second["epoch"], "{r}");
     assert_eq!(sub["offset"], 1, "{r}");
     node.publish("ephemeral", json!(3)).await;
     assert_eq!(c.push("pub").await["offset"], 2);
-    let r = bystander
-        .call("history", json!({"channel": "steady", "limit": 0}))
-        .await;
-    assert!(r.get("history").is_some(), "{r}");
 }
 
 #[tokio::test]
