@@ -718,7 +718,8 @@ fn broker_figures(
         .collect()
 }
 
-/// Plain-words reasons the run ended where it did, and what limited it (BENCHMARKS.md rule 6).
+/// Plain-words reasons the run ended where it did, and what limited it
+/// (docs/benchmarking.md rule 6).
 fn stopped_by(p: &Params, scenario: Scenario, r: &RunResult) -> Vec<String> {
     let mut v = Vec::new();
     if r.failed == 0 {

@@ -1,5 +1,5 @@
 //! HDR histograms: the shape every latency is recorded in, how it travels between processes, and how
-//! shards are merged (added, never averaged — BENCHMARKS.md rule 4).
+//! shards are merged (added, never averaged — docs/benchmarking.md rule 4).
 
 use anyhow::{Context, Result};
 use base64::Engine as _;

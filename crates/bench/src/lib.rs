@@ -1,6 +1,6 @@
 //! # herald-bench
 //!
-//! A load generator for Herald that keeps the rig out of the result (see BENCHMARKS.md): a
+//! A load generator for Herald that keeps the rig out of the result (see docs/benchmarking.md): a
 //! coordinator process spawns worker processes, each holding a share of the connections from its
 //! own loopback source address; publishing is open-loop on a fixed schedule through the HTTP API;
 //! latency is measured from the scheduled send time on one clock; histograms are merged, never

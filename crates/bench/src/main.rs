@@ -11,7 +11,8 @@ use herald_bench::{report, worker};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
-/// Load generator for Herald. Every scenario follows BENCHMARKS.md; see docs/benchmarks.md.
+/// Load generator for Herald. Every scenario follows the rules of docs/benchmarking.md;
+/// measured results are in docs/benchmarks.md.
 #[derive(Debug, Parser)]
 #[command(name = "herald-bench", version)]
 struct Cli {
@@ -26,7 +27,8 @@ struct Cli {
     /// Write a self-contained report here (`.html`, or `.svg` for the charts alone); repeatable.
     #[arg(long)]
     report: Vec<String>,
-    /// Run twice, with W and 2W worker processes, and show whether the figures move (rule 2).
+    /// Run twice, with W and 2W worker processes, and show whether the figures move
+    /// (docs/benchmarking.md rule 2).
     #[arg(long)]
     self_check: bool,
     /// Start the server under test with this command line (repeat for several nodes; in `--api`

@@ -4,7 +4,7 @@
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-/// The scenarios BENCHMARKS.md defines.
+/// The scenarios docs/benchmarking.md describes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scenario {

@@ -1,6 +1,6 @@
 //! Open-loop publishing through the HTTP API: publication k is due at `start + k / rate`, whatever
 //! happened to publication k − 1, and its `data` carries that scheduled time, so latency is measured
-//! from when it *should* have gone out (no coordinated omission, BENCHMARKS.md rule 3).
+//! from when it *should* have gone out (no coordinated omission, docs/benchmarking.md rule 3).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

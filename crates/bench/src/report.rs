@@ -210,7 +210,7 @@ pub fn headline(r: &RunResult) -> Vec<(String, f64)> {
 /// Side-by-side headline figures of the self-check runs (W and 2W workers).
 pub fn self_check_table(runs: &[RunResult]) -> String {
     let mut o = String::from(
-        "== self-check (BENCHMARKS.md rule 2): same load, twice the worker processes ==\n",
+        "== self-check (docs/benchmarking.md rule 2): same load, twice the worker processes ==\n",
     );
     let _ = write!(o, "{:<30}", "figure");
     for r in runs {

@@ -1,5 +1,5 @@
 //! Figures read from outside a process: RSS and CPU time from `/proc/<pid>`, and Prometheus
-//! `/metrics` scrapes (BENCHMARKS.md rule 7: a second, independent measurement).
+//! `/metrics` scrapes (docs/benchmarking.md rule 7: a second, independent measurement).
 
 use std::collections::BTreeMap;
 

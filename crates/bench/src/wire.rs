@@ -1,5 +1,6 @@
-//! The slice of the Herald wire protocol (PROTOCOL.md) the load generator speaks: the `connect`
-//! command with `subs`, its reply, pushes, and the publication payload that carries the send time.
+//! The slice of the Herald wire protocol (docs/protocol.md) the load generator speaks: the
+//! `connect` command with `subs`, its reply, pushes, and the publication payload that carries the
+//! send time.
 
 use std::collections::BTreeMap;
 

@@ -25,7 +25,7 @@ use crate::params::{place, Params, Scenario, Shard};
 use crate::wire::{self, Since};
 
 /// Nanoseconds since the UNIX epoch on the realtime clock: the one clock publisher and receivers
-/// share (same machine; BENCHMARKS.md rule 3).
+/// share (same machine; docs/benchmarking.md rule 3).
 pub fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -4,7 +4,7 @@
 //! Every name of a channel holds the channel in a hash tag, `herald:{chat:room1}:h`, so that on a
 //! Cluster its history, its metadata, its presence and its sharded pub/sub channel share one slot:
 //! the publish script touches them atomically on the shard that owns the slot, and `SPUBLISH` keeps
-//! the message on that shard. Channel names cannot contain `{` or `}` (PROTOCOL.md).
+//! the message on that shard. Channel names cannot contain `{` or `}` (docs/protocol.md).
 
 use bytes::Bytes;
 use herald_protocol::{ClientInfo, Publication};

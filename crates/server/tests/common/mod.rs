@@ -1,5 +1,5 @@
 //! Test harness: the real `herald` binary on a free port, a WebSocket client that follows
-//! PROTOCOL.md literally, and a plain HTTP client for the API.
+//! docs/protocol.md literally, and a plain HTTP client for the API.
 #![allow(dead_code)]
 
 use std::collections::VecDeque;

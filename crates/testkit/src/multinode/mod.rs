@@ -1,6 +1,6 @@
 //! The multi-node suite: real `herald` nodes sharing one broker, proving the guarantees of
-//! PROTOCOL.md end to end. Written against [`BrokerProcess`] only, so the one suite runs against
-//! every broker: each broker crate's `tests/e2e.rs` calls these functions with its server.
+//! docs/protocol.md end to end. Written against [`BrokerProcess`] only, so the one suite runs
+//! against every broker: each broker crate's `tests/e2e.rs` calls these functions with its server.
 //!
 //! - [`harness`]: `herald serve --dev` nodes, a WebSocket protocol client, HTTP.
 //! - [`proxy`]: a TCP proxy that can cut one node off the broker.
