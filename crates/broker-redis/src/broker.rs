@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
     new_epoch, Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PublishOptions, SharedBroker, StreamOptions,
+    PublishOptions, SharedBroker, StreamOptions, Watermarks,
 };
 use herald_protocol::{ClientInfo, Publication, StreamPosition};
 use redis::cluster::ClusterClientBuilder;
@@ -59,6 +59,7 @@ impl RedisBroker {
             names: names.clone(),
             handler: OnceLock::new(),
             metrics: metrics.clone(),
+            watermarks: Watermarks::new(),
         });
         let backoff = Backoff::new(&cfg);
         let health = Duration::from_millis(cfg.health_check_ms.max(100));
@@ -543,6 +544,7 @@ impl Broker for RedisBroker {
         };
         let s = &opts.stream;
         let command = inner.publish_command();
+        let (floor_epoch, floor_offset) = inner.dispatch.watermarks.floor(channel);
         let result = match inner.commands.conn(inner.shard(channel)) {
             Ok(conn) => {
                 link::run(
@@ -563,7 +565,9 @@ impl Broker for RedisBroker {
                             .arg(ms(s.meta_ttl))
                             .arg(&info_json[..])
                             .arg(&data[..])
-                            .arg(IDEMPOTENCY_TTL_S);
+                            .arg(IDEMPOTENCY_TTL_S)
+                            .arg(&floor_epoch)
+                            .arg(floor_offset);
                         inv.invoke_async::<(String, u64, u8)>(&mut c).await
                     },
                 )
@@ -573,6 +577,7 @@ impl Broker for RedisBroker {
         };
         match result {
             Ok((epoch, offset, duplicate)) => {
+                inner.dispatch.watermarks.observe(channel, &epoch, offset);
                 if duplicate == 0 {
                     inner.metrics.published.fetch_add(1, Relaxed);
                 }
@@ -617,6 +622,7 @@ impl Broker for RedisBroker {
         let limit: i64 = query
             .limit
             .map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+        let (floor_epoch, floor_offset) = inner.dispatch.watermarks.floor(channel);
         let reply = link::run(
             &inner.metrics,
             inner.cfg.command_timeout(),
@@ -631,12 +637,20 @@ impl Broker for RedisBroker {
                     .arg(&since_epoch)
                     .arg(since_offset)
                     .arg(limit)
+                    .arg(&floor_epoch)
+                    .arg(floor_offset)
                     .invoke_async::<Vec<Value>>(&mut c)
                     .await
             },
         )
         .await?;
-        parse_history(reply)
+        let result = parse_history(reply)?;
+        let top = &result.position;
+        inner
+            .dispatch
+            .watermarks
+            .observe(channel, &top.epoch, top.offset);
+        Ok(result)
     }
 
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {

@@ -11,12 +11,19 @@ use redis::Script;
 
 /// Publish. `KEYS`: meta, history, [idempotency]. `ARGV`: pub/sub channel, `PUBLISH` or
 /// `SPUBLISH`, candidate epoch, history size, history TTL (ms), meta TTL (ms), info JSON (or
-/// empty), data, idempotency TTL (s). Returns `{epoch, offset, duplicate (0/1)}`.
+/// empty), data, idempotency TTL (s), watermark epoch, watermark offset. Returns `{epoch,
+/// offset, duplicate (0/1)}`.
+///
+/// A stream whose top is below the node's watermark in the same epoch rolled back (see
+/// `herald_broker::watermark`): it starts over with the candidate epoch.
 pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local meta, hist = KEYS[1], KEYS[2]
 local epoch = redis.call('HGET', meta, 'e')
+if epoch and epoch == ARGV[10] and tonumber(redis.call('HGET', meta, 'o')) < tonumber(ARGV[11]) then
+  epoch = false
+end
 if not epoch then
   epoch = ARGV[3]
   redis.call('HSET', meta, 'e', epoch, 'o', 0)
@@ -56,7 +63,8 @@ return {epoch, offset, 0}
 /// Read a stream's position and publications. `KEYS`: meta, history. `ARGV`: candidate epoch
 /// (used when the stream does not exist: a read creates it, so that a subscriber and a later
 /// publisher agree on the epoch), meta TTL (ms), history TTL (ms), since epoch (or empty for no
-/// `since`), since offset, limit (-1: none).
+/// `since`), since offset, limit (-1: none), watermark epoch, watermark offset (a stream below
+/// the watermark rolled back and starts over, as in [`PUBLISH`]).
 ///
 /// Returns `{epoch, top, continuous (0/1), o1, d1, i1, o2, d2, i2, …}` in offset order. With
 /// `since`, publications are returned only if every one after `since` is still kept (recovery is
@@ -67,6 +75,9 @@ pub(crate) static HISTORY: LazyLock<Script> = LazyLock::new(|| {
         r#"
 local meta, hist = KEYS[1], KEYS[2]
 local epoch = redis.call('HGET', meta, 'e')
+if epoch and epoch == ARGV[7] and tonumber(redis.call('HGET', meta, 'o')) < tonumber(ARGV[8]) then
+  epoch = false
+end
 local top = 0
 if not epoch then
   epoch = ARGV[1]

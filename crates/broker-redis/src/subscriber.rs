@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{stream, StreamExt};
-use herald_broker::{BrokerError, BrokerHandler, ControlMessage};
+use herald_broker::{BrokerError, BrokerHandler, ControlMessage, Watermarks};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisError, Value};
@@ -55,6 +55,8 @@ pub(crate) struct Dispatch {
     pub(crate) names: Names,
     pub(crate) handler: OnceLock<Arc<dyn BrokerHandler>>,
     pub(crate) metrics: Arc<Metrics>,
+    /// Newest positions seen, passed to the stream scripts to catch a Redis that rolled back.
+    pub(crate) watermarks: Watermarks,
 }
 
 impl Dispatch {
@@ -82,6 +84,7 @@ impl Dispatch {
         match keys::decode(Bytes::from(payload)) {
             Some(Envelope::Publication { epoch, publication }) => {
                 self.metrics.received_publications.fetch_add(1, Relaxed);
+                self.watermarks.observe(channel, &epoch, publication.offset);
                 handler.on_publication(channel, &epoch, publication);
             }
             Some(Envelope::Presence { joined, who }) => {

@@ -54,3 +54,88 @@ async fn cluster_recovery_across_nodes() {
 async fn cluster_presence_across_nodes() {
     multinode::presence_across_nodes(&mut RedisCluster::start()).await;
 }
+
+/// Redis comes back *behind*: restarted from an RDB snapshot older than what nodes delivered
+/// (`kill -9` after `SAVE` and more publications). Its offsets would restart below what clients
+/// hold, in the same epoch. Every node must start the stream over with a new epoch instead, so no
+/// subscriber and no recovering client misses anything without being told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restored_from_an_older_snapshot_starts_a_new_epoch() {
+    use herald_testkit::multinode::harness::Node;
+    use serde_json::json;
+    use std::time::{Duration, Instant};
+
+    // No AOF, no automatic snapshots: only the explicit SAVE below survives the kill.
+    let mut redis = RedisServer::start();
+    let a = Node::start("a", &redis.url()).await;
+    let b = Node::start("b", &redis.url()).await;
+    let ch = format!("rollback-{:08x}", rand::random::<u32>());
+    let mut live = b.client(json!({ &ch: {} })).await;
+    let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
+    for i in 1..=3 {
+        a.publish(&ch, json!(i)).await;
+    }
+    assert_eq!(redis.cli(&["SAVE"]), "OK");
+    for i in 4..=6 {
+        a.publish(&ch, json!(i)).await;
+    }
+    assert_eq!(
+        live.offsets(&ch, 6, Duration::from_secs(5)).await,
+        (1..=6).collect::<Vec<_>>()
+    );
+
+    redis.restart(); // kill -9, then start from the snapshot: the stream's top is 3 again
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut after = Vec::new();
+    for i in 7..=10 {
+        loop {
+            let (status, body) = a.try_publish(&ch, json!(i), None).await;
+            if status == 200 {
+                after.push(body);
+                break;
+            }
+            assert!(Instant::now() < deadline, "redis never came back: {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    for body in &after {
+        assert_ne!(
+            body["epoch"], epoch,
+            "offsets reused in the old epoch: {after:?}"
+        );
+    }
+    assert_eq!(after[0]["offset"], 1, "{after:?}");
+
+    // The live subscriber is told (unsub 4003, or a close it reconnects from), never fed a
+    // reused offset in silence.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let told = loop {
+        let Some(m) = live.next_within(Duration::from_millis(200)).await else {
+            if live.close_code.is_some() {
+                break format!("close {:?}", live.close_code);
+            }
+            assert!(Instant::now() < deadline, "the subscriber was never told");
+            continue;
+        };
+        assert!(
+            m.get("pub").is_none(),
+            "a publication after the rollback: {m}"
+        );
+        if m["unsub"]["channel"] == ch.as_str() {
+            assert_eq!(m["unsub"]["code"], 4003, "{m}");
+            break "unsub 4003".into();
+        }
+    };
+    assert!(!told.is_empty());
+
+    // A client that held offset 6 recovers on either node: it must learn it cannot.
+    for node in [&a, &b] {
+        let c = node
+            .client(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
+            .await;
+        let sub = &c.connect_reply["subs"][&ch];
+        assert_eq!(sub["recovered"], false, "{sub}");
+        assert_eq!(sub["epoch"], after[0]["epoch"], "{sub}");
+        assert_eq!(sub["offset"], 4, "{sub}");
+    }
+}

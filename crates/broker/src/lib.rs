@@ -9,9 +9,11 @@
 //! - [`Broker`] and [`BrokerHandler`]: the trait a broker implements and the callbacks it calls.
 //! - [`memory`]: the in-memory broker (single node).
 //! - [`conformance`]: one test suite, written against the trait, that every broker runs.
+//! - [`watermark`]: the newest position a node saw per channel, to catch a broker that rolled back.
 
 pub mod conformance;
 pub mod memory;
+pub mod watermark;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +24,7 @@ use herald_protocol::{ClientInfo, Publication, StreamPosition};
 use serde::{Deserialize, Serialize};
 
 pub use memory::MemoryBroker;
+pub use watermark::Watermarks;
 
 /// What a broker failure means for the caller.
 #[derive(Debug, thiserror::Error)]
