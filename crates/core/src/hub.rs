@@ -1025,7 +1025,9 @@ mod tests {
         let drained = out.drain();
         assert_eq!(drained.frames.len(), 2, "1 and 2 were delivered");
         assert!(drained.close.is_none(), "the connection stays");
-        assert!(matches!(&drained.controls[..], [Control::Lost { channel, .. }] if channel == "ch"));
+        assert!(
+            matches!(&drained.controls[..], [Control::Lost { channel, .. }] if channel == "ch")
+        );
         assert_eq!(hub.metrics().continuity_lost.get(), 1);
         // The other channel still delivers.
         publish(&hub, "other", 1).await;
