@@ -17,7 +17,7 @@ var Backoff = class {
   /** The upper bound of the window for the current attempt. */
   window() {
     const exp = Math.min(this.attempt, 64);
-    return Math.min(this.max, this.min * Math.pow(this.factor, exp));
+    return Math.min(this.max, this.min * this.factor ** exp);
   }
   /** The next delay in ms; `floorMs` (a server `after_ms`) is honoured as a minimum. */
   next(floorMs) {
@@ -203,7 +203,10 @@ var Emitter = class {
   /** Add a listener; returns a function that removes it. */
   on(event, fn) {
     let set = this.listeners.get(event);
-    if (!set) this.listeners.set(event, set = /* @__PURE__ */ new Set());
+    if (!set) {
+      set = /* @__PURE__ */ new Set();
+      this.listeners.set(event, set);
+    }
     set.add(fn);
     return () => this.off(event, fn);
   }
@@ -823,7 +826,12 @@ var Herald = class extends Emitter {
     for (const [channel, res] of Object.entries(results)) {
       if (requested.has(channel) || "error" in res) continue;
       this.serverSubs.add(channel);
-      this.emit("subscribed", { channel, epoch: res.epoch, offset: res.offset, recoverable: res.recoverable !== false });
+      this.emit("subscribed", {
+        channel,
+        epoch: res.epoch,
+        offset: res.offset,
+        recoverable: res.recoverable !== false
+      });
     }
     if (this._state !== "connected") return;
     for (const sub of included) {
@@ -1082,7 +1090,7 @@ var Herald = class extends Emitter {
   request(method, params, cb) {
     const t = this.transport;
     const id = this.nextId++;
-    if (!t || !t.send(encodeCommand(id, method, params))) {
+    if (!t?.send(encodeCommand(id, method, params))) {
       cb(new ConnectionError(ClientCode.ConnectionLost, "not connected"), void 0);
       return;
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Herald JS SDK: the whole test suite from a clean clone.
 #   1. Debian's chromium for the browser test (apt-get; no browser download from the internet)
-#   2. npm ci, build (dist/ and demo/herald.js)
+#   2. npm ci, lint (Biome: formatting and lint rules of biome.json), build (dist/ and demo/herald.js)
 #   3. vitest: unit tests, Node integration tests against the real `herald` binary, browser tests
 # HERALD_BIN overrides the server binary (default <repo>/target/debug/herald, built when missing).
 # Exits non-zero on any failure.
@@ -18,6 +18,10 @@ fi
 
 echo "== npm ci"
 npm ci --no-audit --no-fund
+
+echo "== lint (biome)"
+# Formatting and lint rules (biome.json); warnings fail too, so findings cannot pile up.
+npm run lint
 
 echo "== build"
 npm run build

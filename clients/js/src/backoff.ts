@@ -39,7 +39,7 @@ export class Backoff {
   window(): number {
     // Cap the exponent so factor^attempt cannot overflow to Infinity after many failures.
     const exp = Math.min(this.attempt, 64);
-    return Math.min(this.max, this.min * Math.pow(this.factor, exp));
+    return Math.min(this.max, this.min * this.factor ** exp);
   }
 
   /** The next delay in ms; `floorMs` (a server `after_ms`) is honoured as a minimum. */

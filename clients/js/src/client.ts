@@ -10,13 +10,7 @@
 // or recovery could deliver out of order. That is why replies go to plain callbacks, not promises.
 
 import { Backoff } from './backoff.js';
-import {
-  ClientCode,
-  ErrorCode,
-  isTemporaryError,
-  shouldReconnect,
-  shouldResubscribe,
-} from './codes.js';
+import { ClientCode, ErrorCode, isTemporaryError, shouldReconnect, shouldResubscribe } from './codes.js';
 import {
   PONG,
   decodeFrame,
@@ -125,7 +119,7 @@ interface Waiter {
 
 type Disconnect = Extract<ServerMessage, { type: 'disconnect' }>;
 
-// Names: at most 255 bytes of [A-Za-z0-9_:.@=/#,-] (PROTOCOL.md). All allowed characters are ASCII,
+// Names: at most 255 bytes of [A-Za-z0-9_:.@=/#,-] (docs/protocol.md). All allowed characters are ASCII,
 // so length in characters equals length in bytes.
 const CHANNEL_RE = /^[A-Za-z0-9_:.@=/#,-]{1,255}$/;
 
@@ -282,8 +276,7 @@ export class Herald extends Emitter<HeraldEvents> {
    */
   call<R = unknown>(method: string, params: object): Promise<R> {
     return new Promise<R>((resolve, reject) => {
-      const run = (): void =>
-        this.request(method, params, (err, result) => (err ? reject(err) : resolve(result as R)));
+      const run = (): void => this.request(method, params, (err, result) => (err ? reject(err) : resolve(result as R)));
       if (this._state === 'connected') {
         run();
       } else if (this._state === 'connecting') {
@@ -419,7 +412,12 @@ export class Herald extends Emitter<HeraldEvents> {
     for (const [channel, res] of Object.entries(results)) {
       if (requested.has(channel) || 'error' in res) continue;
       this.serverSubs.add(channel);
-      this.emit('subscribed', { channel, epoch: res.epoch, offset: res.offset, recoverable: res.recoverable !== false });
+      this.emit('subscribed', {
+        channel,
+        epoch: res.epoch,
+        offset: res.offset,
+        recoverable: res.recoverable !== false,
+      });
     }
     if (this._state !== 'connected') return;
     for (const sub of included) {
@@ -705,7 +703,7 @@ export class Herald extends Emitter<HeraldEvents> {
   private request(method: string, params: object, cb: ReplyCallback): void {
     const t = this.transport;
     const id = this.nextId++;
-    if (!t || !t.send(encodeCommand(id, method, params))) {
+    if (!t?.send(encodeCommand(id, method, params))) {
       cb(new ConnectionError(ClientCode.ConnectionLost, 'not connected'), undefined);
       return;
     }

@@ -1,4 +1,4 @@
-// Wire format of PROTOCOL.md: JSON messages, several per text frame separated by "\n".
+// Wire format of docs/protocol.md: JSON messages, several per text frame separated by "\n".
 // This module only turns frames into typed messages and commands into text; it knows nothing of
 // connections or state, so it is easy to test on its own.
 

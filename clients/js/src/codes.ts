@@ -1,4 +1,4 @@
-// Numeric codes of the Herald protocol (PROTOCOL.md), plus the few codes the SDK itself uses for
+// Numeric codes of the Herald protocol (docs/protocol.md), plus the few codes the SDK itself uses for
 // events it detects locally. Kept in one place so the client, the errors and the docs agree.
 
 /** Reply error codes (`error.code` in a command reply). */
@@ -70,15 +70,11 @@ export type ClientCodeValue = (typeof ClientCode)[keyof typeof ClientCode];
 
 /** Reply errors worth retrying on their own: the request was fine, the moment was not. */
 export function isTemporaryError(code: number): boolean {
-  return (
-    code === ErrorCode.Internal ||
-    code === ErrorCode.TooManyRequests ||
-    code === ErrorCode.TemporarilyUnavailable
-  );
+  return code === ErrorCode.Internal || code === ErrorCode.TooManyRequests || code === ErrorCode.TemporarilyUnavailable;
 }
 
 /**
- * The close-code rule of PROTOCOL.md: 4000–4499 reconnect, 4500–4999 stay down. Anything else
+ * The close-code rule of docs/protocol.md: 4000–4499 reconnect, 4500–4999 stay down. Anything else
  * (1000, 1001, 1006, 1011 …) is a transport event, not a verdict by Herald, so the client
  * reconnects: a network blip must never leave an app silently offline.
  */

@@ -8,7 +8,10 @@ export class Emitter<Events extends object> {
   /** Add a listener; returns a function that removes it. */
   on<K extends keyof Events>(event: K, fn: Listener<Events[K]>): () => void {
     let set = this.listeners.get(event);
-    if (!set) this.listeners.set(event, (set = new Set()));
+    if (!set) {
+      set = new Set();
+      this.listeners.set(event, set);
+    }
     set.add(fn as Listener<never>);
     return () => this.off(event, fn);
   }

@@ -63,7 +63,12 @@ export class Transport {
   private ws: WebSocketLike;
   private handlers: TransportHandlers | undefined;
 
-  constructor(url: string, impl: WebSocketConstructor, protocols: string | string[] | undefined, handlers: TransportHandlers) {
+  constructor(
+    url: string,
+    impl: WebSocketConstructor,
+    protocols: string | string[] | undefined,
+    handlers: TransportHandlers,
+  ) {
     this.handlers = handlers;
     // The constructor may throw synchronously (bad URL); the caller treats that as a failed attempt.
     this.ws = protocols === undefined ? new impl(url) : new impl(url, protocols);

@@ -80,8 +80,10 @@ describe('demo page in Chromium', () => {
     await page.press('#chat-input', 'Enter');
     await page.waitForFunction(() => document.querySelectorAll('#messages li:not(.system)').length >= 4);
     expect((await texts()).at(-1)).toBe('typed in the browser');
-    const h = await server.api('/api/history', { channel: 'chat' });
-    expect(h.publications.at(-1).data.text).toBe('typed in the browser');
+    const h = await server.api<{ publications: Array<{ data: { text: string } }> }>('/api/history', {
+      channel: 'chat',
+    });
+    expect(h.publications.at(-1)?.data.text).toBe('typed in the browser');
   });
 
   it('counts clicks on the live counter', async () => {
@@ -116,7 +118,9 @@ describe('demo page in Chromium', () => {
       'while cut 5',
       'after the cut',
     ]);
-    const offsets = await page.$$eval('#messages li:not(.system)', (els) => els.map((e) => Number((e as HTMLElement).dataset.offset)));
+    const offsets = await page.$$eval('#messages li:not(.system)', (els) =>
+      els.map((e) => Number((e as HTMLElement).dataset.offset)),
+    );
     expect(offsets).toEqual([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
   });
 

@@ -95,10 +95,12 @@ describe('client API against a real server', () => {
     const subB = b.subscribe('api-room');
     b.connect();
     await subB.ready();
-    const bId = b.clientId!;
+    const aId = a.clientId;
+    const bId = b.clientId;
+    if (!aId || !bId) throw new Error('connected clients have no clientId');
     await waitFor(() => joins.includes(bId), 'join of b');
     const p = await a.presence('api-room');
-    expect(Object.keys(p.clients).sort()).toEqual([a.clientId!, bId].sort());
+    expect(Object.keys(p.clients).sort()).toEqual([aId, bId].sort());
     subB.unsubscribe();
     await waitFor(() => leaves.includes(bId), 'leave of b');
   });

@@ -30,7 +30,9 @@ describe('missing pings', () => {
     if (pingInterval > 3) {
       client.disconnect();
       await proxy.stop();
-      console.warn(`liveness test skipped: server ping_interval is ${pingInterval} s, HERALD_PING_INTERVAL=1 was ignored`);
+      console.warn(
+        `liveness test skipped: server ping_interval is ${pingInterval} s, HERALD_PING_INTERVAL=1 was ignored`,
+      );
       ctx.skip(); // waiting 25 s+ for pings is not worth it here
     }
     // Prove pings are answered: stay connected over several intervals.
@@ -41,7 +43,11 @@ describe('missing pings', () => {
     proxy.blackhole();
     await server.publish('silent', { n: 1 });
     await server.publish('silent', { n: 2 });
-    await waitFor(() => reasons.includes(ClientCode.NoPing), 'the client to give up on the silent socket', pingInterval * 1000 + 5000);
+    await waitFor(
+      () => reasons.includes(ClientCode.NoPing),
+      'the client to give up on the silent socket',
+      pingInterval * 1000 + 5000,
+    );
     await waitFor(() => client.state === 'connected', 'reconnect');
     await waitFor(() => got.length === 2, 'recovered publications');
     expect(got).toEqual([1, 2]);

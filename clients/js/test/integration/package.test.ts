@@ -3,6 +3,7 @@ import { createRequire } from 'node:module';
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import type { Herald } from '../../src/index.js';
 import { HeraldServer, waitFor } from '../support/server.js';
 
 const root = resolve(__dirname, '..', '..');
@@ -16,10 +17,10 @@ afterAll(async () => {
   await server?.stop();
 });
 
-async function roundTrip(mod: { Herald: any }, channel: string): Promise<void> {
+async function roundTrip(mod: { Herald: typeof Herald }, channel: string): Promise<void> {
   const client = new mod.Herald(server.ws);
   const got: unknown[] = [];
-  const sub = client.subscribe(channel, { onPublication: (p: { data: unknown }) => got.push(p.data) });
+  const sub = client.subscribe(channel, { onPublication: (p) => got.push(p.data) });
   client.connect();
   await sub.ready();
   await server.publish(channel, { ok: true });

@@ -11,15 +11,22 @@ export function recordingWebSocket(): { WebSocket: WebSocketConstructor; sockets
       super(url, protocols);
       sockets.push(this.sentLog);
     }
-    override send(data: any, ...rest: any[]): void {
+    override send(data: Parameters<WS['send']>[0], ...rest: unknown[]): void {
       this.sentLog.push(String(data));
-      (WS.prototype.send as (...a: any[]) => void).call(this, data, ...rest);
+      (WS.prototype.send as (...a: unknown[]) => void).call(this, data, ...rest);
     }
   }
   return { WebSocket: RecordingWebSocket as unknown as WebSocketConstructor, sockets };
 }
 
+/** One command as sent: `{ id, <method>: params }`; `connect` spelled out for the tests that read it. */
+export interface SentCommand {
+  id: number;
+  connect?: { subs?: Record<string, { since?: { epoch: string; offset: number } }> };
+  [method: string]: unknown;
+}
+
 /** Parsed commands of one socket's log. */
-export function commandsOf(log: string[]): Array<Record<string, any>> {
+export function commandsOf(log: string[]): SentCommand[] {
   return log.filter((s) => s !== '{}').map((s) => JSON.parse(s));
 }

@@ -90,7 +90,7 @@ export class HeraldServer {
   }
 
   /** Call the server HTTP API; throws on a non-2xx status. */
-  async api<T = any>(path: string, body?: unknown): Promise<T> {
+  async api<T = unknown>(path: string, body?: unknown): Promise<T> {
     const r = await fetch(`${this.http}${path}`, {
       method: body === undefined ? 'GET' : 'POST',
       headers: { Authorization: `Bearer ${API_KEY}`, 'Content-Type': 'application/json' },

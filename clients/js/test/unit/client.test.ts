@@ -208,7 +208,7 @@ describe('connection state machine', () => {
     await flush();
     FakeSocket.last().open();
     await vi.advanceTimersByTimeAsync(1000);
-    expect(FakeSocket.instances[0]!.terminated).toBe(true);
+    expect(FakeSocket.instances[0].terminated).toBe(true);
     await vi.advanceTimersByTimeAsync(1000);
     expect(FakeSocket.instances).toHaveLength(2);
   });
@@ -483,7 +483,9 @@ describe('subscriptions and recovery', () => {
       onLeave: (c) => events.push(`leave:${c.info.user}`),
     });
     const s = await connected(h, { subs: { chat: { epoch: 'A', offset: 0, recoverable: true } } });
-    s.push('{"join":{"channel":"chat","info":{"user":"ann","client":"1"}}}\n{"leave":{"channel":"chat","info":{"user":"bob","client":"2"}}}');
+    s.push(
+      '{"join":{"channel":"chat","info":{"user":"ann","client":"1"}}}\n{"leave":{"channel":"chat","info":{"user":"bob","client":"2"}}}',
+    );
     expect(events).toEqual(['join:ann', 'leave:bob']);
   });
 
@@ -577,10 +579,7 @@ describe('tokens', () => {
 
   it('stops when getToken returns no token, retries when it throws', async () => {
     const failing = client({
-      getToken: vi
-        .fn()
-        .mockRejectedValueOnce(new Error('auth service down'))
-        .mockResolvedValueOnce(''),
+      getToken: vi.fn().mockRejectedValueOnce(new Error('auth service down')).mockResolvedValueOnce(''),
     });
     const log = record(failing);
     failing.connect();

@@ -48,10 +48,10 @@ describe('decodeFrame', () => {
   });
 
   it('rejects non-objects and bad ids', () => {
-    expect(decodeFrame('[1,2]')[0]!.type).toBe('invalid');
-    expect(decodeFrame('42')[0]!.type).toBe('invalid');
-    expect(decodeFrame('{"id":0,"publish":{}}')[0]!.type).toBe('invalid');
-    expect(decodeFrame('{"id":"1","publish":{}}')[0]!.type).toBe('invalid');
+    expect(decodeFrame('[1,2]')[0].type).toBe('invalid');
+    expect(decodeFrame('42')[0].type).toBe('invalid');
+    expect(decodeFrame('{"id":0,"publish":{}}')[0].type).toBe('invalid');
+    expect(decodeFrame('{"id":"1","publish":{}}')[0].type).toBe('invalid');
   });
 });
 
@@ -122,6 +122,8 @@ describe('server-side subscribe push', () => {
       channel: 'news',
       result: { epoch: 'e', offset: 3, recoverable: true },
     });
-    expect(classify({ id: 4, subscribe: { epoch: 'e', offset: 3, recoverable: true } })).toMatchObject({ type: 'reply' });
+    expect(classify({ id: 4, subscribe: { epoch: 'e', offset: 3, recoverable: true } })).toMatchObject({
+      type: 'reply',
+    });
   });
 });

@@ -10,7 +10,9 @@ import { demoBundle, root } from '../../scripts/build-config.mjs';
 describe('committed demo bundle', () => {
   it('matches a fresh build of src/ (run `npm run build` and commit demo/herald.js if this fails)', async () => {
     const out = await build({ ...demoBundle, write: false });
-    const fresh = out.outputFiles![0]!.text;
+    const file = out.outputFiles?.[0];
+    if (!file) throw new Error('esbuild returned no output file');
+    const fresh = file.text;
     const committed = readFileSync(resolve(root, 'demo', 'herald.js'), 'utf8');
     expect(committed === fresh, 'demo/herald.js is stale').toBe(true);
   });

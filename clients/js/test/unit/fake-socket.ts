@@ -2,6 +2,12 @@
 // the socket, reads the commands the client sent and pushes frames back.
 import type { WebSocketLike } from '../../src/transport.js';
 
+/** One command as the client sent it: `{ id, <method>: params }`. */
+export interface SentCommand {
+  id: number;
+  [method: string]: unknown;
+}
+
 export class FakeSocket implements WebSocketLike {
   static instances: FakeSocket[] = [];
   static reset(): void {
@@ -56,15 +62,15 @@ export class FakeSocket implements WebSocketLike {
     this.readyState = 3;
     this.onclose?.({ code, reason });
   }
-  commands(): Array<Record<string, any>> {
+  commands(): SentCommand[] {
     return this.sent.map((s) => JSON.parse(s));
   }
   /** The last command of a method: its id and params. */
-  cmd(method: string): { id: number; params: any } {
+  cmd(method: string): { id: number; params: Record<string, unknown> } {
     const all = this.commands().filter((c) => method in c);
     const c = all[all.length - 1];
     if (!c) throw new Error(`no ${method} command sent; sent: ${this.sent.join(' | ')}`);
-    return { id: c.id, params: c[method] };
+    return { id: c.id, params: c[method] as Record<string, unknown> };
   }
   countOf(method: string): number {
     return this.commands().filter((c) => method in c).length;

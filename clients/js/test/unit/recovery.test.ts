@@ -31,9 +31,16 @@ describe('StreamTracker', () => {
     const t = new StreamTracker();
     t.applySubscribe({ epoch: 'e1', offset: 4, recoverable: true }, undefined);
     t.applyPublication(pub(5));
-    const asked = t.since()!;
+    const asked = t.since();
+    expect(asked).toEqual({ epoch: 'e1', offset: 5 });
     const o = t.applySubscribe(
-      { epoch: 'e1', offset: 8, recoverable: true, recovered: true, publications: [pub(7), pub(4), pub(5), pub(6), pub(8), pub(6)] },
+      {
+        epoch: 'e1',
+        offset: 8,
+        recoverable: true,
+        recovered: true,
+        publications: [pub(7), pub(4), pub(5), pub(6), pub(8), pub(6)],
+      },
       asked,
     );
     expect(o.recovered).toBe(true);
@@ -78,7 +85,10 @@ describe('StreamTracker', () => {
 
   it('flags a recovered batch that ends before the newest offset', () => {
     const t = new StreamTracker({ epoch: 'e', offset: 1 });
-    const o = t.applySubscribe({ epoch: 'e', offset: 4, recoverable: true, recovered: true, publications: [pub(2)] }, t.since());
+    const o = t.applySubscribe(
+      { epoch: 'e', offset: 4, recoverable: true, recovered: true, publications: [pub(2)] },
+      t.since(),
+    );
     expect(o.gap).toBe(true);
   });
 
