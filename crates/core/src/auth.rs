@@ -19,7 +19,8 @@ pub enum AuthError {
     Invalid(String),
 }
 
-/// Claims of a connection token.
+/// Claims of a connection token. A token with a `channel` claim is a subscription token and is
+/// refused here, so one kind can never stand in for the other.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ConnectionClaims {
     /// User id ("" anonymous).
@@ -32,6 +33,9 @@ pub struct ConnectionClaims {
     pub channels: Vec<String>,
     /// Shown in presence and publications.
     pub info: Option<Box<RawValue>>,
+    /// Only subscription tokens carry it.
+    #[serde(default)]
+    channel: Option<serde::de::IgnoredAny>,
 }
 
 /// Claims of a subscription token.
@@ -52,6 +56,24 @@ pub struct TokenVerifier {
     hmac: Option<DecodingKey>,
     rsa: Option<DecodingKey>,
     ecdsa: Option<DecodingKey>,
+    require_exp: bool,
+}
+
+/// A fixed, client-safe reason for a refused token: never the parser's own text.
+fn refusal(e: &jsonwebtoken::errors::Error) -> AuthError {
+    use jsonwebtoken::errors::ErrorKind;
+    let why = match e.kind() {
+        ErrorKind::ExpiredSignature => return AuthError::Expired,
+        ErrorKind::InvalidSignature => "bad signature",
+        ErrorKind::ImmatureSignature => "token not valid yet (nbf)",
+        ErrorKind::MissingRequiredClaim(_) => "a required claim is missing",
+        ErrorKind::InvalidAudience => "wrong audience",
+        ErrorKind::InvalidIssuer => "wrong issuer",
+        ErrorKind::InvalidAlgorithm => "algorithm does not match the key",
+        ErrorKind::Json(_) | ErrorKind::Utf8(_) => "malformed claims",
+        _ => "malformed token",
+    };
+    AuthError::Invalid(why.into())
 }
 
 impl TokenVerifier {
@@ -90,6 +112,7 @@ impl TokenVerifier {
                 .map(|s| DecodingKey::from_secret(s.as_bytes())),
             rsa,
             ecdsa,
+            require_exp: config.token_require_exp,
         })
     }
 
@@ -99,8 +122,8 @@ impl TokenVerifier {
     }
 
     fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AuthError> {
-        let header =
-            jsonwebtoken::decode_header(token).map_err(|e| AuthError::Invalid(e.to_string()))?;
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|_| AuthError::Invalid("malformed token".into()))?;
         let key = match header.alg {
             Algorithm::HS256 => self.hmac.as_ref(),
             Algorithm::RS256 => self.rsa.as_ref(),
@@ -113,21 +136,28 @@ impl TokenVerifier {
         }
         .ok_or_else(|| AuthError::Invalid(format!("no key configured for {:?}", header.alg)))?;
         let mut validation = Validation::new(header.alg);
-        validation.required_spec_claims = HashSet::new();
+        validation.required_spec_claims = if self.require_exp {
+            HashSet::from(["exp".to_owned()])
+        } else {
+            HashSet::new()
+        };
         validation.validate_exp = true;
         validation.validate_aud = false;
         validation.leeway = 0;
         jsonwebtoken::decode::<T>(token, key, &validation)
             .map(|data| data.claims)
-            .map_err(|e| match e.kind() {
-                jsonwebtoken::errors::ErrorKind::ExpiredSignature => AuthError::Expired,
-                _ => AuthError::Invalid(e.to_string()),
-            })
+            .map_err(|e| refusal(&e))
     }
 
     /// Verify a connection token.
     pub fn connection(&self, token: &str) -> Result<ConnectionClaims, AuthError> {
-        self.decode(token)
+        let claims: ConnectionClaims = self.decode(token)?;
+        if claims.channel.is_some() {
+            return Err(AuthError::Invalid(
+                "a subscription token cannot connect".into(),
+            ));
+        }
+        Ok(claims)
     }
 
     /// Verify a subscription token for `channel` held by `user`.
@@ -205,6 +235,48 @@ mod tests {
             verifier().connection("garbage"),
             Err(AuthError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn refusals_never_echo_parser_text() {
+        let bad_alg = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.";
+        let e = verifier().connection(bad_alg).unwrap_err();
+        assert_eq!(e, AuthError::Invalid("malformed token".into()));
+        let wrong_claims = hs(serde_json::json!({"sub": 5}), "s3cret");
+        let e = verifier().connection(&wrong_claims).unwrap_err();
+        assert_eq!(e, AuthError::Invalid("malformed claims".into()));
+    }
+
+    #[test]
+    fn the_two_kinds_of_token_do_not_stand_in_for_each_other() {
+        let sub_token = hs(
+            serde_json::json!({"sub": "bob", "channel": "priv:x", "exp": now() + 60}),
+            "s3cret",
+        );
+        assert!(verifier().connection(&sub_token).is_err());
+        let conn_token = hs(
+            serde_json::json!({"sub": "bob", "exp": now() + 60}),
+            "s3cret",
+        );
+        assert!(verifier()
+            .subscription(&conn_token, "bob", "priv:x")
+            .is_err());
+    }
+
+    #[test]
+    fn exp_can_be_required() {
+        let config = Config {
+            token_hmac_secret: Some("s3cret".into()),
+            token_require_exp: true,
+            ..Config::default()
+        };
+        let strict = TokenVerifier::from_config(&config).unwrap();
+        let forever = hs(serde_json::json!({"sub": "a"}), "s3cret");
+        assert!(verifier().connection(&forever).is_ok());
+        assert_eq!(
+            strict.connection(&forever).unwrap_err(),
+            AuthError::Invalid("a required claim is missing".into())
+        );
     }
 
     #[test]

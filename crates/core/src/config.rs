@@ -24,7 +24,8 @@ pub struct Config {
     pub dev: bool,
     /// Serve the demo page at `/` (also on in `dev`).
     pub demo: bool,
-    /// HTTP API key (`Authorization: Bearer …`). Generated and logged when absent (outside `dev`).
+    /// HTTP API key (`Authorization: Bearer …`). Generated when absent outside `dev` (shown once
+    /// on a terminal, never logged).
     #[serde(deserialize_with = "lenient::opt_string")]
     pub api_key: Option<String>,
     /// `memory`, `redis://…`, `rediss://…`, `redis+cluster://…` or `nats://…`.
@@ -46,6 +47,8 @@ pub struct Config {
     pub token_ecdsa_public_key: Option<String>,
     /// ES256 public key, PEM file.
     pub token_ecdsa_public_key_file: Option<PathBuf>,
+    /// Refuse tokens without an `exp` claim (otherwise such a token never expires).
+    pub token_require_exp: bool,
     /// Seconds between server pings (`{}`).
     pub ping_interval_s: u64,
     /// Extra seconds a client may stay silent after a ping before it is closed with 4002.
@@ -86,6 +89,7 @@ impl Default for Config {
             token_rsa_public_key_file: None,
             token_ecdsa_public_key: None,
             token_ecdsa_public_key_file: None,
+            token_require_exp: false,
             ping_interval_s: 25,
             pong_timeout_s: 10,
             drain_ms: 5000,

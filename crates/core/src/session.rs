@@ -12,6 +12,7 @@ use herald_protocol::command::{
     ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams,
     SubscribeParams,
 };
+use herald_protocol::depth::{json_depth, MAX_DATA_DEPTH};
 use herald_protocol::encode::{push_subscribed, push_unsub, reply, reply_error};
 use herald_protocol::types::PublicationWire;
 use herald_protocol::{
@@ -88,6 +89,17 @@ fn broker_error(e: BrokerError) -> CommandError {
     }
 }
 
+/// Refuse publication data nested deeper than [`MAX_DATA_DEPTH`] (error 107).
+pub fn check_data_depth(data: &str) -> Result<(), CommandError> {
+    if json_depth(data) > MAX_DATA_DEPTH {
+        return Err(CommandError::new(
+            ErrorCode::BadRequest,
+            format!("data nests deeper than {MAX_DATA_DEPTH} levels"),
+        ));
+    }
+    Ok(())
+}
+
 fn ns_error((code, message): (ErrorCode, String)) -> CommandError {
     CommandError::new(code, message)
 }
@@ -99,11 +111,15 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Expiries further away than this are treated as this far (an `Instant` cannot hold u64::MAX
+/// seconds from now).
+const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// `expires_in` seconds and the matching deadline for a token's `exp`.
 fn expiry(exp: Option<u64>) -> (Option<u64>, Option<Instant>) {
     match exp {
         Some(exp) => {
-            let secs = exp.saturating_sub(unix_now());
+            let secs = exp.saturating_sub(unix_now()).min(MAX_EXPIRY.as_secs());
             (Some(secs), Some(Instant::now() + Duration::from_secs(secs)))
         }
         None => (None, None),
@@ -451,6 +467,7 @@ impl Session {
                 "clients may not publish here",
             ));
         }
+        check_data_depth(p.data.get())?;
         let conn = self.connected.as_ref().expect("connected");
         let info = conn.who();
         let opts = PublishOptions {
@@ -642,7 +659,10 @@ impl<'a> From<&'a [ClientInfo]> for PresenceReply<'a> {
     }
 }
 
-/// `history` reply body, shared with the HTTP API.
-pub fn history_body(h: &herald_broker::HistoryResult) -> serde_json::Value {
-    serde_json::to_value(HistoryReply::from(h)).expect("history serializes")
+/// `history` reply body, shared with the HTTP API. Fails (never panics) on stored data that no
+/// JSON parser here can read back, e.g. nested past serde_json's limit.
+pub fn history_body(
+    h: &herald_broker::HistoryResult,
+) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::to_value(HistoryReply::from(h))
 }

@@ -5,11 +5,13 @@
 //! # Layout
 //! - [`codes`]: reply error codes and WebSocket close codes.
 //! - [`command`]: parsing client frames (`{"id": N, "<method>": {params}}`) into [`Command`]s.
+//! - [`depth`]: the nesting limit of publication data.
 //! - [`encode`]: replies and pushes, encoded once into shared bytes.
 //! - [`types`]: values shared by commands, replies and the broker (publications, positions, client info).
 
 pub mod codes;
 pub mod command;
+pub mod depth;
 pub mod encode;
 pub mod types;
 

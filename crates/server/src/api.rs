@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
-use herald_core::session::{history_body, PresenceReply};
-use herald_protocol::{ErrorCode, StreamPosition};
+use herald_core::session::{check_data_depth, history_body, PresenceReply};
+use herald_protocol::{CommandError, ErrorCode, StreamPosition};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::{header, Method, Request, StatusCode};
@@ -37,6 +37,30 @@ impl From<BrokerError> for ApiError {
             }
         }
     }
+}
+
+impl From<CommandError> for ApiError {
+    fn from(e: CommandError) -> Self {
+        ApiError::code(e.code, e.message)
+    }
+}
+
+/// The longest idempotency key accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+/// Idempotency keys travel as broker headers and key names: 1 to 128 printable ASCII characters
+/// without spaces (error 107 otherwise).
+fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::code(
+            ErrorCode::BadRequest,
+            format!("idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters without spaces"),
+        ));
+    }
+    Ok(())
 }
 
 impl From<(ErrorCode, String)> for ApiError {
@@ -168,6 +192,10 @@ async fn publish_one(
 }
 
 async fn publish(app: &App, b: PublishBody) -> ApiResult {
+    check_data_depth(b.data.get())?;
+    if let Some(key) = &b.idempotency_key {
+        check_idempotency_key(key)?;
+    }
     let data = Bytes::copy_from_slice(b.data.get().as_bytes());
     let position = publish_one(app, &b.channel, data, b.idempotency_key).await?;
     Ok(json!(position))
@@ -189,6 +217,7 @@ async fn broadcast(app: &App, b: BroadcastBody) -> ApiResult {
             format!("at most {max} channels per broadcast"),
         ));
     }
+    check_data_depth(b.data.get())?;
     let data = Bytes::copy_from_slice(b.data.get().as_bytes());
     let mut results = Vec::with_capacity(b.channels.len());
     for channel in &b.channels {
@@ -226,7 +255,10 @@ async fn history(app: &App, b: HistoryBody) -> ApiResult {
         .broker()
         .history(&b.channel, &query, &ns.stream_options())
         .await?;
-    Ok(history_body(&h))
+    history_body(&h).map_err(|e| {
+        tracing::error!(channel = %b.channel, cause = %e, "stored history cannot be encoded");
+        ApiError::code(ErrorCode::Internal, "internal error")
+    })
 }
 
 #[derive(Deserialize)]

@@ -65,7 +65,12 @@ pub async fn run(
         }
         (_, false) => {
             let key = format!("{:032x}", rand::random::<u128>());
-            tracing::warn!(api_key = %key, "no api_key configured: generated one for this run (set HERALD_API_KEY to keep one)");
+            // The key is a secret: never in the logs. A person at a terminal sees it once on
+            // stdout; anywhere else the API stays closed until HERALD_API_KEY is set.
+            if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                println!("generated API key for this run: {key} (set HERALD_API_KEY to keep one)");
+            }
+            tracing::warn!("no api_key configured: generated one for this run, shown only on a terminal (set HERALD_API_KEY)");
             Some(key)
         }
     };
@@ -101,7 +106,7 @@ pub async fn run(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let ws_scheme = if tls.is_some() { "wss" } else { "ws" };
     println!("herald listening on {scheme}://{addr} (WebSocket {ws_scheme}://{addr}/ws)");
-    tracing::info!(node = %config.node_name, broker = %config.broker_url, dev = config.dev, %addr, "herald started");
+    tracing::info!(node = %config.node_name, broker = %redact_url(&config.broker_url), dev = config.dev, %addr, "herald started");
     if config.dev {
         tracing::info!(
             "try: curl -X POST {scheme}://{addr}/api/publish -d '{{\"channel\":\"chat\",\"data\":{{\"text\":\"hi\"}}}}'{}",
@@ -171,5 +176,52 @@ where
         .with_upgrades();
     if let Err(e) = conn.await {
         tracing::debug!(cause = %e, "HTTP connection ended with an error");
+    }
+}
+
+/// A URL fit for logs: the password of `scheme://user:password@host` (and of every address in a
+/// comma-separated list) replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    url.split(',')
+        .map(|part| {
+            let Some(scheme_end) = part.find("://").map(|i| i + 3) else {
+                return part.to_owned();
+            };
+            let rest = &part[scheme_end..];
+            let Some(at) = rest.rfind('@') else {
+                return part.to_owned();
+            };
+            let userinfo = &rest[..at];
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            if !userinfo.contains(':') && !userinfo.is_empty() {
+                // `redis://password@host` (user-less, Redis style) is a password too.
+                return format!("{}***@{}", &part[..scheme_end], &rest[at + 1..]);
+            }
+            format!("{}{user}:***@{}", &part[..scheme_end], &rest[at + 1..])
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_reach_the_logs() {
+        assert_eq!(redact_url("memory"), "memory");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(
+            redact_url("redis://:s3cret@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact_url("rediss://app:s3cret@h:1,rediss://app:s3cret@h:2"),
+            "rediss://app:***@h:1,rediss://app:***@h:2"
+        );
+        assert_eq!(redact_url("nats://token@h:4222"), "nats://***@h:4222");
     }
 }

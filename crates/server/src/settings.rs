@@ -48,6 +48,7 @@ const ENV_KEYS: &[&str] = &[
     "token_rsa_public_key_file",
     "token_ecdsa_public_key",
     "token_ecdsa_public_key_file",
+    "token_require_exp",
     "ping_interval_s",
     "pong_timeout_s",
     "drain_ms",
