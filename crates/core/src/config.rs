@@ -173,6 +173,9 @@ pub struct Limits {
     pub max_api_body_bytes: usize,
     /// Channels in one `/api/broadcast`.
     pub max_broadcast_channels: usize,
+    /// Bytes of recovered publications one `connect` (all its channels) or `subscribe` reply may
+    /// carry; channels past it answer `recovered: false`, so one reply cannot grow unbounded.
+    pub max_recovery_bytes: usize,
 }
 
 impl Default for Limits {
@@ -188,6 +191,7 @@ impl Default for Limits {
             write_timeout_ms: 10_000,
             max_api_body_bytes: 1024 * 1024,
             max_broadcast_channels: 10_000,
+            max_recovery_bytes: 4 * 1024 * 1024,
         }
     }
 }

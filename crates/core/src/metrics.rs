@@ -35,6 +35,8 @@ pub struct Metrics {
     pub recovered: Counter,
     /// Subscriptions with `since` that could not recover.
     pub recovery_failed: Counter,
+    /// Recoveries answered `recovered: false` because the reply's byte budget was spent.
+    pub recovery_over_budget: Counter,
     /// Gap or reconnect catch-ups from history.
     pub catchups: Counter,
     /// Subscriptions ended with `unsub` 4003 because the node lost the channel's continuity.
@@ -113,6 +115,11 @@ impl Metrics {
             recovery_failed: reg!(
                 "recovery_failed",
                 "Subscriptions that could not recover",
+                Counter::default()
+            ),
+            recovery_over_budget: reg!(
+                "recovery_over_budget",
+                "Recoveries answered recovered: false because the reply's byte budget was spent",
                 Counter::default()
             ),
             catchups: reg!(

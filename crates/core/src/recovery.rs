@@ -47,6 +47,38 @@ impl Serialize for SubscribeResult {
     }
 }
 
+impl SubscribeResult {
+    /// Bytes the recovered publications take in a reply (data and info, roughly as encoded).
+    fn recovered_bytes(&self) -> usize {
+        self.publications
+            .iter()
+            .map(|p| {
+                p.data.len()
+                    + p.info
+                        .as_ref()
+                        .map_or(0, |i| i.user.len() + i.client.len() + 64)
+                    + 32
+            })
+            .sum()
+    }
+
+    /// Take this result's recovered publications out of `budget`; past it, recovery fails
+    /// plainly (`recovered: false`) instead of growing the reply. Returns false then.
+    pub fn charge(&mut self, budget: &mut usize) -> bool {
+        if self.recovered != Some(true) {
+            return true;
+        }
+        let bytes = self.recovered_bytes();
+        if bytes <= *budget {
+            *budget -= bytes;
+            return true;
+        }
+        self.recovered = Some(false);
+        self.publications = Vec::new();
+        false
+    }
+}
+
 /// Decide what a subscription with an optional `since` gets, from the history read made after the
 /// node's broker subscription took effect.
 pub fn decide(

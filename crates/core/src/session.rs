@@ -291,10 +291,14 @@ impl Session {
             }
         }
         let mut results: Vec<(String, Result<SubscribeResult, CommandError>)> = Vec::new();
+        let mut budget = self.ctx.config.limits.max_recovery_bytes;
         for (channel, since, token, granted) in wanted {
-            let r = self
+            let mut r = self
                 .prepare(&channel, token.as_deref(), since.as_ref(), granted)
                 .await;
+            if let Ok(result) = &mut r {
+                self.charge_recovery(result, &mut budget);
+            }
             results.push((channel, r));
         }
         let connect_result = ConnectResult {
@@ -399,10 +403,19 @@ impl Session {
         }
     }
 
+    /// Bound the recovered publications of one reply (see `limits.max_recovery_bytes`).
+    fn charge_recovery(&self, result: &mut SubscribeResult, budget: &mut usize) {
+        if !result.charge(budget) {
+            self.ctx.hub.metrics().recovery_over_budget.inc();
+        }
+    }
+
     async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), CommandError> {
-        let result = self
+        let mut result = self
             .prepare(&p.channel, p.token.as_deref(), p.since.as_ref(), false)
             .await?;
+        let mut budget = self.ctx.config.limits.max_recovery_bytes;
+        self.charge_recovery(&mut result, &mut budget);
         self.out.push(reply(id, "subscribe", &result));
         self.activate(&p.channel, &result).await;
         Ok(())

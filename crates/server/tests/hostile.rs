@@ -102,3 +102,43 @@ async fn a_subscription_token_cannot_connect_and_refusals_say_no_parser_text() {
         assert!(!message.contains(leak), "parser text in {message:?}");
     }
 }
+
+#[tokio::test]
+async fn one_connect_recovering_many_channels_stays_within_its_byte_budget() {
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        dev = true
+        [limits]
+        max_recovery_bytes = 4000
+        "#,
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    let channels = ["r1", "r2", "r3", "r4"];
+    let mut subs = serde_json::Map::new();
+    for ch in channels {
+        let first = node.publish(ch, json!(0)).await;
+        for _ in 0..3 {
+            node.publish(ch, json!("x".repeat(1000))).await;
+        }
+        subs.insert(
+            ch.into(),
+            json!({"since": {"epoch": first["epoch"], "offset": 1}}),
+        );
+    }
+    let mut c = node.client().await;
+    let r = c.call("connect", json!({ "subs": subs })).await;
+    let got = &r["connect"]["subs"];
+    let recovered: Vec<bool> = channels
+        .iter()
+        .map(|ch| got[ch]["recovered"].as_bool().expect("recovered"))
+        .collect();
+    // Each channel recovers ~3 KB: one fits the 4000-byte budget, the rest are told plainly.
+    assert_eq!(recovered.iter().filter(|r| **r).count(), 1, "{got}");
+    for ch in channels {
+        let sub = &got[ch];
+        let n = sub["publications"].as_array().map_or(0, Vec::len);
+        assert_eq!(n, if sub["recovered"] == true { 3 } else { 0 }, "{sub}");
+    }
+    assert_eq!(node.metric("herald_recovery_over_budget_total").await, 3.0);
+}
