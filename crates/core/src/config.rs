@@ -49,6 +49,12 @@ pub struct Config {
     pub token_ecdsa_public_key_file: Option<PathBuf>,
     /// Refuse tokens without an `exp` claim (otherwise such a token never expires).
     pub token_require_exp: bool,
+    /// Browser origins allowed to open a WebSocket (`https://app.example`, or `*`); empty: any.
+    /// Upgrades without an `Origin` header (non-browser clients) are always allowed.
+    pub allowed_origins: Vec<String>,
+    /// Browser origins allowed to call the HTTP API (CORS); empty: none, so an API request that
+    /// carries an `Origin` header is refused with 403.
+    pub api_allowed_origins: Vec<String>,
     /// Seconds between server pings (`{}`).
     pub ping_interval_s: u64,
     /// Extra seconds a client may stay silent after a ping before it is closed with 4002.
@@ -90,6 +96,8 @@ impl Default for Config {
             token_ecdsa_public_key: None,
             token_ecdsa_public_key_file: None,
             token_require_exp: false,
+            allowed_origins: Vec::new(),
+            api_allowed_origins: Vec::new(),
             ping_interval_s: 25,
             pong_timeout_s: 10,
             drain_ms: 5000,
@@ -163,7 +171,7 @@ pub struct Limits {
     pub command_burst: u32,
     /// Time from TCP accept to a successful `connect` command; closes with 4500 after it.
     pub handshake_timeout_ms: u64,
-    /// Open connections on this node (4504 beyond); 0 means no limit.
+    /// Connections on this node that completed `connect` (4504 beyond); 0 means no limit.
     pub max_connections: usize,
     /// Bytes queued for one connection before it is closed as a slow consumer (4001).
     pub outbound_queue_bytes: usize,
@@ -173,6 +181,9 @@ pub struct Limits {
     pub max_api_body_bytes: usize,
     /// Channels in one `/api/broadcast`.
     pub max_broadcast_channels: usize,
+    /// Open TCP connections per client IP (WebSocket and HTTP alike); 0 means no limit. Beyond
+    /// it a new connection is closed at once.
+    pub max_connections_per_ip: usize,
     /// Bytes of recovered publications one `connect` (all its channels) or `subscribe` reply may
     /// carry; channels past it answer `recovered: false`, so one reply cannot grow unbounded.
     pub max_recovery_bytes: usize,
@@ -192,6 +203,7 @@ impl Default for Limits {
             max_api_body_bytes: 1024 * 1024,
             max_broadcast_channels: 10_000,
             max_recovery_bytes: 4 * 1024 * 1024,
+            max_connections_per_ip: 0,
         }
     }
 }

@@ -2,28 +2,46 @@
 //! `{"error": {"code", "message"}}` with a fitting status.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
 use herald_core::session::{check_data_depth, history_body, PresenceReply};
-use herald_protocol::{CommandError, ErrorCode, StreamPosition};
+use herald_protocol::{CloseCode, CommandError, ErrorCode, StreamPosition};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
+use hyper::header::HeaderValue;
 use hyper::{header, Method, Request, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
+use crate::guard::origin_listed;
 use crate::http::{json, App, HttpResponse};
 
-/// An API error: status, protocol code and message.
-pub struct ApiError(StatusCode, u16, String);
+/// An API error: what went wrong ([`ErrorCode`], which says whose fault it is and whether a
+/// retry can help), the HTTP status it is answered with, and a message for the caller.
+pub struct ApiError {
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+}
 
 impl ApiError {
-    fn code(code: ErrorCode, message: impl Into<String>) -> Self {
+    /// An error answered with the code's own status.
+    pub fn code(code: ErrorCode, message: impl Into<String>) -> Self {
         let status = StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
-        ApiError(status, code.as_u16(), message.into())
+        ApiError::with_status(status, code, message)
+    }
+
+    /// An error answered with another status than the code's own (405, 404 for a path).
+    pub fn with_status(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -70,10 +88,10 @@ impl From<(ErrorCode, String)> for ApiError {
 }
 
 /// An error response.
-pub fn error(status: StatusCode, code: u16, message: &str) -> HttpResponse {
+pub fn error(status: StatusCode, code: ErrorCode, message: &str) -> HttpResponse {
     json(
         status,
-        &json!({"error": {"code": code, "message": message}}),
+        &json!({"error": {"code": code.as_u16(), "message": message}}),
     )
 }
 
@@ -81,10 +99,56 @@ type ApiResult = Result<serde_json::Value, ApiError>;
 
 /// Authenticate, parse, dispatch.
 pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
-    match dispatch(app, req).await {
-        Ok(body) => json(StatusCode::OK, &body),
-        Err(ApiError(status, code, message)) => error(status, code, &message),
+    // Browsers send `Origin` on cross-site calls; only listed origins may use the API (CORS).
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(str::to_owned);
+    if let Some(origin) = &origin {
+        if !origin_listed(&app.ctx.config.api_allowed_origins, origin) {
+            return error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "cross-origin API calls are refused (api_allowed_origins)",
+            );
+        }
+        if req.method() == Method::OPTIONS {
+            let mut r = json(StatusCode::NO_CONTENT, &json!(null));
+            *r.body_mut() = Default::default();
+            let h = r.headers_mut();
+            h.insert(
+                "access-control-allow-methods",
+                HeaderValue::from_static("GET, POST"),
+            );
+            h.insert(
+                "access-control-allow-headers",
+                HeaderValue::from_static("authorization, content-type"),
+            );
+            h.insert("access-control-max-age", HeaderValue::from_static("600"));
+            return with_cors(r, origin);
+        }
     }
+    let response = match dispatch(app, req).await {
+        Ok(body) => json(StatusCode::OK, &body),
+        Err(e) => error(e.status, e.code, &e.message),
+    };
+    match &origin {
+        Some(origin) => with_cors(response, origin),
+        None => response,
+    }
+}
+
+fn with_cors(mut response: HttpResponse, origin: &str) -> HttpResponse {
+    if let Ok(v) = HeaderValue::from_str(origin) {
+        response
+            .headers_mut()
+            .insert("access-control-allow-origin", v);
+        response
+            .headers_mut()
+            .insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
 }
 
 async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
@@ -105,14 +169,14 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
             _,
             "channels" | "info" | "publish" | "broadcast" | "history" | "presence" | "subscribe"
             | "unsubscribe" | "disconnect",
-        ) => Err(ApiError(
+        ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
-            107,
-            "method not allowed".into(),
+            ErrorCode::BadRequest,
+            "method not allowed",
         )),
-        _ => Err(ApiError(
+        _ => Err(ApiError::with_status(
             StatusCode::NOT_FOUND,
-            107,
+            ErrorCode::BadRequest,
             format!("no API endpoint /api/{path}"),
         )),
     }
@@ -147,25 +211,60 @@ fn authorize(app: &App, req: &Request<Incoming>) -> Result<(), ApiError> {
 }
 
 async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<T, ApiError> {
-    let limit = app.ctx.config.limits.max_api_body_bytes;
-    let bytes: Bytes = match Limited::new(req.into_body(), limit).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                106,
+    let limits = &app.ctx.config.limits;
+    let limit = limits.max_api_body_bytes;
+    // A body that trickles in is cut off like a slow handshake.
+    let read = tokio::time::timeout(
+        Duration::from_millis(limits.handshake_timeout_ms),
+        Limited::new(req.into_body(), limit).collect(),
+    );
+    let bytes: Bytes = match read.await {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::code(
+                ErrorCode::LimitExceeded,
                 format!("request body over {limit} bytes"),
             ))
         }
-        Err(e) => {
+        Ok(Err(_)) => {
             return Err(ApiError::code(
                 ErrorCode::BadRequest,
-                format!("reading body: {e}"),
+                "the request body could not be read",
+            ))
+        }
+        Err(_) => {
+            return Err(ApiError::with_status(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorCode::BadRequest,
+                "the request body did not arrive in time",
             ))
         }
     };
     serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::code(ErrorCode::BadRequest, format!("bad JSON body: {e}")))
+        .map_err(|e| ApiError::code(ErrorCode::BadRequest, body_error(&e)))
+}
+
+/// What was wrong with a JSON body, without the parser's internals: the kind of fault and where,
+/// or for a well-formed body that does not fit, serde's field-level reason (it names only the
+/// endpoint's own fields).
+fn body_error(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Data => {
+            let text = e.to_string();
+            let reason = text
+                .split(" at line ")
+                .next()
+                .unwrap_or("does not fit the endpoint");
+            format!("bad JSON body: {reason}")
+        }
+        Category::Eof => "bad JSON body: it ends too early".into(),
+        Category::Syntax | Category::Io => format!(
+            "bad JSON body: malformed at line {}, column {}",
+            e.line(),
+            e.column()
+        ),
+    }
 }
 
 #[derive(Deserialize)]
@@ -211,9 +310,8 @@ struct BroadcastBody {
 async fn broadcast(app: &App, b: BroadcastBody) -> ApiResult {
     let max = app.ctx.config.limits.max_broadcast_channels;
     if b.channels.len() > max {
-        return Err(ApiError(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            106,
+        return Err(ApiError::code(
+            ErrorCode::LimitExceeded,
             format!("at most {max} channels per broadcast"),
         ));
     }
@@ -223,7 +321,7 @@ async fn broadcast(app: &App, b: BroadcastBody) -> ApiResult {
     for channel in &b.channels {
         results.push(match publish_one(app, channel, data.clone(), None).await {
             Ok(position) => json!(position),
-            Err(ApiError(_, code, message)) => json!({"error": {"code": code, "message": message}}),
+            Err(e) => json!({"error": {"code": e.code.as_u16(), "message": e.message}}),
         });
     }
     Ok(json!({ "results": results }))
@@ -318,7 +416,7 @@ async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
             "give \"user\" or \"client\"",
         ));
     }
-    let code = b.code.unwrap_or(4502);
+    let code = b.code.unwrap_or(CloseCode::DISCONNECTED_BY_API.0);
     if !(4000..5000).contains(&code) {
         return Err(ApiError::code(
             ErrorCode::BadRequest,

@@ -6,12 +6,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use herald_core::NodeContext;
+use herald_protocol::ErrorCode;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
+use crate::guard::{loopback_host, PerIp};
 use crate::{api, ws};
 
 /// The demo page and the SDK bundle it loads (built from clients/js).
@@ -28,6 +30,8 @@ pub struct App {
     pub ws_connections: AtomicUsize,
     /// Flips to true when the node starts draining.
     pub draining: watch::Receiver<bool>,
+    /// Open connections per client IP.
+    pub per_ip: PerIp,
 }
 
 /// A response with a body.
@@ -55,11 +59,26 @@ fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
 /// Route one request.
 pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, Infallible> {
     let path = req.uri().path().to_owned();
+    if app.ctx.config.dev {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().authority().map(|a| a.as_str()))
+            .unwrap_or("");
+        if !loopback_host(host) {
+            return Ok(api::error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "a --dev node answers only requests to a loopback host",
+            ));
+        }
+    }
     let response = match (req.method(), path.as_str()) {
         (&Method::GET, "/ws") => ws::upgrade(app, req),
         (_, "/ws") => api::error(
             StatusCode::METHOD_NOT_ALLOWED,
-            107,
+            ErrorCode::BadRequest,
             "use GET with a WebSocket upgrade",
         ),
         (&Method::GET, "/health") => {
@@ -96,7 +115,11 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             "text/plain; charset=utf-8",
             "Herald real-time messaging node. WebSocket: /ws · API: /api/* · /health · /metrics\n",
         ),
-        _ => api::error(StatusCode::NOT_FOUND, 107, "no such endpoint"),
+        _ => api::error(
+            StatusCode::NOT_FOUND,
+            ErrorCode::BadRequest,
+            "no such endpoint",
+        ),
     };
     Ok(response)
 }

@@ -4,16 +4,20 @@
 //!
 //! # Layout
 //! - [`settings`]: loading the config from a TOML file, `HERALD_*` variables and flags.
-//! - [`serve`]: the accept loop (plain or TLS), connection limit and graceful drain.
+//! - [`serve`]: the accept loop (plain or TLS), connections per IP and graceful drain.
+//! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
 //! - [`http`]: request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page.
 //! - [`api`]: the HTTP API handlers.
-//! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close.
+//! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close;
+//!   it also enforces `limits.max_connections` (counted over connections that completed
+//!   `connect`, so sockets that never authenticate cannot lock others out).
 //! - [`tls`]: rustls server config from PEM files.
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
 
 pub mod api;
 pub mod brokers;
+pub mod guard;
 pub mod http;
 pub mod serve;
 pub mod settings;

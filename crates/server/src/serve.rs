@@ -16,6 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
+use crate::guard::{IpSlot, PerIp};
 use crate::http::{route, App};
 
 /// Pending connections the kernel may queue. A reconnect storm after a deploy arrives all at
@@ -101,6 +102,7 @@ pub async fn run(
         api_key,
         ws_connections: AtomicUsize::new(0),
         draining: drain_rx,
+        per_ip: PerIp::new(config.limits.max_connections_per_ip),
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -119,7 +121,7 @@ pub async fn run(
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                let (stream, _peer) = match accepted {
+                let (stream, peer) = match accepted {
                     Ok(s) => s,
                     Err(e) => {
                         // EMFILE and friends: back off briefly instead of spinning.
@@ -128,17 +130,22 @@ pub async fn run(
                         continue;
                     }
                 };
+                let Some(slot) = app.per_ip.admit(peer.ip()) else {
+                    tracing::debug!(ip = %peer.ip(), "connection refused: limits.max_connections_per_ip");
+                    continue; // dropping the stream closes it
+                };
                 let _ = stream.set_nodelay(true);
                 let app = app.clone();
                 let tls = tls.clone();
+                let slot = slot.map(Arc::new);
                 tokio::spawn(async move {
                     match tls {
                         Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout).await,
+                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, slot).await,
                             Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
                             Err(_) => tracing::debug!("TLS handshake timed out"),
                         },
-                        None => serve_connection(app, stream, handshake_timeout).await,
+                        None => serve_connection(app, stream, handshake_timeout, slot).await,
                     }
                 });
             }
@@ -164,11 +171,22 @@ pub async fn run(
     Ok(())
 }
 
-async fn serve_connection<S>(app: Arc<App>, stream: S, handshake_timeout: Duration)
-where
+/// Serve HTTP on one connection. Its per-IP slot travels with each request, so that a WebSocket
+/// upgraded out of it keeps the slot for its own lifetime.
+async fn serve_connection<S>(
+    app: Arc<App>,
+    stream: S,
+    handshake_timeout: Duration,
+    slot: Option<Arc<IpSlot>>,
+) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = service_fn(move |req| route(app.clone(), req));
+    let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        if let Some(slot) = &slot {
+            req.extensions_mut().insert(slot.clone());
+        }
+        route(app.clone(), req)
+    });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(handshake_timeout)

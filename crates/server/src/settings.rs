@@ -49,6 +49,8 @@ const ENV_KEYS: &[&str] = &[
     "token_ecdsa_public_key",
     "token_ecdsa_public_key_file",
     "token_require_exp",
+    "allowed_origins",
+    "api_allowed_origins",
     "ping_interval_s",
     "pong_timeout_s",
     "drain_ms",

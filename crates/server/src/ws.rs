@@ -16,7 +16,7 @@ use herald_core::outbound::CloseRequest;
 use herald_core::{Outbound, Session};
 use herald_protocol::command::parse_frame;
 use herald_protocol::encode::{push_disconnect, PING};
-use herald_protocol::{CloseCode, SUBPROTOCOL};
+use herald_protocol::{CloseCode, ErrorCode, SUBPROTOCOL};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -28,6 +28,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_websockets::{Message, Payload, WebSocketStream};
 
 use crate::api;
+use crate::guard::{origin_listed, IpSlot};
 use crate::http::{App, HttpResponse};
 
 /// Largest batch of newline-joined frames in one WebSocket message.
@@ -48,7 +49,22 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
             .any(|v| v.trim().eq_ignore_ascii_case(token))
     };
     if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
-        return api::error(StatusCode::BAD_REQUEST, 107, "expected a WebSocket upgrade");
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "expected a WebSocket upgrade",
+        );
+    }
+    let allowed = &app.ctx.config.allowed_origins;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !allowed.is_empty() && !origin_listed(allowed, origin) {
+            return api::error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "origin not allowed (allowed_origins)",
+            );
+        }
     }
     if headers
         .get(header::SEC_WEBSOCKET_VERSION)
@@ -57,7 +73,7 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     {
         return api::error(
             StatusCode::BAD_REQUEST,
-            107,
+            ErrorCode::BadRequest,
             "Sec-WebSocket-Version must be 13",
         );
     }
@@ -65,7 +81,11 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
         .get(header::SEC_WEBSOCKET_KEY)
         .map(|k| k.as_bytes().to_vec())
     else {
-        return api::error(StatusCode::BAD_REQUEST, 107, "missing Sec-WebSocket-Key");
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "missing Sec-WebSocket-Key",
+        );
     };
     let protocols: Vec<String> = headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
@@ -81,13 +101,17 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
         false => {
             return api::error(
                 StatusCode::BAD_REQUEST,
-                107,
+                ErrorCode::BadRequest,
                 "unsupported subprotocol (herald.v1.json only)",
             )
         }
     };
     if *app.draining.borrow() {
-        return api::error(StatusCode::SERVICE_UNAVAILABLE, 111, "node is draining");
+        return api::error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::TemporarilyUnavailable,
+            "node is draining",
+        );
     }
 
     let mut sha = sha1_smol::Sha1::new();
@@ -97,7 +121,9 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     let accept = base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes());
 
     let max_frame = app.ctx.config.limits.max_frame_bytes;
+    let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
     tokio::spawn(async move {
+        let _ip_slot = ip_slot;
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
                 // The codec's own limit sits far above ours so that our check (close 4503) runs
@@ -144,19 +170,13 @@ impl Drop for Counted {
 /// state is as large as its largest await point, and this future lives as long as the
 /// connection. Measured with massif: the unboxed task held ~10 KB per idle connection.
 async fn run(app: Arc<App>, mut ws: Ws) {
-    let open = app.ws_connections.fetch_add(1, Ordering::Relaxed) + 1;
+    app.ws_connections.fetch_add(1, Ordering::Relaxed);
     let metrics = app.ctx.hub.metrics().clone();
     metrics.connections.inc();
     metrics.connections_accepted.inc();
     let _counted = Counted(app.clone());
     let config = app.ctx.config.clone();
     let limits = &config.limits;
-    if limits.max_connections > 0 && open > limits.max_connections {
-        let req = close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached");
-        Box::pin(finish(&mut ws, Vec::new(), &req, write_timeout(&app))).await;
-        return;
-    }
-
     let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
     let mut draining = app.draining.clone();
@@ -211,21 +231,34 @@ async fn run(app: Arc<App>, mut ws: Ws) {
                     // Reset or EOF.
                     None => break None,
                 };
-                pong_due = None;
                 if message.is_close() {
                     break None;
                 }
+                // WebSocket pings and pongs do not answer our ping: only a message does, so a
+                // client cannot hold a never-finished fragmented message open with pings.
                 if message.is_ping() || message.is_pong() {
                     continue;
                 }
+                pong_due = None;
                 let Some(text) = message.as_text() else {
                     break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "binary frames are not part of the protocol")));
                 };
                 if text.len() > limits.max_frame_bytes {
                     break Some((Vec::new(), close_request(CloseCode::MESSAGE_TOO_LARGE, "message too large")));
                 }
+                let was_connected = session.is_connected();
                 if let Some(req) = Box::pin(dispatch(&mut session, text)).await {
                     break Some((out.drain().frames, req));
+                }
+                // The limit counts connections that completed `connect` (the hub's registry),
+                // so sockets that never authenticate cannot lock others out.
+                if !was_connected
+                    && session.is_connected()
+                    && limits.max_connections > 0
+                    && app.ctx.hub.connection_count() > limits.max_connections
+                {
+                    out.drain();
+                    break Some((Vec::new(), close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached")));
                 }
             }
             _ = sleep_until(deadline) => {

@@ -142,3 +142,120 @@ async fn one_connect_recovering_many_channels_stays_within_its_byte_budget() {
     }
     assert_eq!(node.metric("herald_recovery_over_budget_total").await, 3.0);
 }
+
+/// One raw HTTP/1.1 request with these headers; returns the status.
+async fn raw_status(node: &Node, request_head: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    tcp.write_all(request_head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read(&mut buf))
+        .await
+        .expect("answer")
+        .unwrap();
+    String::from_utf8_lossy(&buf[..n])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn browsers_reach_only_what_the_config_allows() {
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        allowed_origins = ["https://app.example"]
+        api_allowed_origins = ["https://admin.example"]
+        "#,
+    );
+    let node = Node::start(&["--dev", "--config", &cfg], &[]).await;
+    let upgrade = |origin: &str| {
+        format!(
+            "GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n{origin}\r\n"
+        )
+    };
+    assert_eq!(
+        raw_status(&node, &upgrade("Origin: https://app.example\r\n")).await,
+        101
+    );
+    assert_eq!(
+        raw_status(&node, &upgrade("Origin: https://evil.example\r\n")).await,
+        403
+    );
+    assert_eq!(
+        raw_status(&node, &upgrade("")).await,
+        101,
+        "non-browser clients"
+    );
+    // The API: cross-site calls only from listed origins, never from a random page.
+    let api = |origin: &str| {
+        let body = r#"{"channel":"c","data":1}"#;
+        format!(
+            "POST /api/publish HTTP/1.1\r\nHost: localhost\r\nOrigin: {origin}\r\n\
+             Authorization: Bearer testkey\r\nContent-Type: text/plain\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    assert_eq!(raw_status(&node, &api("https://evil.example")).await, 403);
+    assert_eq!(raw_status(&node, &api("https://admin.example")).await, 200);
+    // A --dev node answers only to a loopback Host (no DNS rebinding).
+    let rebound = "GET /api/channels HTTP/1.1\r\nHost: evil.example:8000\r\n\r\n";
+    assert_eq!(raw_status(&node, rebound).await, 403);
+}
+
+#[tokio::test]
+async fn connections_per_ip_are_bounded() {
+    let node = Node::start(
+        &["--dev"],
+        &[("HERALD_LIMITS__MAX_CONNECTIONS_PER_IP", "3")],
+    )
+    .await;
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        kept.push(node.connected(&["room"]).await);
+    }
+    let tcp = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    let refused = Client::open_on(Box::new(tcp), &node.ws_url(), &[]).await;
+    assert!(
+        refused.is_err(),
+        "a fourth connection from one IP is closed at once: {:?}",
+        refused.map(|c| c.close_code)
+    );
+    drop(kept.pop());
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let mut again = node.connected(&["room"]).await;
+    let r = again
+        .call("history", json!({"channel": "room", "limit": 0}))
+        .await;
+    assert!(r.get("history").is_some(), "{r}");
+}
+
+#[tokio::test]
+async fn websocket_pings_do_not_stand_in_for_the_protocol_pong() {
+    let node = Node::start(
+        &["--dev"],
+        &[
+            ("HERALD_PING_INTERVAL_S", "1"),
+            ("HERALD_PONG_TIMEOUT_S", "1"),
+        ],
+    )
+    .await;
+    let mut c = node.connected(&["room"]).await;
+    c.auto_pong = false;
+    let started = std::time::Instant::now();
+    let closed = loop {
+        c.ws_ping().await;
+        let _ = c.try_next(std::time::Duration::from_millis(300)).await;
+        if let Some(code) = c.close_code {
+            break code;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(8),
+            "never closed"
+        );
+    };
+    assert_eq!(closed, 4002);
+}

@@ -254,7 +254,10 @@ async fn connections_over_max_connections_close_with_4504() {
     let node = Node::start(&["--dev"], &[("HERALD_LIMITS__MAX_CONNECTIONS", "2")]).await;
     let mut a = node.connected(&["room"]).await;
     let mut b = node.connected(&["room"]).await;
+    // Sockets that never send `connect` do not count: they cannot lock anyone out.
+    let _idle: Vec<Client> = futures_util::future::join_all((0..4).map(|_| node.client())).await;
     let mut extra = node.client().await;
+    extra.send("connect", json!({})).await;
     assert_closed_with(&mut extra, 4504).await;
     assert_usable(&node, &mut a, "room").await;
     assert_usable(&node, &mut b, "room").await;

@@ -379,6 +379,14 @@ impl Client {
         true
     }
 
+    /// Send a WebSocket-level ping frame (not the protocol's `{}`).
+    pub async fn ws_ping(&mut self) {
+        let _ = self
+            .ws
+            .send(tokio_websockets::Message::ping(bytes::Bytes::new()))
+            .await;
+    }
+
     /// Read until the connection closes; returns the disconnect push and close code.
     pub async fn closed(&mut self) -> Closed {
         let mut disconnect = None;
