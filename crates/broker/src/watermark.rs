@@ -20,10 +20,13 @@ use std::sync::Mutex;
 /// bounded).
 const MAX_CHANNELS: usize = 100_000;
 
+/// Channel → (epoch, newest offset).
+type Marks = HashMap<Box<str>, (Box<str>, u64)>;
+
 /// The watermarks of one node. See the module docs.
 #[derive(Default)]
 pub struct Watermarks {
-    map: Mutex<HashMap<Box<str>, (Box<str>, u64)>>,
+    map: Mutex<Marks>,
 }
 
 impl Watermarks {

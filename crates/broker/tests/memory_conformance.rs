@@ -1,3 +1,5 @@
+//! The broker conformance suite against the in-memory broker.
+
 use std::sync::Arc;
 
 use herald_broker::{MemoryBroker, SharedBroker};

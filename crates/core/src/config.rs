@@ -298,11 +298,11 @@ mod lenient {
         }
     }
 
-    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    pub(super) fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         Text::deserialize(d).map(String::from)
     }
 
-    pub fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    pub(super) fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         Option::<Text>::deserialize(d).map(|t| t.map(String::from))
     }
 }

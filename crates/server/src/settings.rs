@@ -192,6 +192,8 @@ mod tests {
     }
 
     #[test]
+    // figment's Jail closures return figment::Error, which is large by design.
+    #[allow(clippy::result_large_err)]
     fn dev_opens_defaults_that_the_file_can_close() {
         figment::Jail::expect_with(|jail| {
             let dev = load(&Overrides {

@@ -15,16 +15,16 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio_websockets::{ClientBuilder, Message, WebSocketStream};
 
-pub const API_KEY: &str = "testkey";
-pub const SECRET: &str = "test-hmac-secret";
+pub(crate) const API_KEY: &str = "testkey";
+pub(crate) const SECRET: &str = "test-hmac-secret";
 const WAIT: Duration = Duration::from_secs(10);
 
-pub fn fixture(name: &str) -> String {
+pub(crate) fn fixture(name: &str) -> String {
     format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
 /// A running `herald serve`, killed on drop.
-pub struct Node {
+pub(crate) struct Node {
     pub child: Child,
     pub addr: SocketAddr,
     pub tls: bool,
@@ -32,13 +32,13 @@ pub struct Node {
 
 impl Node {
     /// `herald serve --dev` with the test API key and HMAC secret.
-    pub async fn dev() -> Node {
+    pub(crate) async fn dev() -> Node {
         Node::start(&["--dev"], &[]).await
     }
 
     /// Start with extra flags and environment (`HERALD_API_KEY` and the HMAC secret are set
     /// unless `env` overrides them).
-    pub async fn start(args: &[&str], env: &[(&str, &str)]) -> Node {
+    pub(crate) async fn start(args: &[&str], env: &[(&str, &str)]) -> Node {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_herald"));
         cmd.arg("serve").args(args);
         if !args.contains(&"--port") {
@@ -74,17 +74,17 @@ impl Node {
         Node { child, addr, tls }
     }
 
-    pub fn ws_url(&self) -> String {
+    pub(crate) fn ws_url(&self) -> String {
         format!("ws://{}/ws", self.addr)
     }
 
     /// A client that has not sent anything yet.
-    pub async fn client(&self) -> Client {
+    pub(crate) async fn client(&self) -> Client {
         Client::open(self.addr, &[]).await
     }
 
     /// A client connected anonymously (dev mode) with these subscriptions.
-    pub async fn connected(&self, channels: &[&str]) -> Client {
+    pub(crate) async fn connected(&self, channels: &[&str]) -> Client {
         let mut c = self.client().await;
         let subs: serde_json::Map<String, Value> = channels
             .iter()
@@ -96,17 +96,17 @@ impl Node {
     }
 
     /// A copyable handle for HTTP calls (usable from spawned tasks).
-    pub fn api_handle(&self) -> Api {
+    pub(crate) fn api_handle(&self) -> Api {
         Api(self.addr)
     }
 
     /// Call the HTTP API with the test key.
-    pub async fn api(&self, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub(crate) async fn api(&self, path: &str, body: Option<Value>) -> (u16, Value) {
         self.api_handle().api(path, body).await
     }
 
     /// Raw HTTP request; returns status and JSON body (or the body as a string).
-    pub async fn http(
+    pub(crate) async fn http(
         &self,
         method: &str,
         path: &str,
@@ -116,12 +116,12 @@ impl Node {
         self.api_handle().http(method, path, body, key).await
     }
 
-    pub async fn publish(&self, channel: &str, data: Value) -> Value {
+    pub(crate) async fn publish(&self, channel: &str, data: Value) -> Value {
         self.api_handle().publish(channel, data).await
     }
 
     /// Send SIGTERM.
-    pub fn sigterm(&self) {
+    pub(crate) fn sigterm(&self) {
         let pid = self.child.id().expect("pid");
         std::process::Command::new("kill")
             .args(["-TERM", &pid.to_string()])
@@ -130,7 +130,7 @@ impl Node {
     }
 
     /// A metric's value from /metrics.
-    pub async fn metric(&self, name: &str) -> f64 {
+    pub(crate) async fn metric(&self, name: &str) -> f64 {
         let (_, body) = self.http("GET", "/metrics", None, None).await;
         let text = body.as_str().unwrap_or_default().to_owned();
         text.lines()
@@ -143,11 +143,11 @@ impl Node {
 
 /// HTTP calls to a node.
 #[derive(Clone, Copy)]
-pub struct Api(pub SocketAddr);
+pub(crate) struct Api(pub SocketAddr);
 
 impl Api {
     /// Call the HTTP API with the test key.
-    pub async fn api(&self, path: &str, body: Option<Value>) -> (u16, Value) {
+    pub(crate) async fn api(&self, path: &str, body: Option<Value>) -> (u16, Value) {
         self.http(
             if body.is_some() { "POST" } else { "GET" },
             path,
@@ -158,7 +158,7 @@ impl Api {
     }
 
     /// Raw HTTP request; returns status and JSON body (or the body as a string).
-    pub async fn http(
+    pub(crate) async fn http(
         &self,
         method: &str,
         path: &str,
@@ -194,7 +194,7 @@ impl Api {
         (status, value)
     }
 
-    pub async fn publish(&self, channel: &str, data: Value) -> Value {
+    pub(crate) async fn publish(&self, channel: &str, data: Value) -> Value {
         let (status, body) = self
             .api(
                 "/api/publish",
@@ -206,12 +206,12 @@ impl Api {
     }
 }
 
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// How a connection ended.
 #[derive(Debug)]
-pub struct Closed {
+pub(crate) struct Closed {
     /// The `disconnect` push, if one came.
     pub disconnect: Option<Value>,
     /// The close frame's code, if one came.
@@ -219,7 +219,7 @@ pub struct Closed {
 }
 
 /// A protocol client: splits newline-batched frames, answers pings unless told not to.
-pub struct Client {
+pub(crate) struct Client {
     pub ws: WebSocketStream<Box<dyn Io>>,
     pending: VecDeque<Value>,
     next_id: u64,
@@ -228,14 +228,14 @@ pub struct Client {
 }
 
 impl Client {
-    pub async fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> Client {
+    pub(crate) async fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> Client {
         let tcp = TcpStream::connect(addr).await.expect("tcp connect");
         Client::open_on(Box::new(tcp), &format!("ws://{addr}/ws"), headers)
             .await
             .expect("ws handshake")
     }
 
-    pub async fn open_on(
+    pub(crate) async fn open_on(
         io: Box<dyn Io>,
         url: &str,
         headers: &[(&str, &str)],
@@ -259,7 +259,7 @@ impl Client {
         })
     }
 
-    pub async fn send_raw(&mut self, text: &str) {
+    pub(crate) async fn send_raw(&mut self, text: &str) {
         self.ws
             .send(Message::text(text.to_owned()))
             .await
@@ -267,7 +267,7 @@ impl Client {
     }
 
     /// Send a command; returns its id.
-    pub async fn send(&mut self, method: &str, params: Value) -> u64 {
+    pub(crate) async fn send(&mut self, method: &str, params: Value) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
         self.send_raw(&json!({ "id": id, method: params }).to_string())
@@ -276,13 +276,13 @@ impl Client {
     }
 
     /// Send a command and wait for its reply; pushes that arrive meanwhile are kept in order.
-    pub async fn call(&mut self, method: &str, params: Value) -> Value {
+    pub(crate) async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.send(method, params).await;
         self.reply(id).await
     }
 
     /// Wait for the reply to `id`; other messages stay queued in order.
-    pub async fn reply(&mut self, id: u64) -> Value {
+    pub(crate) async fn reply(&mut self, id: u64) -> Value {
         loop {
             if let Some(pos) = self.pending.iter().position(|m| m["id"] == id) {
                 return self.pending.remove(pos).unwrap();
@@ -297,7 +297,7 @@ impl Client {
     }
 
     /// The next message (reply or push), panicking after 10 s.
-    pub async fn next(&mut self) -> Value {
+    pub(crate) async fn next(&mut self) -> Value {
         match tokio::time::timeout(WAIT, self.next_or_closed()).await {
             Ok(Some(m)) => m,
             Ok(None) => panic!("connection closed (code {:?})", self.close_code),
@@ -306,7 +306,7 @@ impl Client {
     }
 
     /// The next message, or None when the connection closed.
-    pub async fn next_or_closed(&mut self) -> Option<Value> {
+    pub(crate) async fn next_or_closed(&mut self) -> Option<Value> {
         if let Some(m) = self.pending.pop_front() {
             return Some(m);
         }
@@ -314,7 +314,7 @@ impl Client {
     }
 
     /// Wait up to `d` for a message; None if nothing came.
-    pub async fn try_next(&mut self, d: Duration) -> Option<Value> {
+    pub(crate) async fn try_next(&mut self, d: Duration) -> Option<Value> {
         tokio::time::timeout(d, self.next_or_closed())
             .await
             .ok()
@@ -322,7 +322,7 @@ impl Client {
     }
 
     /// Next push with this key (skipping nothing: panics if another message comes first).
-    pub async fn push(&mut self, key: &str) -> Value {
+    pub(crate) async fn push(&mut self, key: &str) -> Value {
         let m = self.next().await;
         assert!(m.get(key).is_some(), "expected a {key} push, got {m}");
         m[key].clone()
@@ -380,7 +380,7 @@ impl Client {
     }
 
     /// Send a WebSocket-level ping frame (not the protocol's `{}`).
-    pub async fn ws_ping(&mut self) {
+    pub(crate) async fn ws_ping(&mut self) {
         let _ = self
             .ws
             .send(tokio_websockets::Message::ping(bytes::Bytes::new()))
@@ -388,7 +388,7 @@ impl Client {
     }
 
     /// Read until the connection closes; returns the disconnect push and close code.
-    pub async fn closed(&mut self) -> Closed {
+    pub(crate) async fn closed(&mut self) -> Closed {
         let mut disconnect = None;
         while let Some(m) = tokio::time::timeout(WAIT, self.next_or_closed())
             .await
@@ -406,7 +406,7 @@ impl Client {
 }
 
 /// Sign an HS256 token with the test secret.
-pub fn token(claims: Value) -> String {
+pub(crate) fn token(claims: Value) -> String {
     use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
     encode(
         &Header::new(Algorithm::HS256),
@@ -416,7 +416,7 @@ pub fn token(claims: Value) -> String {
     .unwrap()
 }
 
-pub fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -424,7 +424,7 @@ pub fn now() -> u64 {
 }
 
 /// Write a TOML config into a temp file and return its path.
-pub fn config_file(name: &str, toml: &str) -> String {
+pub(crate) fn config_file(name: &str, toml: &str) -> String {
     let dir = std::env::temp_dir().join(format!(
         "herald-test-{}-{}",
         std::process::id(),
@@ -444,7 +444,7 @@ fn rand_suffix() -> u64 {
 }
 
 /// TLS connector trusting the fixture certificate.
-pub fn tls_connector() -> tokio_rustls::TlsConnector {
+pub(crate) fn tls_connector() -> tokio_rustls::TlsConnector {
     use rustls_pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pki_types::CertificateDer::pem_file_iter(fixture("tls_cert.pem")).unwrap() {

@@ -16,6 +16,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio_websockets::{ClientBuilder, MaybeTlsStream, Message, WebSocketStream};
 
+/// The API key every test node is started with.
 pub const API_KEY: &str = "k";
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -79,8 +80,10 @@ pub fn herald_bin() -> PathBuf {
 
 /// A running `herald serve --dev`, killed on drop.
 pub struct Node {
+    /// The node's name (`HERALD_NODE_NAME`).
     pub name: String,
     child: Option<Child>,
+    /// Where it listens.
     pub addr: SocketAddr,
 }
 
@@ -222,7 +225,9 @@ pub struct Client {
     ws: WebSocketStream<MaybeTlsStream<TcpStream>>,
     pending: VecDeque<Value>,
     next_id: u64,
+    /// The `connect` result (`client`, `subs`, …).
     pub connect_reply: Value,
+    /// The close code, once the server closed the connection.
     pub close_code: Option<u16>,
 }
 

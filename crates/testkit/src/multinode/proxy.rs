@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 /// The proxy; stops accepting when dropped.
 pub struct Proxy {
+    /// Where clients of the proxy connect.
     pub addr: SocketAddr,
     blocked: Arc<AtomicBool>,
     cut_tx: watch::Sender<u64>,
