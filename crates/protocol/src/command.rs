@@ -53,6 +53,34 @@ impl CommandError {
     }
 }
 
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} (error {})", self.message, self.code.as_u16())
+    }
+}
+
+impl std::error::Error for CommandError {}
+
+/// What is wrong with a JSON text, fit to send to whoever sent it: where a malformed text breaks
+/// (never the parser's own wording), or for well-formed JSON that does not fit, serde's
+/// field-level reason (it names only the protocol's own fields and types).
+pub fn json_error_reason(e: &serde_json::Error) -> String {
+    use serde_json::error::Category;
+    match e.classify() {
+        Category::Data => {
+            let text = e.to_string();
+            text.split(" at line ")
+                .next()
+                .unwrap_or("does not fit")
+                .to_owned()
+        }
+        Category::Eof => "the JSON text ends too early".into(),
+        Category::Syntax | Category::Io => {
+            format!("malformed JSON at line {}, column {}", e.line(), e.column())
+        }
+    }
+}
+
 impl From<ErrorCode> for CommandError {
     fn from(code: ErrorCode) -> Self {
         CommandError::new(code, code.default_message())
@@ -219,7 +247,7 @@ pub fn parse_frame(text: &str) -> impl Iterator<Item = Result<Message, Malformed
 /// Parse one JSON message.
 pub fn parse_message(text: &str) -> Result<Message, MalformedFrame> {
     let fields: HashMap<&str, &RawValue> = serde_json::from_str(text)
-        .map_err(|e| MalformedFrame(format!("malformed JSON object: {e}")))?;
+        .map_err(|e| MalformedFrame(format!("not a JSON object: {}", json_error_reason(&e))))?;
     if fields.is_empty() {
         return Ok(Message::Pong);
     }
@@ -253,7 +281,7 @@ fn parse_command(name: &str, params: &RawValue) -> Result<Command, CommandError>
         serde_json::from_str(raw.get()).map_err(|e| {
             CommandError::new(
                 ErrorCode::BadRequest,
-                format!("bad {} params: {e}", m.name()),
+                format!("bad {} params: {}", m.name(), json_error_reason(&e)),
             )
         })
     }

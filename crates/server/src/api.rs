@@ -7,6 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
 use herald_core::session::{check_data_depth, history_body, PresenceReply};
+use herald_protocol::command::json_error_reason;
 use herald_protocol::{CloseCode, CommandError, ErrorCode, StreamPosition};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
@@ -240,31 +241,12 @@ async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<
             ))
         }
     };
-    serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::code(ErrorCode::BadRequest, body_error(&e)))
-}
-
-/// What was wrong with a JSON body, without the parser's internals: the kind of fault and where,
-/// or for a well-formed body that does not fit, serde's field-level reason (it names only the
-/// endpoint's own fields).
-fn body_error(e: &serde_json::Error) -> String {
-    use serde_json::error::Category;
-    match e.classify() {
-        Category::Data => {
-            let text = e.to_string();
-            let reason = text
-                .split(" at line ")
-                .next()
-                .unwrap_or("does not fit the endpoint");
-            format!("bad JSON body: {reason}")
-        }
-        Category::Eof => "bad JSON body: it ends too early".into(),
-        Category::Syntax | Category::Io => format!(
-            "bad JSON body: malformed at line {}, column {}",
-            e.line(),
-            e.column()
-        ),
-    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::code(
+            ErrorCode::BadRequest,
+            format!("bad JSON body: {}", json_error_reason(&e)),
+        )
+    })
 }
 
 #[derive(Deserialize)]
