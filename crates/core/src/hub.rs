@@ -980,15 +980,21 @@ mod tests {
             .collect()
     }
 
-    async fn subscribed(hub: &Hub, channel: &str, client: &str) -> (ConnKey, Arc<Outbound>) {
-        let out = Arc::new(Outbound::new(1 << 20));
-        let key = hub.register(client.into(), "u".into(), out.clone());
+    /// Subscribe a registered connection to `channel` (both halves); returns the reply position.
+    async fn join(hub: &Hub, channel: &str, key: ConnKey, out: &Arc<Outbound>) -> StreamPosition {
         let pos = hub
-            .prepare_subscription(channel, key, &out, None, &ns())
+            .prepare_subscription(channel, key, out, None, &ns())
             .await
             .unwrap()
             .position;
         hub.activate(channel, key, &pos);
+        pos
+    }
+
+    async fn subscribed(hub: &Hub, channel: &str, client: &str) -> (ConnKey, Arc<Outbound>) {
+        let out = Arc::new(Outbound::new(1 << 20));
+        let key = hub.register(client.into(), "u".into(), out.clone());
+        join(hub, channel, key, &out).await;
         (key, out)
     }
 
@@ -1003,14 +1009,8 @@ mod tests {
     #[tokio::test]
     async fn gap_that_history_cannot_fill_loses_only_that_channel() {
         let hub = hub().await;
-        let (_, out) = subscribed(&hub, "ch", "c1").await;
-        let key = ConnKey(1);
-        let other = hub
-            .prepare_subscription("other", key, &out, None, &ns())
-            .await
-            .unwrap()
-            .position;
-        hub.activate("other", key, &other);
+        let (key, out) = subscribed(&hub, "ch", "c1").await;
+        join(&hub, "other", key, &out).await;
         publish(&hub, "ch", 2).await;
         let epoch = hub
             .broker()
@@ -1104,14 +1104,13 @@ mod tests {
     #[tokio::test]
     async fn duplicates_are_dropped() {
         let hub = hub().await;
-        let out = Arc::new(Outbound::new(1 << 20));
-        let key = hub.register("c1".into(), "u".into(), out.clone());
+        let (_, out) = subscribed(&hub, "ch", "c1").await;
         let pos = hub
-            .prepare_subscription("ch", key, &out, None, &ns())
+            .broker()
+            .history("ch", &HistoryQuery::default(), &ns().stream_options())
             .await
             .unwrap()
             .position;
-        hub.activate("ch", key, &pos);
         publish(&hub, "ch", 2).await;
         let p = Publication {
             offset: 2,
@@ -1125,14 +1124,7 @@ mod tests {
     #[tokio::test]
     async fn last_unsubscribe_removes_the_channel() {
         let hub = hub().await;
-        let out = Arc::new(Outbound::new(1 << 20));
-        let key = hub.register("c1".into(), "u".into(), out.clone());
-        let pos = hub
-            .prepare_subscription("ch", key, &out, None, &ns())
-            .await
-            .unwrap()
-            .position;
-        hub.activate("ch", key, &pos);
+        let (key, _out) = subscribed(&hub, "ch", "c1").await;
         assert_eq!(hub.channels(), vec![("ch".to_string(), 1)]);
         hub.unsubscribe("ch", key).await;
         assert!(hub.channels().is_empty());
