@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
     Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PublishOptions, StreamOptions,
+    PublishOptions, StreamOptions, Watermarks,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
 use tokio::sync::{mpsc, watch};
@@ -37,6 +37,9 @@ pub(crate) struct Inner {
     pub(crate) subjects: Subjects,
     pub(crate) streams: Streams,
     pub(crate) tails: Tails,
+    /// The newest position this node saw per channel (published, received or read), to notice a
+    /// NATS that came back behind (see `publish::rolled_back`).
+    pub(crate) watermarks: Watermarks,
     /// Hosted channels → their subscription task. std Mutex: held only to insert or remove.
     pub(crate) channels: Mutex<HashMap<String, ChannelTask>>,
     pub(crate) handler: OnceLock<Arc<dyn BrokerHandler>>,
@@ -132,6 +135,7 @@ impl NatsBroker {
             js,
             streams,
             tails: Tails::default(),
+            watermarks: Watermarks::new(),
             channels: Mutex::default(),
             handler: OnceLock::new(),
             presence: Mutex::default(),

@@ -1,11 +1,13 @@
 //! Reading a channel's position and publications back from JetStream.
 //!
-//! The channel's last message gives the position (epoch, top offset). Publications are then read
-//! newest first: a few by following each message's `Herald-Prev` link (one direct get each, no
-//! server state), more through a short-lived filtered consumer (three round trips in all, however
-//! many messages). nats-server 2.9 has no batched direct get, so this is the cheapest pair.
-//! A namespace's `history_size` and `history_ttl` are applied here, on read: the stream may keep
-//! more than a namespace shows.
+//! The channel's last message gives the position (epoch, top offset). A last message below the
+//! newest position this node saw in the same epoch means NATS lost writes: the channel starts
+//! over with a new epoch (see `publish.rs`). Every position read counts as seen. Publications
+//! are then read newest first: a few by following each message's `Herald-Prev` link (one direct
+//! get each, no server state), more through a short-lived filtered consumer (three round trips in
+//! all, however many messages). nats-server 2.9 has no batched direct get, so this is the
+//! cheapest pair. A namespace's `history_size` and `history_ttl` are applied here, on read: the
+//! stream may keep more than a namespace shows.
 
 use std::time::Duration;
 
@@ -50,11 +52,14 @@ async fn read(
     inner.ensure_connected()?;
     let kind = inner.kind(opts);
     let subject = inner.stream_subject(kind, channel);
-    let last = last_or_marker(inner, kind, &subject).await?;
+    let last = last_or_marker(inner, kind, channel, &subject).await?;
     let position = StreamPosition {
         epoch: last.stored.epoch.clone(),
         offset: last.stored.last(),
     };
+    inner
+        .watermarks
+        .observe(channel, &position.epoch, position.offset);
     let kept = if kind == Kind::History {
         opts.history_size
     } else {

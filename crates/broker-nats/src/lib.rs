@@ -16,7 +16,12 @@
 //! - **Reconnects lose nothing.** After a reconnect the client re-subscribes, the broker flushes
 //!   and calls [`BrokerHandler::on_reconnected`](herald_broker::BrokerHandler::on_reconnected);
 //!   the hub then catches up every hosted channel from JetStream. Publishing while disconnected
-//!   fails at once with [`BrokerError::Unavailable`].
+//!   fails at once with [`BrokerError::Unavailable`]. A slow-consumer event (the client dropped
+//!   messages) also triggers a catch-up; none is ignored, several within a second share one.
+//! - **A NATS that comes back behind is noticed.** Each node remembers the newest position it saw
+//!   per channel ([`herald_broker::Watermarks`]); a channel whose last stored message is below it
+//!   in the same epoch (a file store that lost its last writes) starts over with a new epoch
+//!   instead of handing out offsets again (the `publish` module).
 //! - **Presence** lives in a memory stream with a TTL, refreshed by the node that owns each
 //!   record, so a crashed node's clients expire.
 //!
@@ -26,10 +31,10 @@
 //! - [`config`]: [`NatsConfig`], the `[nats]` configuration table.
 //! - `broker`: [`NatsBroker`], the connection and shared state; routes each `Broker` call.
 //! - `publish`: offsets by compare-and-set, per-channel tail and queue (group commit), epoch
-//!   markers.
+//!   markers, rollback detection.
 //! - `history`: position and publication reads (link walk or ephemeral consumer).
-//! - `receive`: per-channel subscription tasks, control messages, reconnect recovery, stream
-//!   recreation watch.
+//! - `receive`: per-channel subscription tasks, control messages, reconnect and slow-consumer
+//!   catch-ups, stream recreation watch.
 //! - `presence`: presence records, their refresh and expiry.
 //! - `streams`: creating and growing the JetStream streams.
 //! - `codec`: how publications are laid out in a NATS message.

@@ -19,7 +19,25 @@
 //! stored alone (JetStream deduplicates whole messages).
 //!
 //! The store runs in its own task, so a caller that gives up (an HTTP client that disconnects)
-//! never leaves the channel's queue without a flusher.
+//! never leaves the channel's queue without a flusher. However that task ends (its queue empty,
+//! a panic, the runtime shutting down), a guard clears the channel's "flusher running" flag and
+//! fails what still waits, so a later publish always finds a flusher or starts one. Nothing a
+//! caller passes can make it panic: an idempotency key that cannot be a header value (CR, LF) is
+//! refused before it is queued.
+//!
+//! # A NATS that comes back behind
+//! A NATS server whose file store lost its last writes (an R1 stream after a crash, a store
+//! restored from an older copy) still holds a channel's epoch, but an older last message. Numbering
+//! on from it would hand out offsets that subscribers already received in that epoch. So each node
+//! keeps the newest position it saw per channel ([`herald_broker::Watermarks`]: publish results,
+//! received publications, history reads), and whenever it reads a channel's last message afresh
+//! (a publish's tail, a history read's position) and finds it *below* that watermark in the same
+//! epoch, it treats the channel as empty: it starts a new epoch, storing it with
+//! `Nats-Expected-Last-Subject-Sequence` = the sequence of the message it judged behind. If
+//! anything was stored on the subject meanwhile (another node, or the read was stale) the store
+//! is refused and the node reads again, so nodes that notice at once agree on one new epoch and a
+//! stale read never starts one. A publish stores its batch at offset 1 of the new epoch directly;
+//! a history read stores an epoch marker.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -28,12 +46,13 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
-use async_nats::HeaderMap;
+use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use herald_broker::{new_epoch, BrokerError, PublishOptions};
 use herald_protocol::{ClientInfo, StreamPosition};
 use time::OffsetDateTime;
 use tokio::sync::oneshot;
+use tracing::warn;
 
 use crate::broker::Inner;
 use crate::codec::{decode_publications, encode_publications, Stored, MSG_ID};
@@ -67,7 +86,8 @@ pub(crate) struct Tail {
 struct Pending {
     data: Bytes,
     info: Option<ClientInfo>,
-    msg_id: Option<String>,
+    /// `Nats-Msg-Id`: the channel and the idempotency key, checked to be a valid header value.
+    msg_id: Option<HeaderValue>,
     done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
 }
 
@@ -82,6 +102,14 @@ struct Channel {
 }
 
 type Slot = Arc<Mutex<Channel>>;
+
+/// Lock a channel's state. A poisoned lock is taken anyway: every update of a [`Channel`] is a
+/// single step that leaves it consistent, and one panicking task must not take the channel's
+/// publishing down with it.
+fn lock(slot: &Slot) -> std::sync::MutexGuard<'_, Channel> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Per-channel publishing state, one slot per subject. std Mutexes: held for queue operations
 /// only, never across an `.await`.
@@ -104,7 +132,7 @@ impl Tails {
     pub(crate) fn clear(&self) {
         let map = self.map.lock().expect("tails lock");
         for slot in map.values() {
-            slot.lock().expect("channel lock").tail = None;
+            lock(slot).tail = None;
         }
     }
 }
@@ -317,14 +345,14 @@ async fn enqueue(
     let kind = inner.kind(&opts.stream);
     inner.streams.fit(kind, &opts.stream).await?;
     let subject = inner.stream_subject(kind, channel);
-    let msg_id = opts
-        .idempotency_key
-        .as_ref()
-        .map(|key| format!("{}:{key}", escape(channel)));
+    let msg_id = match &opts.idempotency_key {
+        Some(key) => Some(msg_id(channel, key)?),
+        None => None,
+    };
     let (done, position) = oneshot::channel();
     let slot = inner.tails.slot(&subject);
     let start_flusher = {
-        let mut ch = slot.lock().expect("channel lock");
+        let mut ch = lock(&slot);
         if ch.waiting.len() >= MAX_QUEUED {
             return Err(BrokerError::Unavailable(format!(
                 "channel {channel}: {MAX_QUEUED} publications already waiting, retry"
@@ -340,11 +368,26 @@ async fn enqueue(
     };
     if start_flusher {
         let history_size = opts.stream.history_size;
-        tokio::spawn(flush(inner.clone(), kind, subject, slot, history_size));
+        tokio::spawn(flush(
+            inner.clone(),
+            kind,
+            channel.to_owned(),
+            subject,
+            slot,
+            history_size,
+        ));
     }
     position
         .await
         .unwrap_or_else(|_| Err(BrokerError::Internal("publisher task ended".into())))
+}
+
+/// The `Nats-Msg-Id` of a publication with an idempotency key. A key that cannot be a header
+/// value (CR or LF in it) is an error for this publication, not a panic in the publisher task.
+fn msg_id(channel: &str, key: &str) -> Result<HeaderValue, BrokerError> {
+    format!("{}:{key}", escape(channel))
+        .parse()
+        .map_err(|_| BrokerError::Internal("idempotency key holds CR or LF".into()))
 }
 
 /// The next batch: the oldest waiting publication, and while they fit, the ones after it. One
@@ -376,23 +419,71 @@ fn copy_error(err: &BrokerError) -> BrokerError {
     }
 }
 
+/// Held by a channel's flusher. Dropped without [`ended`](Self::ended) set, i.e. when the task
+/// panicked or was cancelled, it clears the channel's `flushing` flag, forgets its tail (the last
+/// store's outcome is unknown) and fails the publications still waiting. Otherwise every later
+/// publish of the channel would queue behind a flusher that no longer runs and wait forever.
+struct FlushGuard {
+    slot: Slot,
+    /// Set by the flusher as it clears the flag itself, having seen the queue empty (under the
+    /// same lock, so that a publication queued right after starts a new flusher).
+    ended: bool,
+}
+
+impl Drop for FlushGuard {
+    fn drop(&mut self) {
+        if self.ended {
+            return;
+        }
+        let waiting = {
+            let mut ch = lock(&self.slot);
+            ch.flushing = false;
+            ch.tail = None;
+            std::mem::take(&mut ch.waiting)
+        };
+        warn!(
+            waiting = waiting.len(),
+            panicked = std::thread::panicking(),
+            "a channel's publisher task ended early; failing its queued publications"
+        );
+        for p in waiting {
+            let _ = p
+                .done
+                .send(Err(BrokerError::Internal("publisher task ended".into())));
+        }
+    }
+}
+
 /// A channel's flusher: store batches until the queue is empty.
-async fn flush(inner: Arc<Inner>, kind: Kind, subject: String, slot: Slot, history_size: usize) {
+async fn flush(
+    inner: Arc<Inner>,
+    kind: Kind,
+    channel: String,
+    subject: String,
+    slot: Slot,
+    history_size: usize,
+) {
+    let mut guard = FlushGuard {
+        slot: slot.clone(),
+        ended: false,
+    };
     loop {
         let (batch, mut tail) = {
-            let mut ch = slot.lock().expect("channel lock");
+            let mut ch = lock(&slot);
             if ch.waiting.is_empty() {
                 ch.flushing = false;
+                guard.ended = true;
                 return;
             }
             (take_batch(&mut ch.waiting), ch.tail.clone())
         };
-        let result = store_batch(&inner, kind, &subject, &mut tail, &batch).await;
-        slot.lock().expect("channel lock").tail = tail;
+        let result = store_batch(&inner, kind, &channel, &subject, &mut tail, &batch).await;
+        lock(&slot).tail = tail;
         match result {
             Ok(Appended::Stored(position)) => {
                 let first = position.offset;
                 let last = first + batch.len() as u64 - 1;
+                inner.watermarks.observe(&channel, &position.epoch, last);
                 if kind == Kind::History {
                     trim_later(&inner, &subject, first, last, history_size);
                 }
@@ -404,6 +495,9 @@ async fn flush(inner: Arc<Inner>, kind: Kind, subject: String, slot: Slot, histo
                 }
             }
             Ok(Appended::Duplicate(position)) => {
+                inner
+                    .watermarks
+                    .observe(&channel, &position.epoch, position.offset);
                 for p in batch {
                     let _ = p.done.send(Ok(position.clone()));
                 }
@@ -429,6 +523,7 @@ enum Appended {
 async fn store_batch(
     inner: &Inner,
     kind: Kind,
+    channel: &str,
     subject: &str,
     tail: &mut Option<Tail>,
     batch: &[Pending],
@@ -436,14 +531,24 @@ async fn store_batch(
     let items: Vec<(&Bytes, Option<&ClientInfo>)> =
         batch.iter().map(|p| (&p.data, p.info.as_ref())).collect();
     let msg_id = match batch {
-        [only] => only.msg_id.as_deref(),
+        [only] => only.msg_id.as_ref(),
         _ => None,
     };
     for attempt in 0..MAX_ATTEMPTS {
         // Queued publications fail fast too once the connection is gone.
         inner.ensure_connected()?;
         if tail.is_none() {
-            *tail = read_last(inner, kind, subject).await?.map(|f| f.tail());
+            let floor = inner.watermarks.floor(channel);
+            *tail = match read_last(inner, kind, subject).await? {
+                // Start over in a new epoch, stored only if `last` is still the subject's last
+                // message (see the module docs).
+                Some(last) if rolled_back(channel, &floor, &last) => Some(Tail {
+                    epoch: new_epoch(),
+                    offset: 0,
+                    seq: last.seq,
+                }),
+                found => found.map(|f| f.tail()),
+            };
         }
         let (epoch, first, prev) = match &*tail {
             Some(t) => (t.epoch.clone(), t.offset + 1, t.seq),
@@ -451,7 +556,7 @@ async fn store_batch(
         };
         let (mut headers, payload) = encode_publications(&epoch, first, prev, &items);
         if let Some(id) = msg_id {
-            headers.insert(MSG_ID, id);
+            headers.insert(MSG_ID, id.clone());
         }
         match try_store(inner, subject, headers, payload).await {
             Ok(Outcome::Stored(seq)) => {
@@ -537,20 +642,47 @@ async fn original(
     })
 }
 
+/// Whether `last`, just read as the channel's last stored message, is below `floor`, the newest
+/// position this node saw in the same epoch *before* that read: the server lost writes (see the
+/// module docs). Taken before the read, the floor only holds positions that were stored before
+/// it, so a publication that arrives meanwhile is no false alarm.
+fn rolled_back(channel: &str, floor: &(String, u64), last: &Found) -> bool {
+    let (epoch, offset) = floor;
+    let behind = is_behind(&last.stored.epoch, last.stored.last(), epoch, *offset);
+    if behind {
+        warn!(
+            %channel, %epoch, seen = offset, stored = last.stored.last(),
+            "NATS holds less of this channel than was seen; starting a new epoch"
+        );
+    }
+    behind
+}
+
+/// `(epoch, offset)` is below the watermark `(floor_epoch, floor_offset)` (`("", 0)`: none).
+fn is_behind(epoch: &str, offset: u64, floor_epoch: &str, floor_offset: u64) -> bool {
+    !floor_epoch.is_empty() && epoch == floor_epoch && offset < floor_offset
+}
+
 /// The channel's last message, creating the channel's epoch with a marker (offset 0) when it has
-/// none, so that a subscriber to an empty channel and the first publisher agree on the epoch.
+/// none, so that a subscriber to an empty channel and the first publisher agree on the epoch. A
+/// last message below this node's watermark counts as none: a new epoch replaces it.
 pub(crate) async fn last_or_marker(
     inner: &Inner,
     kind: Kind,
+    channel: &str,
     subject: &str,
 ) -> Result<Found, BrokerError> {
     for attempt in 0..MAX_ATTEMPTS {
-        if let Some(last) = read_last(inner, kind, subject).await? {
-            return Ok(last);
-        }
-        // Expected sequence 0: stored only if the subject is still empty.
+        // The expected last sequence: the message judged behind, or 0 (the subject is empty).
+        let floor = inner.watermarks.floor(channel);
+        let expected = match read_last(inner, kind, subject).await? {
+            Some(last) if rolled_back(channel, &floor, &last) => last.seq,
+            Some(last) => return Ok(last),
+            None => 0,
+        };
+        // Stored only if the subject's last message is still the one read.
         let epoch = new_epoch();
-        let (headers, payload) = encode_publications(&epoch, 0, 0, &[]);
+        let (headers, payload) = encode_publications(&epoch, 0, expected, &[]);
         match try_store(inner, subject, headers, payload).await? {
             Outcome::Stored(seq) | Outcome::Duplicate(seq) => {
                 return Ok(Found {
@@ -569,4 +701,87 @@ pub(crate) async fn last_or_marker(
     Err(BrokerError::Unavailable(format!(
         "{subject}: could not create the epoch"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(slot: &Slot) -> oneshot::Receiver<Result<StreamPosition, BrokerError>> {
+        let (done, position) = oneshot::channel();
+        lock(slot).waiting.push_back(Pending {
+            data: Bytes::from_static(b"1"),
+            info: None,
+            msg_id: None,
+            done,
+        });
+        position
+    }
+
+    #[test]
+    fn an_idempotency_key_that_is_no_header_value_is_an_error() {
+        assert!(matches!(
+            msg_id("chat", "a\r\nb"),
+            Err(BrokerError::Internal(_))
+        ));
+        assert!(msg_id("chat", "a\nb").is_err());
+        assert_eq!(msg_id("chat", "key-1").unwrap().as_str(), "chat:key-1");
+    }
+
+    #[tokio::test]
+    async fn a_flusher_that_panics_leaves_the_channel_usable() {
+        let slot = Slot::default();
+        lock(&slot).flushing = true;
+        lock(&slot).tail = Some(Tail {
+            epoch: "e".into(),
+            offset: 3,
+            seq: 9,
+        });
+        let queued = pending(&slot);
+        let task = tokio::spawn({
+            let slot = slot.clone();
+            async move {
+                let _guard = FlushGuard {
+                    slot: slot.clone(),
+                    ended: false,
+                };
+                let _held = lock(&slot); // poisons the lock too
+                panic!("a bug in the publisher task");
+            }
+        });
+        assert!(task.await.unwrap_err().is_panic());
+        {
+            let ch = lock(&slot);
+            assert!(!ch.flushing, "the next publish starts a flusher");
+            assert!(ch.tail.is_none(), "the last store's outcome is unknown");
+            assert!(ch.waiting.is_empty());
+        }
+        assert!(matches!(queued.await, Ok(Err(BrokerError::Internal(_)))));
+    }
+
+    #[tokio::test]
+    async fn a_flusher_that_ends_normally_leaves_a_new_queue_alone() {
+        let slot = Slot::default();
+        let guard = FlushGuard {
+            slot: slot.clone(),
+            ended: true,
+        };
+        // A publication queued after the flusher cleared the flag, with a new flusher running.
+        lock(&slot).flushing = true;
+        let mut queued = pending(&slot);
+        drop(guard);
+        assert!(lock(&slot).flushing);
+        assert_eq!(lock(&slot).waiting.len(), 1);
+        assert!(queued.try_recv().is_err(), "still waiting");
+    }
+
+    #[test]
+    fn behind_means_same_epoch_lower_offset() {
+        assert!(is_behind("e", 3, "e", 6));
+        assert!(is_behind("e", 0, "e", 1), "a marker below what was seen");
+        assert!(!is_behind("e", 6, "e", 6));
+        assert!(!is_behind("e", 7, "e", 6), "another node published more");
+        assert!(!is_behind("f", 1, "e", 6), "a new epoch already");
+        assert!(!is_behind("e", 3, "", 0), "nothing seen");
+    }
 }

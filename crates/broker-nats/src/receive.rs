@@ -3,16 +3,23 @@
 //!
 //! `read_channel → deliver → handler.on_publication`: each channel has its own task, so a
 //! channel's messages reach the hub in the order the stream republished them (offset order),
-//! and unsubscribing is dropping that task's subscription.
+//! and unsubscribing is dropping that task's subscription. Every publication received counts as
+//! seen for the channel's watermark (see `publish.rs`: a NATS that comes back behind).
+//!
+//! A subscription that falls behind makes the client drop messages (a slow-consumer event); each
+//! such event leads to a catch-up of every hosted channel that starts after it. Events are
+//! coalesced, at most one catch-up a second, but none is dropped: one that arrives within the
+//! second after a catch-up schedules another for the end of that second ([`SlowConsumerGate`]).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::{Event, Message, Subscriber};
 use futures_util::StreamExt;
 use herald_broker::{BrokerError, ControlMessage};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::broker::Inner;
@@ -116,6 +123,9 @@ fn deliver(inner: &Inner, channel: &str, message: Message) {
     match decode_delivery(message.headers.as_ref(), &message.payload) {
         Delivery::Publications(stored) => {
             // A group-committed message holds several, in offset order.
+            inner
+                .watermarks
+                .observe(channel, &stored.epoch, stored.last());
             for p in stored.publications {
                 inc(&inner.metrics.received_publications);
                 handler.on_publication(channel, &stored.epoch, p);
@@ -167,11 +177,20 @@ pub(crate) async fn watch_connection(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut lost = false;
-    let mut last_slow_catchup: Option<Instant> = None;
+    let mut slow = SlowConsumerGate::new(SLOW_CONSUMER_WINDOW);
     loop {
+        let deferred = slow.deferred();
         let event = tokio::select! {
             event = events.recv() => event,
             _ = shutdown.changed() => return,
+            _ = tokio::time::sleep_until(deferred.unwrap_or_else(Instant::now)),
+                if deferred.is_some() =>
+            {
+                if slow.due(Instant::now()) {
+                    slow_catch_up(&inner);
+                }
+                continue;
+            }
         };
         match event {
             None => return,
@@ -191,17 +210,82 @@ pub(crate) async fn watch_connection(
             Some(Event::SlowConsumer(_)) => {
                 // The client dropped messages of a subscription that fell behind: the hub may
                 // have missed publications it will not notice until the next one arrives.
-                // Ask it to catch up, at most once a second.
-                if last_slow_catchup.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                    last_slow_catchup = Some(Instant::now());
-                    warn!("NATS subscription fell behind and dropped messages; catching up");
-                    inc(&inner.metrics.catchups);
-                    if let Some(handler) = inner.handler.get() {
-                        handler.on_reconnected();
-                    }
+                // Catch up now, or, within a second of the last catch-up, once that second ends.
+                if slow.event(Instant::now()) {
+                    slow_catch_up(&inner);
                 }
             }
             Some(_) => {}
+        }
+    }
+}
+
+/// Slow-consumer catch-ups at most this often.
+const SLOW_CONSUMER_WINDOW: Duration = Duration::from_secs(1);
+
+fn slow_catch_up(inner: &Inner) {
+    warn!("NATS subscription fell behind and dropped messages; catching up");
+    inc(&inner.metrics.catchups);
+    if let Some(handler) = inner.handler.get() {
+        handler.on_reconnected();
+    }
+}
+
+/// When slow-consumer events lead to catch-ups: every event is followed by a catch-up that starts
+/// after it (messages dropped after a catch-up read history are caught by the next one), and
+/// catch-ups are at least `window` apart. Events within the window after a catch-up share one
+/// deferred catch-up at the window's end.
+#[derive(Debug)]
+struct SlowConsumerGate {
+    window: Duration,
+    /// When the last catch-up started.
+    last: Option<Instant>,
+    /// A catch-up owed at this time.
+    deferred: Option<Instant>,
+}
+
+impl SlowConsumerGate {
+    fn new(window: Duration) -> Self {
+        SlowConsumerGate {
+            window,
+            last: None,
+            deferred: None,
+        }
+    }
+
+    /// An event at `now`: `true` to catch up now; `false` when one is deferred (see
+    /// [`deferred`](Self::deferred)).
+    fn event(&mut self, now: Instant) -> bool {
+        if self.deferred.is_some() {
+            // The deferred catch-up starts after this event: it covers it.
+            return false;
+        }
+        match self.last {
+            Some(last) if now < last + self.window => {
+                self.deferred = Some(last + self.window);
+                false
+            }
+            _ => {
+                self.last = Some(now);
+                true
+            }
+        }
+    }
+
+    /// When the deferred catch-up is due, if one is owed.
+    fn deferred(&self) -> Option<Instant> {
+        self.deferred
+    }
+
+    /// At `now`: `true` (once) when the deferred catch-up is due, to run it now.
+    fn due(&mut self, now: Instant) -> bool {
+        match self.deferred {
+            Some(at) if now >= at => {
+                self.deferred = None;
+                self.last = Some(now);
+                true
+            }
+            _ => false,
         }
     }
 }
@@ -284,3 +368,37 @@ pub(crate) async fn watch_streams(inner: Arc<Inner>, mut shutdown: watch::Receiv
 
 /// How often [`watch_streams`] looks.
 const STREAM_CHECK: Duration = Duration::from_secs(5);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_slow_consumer_event_is_followed_by_a_catch_up() {
+        let window = Duration::from_secs(1);
+        let mut gate = SlowConsumerGate::new(window);
+        let t0 = Instant::now();
+        let ms = |n| t0 + Duration::from_millis(n);
+        assert!(gate.event(t0), "the first catches up at once");
+        assert_eq!(gate.deferred(), None);
+
+        // A second one within the window is not dropped: it is owed at the window's end.
+        assert!(!gate.event(ms(300)));
+        assert_eq!(gate.deferred(), Some(ms(1000)));
+        // More before then share it.
+        assert!(!gate.event(ms(900)));
+        assert_eq!(gate.deferred(), Some(ms(1000)));
+        assert!(!gate.due(ms(999)), "not before it is due");
+        assert!(gate.due(ms(1000)), "the deferred catch-up runs");
+        assert!(!gate.due(ms(1001)), "once");
+        assert_eq!(gate.deferred(), None);
+
+        // The deferred catch-up opened a new window.
+        assert!(!gate.event(ms(1500)));
+        assert_eq!(gate.deferred(), Some(ms(2000)));
+        assert!(gate.due(ms(2100)));
+        // Past the window an event catches up at once again.
+        assert!(gate.event(ms(3200)));
+        assert_eq!(gate.deferred(), None);
+    }
+}

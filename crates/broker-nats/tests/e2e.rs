@@ -115,3 +115,116 @@ async fn presence_across_nodes() {
 async fn subscriber_node_blip_loses_nothing() {
     multinode::subscriber_node_blip_loses_nothing(&mut Nats(NatsServer::start())).await;
 }
+
+/// Copy a directory tree (a stopped nats-server's storage).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("create copy");
+    for entry in std::fs::read_dir(from).expect("read storage") {
+        let entry = entry.expect("storage entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy storage file");
+        }
+    }
+}
+
+/// NATS comes back *behind*: its file store is put back to a copy taken at offset 3 after
+/// offsets 4 to 6 were delivered (what an R1 server that crashed before its last writes reached
+/// the disk looks like). Its offsets would restart below what clients hold, in the same epoch.
+/// The nodes must start the stream over with a new epoch instead, so no subscriber and no
+/// recovering client misses anything without being told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
+    use herald_testkit::multinode::harness::Node;
+    use serde_json::{json, Value};
+    use std::time::{Duration, Instant};
+
+    async fn publish_when_back(node: &Node, ch: &str, data: Value) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, body) = node.try_publish(ch, data.clone(), None).await;
+            if status == 200 {
+                return body;
+            }
+            assert!(Instant::now() < deadline, "NATS never came back: {body}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    let mut nats = NatsServer::start();
+    let a = Node::start("a", &nats.url()).await;
+    let b = Node::start("b", &nats.url()).await;
+    let ch = format!("rollback-{:08x}", rand::random::<u32>());
+    let mut live = b.client(json!({ &ch: {} })).await;
+    let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
+    for i in 1..=3 {
+        a.publish(&ch, json!(i)).await;
+    }
+    // A consistent copy at offset 3, taken while the server is stopped.
+    nats.stop();
+    let store = nats.store_dir().to_path_buf();
+    let saved = store.with_extension("older");
+    let _ = std::fs::remove_dir_all(&saved);
+    copy_tree(&store, &saved);
+    nats.start_again();
+    for i in 4..=6 {
+        let body = publish_when_back(&a, &ch, json!(i)).await;
+        assert_eq!(body["epoch"], epoch, "{body}");
+    }
+    assert_eq!(
+        live.offsets(&ch, 6, Duration::from_secs(10)).await,
+        (1..=6).collect::<Vec<_>>()
+    );
+
+    nats.kill();
+    std::fs::remove_dir_all(&store).unwrap();
+    copy_tree(&saved, &store);
+    std::fs::remove_dir_all(&saved).unwrap();
+    nats.start_again(); // the stream's top is offset 3 again, in the same epoch
+    let mut after = Vec::new();
+    for i in 7..=10 {
+        after.push(publish_when_back(&a, &ch, json!(i)).await);
+    }
+    for body in &after {
+        assert_ne!(
+            body["epoch"], epoch,
+            "offsets reused in the old epoch: {after:?}"
+        );
+    }
+    assert_eq!(after[0]["offset"], 1, "{after:?}");
+
+    // The live subscriber is told (unsub 4003, or a close it reconnects from), never fed a
+    // reused offset in silence.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let told = loop {
+        let Some(m) = live.next_within(Duration::from_millis(200)).await else {
+            if live.close_code.is_some() {
+                break format!("close {:?}", live.close_code);
+            }
+            assert!(Instant::now() < deadline, "the subscriber was never told");
+            continue;
+        };
+        assert!(
+            m.get("pub").is_none(),
+            "a publication after the rollback: {m}"
+        );
+        if m["unsub"]["channel"] == ch.as_str() {
+            assert_eq!(m["unsub"]["code"], 4003, "{m}");
+            break "unsub 4003".into();
+        }
+    };
+    assert!(!told.is_empty());
+
+    // A client that held offset 6 recovers on either node: it must learn it cannot.
+    for node in [&a, &b] {
+        let c = node
+            .client(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
+            .await;
+        let sub = &c.connect_reply["subs"][&ch];
+        assert_eq!(sub["recovered"], false, "{sub}");
+        assert_eq!(sub["epoch"], after[0]["epoch"], "{sub}");
+        assert_eq!(sub["offset"], 4, "{sub}");
+    }
+}

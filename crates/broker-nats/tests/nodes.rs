@@ -709,3 +709,167 @@ async fn a_stream_recreated_behind_a_nodes_back_does_not_fool_its_cached_tail() 
         (fresh.epoch.as_str(), 2)
     );
 }
+
+/// Copy a directory tree (a stopped nats-server's storage).
+fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("create copy");
+    for entry in std::fs::read_dir(from).expect("read storage") {
+        let entry = entry.expect("storage entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy storage file");
+        }
+    }
+}
+
+/// Publish, retrying while the broker reconnects.
+async fn publish_when_back(
+    broker: &SharedBroker,
+    ch: &str,
+    data: &str,
+    o: &herald_broker::PublishOptions,
+) -> herald_protocol::StreamPosition {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match broker
+            .publish(ch, Bytes::from(data.to_owned()), None, o)
+            .await
+        {
+            Ok(position) => return position,
+            Err(err) => {
+                assert!(Instant::now() < deadline, "NATS never came back: {err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// NATS comes back *behind*: its file store is put back to an older copy (as after a crash of
+/// an R1 server whose last writes never reached the disk), so every channel still holds its
+/// epoch but an older top offset. Offsets must not be handed out again in that epoch: a node
+/// that saw the newer offsets (by publishing them, or by receiving them) starts a new epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
+    let mut nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    // a publishes to all three; b only receives `read`'s publications.
+    let (hist, live, read) = (unique("rb_hist"), unique("rb_live"), unique("rb_read"));
+    let (o, o0) = (opts(10), opts(0));
+    let channels = [(&hist, &o), (&live, &o0), (&read, &o)];
+    b.subscribe(&read).await.unwrap();
+    let mut epochs = Vec::new();
+    for i in 1..=3 {
+        epochs.clear();
+        for (ch, o) in channels {
+            let p = a.publish(ch, Bytes::from(i.to_string()), None, o).await;
+            epochs.push(p.unwrap().epoch);
+        }
+    }
+
+    // A consistent copy of the store at offset 3: taken while the server is stopped.
+    nats.stop();
+    let store = nats.store_dir().to_path_buf();
+    let saved = store.with_extension("older");
+    let _ = std::fs::remove_dir_all(&saved);
+    copy_tree(&store, &saved);
+    nats.start_again();
+    eventually("b re-subscribed", || *rb.reconnects.lock().unwrap() >= 1).await;
+    for i in 4..=6 {
+        for ((ch, o), epoch) in channels.iter().zip(&epochs) {
+            let p = publish_when_back(&a, ch, &i.to_string(), o).await;
+            assert_eq!((&p.epoch, p.offset), (epoch, i), "{ch}");
+        }
+    }
+    eventually("b received 1..6", || {
+        rb.offsets(&read) == (1..=6).collect::<Vec<_>>()
+    })
+    .await;
+
+    // Crash, and come back with the older store: every channel's top is offset 3 again.
+    nats.kill();
+    std::fs::remove_dir_all(&store).unwrap();
+    copy_tree(&saved, &store);
+    std::fs::remove_dir_all(&saved).unwrap();
+    nats.start_again();
+    eventually("b reconnected", || *rb.reconnects.lock().unwrap() >= 2).await;
+
+    // b received offset 6 of `read`: its history read finds the stream behind and starts over.
+    let old = &epochs[2];
+    let h = loop {
+        match b.history(&read, &since(old, 6), &o.stream).await {
+            Ok(h) => break h,
+            Err(err) => {
+                debug_assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_ne!(&h.position.epoch, old, "offsets would be reused: {h:?}");
+    assert_eq!(h.position.offset, 0, "{h:?}");
+    assert!(!h.continuous && h.publications.is_empty(), "{h:?}");
+    let next = publish_when_back(&a, &read, "7", &o).await;
+    assert_eq!((&next.epoch, next.offset), (&h.position.epoch, 1));
+    eventually("b receives the new epoch", || {
+        rb.publications
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(c, e, p)| *c == read && *e == next.epoch && p.offset == 1)
+    })
+    .await;
+
+    // a published offset 6 of the others: its next publications start a new epoch at 1.
+    for ((ch, o), epoch) in channels[..2].iter().zip(&epochs) {
+        let p = publish_when_back(&a, ch, "7", o).await;
+        assert_ne!(&p.epoch, epoch, "{ch}: offsets reused in the old epoch");
+        assert_eq!(p.offset, 1, "{ch}");
+        let p = publish_when_back(&a, ch, "8", o).await;
+        assert_eq!(p.offset, 2, "{ch}");
+    }
+    // Another node that saw none of it follows the new epoch.
+    let h = b
+        .history(&hist, &since(&epochs[0], 6), &o.stream)
+        .await
+        .unwrap();
+    assert!(!h.continuous);
+    assert_eq!(h.position.offset, 2);
+    assert_ne!(&h.position.epoch, &epochs[0]);
+}
+
+/// An idempotency key with CR/LF cannot be a NATS header value: the publication fails, and the
+/// channel keeps working on that node (its publisher task neither panics nor stays marked busy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_with_a_line_break_fails_alone() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let ch = unique("crlf");
+    let first = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &opts(10))
+        .await
+        .unwrap();
+    for key in ["a\r\nb", "a\nb", "a\rb"] {
+        let mut o = opts(10);
+        o.idempotency_key = Some(key.into());
+        let err = tokio::time::timeout(
+            Duration::from_secs(5),
+            a.publish(&ch, Bytes::from_static(b"x"), None, &o),
+        )
+        .await
+        .expect("answered")
+        .unwrap_err();
+        assert!(matches!(err, BrokerError::Internal(_)), "{key:?}: {err:?}");
+    }
+    let next = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.publish(&ch, Bytes::from_static(b"2"), None, &opts(10)),
+    )
+    .await
+    .expect("the channel's publisher is not stuck")
+    .unwrap();
+    assert_eq!((&next.epoch, next.offset), (&first.epoch, 2));
+}

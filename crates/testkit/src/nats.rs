@@ -11,7 +11,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -131,6 +131,12 @@ impl NatsServer {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The storage directory (`-sd`): JetStream keeps its file streams under it. Copy it aside
+    /// while the server is stopped and put it back later to make the server come back *behind*.
+    pub fn store_dir(&self) -> &Path {
+        &self.store_dir
     }
 
     /// The HTTP monitoring base URL (`/varz`, `/connz?subs=1`, `/subsz`, `/healthz`).
