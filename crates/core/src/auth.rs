@@ -1,12 +1,22 @@
-//! JWT verification for connection and subscription tokens (HS256, RS256, ES256).
+//! JWT verification for connection and subscription tokens (HS256, RS256, ES256), with keys from
+//! the config or from a [`KeySet`] (the server's JWKS cache), and `aud`/`iss` checks when
+//! configured.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::config::Config;
+
+/// Keys looked up by `kid` (the server fetches them from a JWKS URL): the core knows no HTTP.
+#[async_trait::async_trait]
+pub trait KeySet: Send + Sync {
+    /// The key named `kid`, which must verify `alg`.
+    async fn key(&self, kid: &str, alg: Algorithm) -> Result<Arc<DecodingKey>, AuthError>;
+}
 
 /// Why a token was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -53,10 +63,13 @@ pub struct SubscriptionClaims {
 /// Verifies tokens with the keys from the config.
 #[derive(Clone, Default)]
 pub struct TokenVerifier {
-    hmac: Option<DecodingKey>,
-    rsa: Option<DecodingKey>,
-    ecdsa: Option<DecodingKey>,
+    hmac: Option<Arc<DecodingKey>>,
+    rsa: Option<Arc<DecodingKey>>,
+    ecdsa: Option<Arc<DecodingKey>>,
+    jwks: Option<Arc<dyn KeySet>>,
     require_exp: bool,
+    audience: Option<String>,
+    issuer: Option<String>,
 }
 
 /// A fixed, client-safe reason for a refused token: never the parser's own text.
@@ -97,61 +110,97 @@ impl TokenVerifier {
             &config.token_rsa_public_key_file,
         )?
         .map(|p| DecodingKey::from_rsa_pem(&p).map_err(|e| format!("RSA public key: {e}")))
+        .map(|k| k.map(Arc::new))
         .transpose()?;
         let ecdsa = pem(
             &config.token_ecdsa_public_key,
             &config.token_ecdsa_public_key_file,
         )?
         .map(|p| DecodingKey::from_ec_pem(&p).map_err(|e| format!("ECDSA public key: {e}")))
+        .map(|k| k.map(Arc::new))
         .transpose()?;
         Ok(TokenVerifier {
             hmac: config
                 .token_hmac_secret
                 .as_ref()
                 .filter(|s| !s.is_empty())
-                .map(|s| DecodingKey::from_secret(s.as_bytes())),
+                .map(|s| Arc::new(DecodingKey::from_secret(s.as_bytes()))),
             rsa,
             ecdsa,
+            jwks: None,
             require_exp: config.token_require_exp,
+            audience: config.token_audience.clone().filter(|a| !a.is_empty()),
+            issuer: config.token_issuer.clone().filter(|i| !i.is_empty()),
         })
     }
 
-    /// Whether any key is configured.
-    pub fn has_keys(&self) -> bool {
-        self.hmac.is_some() || self.rsa.is_some() || self.ecdsa.is_some()
+    /// Also look keys up by `kid` in `keys` (RS256 and ES256 tokens that name one).
+    pub fn with_key_set(mut self, keys: Arc<dyn KeySet>) -> Self {
+        self.jwks = Some(keys);
+        self
     }
 
-    fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AuthError> {
-        let header = jsonwebtoken::decode_header(token)
-            .map_err(|_| AuthError::Invalid("malformed token".into()))?;
+    /// Whether any key (or a key set) is configured.
+    pub fn has_keys(&self) -> bool {
+        self.hmac.is_some() || self.rsa.is_some() || self.ecdsa.is_some() || self.jwks.is_some()
+    }
+
+    /// The key for a token: from the JWKS when the token names a `kid` and a JWKS URL is set,
+    /// otherwise the configured key for its algorithm.
+    async fn key_for(&self, header: &jsonwebtoken::Header) -> Result<Arc<DecodingKey>, AuthError> {
+        let accepted = matches!(
+            header.alg,
+            Algorithm::HS256 | Algorithm::RS256 | Algorithm::ES256
+        );
+        if !accepted {
+            return Err(AuthError::Invalid(format!(
+                "algorithm {:?} is not accepted",
+                header.alg
+            )));
+        }
+        if let (Some(jwks), Some(kid)) = (&self.jwks, &header.kid) {
+            if header.alg != Algorithm::HS256 {
+                return jwks.key(kid, header.alg).await;
+            }
+        }
         let key = match header.alg {
             Algorithm::HS256 => self.hmac.as_ref(),
             Algorithm::RS256 => self.rsa.as_ref(),
-            Algorithm::ES256 => self.ecdsa.as_ref(),
-            other => {
-                return Err(AuthError::Invalid(format!(
-                    "algorithm {other:?} is not accepted"
-                )))
-            }
-        }
-        .ok_or_else(|| AuthError::Invalid(format!("no key configured for {:?}", header.alg)))?;
-        let mut validation = Validation::new(header.alg);
-        validation.required_spec_claims = if self.require_exp {
-            HashSet::from(["exp".to_owned()])
-        } else {
-            HashSet::new()
+            _ => self.ecdsa.as_ref(),
         };
+        key.cloned()
+            .ok_or_else(|| AuthError::Invalid(format!("no key configured for {:?}", header.alg)))
+    }
+
+    async fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AuthError> {
+        let header = jsonwebtoken::decode_header(token)
+            .map_err(|_| AuthError::Invalid("malformed token".into()))?;
+        let key = self.key_for(&header).await?;
+        let mut validation = Validation::new(header.alg);
+        let mut required = HashSet::new();
+        if self.require_exp {
+            required.insert("exp".to_owned());
+        }
+        validation.validate_aud = self.audience.is_some();
+        if let Some(aud) = &self.audience {
+            validation.set_audience(&[aud]);
+            required.insert("aud".to_owned());
+        }
+        if let Some(iss) = &self.issuer {
+            validation.set_issuer(&[iss]);
+            required.insert("iss".to_owned());
+        }
+        validation.required_spec_claims = required;
         validation.validate_exp = true;
-        validation.validate_aud = false;
         validation.leeway = 0;
-        jsonwebtoken::decode::<T>(token, key, &validation)
+        jsonwebtoken::decode::<T>(token, &key, &validation)
             .map(|data| data.claims)
             .map_err(|e| refusal(&e))
     }
 
     /// Verify a connection token.
-    pub fn connection(&self, token: &str) -> Result<ConnectionClaims, AuthError> {
-        let claims: ConnectionClaims = self.decode(token)?;
+    pub async fn connection(&self, token: &str) -> Result<ConnectionClaims, AuthError> {
+        let claims: ConnectionClaims = self.decode(token).await?;
         if claims.channel.is_some() {
             return Err(AuthError::Invalid(
                 "a subscription token cannot connect".into(),
@@ -161,13 +210,13 @@ impl TokenVerifier {
     }
 
     /// Verify a subscription token for `channel` held by `user`.
-    pub fn subscription(
+    pub async fn subscription(
         &self,
         token: &str,
         user: &str,
         channel: &str,
     ) -> Result<SubscriptionClaims, AuthError> {
-        let claims: SubscriptionClaims = self.decode(token)?;
+        let claims: SubscriptionClaims = self.decode(token).await?;
         if claims.channel != channel {
             return Err(AuthError::Invalid("token is for another channel".into()));
         }
@@ -207,64 +256,65 @@ mod tests {
             .as_secs()
     }
 
-    #[test]
-    fn accepts_valid_hs256() {
+    #[tokio::test]
+    async fn accepts_valid_hs256() {
         let t = hs(
             serde_json::json!({"sub": "alice", "exp": now() + 60, "channels": ["a"], "info": {"n": 1}}),
             "s3cret",
         );
-        let c = verifier().connection(&t).unwrap();
+        let c = verifier().connection(&t).await.unwrap();
         assert_eq!(c.sub, "alice");
         assert_eq!(c.channels, vec!["a"]);
         assert_eq!(c.info.unwrap().get(), r#"{"n":1}"#);
     }
 
-    #[test]
-    fn expired_and_forged_tokens() {
+    #[tokio::test]
+    async fn expired_and_forged_tokens() {
         let expired = hs(serde_json::json!({"sub": "a", "exp": now() - 5}), "s3cret");
         assert_eq!(
-            verifier().connection(&expired).unwrap_err(),
+            verifier().connection(&expired).await.unwrap_err(),
             AuthError::Expired
         );
         let forged = hs(serde_json::json!({"sub": "a"}), "wrong");
         assert!(matches!(
-            verifier().connection(&forged),
+            verifier().connection(&forged).await,
             Err(AuthError::Invalid(_))
         ));
         assert!(matches!(
-            verifier().connection("garbage"),
+            verifier().connection("garbage").await,
             Err(AuthError::Invalid(_))
         ));
     }
 
-    #[test]
-    fn refusals_never_echo_parser_text() {
+    #[tokio::test]
+    async fn refusals_never_echo_parser_text() {
         let bad_alg = "eyJhbGciOiJub25lIn0.eyJzdWIiOiJhIn0.";
-        let e = verifier().connection(bad_alg).unwrap_err();
+        let e = verifier().connection(bad_alg).await.unwrap_err();
         assert_eq!(e, AuthError::Invalid("malformed token".into()));
         let wrong_claims = hs(serde_json::json!({"sub": 5}), "s3cret");
-        let e = verifier().connection(&wrong_claims).unwrap_err();
+        let e = verifier().connection(&wrong_claims).await.unwrap_err();
         assert_eq!(e, AuthError::Invalid("malformed claims".into()));
     }
 
-    #[test]
-    fn the_two_kinds_of_token_do_not_stand_in_for_each_other() {
+    #[tokio::test]
+    async fn the_two_kinds_of_token_do_not_stand_in_for_each_other() {
         let sub_token = hs(
             serde_json::json!({"sub": "bob", "channel": "priv:x", "exp": now() + 60}),
             "s3cret",
         );
-        assert!(verifier().connection(&sub_token).is_err());
+        assert!(verifier().connection(&sub_token).await.is_err());
         let conn_token = hs(
             serde_json::json!({"sub": "bob", "exp": now() + 60}),
             "s3cret",
         );
         assert!(verifier()
             .subscription(&conn_token, "bob", "priv:x")
+            .await
             .is_err());
     }
 
-    #[test]
-    fn exp_can_be_required() {
+    #[tokio::test]
+    async fn exp_can_be_required() {
         let config = Config {
             token_hmac_secret: Some("s3cret".into()),
             token_require_exp: true,
@@ -272,21 +322,73 @@ mod tests {
         };
         let strict = TokenVerifier::from_config(&config).unwrap();
         let forever = hs(serde_json::json!({"sub": "a"}), "s3cret");
-        assert!(verifier().connection(&forever).is_ok());
+        assert!(verifier().connection(&forever).await.is_ok());
         assert_eq!(
-            strict.connection(&forever).unwrap_err(),
+            strict.connection(&forever).await.unwrap_err(),
             AuthError::Invalid("a required claim is missing".into())
         );
     }
 
-    #[test]
-    fn subscription_token_binds_user_and_channel() {
+    #[tokio::test]
+    async fn audience_and_issuer_are_checked_when_configured() {
+        let config = Config {
+            token_hmac_secret: Some("s3cret".into()),
+            token_audience: Some("herald".into()),
+            token_issuer: Some("https://id.example".into()),
+            ..Config::default()
+        };
+        let strict = TokenVerifier::from_config(&config).unwrap();
+        let good = hs(
+            serde_json::json!({"sub": "a", "aud": "herald", "iss": "https://id.example"}),
+            "s3cret",
+        );
+        assert!(strict.connection(&good).await.is_ok());
+        let in_list = hs(
+            serde_json::json!({"sub": "a", "aud": ["other", "herald"], "iss": "https://id.example"}),
+            "s3cret",
+        );
+        assert!(strict.connection(&in_list).await.is_ok());
+        for (claims, why) in [
+            (
+                serde_json::json!({"sub": "a", "aud": "other", "iss": "https://id.example"}),
+                "wrong audience",
+            ),
+            (
+                serde_json::json!({"sub": "a", "aud": "herald", "iss": "https://evil.example"}),
+                "wrong issuer",
+            ),
+            (
+                serde_json::json!({"sub": "a", "iss": "https://id.example"}),
+                "a required claim is missing",
+            ),
+            (
+                serde_json::json!({"sub": "a", "aud": "herald"}),
+                "a required claim is missing",
+            ),
+        ] {
+            let t = hs(claims.clone(), "s3cret");
+            assert_eq!(
+                strict.connection(&t).await.unwrap_err(),
+                AuthError::Invalid(why.into()),
+                "{claims}"
+            );
+        }
+        // Without the options, aud and iss are not looked at.
+        let other = hs(
+            serde_json::json!({"sub": "a", "aud": "other", "iss": "x"}),
+            "s3cret",
+        );
+        assert!(verifier().connection(&other).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn subscription_token_binds_user_and_channel() {
         let t = hs(
             serde_json::json!({"sub": "bob", "channel": "priv:x"}),
             "s3cret",
         );
-        assert!(verifier().subscription(&t, "bob", "priv:x").is_ok());
-        assert!(verifier().subscription(&t, "eve", "priv:x").is_err());
-        assert!(verifier().subscription(&t, "bob", "priv:y").is_err());
+        assert!(verifier().subscription(&t, "bob", "priv:x").await.is_ok());
+        assert!(verifier().subscription(&t, "eve", "priv:x").await.is_err());
+        assert!(verifier().subscription(&t, "bob", "priv:y").await.is_err());
     }
 }

@@ -49,6 +49,19 @@ pub struct Config {
     pub token_ecdsa_public_key_file: Option<PathBuf>,
     /// Refuse tokens without an `exp` claim (otherwise such a token never expires).
     pub token_require_exp: bool,
+    /// When set, tokens must carry this `aud` (a string, or an array containing it).
+    #[serde(deserialize_with = "lenient::opt_string")]
+    pub token_audience: Option<String>,
+    /// When set, tokens must carry this `iss`.
+    #[serde(deserialize_with = "lenient::opt_string")]
+    pub token_issuer: Option<String>,
+    /// URL of a JSON Web Key Set: RS256/ES256 tokens with a `kid` are verified with its keys,
+    /// fetched when a token names an unknown `kid` and refreshed as they age.
+    pub token_jwks_url: Option<String>,
+    /// The key set is fetched again when older than this (a removed key stops working then).
+    pub token_jwks_max_age_s: u64,
+    /// Least time between two fetches of the key set, however many unknown `kid`s arrive.
+    pub token_jwks_min_refresh_ms: u64,
     /// Browser origins allowed to open a WebSocket (`https://app.example`, or `*`); empty: any.
     /// Upgrades without an `Origin` header (non-browser clients) are always allowed.
     pub allowed_origins: Vec<String>,
@@ -96,6 +109,11 @@ impl Default for Config {
             token_ecdsa_public_key: None,
             token_ecdsa_public_key_file: None,
             token_require_exp: false,
+            token_audience: None,
+            token_issuer: None,
+            token_jwks_url: None,
+            token_jwks_max_age_s: 300,
+            token_jwks_min_refresh_ms: 10_000,
             allowed_origins: Vec::new(),
             api_allowed_origins: Vec::new(),
             ping_interval_s: 25,
@@ -184,6 +202,11 @@ pub struct Limits {
     /// Open TCP connections per client IP (WebSocket and HTTP alike); 0 means no limit. Beyond
     /// it a new connection is closed at once.
     pub max_connections_per_ip: usize,
+    /// WebSocket handshakes (upgrade requests) per second per client IP; 0 means no limit. Beyond
+    /// it the upgrade is answered 429 with `Retry-After`.
+    pub handshakes_per_ip_per_s: u32,
+    /// Burst of handshakes per client IP allowed above `handshakes_per_ip_per_s`.
+    pub handshake_burst_per_ip: u32,
     /// Bytes of recovered publications one `connect` (all its channels) or `subscribe` reply may
     /// carry; channels past it answer `recovered: false`, so one reply cannot grow unbounded.
     pub max_recovery_bytes: usize,
@@ -204,6 +227,8 @@ impl Default for Limits {
             max_broadcast_channels: 10_000,
             max_recovery_bytes: 4 * 1024 * 1024,
             max_connections_per_ip: 0,
+            handshakes_per_ip_per_s: 0,
+            handshake_burst_per_ip: 20,
         }
     }
 }

@@ -14,6 +14,8 @@ pub struct Metrics {
     pub connections: Gauge,
     /// Connections accepted since start.
     pub connections_accepted: Counter,
+    /// WebSocket handshakes refused by `limits.handshakes_per_ip_per_s`.
+    pub handshakes_refused: Counter,
     /// Client subscriptions (connection × channel).
     pub subscriptions: Gauge,
     /// Channels with at least one local subscriber.
@@ -69,6 +71,11 @@ impl Metrics {
             connections_accepted: reg!(
                 "connections_accepted",
                 "Connections accepted",
+                Counter::default()
+            ),
+            handshakes_refused: reg!(
+                "handshakes_refused",
+                "WebSocket handshakes refused by the per-IP rate",
                 Counter::default()
             ),
             subscriptions: reg!("subscriptions", "Client subscriptions", Gauge::default()),

@@ -22,6 +22,12 @@ impl TokenBucket {
         }
     }
 
+    /// Whether the bucket would be full at `now` (unused long enough to forget).
+    pub fn is_full(&self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens + elapsed * self.rate >= self.burst
+    }
+
     /// Take one token if there is one.
     pub fn try_take(&mut self, now: Instant) -> bool {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();

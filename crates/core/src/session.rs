@@ -223,7 +223,7 @@ impl Session {
             Command::Publish(p) => self.publish(p).await.map(|pos| reply(id, method, &pos)),
             Command::History(p) => self.history(id, p).await,
             Command::Presence(p) => self.presence(id, p).await,
-            Command::Refresh(p) => self.refresh(id, p),
+            Command::Refresh(p) => self.refresh(id, p).await,
         };
         match result {
             Ok(bytes) => {
@@ -240,7 +240,7 @@ impl Session {
 
     async fn connect(&mut self, id: u64, params: ConnectParams) -> Option<CloseRequest> {
         let claims = match params.token.as_deref().filter(|t| !t.is_empty()) {
-            Some(token) => match self.ctx.verifier.connection(token) {
+            Some(token) => match self.ctx.verifier.connection(token).await {
                 Ok(c) => Some(c),
                 Err(AuthError::Expired) => {
                     self.reply_err(id, &ErrorCode::TokenExpired.into());
@@ -352,7 +352,7 @@ impl Session {
             ));
         }
         let has_subscription_token = match token {
-            Some(t) => match ctx.verifier.subscription(t, &conn.user, channel) {
+            Some(t) => match ctx.verifier.subscription(t, &conn.user, channel).await {
                 Ok(_) => true,
                 Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
                 Err(AuthError::Invalid(why)) => {
@@ -537,8 +537,8 @@ impl Session {
         Ok(reply(id, "presence", &PresenceReply::from(&clients[..])))
     }
 
-    fn refresh(&mut self, id: u64, p: RefreshParams) -> Result<Bytes, CommandError> {
-        let claims = match self.ctx.verifier.connection(&p.token) {
+    async fn refresh(&mut self, id: u64, p: RefreshParams) -> Result<Bytes, CommandError> {
+        let claims = match self.ctx.verifier.connection(&p.token).await {
             Ok(c) => c,
             Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
             Err(AuthError::Invalid(why)) => {

@@ -1,5 +1,6 @@
 //! Who may reach the node: the `Origin` of WebSocket upgrades and HTTP API calls, the `Host` of
-//! requests to a `--dev` node, and open connections per client IP.
+//! requests to a `--dev` node, open connections per client IP and WebSocket handshakes per
+//! second per client IP.
 //!
 //! Browsers send `Origin` on every WebSocket upgrade and on cross-site API calls; backends and
 //! command-line tools send none. So:
@@ -13,6 +14,9 @@
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use herald_core::rate::TokenBucket;
 
 /// Whether `origin` is in `allowed` (exact match, or `*` for any).
 pub fn origin_listed(allowed: &[String], origin: &str) -> bool {
@@ -82,6 +86,49 @@ impl Drop for IpSlot {
     }
 }
 
+/// The peer address of the TCP connection a request came on (set for every request).
+#[derive(Debug, Clone, Copy)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+/// WebSocket handshakes per second per client IP (`limits.handshakes_per_ip_per_s`, 0: no
+/// bound), a token bucket per IP. Buckets that have refilled are forgotten once there are many,
+/// so a scan from many addresses cannot grow the table without bound.
+pub struct HandshakeRate {
+    rate: u32,
+    burst: u32,
+    buckets: Mutex<HashMap<IpAddr, TokenBucket>>,
+}
+
+/// Buckets kept before full ones are swept.
+const SWEEP_ABOVE: usize = 10_000;
+
+impl HandshakeRate {
+    /// `rate` handshakes per second per IP with bursts of `burst`.
+    pub fn new(rate: u32, burst: u32) -> Self {
+        HandshakeRate {
+            rate,
+            burst: burst.max(1),
+            buckets: Mutex::default(),
+        }
+    }
+
+    /// Whether `ip` may start one more handshake now.
+    pub fn admit(&self, ip: IpAddr) -> bool {
+        if self.rate == 0 {
+            return true;
+        }
+        let now = Instant::now();
+        let mut buckets = self.buckets.lock().expect("handshake lock");
+        if buckets.len() >= SWEEP_ABOVE && !buckets.contains_key(&ip) {
+            buckets.retain(|_, b| !b.is_full(now));
+        }
+        buckets
+            .entry(ip)
+            .or_insert_with(|| TokenBucket::new(self.rate, self.burst))
+            .try_take(now)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +172,29 @@ mod tests {
         drop(a);
         assert!(per_ip.admit(ip).is_some(), "freed on drop");
         assert!(PerIp::new(0).admit(ip).is_some(), "0 means no bound");
+    }
+
+    #[test]
+    fn handshakes_per_ip_are_rate_limited() {
+        let rate = HandshakeRate::new(1, 3);
+        let ip: IpAddr = [10, 0, 0, 1].into();
+        assert!((0..3).all(|_| rate.admit(ip)), "the burst");
+        assert!(!rate.admit(ip), "past the burst");
+        assert!(rate.admit([10, 0, 0, 2].into()), "other IPs unaffected");
+        assert!(
+            (0..100).all(|_| HandshakeRate::new(0, 1).admit(ip)),
+            "0 means no bound"
+        );
+    }
+
+    #[test]
+    fn handshake_table_is_swept() {
+        let rate = HandshakeRate::new(1000, 1);
+        for i in 0..(SWEEP_ABOVE as u32 + 10) {
+            rate.admit(IpAddr::from(i.to_be_bytes()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        rate.admit([255, 0, 0, 1].into());
+        assert!(rate.buckets.lock().unwrap().len() < SWEEP_ABOVE);
     }
 }

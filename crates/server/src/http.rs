@@ -13,7 +13,7 @@ use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::watch;
 
-use crate::guard::{loopback_host, PerIp};
+use crate::guard::{loopback_host, HandshakeRate, PeerAddr, PerIp};
 use crate::{api, ws};
 
 /// The demo page and the SDK bundle it loads (built from clients/js).
@@ -32,6 +32,8 @@ pub struct App {
     pub draining: watch::Receiver<bool>,
     /// Open connections per client IP.
     pub per_ip: PerIp,
+    /// WebSocket handshakes per second per client IP.
+    pub handshakes: HandshakeRate,
 }
 
 /// A response with a body.
@@ -75,7 +77,22 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
         }
     }
     let response = match (req.method(), path.as_str()) {
-        (&Method::GET, "/ws") => ws::upgrade(app, req),
+        (&Method::GET, "/ws") => {
+            let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+            if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
+                app.ctx.hub.metrics().handshakes_refused.inc();
+                let mut r = api::error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorCode::TooManyRequests,
+                    "too many WebSocket handshakes from this address",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            } else {
+                ws::upgrade(app, req)
+            }
+        }
         (_, "/ws") => api::error(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,

@@ -14,11 +14,13 @@
 //! - [`tls`]: rustls server config from PEM files.
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
+//! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
 
 pub mod api;
 pub mod brokers;
 pub mod guard;
 pub mod http;
+pub mod jwks;
 pub mod serve;
 pub mod settings;
 pub mod tls;

@@ -16,7 +16,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
-use crate::guard::{IpSlot, PerIp};
+use crate::guard::{HandshakeRate, IpSlot, PeerAddr, PerIp};
 use crate::http::{route, App};
 
 /// Pending connections the kernel may queue. A reconnect storm after a deploy arrives all at
@@ -76,7 +76,16 @@ pub async fn run(
         }
     };
     config.api_key = api_key.clone();
-    let verifier = TokenVerifier::from_config(&config).map_err(anyhow::Error::msg)?;
+    let mut verifier = TokenVerifier::from_config(&config).map_err(anyhow::Error::msg)?;
+    if let Some(url) = config.token_jwks_url.as_ref().filter(|u| !u.is_empty()) {
+        let jwks = crate::jwks::Jwks::new(
+            url.clone(),
+            Duration::from_secs(config.token_jwks_max_age_s),
+            Duration::from_millis(config.token_jwks_min_refresh_ms),
+        )
+        .map_err(anyhow::Error::msg)?;
+        verifier = verifier.with_key_set(Arc::new(jwks));
+    }
     if !verifier.has_keys() && !config.allow_anonymous {
         tracing::warn!("no token keys and no anonymous access: clients cannot connect (set HERALD_TOKEN_HMAC_SECRET or use --dev)");
     }
@@ -103,6 +112,10 @@ pub async fn run(
         ws_connections: AtomicUsize::new(0),
         draining: drain_rx,
         per_ip: PerIp::new(config.limits.max_connections_per_ip),
+        handshakes: HandshakeRate::new(
+            config.limits.handshakes_per_ip_per_s,
+            config.limits.handshake_burst_per_ip,
+        ),
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -141,11 +154,11 @@ pub async fn run(
                 tokio::spawn(async move {
                     match tls {
                         Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, slot).await,
+                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, peer, slot).await,
                             Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
                             Err(_) => tracing::debug!("TLS handshake timed out"),
                         },
-                        None => serve_connection(app, stream, handshake_timeout, slot).await,
+                        None => serve_connection(app, stream, handshake_timeout, peer, slot).await,
                     }
                 });
             }
@@ -177,11 +190,13 @@ async fn serve_connection<S>(
     app: Arc<App>,
     stream: S,
     handshake_timeout: Duration,
+    peer: std::net::SocketAddr,
     slot: Option<Arc<IpSlot>>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(PeerAddr(peer));
         if let Some(slot) = &slot {
             req.extensions_mut().insert(slot.clone());
         }
