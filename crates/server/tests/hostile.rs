@@ -234,6 +234,36 @@ async fn connections_per_ip_are_bounded() {
 }
 
 #[tokio::test]
+async fn websocket_handshakes_per_ip_are_rate_limited() {
+    let node = Node::start(
+        &["--dev"],
+        &[
+            ("HERALD_LIMITS__HANDSHAKES_PER_IP_PER_S", "2"),
+            ("HERALD_LIMITS__HANDSHAKE_BURST_PER_IP", "3"),
+        ],
+    )
+    .await;
+    let upgrade = "GET /ws HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+                   Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+                   Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let mut first = node.connected(&["room"]).await;
+    for _ in 0..2 {
+        assert_eq!(raw_status(&node, upgrade).await, 101, "within the burst");
+    }
+    assert_eq!(raw_status(&node, upgrade).await, 429, "past the burst");
+    assert_eq!(node.metric("herald_handshakes_refused_total").await, 1.0);
+    // The API and open connections are not affected; the rate refills.
+    let (status, _) = node.api("/api/info", None).await;
+    assert_eq!(status, 200);
+    let r = first
+        .call("history", json!({"channel": "room", "limit": 0}))
+        .await;
+    assert!(r.get("history").is_some(), "{r}");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(raw_status(&node, upgrade).await, 101, "refilled");
+}
+
+#[tokio::test]
 async fn websocket_pings_do_not_stand_in_for_the_protocol_pong() {
     let node = Node::start(
         &["--dev"],

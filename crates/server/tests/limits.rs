@@ -82,6 +82,23 @@ async fn message_over_max_frame_bytes_closes_with_4503() {
 }
 
 #[tokio::test]
+async fn a_frame_of_megabytes_gets_1009_not_a_reset() {
+    // With the default limit (64 KiB) the codec refuses frames over 1 MiB; a client that sends
+    // one of 8 MiB must still read the close frame, not a reset caused by its unread upload.
+    let node = Node::dev().await;
+    let mut other = node.connected(&["room"]).await;
+    other.push("join").await;
+    for size in [2 << 20, 8 << 20] {
+        let mut c = node.connected(&[]).await;
+        let huge = json!({"id": 4, "publish": {"channel": "x", "data": "a".repeat(size)}});
+        c.send_raw(&huge.to_string()).await;
+        let closed = c.closed().await;
+        assert_eq!(closed.code, Some(1009), "{size} bytes: {closed:?}");
+    }
+    assert_usable(&node, &mut other, "room").await;
+}
+
+#[tokio::test]
 async fn lost_continuity_ends_only_that_subscription_with_unsub_4003() {
     // Streams forgotten one second after their last publication: the next one starts a new epoch,
     // and the node can no longer vouch for the positions its subscribers hold.
