@@ -10,7 +10,7 @@ use bytes::Bytes;
 use herald_broker::{BrokerError, HistoryQuery, PublishOptions};
 use herald_protocol::command::{
     ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams,
-    SubscribeParams,
+    SubRefreshParams, SubscribeParams,
 };
 use herald_protocol::depth::{json_depth, MAX_DATA_DEPTH};
 use herald_protocol::encode::{push_subscribed, push_unsub, reply, reply_error};
@@ -51,6 +51,9 @@ struct Connected {
     /// Channels the server subscribed (token `channels` claim, API `subscribe`): the client
     /// cannot resubscribe them itself, so losing one closes the connection with 4003 instead.
     server_side: HashSet<String>,
+    /// When subscriptions granted by an expiring subscription token end, unless `sub_refresh`
+    /// extends them.
+    sub_expires: HashMap<String, Instant>,
 }
 
 impl Connected {
@@ -167,9 +170,40 @@ impl Session {
         self.connected.is_some()
     }
 
-    /// When the connection token expires (the transport closes with 4004 then, unless refreshed).
+    /// The next token deadline: the connection token's expiry or a subscription token's. The
+    /// transport calls [`Session::expire`] when it passes.
     pub fn expires_at(&self) -> Option<Instant> {
-        self.connected.as_ref().and_then(|c| c.expires_at)
+        let conn = self.connected.as_ref()?;
+        let subs = conn.sub_expires.values().min().copied();
+        match (conn.expires_at, subs) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// End what expired by `now`: each subscription whose token expired gets `unsub` 4004; an
+    /// expired connection token returns the close request (4004).
+    pub async fn expire(&mut self, now: Instant) -> Option<CloseRequest> {
+        let conn = self.connected.as_ref()?;
+        if conn.expires_at.is_some_and(|exp| exp <= now) {
+            return Some(close(CloseCode::TOKEN_EXPIRED, "token expired"));
+        }
+        let expired: Vec<String> = conn
+            .sub_expires
+            .iter()
+            .filter(|(_, exp)| **exp <= now)
+            .map(|(channel, _)| channel.clone())
+            .collect();
+        for channel in expired {
+            if self.leave(&channel).await {
+                self.out.push(push_unsub(
+                    &channel,
+                    codes::UNSUB_TOKEN_EXPIRED,
+                    "subscription token expired",
+                ));
+            }
+        }
+        None
     }
 
     /// Handle one client message. Returns a close request when the connection must end.
@@ -224,6 +258,7 @@ impl Session {
             Command::History(p) => self.history(id, p).await,
             Command::Presence(p) => self.presence(id, p).await,
             Command::Refresh(p) => self.refresh(id, p).await,
+            Command::SubRefresh(p) => self.sub_refresh(id, p).await,
         };
         match result {
             Ok(bytes) => {
@@ -279,6 +314,7 @@ impl Session {
             expires_at,
             channels: HashMap::new(),
             server_side: HashSet::new(),
+            sub_expires: HashMap::new(),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.
@@ -351,9 +387,13 @@ impl Session {
                 "too many channels on this connection",
             ));
         }
+        let mut token_exp = None;
         let has_subscription_token = match token {
             Some(t) => match ctx.verifier.subscription(t, &conn.user, channel).await {
-                Ok(_) => true,
+                Ok(claims) => {
+                    token_exp = claims.exp;
+                    true
+                }
                 Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
                 Err(AuthError::Invalid(why)) => {
                     return Err(CommandError::new(
@@ -376,6 +416,9 @@ impl Session {
             .await
             .map_err(broker_error)?;
         conn.channels.insert(channel.to_owned(), ns);
+        if let (Some(at), false) = (expiry(token_exp).1, granted) {
+            conn.sub_expires.insert(channel.to_owned(), at);
+        }
         if granted {
             conn.server_side.insert(channel.to_owned());
         }
@@ -428,6 +471,7 @@ impl Session {
             return false;
         };
         conn.server_side.remove(channel);
+        conn.sub_expires.remove(channel);
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             let broker = self.ctx.hub.broker();
@@ -560,6 +604,47 @@ impl Session {
             expires_in: Option<u64>,
         }
         Ok(reply(id, "refresh", &Refreshed { expires_in }))
+    }
+
+    /// Extend a subscription granted by an expiring subscription token with a new token.
+    async fn sub_refresh(&mut self, id: u64, p: SubRefreshParams) -> Result<Bytes, CommandError> {
+        let user = {
+            let conn = self.connected.as_ref().expect("connected");
+            if !conn.sub_expires.contains_key(&p.channel) {
+                return Err(CommandError::new(
+                    ErrorCode::BadRequest,
+                    "no subscription with an expiring token on this channel",
+                ));
+            }
+            conn.user.clone()
+        };
+        let claims = match self
+            .ctx
+            .verifier
+            .subscription(&p.token, &user, &p.channel)
+            .await
+        {
+            Ok(c) => c,
+            Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
+            Err(AuthError::Invalid(why)) => {
+                return Err(CommandError::new(
+                    ErrorCode::PermissionDenied,
+                    format!("subscription token: {why}"),
+                ))
+            }
+        };
+        let conn = self.connected.as_mut().expect("connected");
+        let (expires_in, expires_at) = expiry(claims.exp);
+        match expires_at {
+            Some(at) => conn.sub_expires.insert(p.channel, at),
+            None => conn.sub_expires.remove(&p.channel),
+        };
+        #[derive(Serialize)]
+        struct Refreshed {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            expires_in: Option<u64>,
+        }
+        Ok(reply(id, "sub_refresh", &Refreshed { expires_in }))
     }
 
     /// Act on controls from the API (server-side subscribe / unsubscribe).

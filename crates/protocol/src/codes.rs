@@ -109,6 +109,9 @@ pub const UNSUB_SERVER: u16 = 2000;
 /// `unsub` push code: the node lost continuity on the channel; resubscribe with `since` to recover.
 /// Codes 4000–4499 in an `unsub` mean "resubscribe", as they mean "reconnect" in a close.
 pub const UNSUB_RESUBSCRIBE: u16 = 4003;
+/// `unsub` push code: the subscription token expired without `sub_refresh`; subscribe again with
+/// a new token (and `since` to recover).
+pub const UNSUB_TOKEN_EXPIRED: u16 = 4004;
 
 #[cfg(test)]
 mod tests {

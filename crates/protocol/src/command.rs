@@ -104,6 +104,8 @@ pub enum Method {
     Presence,
     /// `refresh`
     Refresh,
+    /// `sub_refresh`
+    SubRefresh,
 }
 
 impl Method {
@@ -117,6 +119,7 @@ impl Method {
             Method::History => "history",
             Method::Presence => "presence",
             Method::Refresh => "refresh",
+            Method::SubRefresh => "sub_refresh",
         }
     }
 
@@ -129,6 +132,7 @@ impl Method {
             "history" => Method::History,
             "presence" => Method::Presence,
             "refresh" => Method::Refresh,
+            "sub_refresh" => Method::SubRefresh,
             _ => return None,
         })
     }
@@ -151,6 +155,8 @@ pub enum Command {
     Presence(ChannelParams),
     /// Replace the connection token before it expires.
     Refresh(RefreshParams),
+    /// Extend a subscription granted by a subscription token.
+    SubRefresh(SubRefreshParams),
 }
 
 impl Command {
@@ -164,6 +170,7 @@ impl Command {
             Command::History(_) => Method::History,
             Command::Presence(_) => Method::Presence,
             Command::Refresh(_) => Method::Refresh,
+            Command::SubRefresh(_) => Method::SubRefresh,
         }
     }
 }
@@ -236,6 +243,15 @@ pub struct RefreshParams {
     pub token: String,
 }
 
+/// `sub_refresh` params.
+#[derive(Debug, Deserialize)]
+pub struct SubRefreshParams {
+    /// The subscribed channel.
+    pub channel: String,
+    /// A new subscription token for it.
+    pub token: String,
+}
+
 /// Split a text frame on `\n` and parse each non-empty line.
 pub fn parse_frame(text: &str) -> impl Iterator<Item = Result<Message, MalformedFrame>> + '_ {
     text.split('\n')
@@ -293,6 +309,7 @@ fn parse_command(name: &str, params: &RawValue) -> Result<Command, CommandError>
         Method::History => Command::History(params_of(method, params)?),
         Method::Presence => Command::Presence(params_of(method, params)?),
         Method::Refresh => Command::Refresh(params_of(method, params)?),
+        Method::SubRefresh => Command::SubRefresh(params_of(method, params)?),
     })
 }
 

@@ -267,7 +267,11 @@ async fn run(app: Arc<App>, mut ws: Ws) {
                     break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "no connect command in time")));
                 }
                 if session.expires_at().is_some_and(|exp| Instant::from_std(exp) <= now) {
-                    break Some((out.drain().frames, close_request(CloseCode::TOKEN_EXPIRED, "token expired")));
+                    // An expired connection token closes; expired subscription tokens end their
+                    // subscriptions only.
+                    if let Some(req) = Box::pin(session.expire(now.into_std())).await {
+                        break Some((out.drain().frames, req));
+                    }
                 }
                 if pong_due.is_some_and(|due| due <= now) {
                     break Some((Vec::new(), close_request(CloseCode::NO_PONG, "no pong in time")));

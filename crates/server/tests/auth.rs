@@ -427,6 +427,69 @@ async fn token_namespace_needs_a_subscription_token_for_that_channel_and_user() 
 }
 
 #[tokio::test]
+async fn a_subscription_ends_when_its_token_expires_unless_refreshed() {
+    let node = permissions_node().await;
+    let (mut alice, _) = connect_with(&node, &token(json!({"sub": "alice"})), json!({})).await;
+    let sub_token = |channel: &str, secs: u64| {
+        token(json!({"sub": "alice", "channel": channel, "exp": now() + secs}))
+    };
+    for channel in ["priv:short", "priv:kept"] {
+        let r = alice
+            .call(
+                "subscribe",
+                json!({"channel": channel, "token": sub_token(channel, 2)}),
+            )
+            .await;
+        assert!(r["subscribe"]["epoch"].is_string(), "{r}");
+    }
+    // Refusals: a token for another channel, an expired one, a channel without an expiring token.
+    let r = alice
+        .call(
+            "sub_refresh",
+            json!({"channel": "priv:kept", "token": sub_token("priv:other", 60)}),
+        )
+        .await;
+    assert_eq!(error_code(&r), 103, "{r}");
+    let expired = token(json!({"sub": "alice", "channel": "priv:kept", "exp": now() - 5}));
+    let r = alice
+        .call(
+            "sub_refresh",
+            json!({"channel": "priv:kept", "token": expired}),
+        )
+        .await;
+    assert_eq!(error_code(&r), 109, "{r}");
+    let r = alice
+        .call(
+            "sub_refresh",
+            json!({"channel": "news", "token": sub_token("news", 60)}),
+        )
+        .await;
+    assert_eq!(error_code(&r), 107, "{r}");
+    // A good refresh extends one of them.
+    let r = alice
+        .call(
+            "sub_refresh",
+            json!({"channel": "priv:kept", "token": sub_token("priv:kept", 60)}),
+        )
+        .await;
+    let expires_in = r["sub_refresh"]["expires_in"].as_u64().expect("expires_in");
+    assert!((58..=60).contains(&expires_in), "{r}");
+
+    // The other ends at its token's expiry, alone: unsub 4004, the connection stays.
+    let unsub = alice.push("unsub").await;
+    assert_eq!(unsub["channel"], "priv:short", "{unsub}");
+    assert_eq!(unsub["code"], 4004, "{unsub}");
+    node.publish("priv:short", json!("gone")).await;
+    node.publish("priv:kept", json!("still here")).await;
+    let p = alice.push("pub").await;
+    assert_eq!(
+        (p["channel"].as_str(), &p["data"]),
+        (Some("priv:kept"), &json!("still here"))
+    );
+    assert_usable(&mut alice, "news").await;
+}
+
+#[tokio::test]
 async fn authenticated_namespace_refuses_anonymous() {
     let node = permissions_node().await;
     let mut anon = node.client().await;
