@@ -459,7 +459,24 @@ impl Session {
             .await?;
         let mut budget = self.ctx.config.limits.max_recovery_bytes;
         self.charge_recovery(&mut result, &mut budget);
-        self.out.push(reply(id, "subscribe", &result));
+        let expires_in = self
+            .connected
+            .as_ref()
+            .and_then(|c| c.sub_expires.get(&p.channel))
+            .map(|at| at.saturating_duration_since(Instant::now()).as_secs());
+        #[derive(Serialize)]
+        struct Subscribed<'a> {
+            #[serde(flatten)]
+            result: &'a SubscribeResult,
+            /// Seconds until the subscription token expires (then `sub_refresh` or `unsub` 4004).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            expires_in: Option<u64>,
+        }
+        let subscribed = Subscribed {
+            result: &result,
+            expires_in,
+        };
+        self.out.push(reply(id, "subscribe", &subscribed));
         self.activate(&p.channel, &result).await;
         Ok(())
     }

@@ -441,6 +441,8 @@ async fn a_subscription_ends_when_its_token_expires_unless_refreshed() {
             )
             .await;
         assert!(r["subscribe"]["epoch"].is_string(), "{r}");
+        let expires_in = r["subscribe"]["expires_in"].as_u64().expect("expires_in");
+        assert!(expires_in <= 2, "{r}");
     }
     // Refusals: a token for another channel, an expired one, a channel without an expiring token.
     let r = alice
