@@ -60,6 +60,14 @@ var CloseCode = {
   MessageTooLarge: 4503,
   ConnectionLimit: 4504
 };
+var UnsubCode = {
+  /** The server ended the subscription for good (API `unsubscribe`). */
+  Server: 2e3,
+  /** The node lost the channel's continuity: subscribe again with `since`. */
+  Resubscribe: 4003,
+  /** The subscription token expired: subscribe again with a new token. */
+  TokenExpired: 4004
+};
 var ClientCode = {
   /** `connect()` was called. */
   ConnectCalled: 0,
@@ -370,6 +378,8 @@ var Subscription = class {
     this.channel = channel;
     this.opts = opts;
     this._tracker = new StreamTracker(opts.since);
+    this.token = opts.token;
+    this._needToken = opts.token === void 0 && opts.getToken !== void 0;
   }
   get state() {
     return this._state;
@@ -380,9 +390,28 @@ var Subscription = class {
   get position() {
     return this._tracker.position();
   }
-  /** @internal */
+  /** @internal The subscription token to send, if any. */
   get _token() {
-    return this.opts.token;
+    return this.token;
+  }
+  /** @internal Whether the subscription has its own token (so it cannot go in `connect.subs`). */
+  get _hasOwnToken() {
+    return this.token !== void 0 || this.opts.getToken !== void 0;
+  }
+  /** @internal Whether a fresh token can be fetched. */
+  get _canFetchToken() {
+    return this.opts.getToken !== void 0;
+  }
+  /**
+   * @internal Ask the app for a token. Resolves to the token, or undefined when the app gave none
+   * (the caller ends the subscription). Rejects when `getToken` threw.
+   */
+  async _fetchToken() {
+    const token = await this.opts.getToken?.(this.channel);
+    if (!token) return void 0;
+    this.token = token;
+    this._needToken = false;
+    return token;
   }
   /**
    * Resolves once the subscription is active; rejects if it ends first, or if the client stops
@@ -480,6 +509,8 @@ var Subscription = class {
     this._state = "unsubscribed";
     if (this._retryTimer !== void 0) clearTimeout(this._retryTimer);
     this._retryTimer = void 0;
+    if (this._refreshTimer !== void 0) clearTimeout(this._refreshTimer);
+    this._refreshTimer = void 0;
     this.endError = error ?? new HeraldError(code, reason);
     if (error) this._reportError(error);
     for (const w of this.waiters.splice(0)) w.reject(this.endError);
@@ -776,7 +807,7 @@ var Herald = class extends Emitter {
     const subs = {};
     const included = [];
     for (const sub of this.subs.values()) {
-      if (sub._token !== void 0) continue;
+      if (sub._hasOwnToken) continue;
       const since = sub._tracker.since();
       sub._state = "subscribing";
       sub._sentSince = since;
@@ -995,6 +1026,7 @@ var Herald = class extends Emitter {
           return;
         }
         if (shouldResubscribe(msg.code)) {
+          if (msg.code === UnsubCode.TokenExpired && sub._canFetchToken) sub._needToken = true;
           this.resync(sub, false);
         } else {
           this.subs.delete(sub.channel);
@@ -1016,6 +1048,10 @@ var Herald = class extends Emitter {
   // Subscriptions
   sendSubscribe(sub) {
     if (this._state !== "connected" || sub._inflight || sub._state === "unsubscribed") return;
+    if (sub._needToken) {
+      this.fetchSubscriptionToken(sub);
+      return;
+    }
     const since = sub._tracker.since();
     sub._state = "subscribing";
     sub._sentSince = since;
@@ -1031,10 +1067,74 @@ var Herald = class extends Emitter {
     });
   }
   applySubscribe(sub, result) {
+    if (typeof result.expires_in === "number") this.scheduleSubRefresh(sub, result.expires_in);
     if (sub._applySubscribe(result) && this.subs.get(sub.channel) === sub) this.resync(sub, true);
+  }
+  /** Get a subscription token from the app, then subscribe. */
+  fetchSubscriptionToken(sub) {
+    sub._inflight = true;
+    sub._fetchToken().then(
+      (token) => {
+        sub._inflight = false;
+        if (this.subs.get(sub.channel) !== sub) return;
+        if (token === void 0) {
+          this.subs.delete(sub.channel);
+          sub._end(ClientCode.NoToken, "getToken returned no token");
+          return;
+        }
+        this.sendSubscribe(sub);
+      },
+      (e) => {
+        sub._inflight = false;
+        if (this.subs.get(sub.channel) !== sub) return;
+        const err = new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`);
+        sub._reportError(err);
+        this.reportError("subscribe", err, sub.channel);
+        this.retrySubscribe(sub, () => this.sendSubscribe(sub));
+      }
+    );
+  }
+  /** Send `sub_refresh` ahead of the subscription token's expiry, as for the connection token. */
+  scheduleSubRefresh(sub, expiresInSec) {
+    if (sub._refreshTimer !== void 0) clearTimeout(sub._refreshTimer);
+    sub._refreshTimer = void 0;
+    if (!sub._canFetchToken) return;
+    const ms = expiresInSec * 1e3;
+    const delay = Math.max(0, ms - Math.min(1e4, ms / 4));
+    sub._refreshTimer = setTimeout(() => {
+      sub._refreshTimer = void 0;
+      if (this.subs.get(sub.channel) !== sub || sub._state !== "subscribed") return;
+      sub._fetchToken().then(
+        (token) => {
+          if (!token || this.subs.get(sub.channel) !== sub || sub._state !== "subscribed") return;
+          this.request("sub_refresh", { channel: sub.channel, token }, (err, result) => {
+            if (err) {
+              if (!(err instanceof ConnectionError)) this.reportError("refresh", err, sub.channel);
+              sub._needToken = true;
+              return;
+            }
+            const r = result;
+            if (typeof r.expires_in === "number") this.scheduleSubRefresh(sub, r.expires_in);
+          });
+        },
+        (e) => {
+          sub._needToken = true;
+          this.reportError(
+            "refresh",
+            new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`),
+            sub.channel
+          );
+        }
+      );
+    }, delay);
   }
   onSubscribeError(sub, err) {
     if (err instanceof ConnectionError) return;
+    if (err instanceof ReplyError && err.code === ErrorCode.TokenExpired && sub._canFetchToken) {
+      sub._needToken = true;
+      this.retrySubscribe(sub, () => this.sendSubscribe(sub));
+      return;
+    }
     if (err instanceof TimeoutError || err instanceof ReplyError && err.temporary) {
       sub._reportError(err);
       this.reportError("subscribe", err, sub.channel);
@@ -1217,6 +1317,7 @@ export {
   ReplyError,
   Subscription,
   TimeoutError,
+  UnsubCode,
   UsageError,
   setDefaultWebSocket
 };

@@ -10,7 +10,7 @@
 // or recovery could deliver out of order. That is why replies go to plain callbacks, not promises.
 
 import { Backoff } from './backoff.js';
-import { ClientCode, ErrorCode, isTemporaryError, shouldReconnect, shouldResubscribe } from './codes.js';
+import { ClientCode, ErrorCode, isTemporaryError, shouldReconnect, shouldResubscribe, UnsubCode } from './codes.js';
 import {
   PONG,
   decodeFrame,
@@ -358,7 +358,7 @@ export class Herald extends Emitter<HeraldEvents> {
     const included: Subscription<never>[] = [];
     for (const sub of this.subs.values()) {
       // Subscriptions with their own token cannot go in `connect.subs`; they are sent one by one.
-      if (sub._token !== undefined) continue;
+      if (sub._hasOwnToken) continue;
       const since = sub._tracker.since();
       sub._state = 'subscribing';
       sub._sentSince = since;
@@ -598,6 +598,8 @@ export class Herald extends Emitter<HeraldEvents> {
           return;
         }
         if (shouldResubscribe(msg.code)) {
+          // 4004: the subscription token expired; the resubscribe needs a fresh one.
+          if (msg.code === UnsubCode.TokenExpired && sub._canFetchToken) sub._needToken = true;
           this.resync(sub, false);
         } else {
           this.subs.delete(sub.channel);
@@ -622,6 +624,10 @@ export class Herald extends Emitter<HeraldEvents> {
 
   private sendSubscribe(sub: Subscription<never>): void {
     if (this._state !== 'connected' || sub._inflight || sub._state === 'unsubscribed') return;
+    if (sub._needToken) {
+      this.fetchSubscriptionToken(sub);
+      return;
+    }
     const since = sub._tracker.since();
     sub._state = 'subscribing';
     sub._sentSince = since;
@@ -638,11 +644,78 @@ export class Herald extends Emitter<HeraldEvents> {
   }
 
   private applySubscribe(sub: Subscription<never>, result: SubscribeResult): void {
+    if (typeof result.expires_in === 'number') this.scheduleSubRefresh(sub, result.expires_in);
     if (sub._applySubscribe(result) && this.subs.get(sub.channel) === sub) this.resync(sub, true);
+  }
+
+  /** Get a subscription token from the app, then subscribe. */
+  private fetchSubscriptionToken(sub: Subscription<never>): void {
+    sub._inflight = true;
+    sub._fetchToken().then(
+      (token) => {
+        sub._inflight = false;
+        if (this.subs.get(sub.channel) !== sub) return;
+        if (token === undefined) {
+          this.subs.delete(sub.channel);
+          sub._end(ClientCode.NoToken, 'getToken returned no token');
+          return;
+        }
+        this.sendSubscribe(sub);
+      },
+      (e: unknown) => {
+        sub._inflight = false;
+        if (this.subs.get(sub.channel) !== sub) return;
+        const err = new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`);
+        sub._reportError(err);
+        this.reportError('subscribe', err, sub.channel);
+        this.retrySubscribe(sub, () => this.sendSubscribe(sub));
+      },
+    );
+  }
+
+  /** Send `sub_refresh` ahead of the subscription token's expiry, as for the connection token. */
+  private scheduleSubRefresh(sub: Subscription<never>, expiresInSec: number): void {
+    if (sub._refreshTimer !== undefined) clearTimeout(sub._refreshTimer);
+    sub._refreshTimer = undefined;
+    if (!sub._canFetchToken) return; // a fixed token cannot be refreshed: the server sends unsub 4004
+    const ms = expiresInSec * 1000;
+    const delay = Math.max(0, ms - Math.min(10_000, ms / 4));
+    sub._refreshTimer = setTimeout(() => {
+      sub._refreshTimer = undefined;
+      if (this.subs.get(sub.channel) !== sub || sub._state !== 'subscribed') return;
+      sub._fetchToken().then(
+        (token) => {
+          if (!token || this.subs.get(sub.channel) !== sub || sub._state !== 'subscribed') return;
+          this.request('sub_refresh', { channel: sub.channel, token }, (err, result) => {
+            if (err) {
+              // It will expire: the server sends unsub 4004 and the resubscribe fetches a token.
+              if (!(err instanceof ConnectionError)) this.reportError('refresh', err, sub.channel);
+              sub._needToken = true;
+              return;
+            }
+            const r = result as { expires_in?: number };
+            if (typeof r.expires_in === 'number') this.scheduleSubRefresh(sub, r.expires_in);
+          });
+        },
+        (e: unknown) => {
+          sub._needToken = true;
+          this.reportError(
+            'refresh',
+            new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`),
+            sub.channel,
+          );
+        },
+      );
+    }, delay);
   }
 
   private onSubscribeError(sub: Subscription<never>, err: HeraldError): void {
     if (err instanceof ConnectionError) return; // the next connect restores it
+    if (err instanceof ReplyError && err.code === ErrorCode.TokenExpired && sub._canFetchToken) {
+      sub._needToken = true;
+      this.retrySubscribe(sub, () => this.sendSubscribe(sub));
+      return;
+    }
     if (err instanceof TimeoutError || (err instanceof ReplyError && err.temporary)) {
       sub._reportError(err);
       this.reportError('subscribe', err, sub.channel);

@@ -35,6 +35,8 @@ export interface SubscribeResult {
   recoverable: boolean;
   recovered?: boolean;
   publications?: Publication[];
+  /** Seconds until the subscription token expires (`sub_refresh` extends it). */
+  expires_in?: number;
 }
 
 export interface ConnectResult {

@@ -31,6 +31,16 @@ export const CloseCode = {
   ConnectionLimit: 4504,
 } as const;
 
+/** `unsub` push codes. */
+export const UnsubCode = {
+  /** The server ended the subscription for good (API `unsubscribe`). */
+  Server: 2000,
+  /** The node lost the channel's continuity: subscribe again with `since`. */
+  Resubscribe: 4003,
+  /** The subscription token expired: subscribe again with a new token. */
+  TokenExpired: 4004,
+} as const;
+
 /**
  * Codes for things the SDK notices on its own. They are below 1000 so they can never be confused
  * with a WebSocket close code or a protocol code.

@@ -30,7 +30,7 @@ export type {
   StreamPosition,
   SubscribeResult,
 } from './codec.js';
-export { ClientCode, CloseCode, ErrorCode } from './codes.js';
+export { ClientCode, CloseCode, ErrorCode, UnsubCode } from './codes.js';
 export { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';
 export { Backoff } from './backoff.js';
 export type { BackoffOptions } from './backoff.js';

@@ -68,6 +68,13 @@ export interface SubscribeOptions<T = unknown> {
   since?: StreamPosition;
   /** Subscription token (JWT) for channels that need one. */
   token?: string;
+  /**
+   * Called for a subscription token: before subscribing (when `token` is not given), before the
+   * token expires (the SDK then sends `sub_refresh`), and after the server ended the subscription
+   * because it expired (`unsub` 4004) or refused an expired one (109). Return '' or null to give
+   * up: the subscription ends.
+   */
+  getToken?: (channel: string) => string | null | undefined | Promise<string | null | undefined>;
   /** Every publication, exactly once, in offset order. */
   onPublication?: (ctx: PublicationContext<T>) => void;
   onJoin?: (ctx: PresenceEventContext) => void;
@@ -106,6 +113,10 @@ export class Subscription<T = unknown> {
   readonly _backoff = new Backoff({ minDelayMs: 200, maxDelayMs: 10_000 });
   /** @internal */
   _retryTimer: ReturnType<typeof setTimeout> | undefined;
+  /** @internal Fires `sub_refresh` ahead of the token's expiry. */
+  _refreshTimer: ReturnType<typeof setTimeout> | undefined;
+  /** @internal The next subscribe must fetch a token first (none yet, or the last one expired). */
+  _needToken: boolean;
 
   private readonly host: SubscriptionHost;
   private readonly opts: SubscribeOptions<T>;
@@ -119,7 +130,11 @@ export class Subscription<T = unknown> {
     this.channel = channel;
     this.opts = opts;
     this._tracker = new StreamTracker(opts.since);
+    this.token = opts.token;
+    this._needToken = opts.token === undefined && opts.getToken !== undefined;
   }
+
+  private token: string | undefined;
 
   get state(): SubscriptionState {
     return this._state;
@@ -132,9 +147,31 @@ export class Subscription<T = unknown> {
     return this._tracker.position();
   }
 
-  /** @internal */
+  /** @internal The subscription token to send, if any. */
   get _token(): string | undefined {
-    return this.opts.token;
+    return this.token;
+  }
+
+  /** @internal Whether the subscription has its own token (so it cannot go in `connect.subs`). */
+  get _hasOwnToken(): boolean {
+    return this.token !== undefined || this.opts.getToken !== undefined;
+  }
+
+  /** @internal Whether a fresh token can be fetched. */
+  get _canFetchToken(): boolean {
+    return this.opts.getToken !== undefined;
+  }
+
+  /**
+   * @internal Ask the app for a token. Resolves to the token, or undefined when the app gave none
+   * (the caller ends the subscription). Rejects when `getToken` threw.
+   */
+  async _fetchToken(): Promise<string | undefined> {
+    const token = await this.opts.getToken?.(this.channel);
+    if (!token) return undefined;
+    this.token = token;
+    this._needToken = false;
+    return token;
   }
 
   /**
@@ -245,6 +282,8 @@ export class Subscription<T = unknown> {
     this._state = 'unsubscribed';
     if (this._retryTimer !== undefined) clearTimeout(this._retryTimer);
     this._retryTimer = undefined;
+    if (this._refreshTimer !== undefined) clearTimeout(this._refreshTimer);
+    this._refreshTimer = undefined;
     this.endError = error ?? new HeraldError(code, reason);
     if (error) this._reportError(error);
     for (const w of this.waiters.splice(0)) w.reject(this.endError);
