@@ -34,6 +34,27 @@ pub struct App {
     pub per_ip: PerIp,
     /// WebSocket handshakes per second per client IP.
     pub handshakes: HandshakeRate,
+    /// Open SSE connections.
+    pub sse_connections: AtomicUsize,
+    /// Open NDJSON streaming connections.
+    pub ndjson_connections: AtomicUsize,
+}
+
+impl App {
+    /// The open-connection counter of a one-way transport.
+    pub fn stream_connections(&self, format: crate::uni::format::Format) -> &AtomicUsize {
+        match format {
+            crate::uni::format::Format::Sse => &self.sse_connections,
+            crate::uni::format::Format::Ndjson => &self.ndjson_connections,
+        }
+    }
+
+    /// Connections open on every transport (what a drain waits for).
+    pub fn open_connections(&self) -> usize {
+        self.ws_connections.load(Ordering::Relaxed)
+            + self.sse_connections.load(Ordering::Relaxed)
+            + self.ndjson_connections.load(Ordering::Relaxed)
+    }
 }
 
 /// A response with a body.
@@ -115,6 +136,11 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             body.push_str(&format!(
                 "# HELP herald_ws_connections_open WebSocket connections open at the transport.\n# TYPE herald_ws_connections_open gauge\nherald_ws_connections_open {}\n",
                 app.ws_connections.load(Ordering::Relaxed)
+            ));
+            body.push_str(&format!(
+                "# HELP herald_stream_connections_open One-way stream connections open, by transport.\n# TYPE herald_stream_connections_open gauge\nherald_stream_connections_open{{transport=\"sse\"}} {}\nherald_stream_connections_open{{transport=\"ndjson\"}} {}\n",
+                app.sse_connections.load(Ordering::Relaxed),
+                app.ndjson_connections.load(Ordering::Relaxed)
             ));
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }

@@ -14,6 +14,7 @@
 //! - [`tls`]: rustls server config from PEM files.
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
+//! - [`uni`]: one-way transports: Server-Sent Events and NDJSON streaming.
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
 
 pub mod api;
@@ -25,4 +26,5 @@ pub mod serve;
 pub mod settings;
 pub mod tls;
 pub mod token;
+pub mod uni;
 pub mod ws;

@@ -1,7 +1,7 @@
 //! The accept loop (plain or TLS), and graceful drain on shutdown.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use anyhow::Context;
 use herald_core::auth::TokenVerifier;
 use herald_core::namespace::Namespaces;
 use herald_core::{Config, Hub, Metrics, NodeContext};
+use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -116,6 +117,8 @@ pub async fn run(
             config.limits.handshakes_per_ip_per_s,
             config.limits.handshake_burst_per_ip,
         ),
+        sse_connections: AtomicUsize::new(0),
+        ndjson_connections: AtomicUsize::new(0),
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -167,7 +170,7 @@ pub async fn run(
     }
 
     drop(listener);
-    let open = app.ws_connections.load(Ordering::Relaxed);
+    let open = app.open_connections();
     tracing::info!(
         connections = open,
         drain_ms = config.drain_ms,
@@ -177,10 +180,10 @@ pub async fn run(
     let deadline = tokio::time::Instant::now()
         + Duration::from_millis(config.drain_ms)
         + Duration::from_secs(2);
-    while app.ws_connections.load(Ordering::Relaxed) > 0 && tokio::time::Instant::now() < deadline {
+    while app.open_connections() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tracing::info!(left = app.ws_connections.load(Ordering::Relaxed), "stopped");
+    tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
 }
 
@@ -200,7 +203,15 @@ async fn serve_connection<S>(
         if let Some(slot) = &slot {
             req.extensions_mut().insert(slot.clone());
         }
-        route(app.clone(), req)
+        let app = app.clone();
+        async move {
+            // One-way streams have a body of their own kind; everything else is a full body.
+            if crate::uni::is_stream_path(req.uri().path()) {
+                return Ok::<_, std::convert::Infallible>(crate::uni::serve(app, req).await);
+            }
+            let response = route(app, req).await?;
+            Ok(response.map(|body| body.boxed()))
+        }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())

@@ -1,0 +1,375 @@
+//! One-way transports for clients that cannot or need not hold a WebSocket: Server-Sent Events
+//! (`GET /connection/sse`, for `EventSource` in browsers) and newline-delimited JSON streaming
+//! (`POST /connection/stream`, for `curl -N` and scripts). Both run the same [`Session`] as a
+//! WebSocket connection (tokens, limits, recovery, slow-consumer policy, drain); only the wire
+//! differs. See docs/transports.md.
+//!
+//! - [`event_id`]: the SSE event id that lets `Last-Event-ID` resume every channel.
+//! - [`format`]: Herald frames → SSE events or NDJSON lines.
+//! - [`run`]: the connection's task.
+
+pub mod event_id;
+pub mod format;
+pub mod run;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use herald_core::{Outbound, Session};
+use herald_protocol::command::{ConnectParams, Message, SubOptions};
+use herald_protocol::{Command, ErrorCode, StreamPosition};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use crate::guard::{loopback_host, origin_listed, PeerAddr};
+use crate::http::App;
+use format::{Encoder, Format};
+
+/// A streamed response.
+pub type StreamResponse = Response<BoxBody<Bytes, Infallible>>;
+
+/// Chunks buffered between the connection's task and the socket.
+const CHUNKS: usize = 16;
+
+/// Whether `path` belongs to a one-way transport.
+pub fn is_stream_path(path: &str) -> bool {
+    path == "/connection/sse" || path == "/connection/stream"
+}
+
+fn error(status: StatusCode, code: u16, message: &str) -> StreamResponse {
+    let body = serde_json::json!({"error": {"code": code, "message": message}});
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn bad_request(message: &str) -> StreamResponse {
+    error(
+        StatusCode::BAD_REQUEST,
+        ErrorCode::BadRequest.as_u16(),
+        message,
+    )
+}
+
+/// What a request asks for: connect params, the channels in their order, and where to resume.
+struct Wanted {
+    params: ConnectParams,
+    channels: Vec<String>,
+    since: Vec<Option<StreamPosition>>,
+}
+
+/// `GET /connection/sse?channel=a&channel=b&token=…` (also `channels=a,b`), resumed from the
+/// `Last-Event-ID` header (or a `last_event_id` query parameter).
+fn sse_request(req: &Request<Incoming>) -> Result<Wanted, &'static str> {
+    let mut params = ConnectParams::default();
+    let mut channels: Vec<String> = Vec::new();
+    let mut last_event_id = req
+        .headers()
+        .get("last-event-id")
+        .map(|v| v.to_str().map(str::to_owned))
+        .transpose()
+        .map_err(|_| "Last-Event-ID is not text")?;
+    for (key, value) in form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes()) {
+        match key.as_ref() {
+            "token" => params.token = Some(value.into_owned()),
+            "channel" => channels.push(value.into_owned()),
+            "channels" => channels.extend(
+                value
+                    .split(',')
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_owned),
+            ),
+            "last_event_id" => {
+                last_event_id.get_or_insert(value.into_owned());
+            }
+            "name" => params.name = Some(value.into_owned()),
+            _ => {
+                return Err(
+                    "unknown query parameter (token, channel, channels, last_event_id, name)",
+                )
+            }
+        }
+    }
+    let since = match last_event_id.filter(|id| !id.is_empty()) {
+        Some(id) => event_id::decode(&id, channels.len())?,
+        None => vec![None; channels.len()],
+    };
+    Ok(Wanted {
+        params,
+        channels,
+        since,
+    })
+}
+
+/// `POST /connection/stream` with `{"token"?, "subs": {channel: {"since"?}}}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamBodyParams {
+    token: Option<String>,
+    name: Option<String>,
+    #[serde(default)]
+    subs: std::collections::BTreeMap<String, StreamSub>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamSub {
+    since: Option<StreamPosition>,
+}
+
+async fn ndjson_request(app: &App, req: Request<Incoming>) -> Result<Wanted, StreamResponse> {
+    let limit = app.ctx.config.limits.max_api_body_bytes;
+    let wait = Duration::from_millis(app.ctx.config.limits.handshake_timeout_ms);
+    let body = http_body_util::Limited::new(req.into_body(), limit);
+    let bytes = match tokio::time::timeout(wait, body.collect()).await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(_)) => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::LimitExceeded.as_u16(),
+                "body too large",
+            ))
+        }
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                ErrorCode::BadRequest.as_u16(),
+                "body did not arrive in time",
+            ))
+        }
+    };
+    let body: StreamBodyParams = serde_json::from_slice(&bytes).map_err(|_| {
+        bad_request("body must be {\"token\"?, \"name\"?, \"subs\": {channel: {\"since\"?}}}")
+    })?;
+    let mut params = ConnectParams {
+        token: body.token,
+        name: body.name,
+        ..ConnectParams::default()
+    };
+    let mut channels = Vec::new();
+    let mut since = Vec::new();
+    for (channel, sub) in body.subs {
+        params.subs.insert(
+            channel.clone(),
+            SubOptions {
+                since: sub.since.clone(),
+                token: None,
+            },
+        );
+        channels.push(channel);
+        since.push(sub.since);
+    }
+    Ok(Wanted {
+        params,
+        channels,
+        since,
+    })
+}
+
+/// Serve a one-way transport request.
+pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
+    let format = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/connection/sse") => Format::Sse,
+        (&Method::POST, "/connection/stream") => Format::Ndjson,
+        _ => {
+            return error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                ErrorCode::BadRequest.as_u16(),
+                "use GET /connection/sse or POST /connection/stream",
+            )
+        }
+    };
+    let config = app.ctx.config.clone();
+    if config.dev {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !loopback_host(host) {
+            return error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied.as_u16(),
+                "a --dev node answers only requests to a loopback host",
+            );
+        }
+    }
+    // Browsers: the same origin rule as WebSocket upgrades, and the CORS header EventSource needs.
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(str::to_owned);
+    if let Some(o) = &origin {
+        if !config.allowed_origins.is_empty() && !origin_listed(&config.allowed_origins, o) {
+            return error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied.as_u16(),
+                "origin not allowed",
+            );
+        }
+    }
+    if *app.draining.borrow() {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::TemporarilyUnavailable.as_u16(),
+            "node is draining",
+        );
+    }
+    let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+    if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
+        app.ctx.hub.metrics().handshakes_refused.inc();
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::TooManyRequests.as_u16(),
+            "too many connections from this address",
+        );
+    }
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned());
+    let ip_slot = req.extensions().get::<Arc<crate::guard::IpSlot>>().cloned();
+    let mut wanted = match format {
+        Format::Sse => match sse_request(&req) {
+            Ok(w) => w,
+            Err(why) => return bad_request(why),
+        },
+        Format::Ndjson => match ndjson_request(&app, req).await {
+            Ok(w) => w,
+            Err(response) => return response,
+        },
+    };
+    if wanted.params.token.is_none() {
+        wanted.params.token = bearer;
+    }
+    if wanted.channels.len() > config.limits.max_channels_per_connection {
+        return error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::LimitExceeded.as_u16(),
+            "too many channels",
+        );
+    }
+    if format == Format::Sse {
+        for (i, (channel, since)) in wanted.channels.iter().zip(&wanted.since).enumerate() {
+            if wanted.channels[..i].contains(channel) {
+                return bad_request("a channel is named twice");
+            }
+            wanted.params.subs.insert(
+                channel.clone(),
+                SubOptions {
+                    since: since.clone(),
+                    token: None,
+                },
+            );
+        }
+    }
+
+    // Connect before answering, so a refused token is an HTTP error, not a stream that ends.
+    let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
+    let mut session = Session::new(app.ctx.clone(), out.clone());
+    let connect = Message::Command {
+        id: 1,
+        command: Ok(Command::Connect(wanted.params)),
+    };
+    let refused = session.handle(connect).await;
+    let drained = out.drain();
+    if refused.is_some() {
+        #[derive(Deserialize)]
+        struct Refusal {
+            error: Failure,
+        }
+        #[derive(Deserialize)]
+        struct Failure {
+            code: u16,
+            message: String,
+        }
+        let failure = drained
+            .frames
+            .first()
+            .and_then(|f| serde_json::from_slice::<Refusal>(f).ok())
+            .map(|r| r.error);
+        let (code, message) = failure
+            .map_or((ErrorCode::Unauthorized.as_u16(), "refused".into()), |f| {
+                (f.code, f.message)
+            });
+        let status = if code == ErrorCode::Unauthorized.as_u16()
+            || code == ErrorCode::TokenExpired.as_u16()
+        {
+            StatusCode::UNAUTHORIZED
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        return error(status, code, &message);
+    }
+    let limits = &config.limits;
+    if limits.max_connections > 0 && app.ctx.hub.connection_count() > limits.max_connections {
+        session.end().await;
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::LimitExceeded.as_u16(),
+            "connection limit reached",
+        );
+    }
+
+    let mut encoder = Encoder::new(format, wanted.channels, wanted.since);
+    let mut first = BytesMut::new();
+    first.extend_from_slice(&encoder.preamble());
+    let mut frames = drained.frames.into_iter();
+    if let Some(reply) = frames.next() {
+        encoder.connect_reply(&reply, &mut first);
+    }
+    let mut end = None;
+    for frame in frames {
+        end = end.or(encoder.push(&frame, &mut first));
+    }
+
+    let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS);
+    let _ = tx.try_send(first.freeze());
+    tokio::spawn(run::run(
+        app.clone(),
+        session,
+        out,
+        encoder,
+        tx,
+        end,
+        format,
+        ip_slot,
+    ));
+
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, Infallible>(Frame::data(chunk)), rx))
+    });
+    let mut response = Response::new(StreamBody::new(stream).boxed());
+    let h = response.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(match format {
+            Format::Sse => "text/event-stream",
+            Format::Ndjson => "application/x-ndjson",
+        }),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Ask reverse proxies (nginx) not to buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    if let Some(o) = origin.and_then(|o| HeaderValue::from_str(&o).ok()) {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
+}
