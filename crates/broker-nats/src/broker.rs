@@ -55,7 +55,7 @@ impl Inner {
     pub(crate) fn ensure_connected(&self) -> Result<(), BrokerError> {
         match self.client.connection_state() {
             State::Connected => Ok(()),
-            _ => Err(BrokerError::Unavailable("not connected to NATS".into())),
+            _ => Err(BrokerError::unavailable("not connected to NATS")),
         }
     }
 
@@ -67,7 +67,7 @@ impl Inner {
     ) -> Result<T, BrokerError> {
         tokio::time::timeout(self.config.request_timeout(), fut)
             .await
-            .map_err(|_| BrokerError::Unavailable(format!("NATS {what} timed out")))
+            .map_err(|_| BrokerError::unavailable(format!("NATS {what} timed out")))
     }
 
     /// Which stream holds the channel: history when its namespace keeps any.
@@ -111,11 +111,12 @@ impl NatsBroker {
             .iter()
             .map(|u| u.parse::<async_nats::ServerAddr>())
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| BrokerError::Internal(format!("bad NATS url in {shown:?}: {e}")))?;
-        let client = options
-            .connect(addrs)
-            .await
-            .map_err(|e| BrokerError::Unavailable(format!("connect to NATS {shown:?}: {e}")))?;
+            .map_err(|e| {
+                BrokerError::internal(format!("bad NATS url in {shown:?}: {e}")).caused_by(e)
+            })?;
+        let client = options.connect(addrs).await.map_err(|e| {
+            BrokerError::unavailable(format!("connect to NATS {shown:?}: {e}")).caused_by(e)
+        })?;
         metrics.connected.store(1, Ordering::Relaxed);
         let mut js = match &config.jetstream_domain {
             Some(domain) => jetstream::with_domain(client.clone(), domain),
@@ -212,10 +213,9 @@ async fn connect_options(
         options = options.nkey(seed.clone());
     }
     if let Some(path) = &config.creds_file {
-        options = options
-            .credentials_file(path)
-            .await
-            .map_err(|e| BrokerError::Internal(format!("creds_file {}: {e}", path.display())))?;
+        options = options.credentials_file(path).await.map_err(|e| {
+            BrokerError::internal(format!("creds_file {}: {e}", path.display())).caused_by(e)
+        })?;
     }
     if config.tls_required {
         options = options.require_tls(true);
@@ -229,8 +229,8 @@ async fn connect_options(
         }
         (None, None) => {}
         _ => {
-            return Err(BrokerError::Internal(
-                "tls_cert_file and tls_key_file go together".into(),
+            return Err(BrokerError::internal(
+                "tls_cert_file and tls_key_file go together",
             ))
         }
     }
@@ -244,18 +244,22 @@ impl Broker for NatsBroker {
         inner
             .handler
             .set(handler)
-            .map_err(|_| BrokerError::Internal("broker started twice".into()))?;
+            .map_err(|_| BrokerError::internal("broker started twice"))?;
         let control = inner
             .timed(
                 "subscribe",
                 inner.client.subscribe(inner.subjects.control()),
             )
             .await?
-            .map_err(|e| BrokerError::Unavailable(format!("subscribe control: {e}")))?;
+            .map_err(|e| {
+                BrokerError::unavailable(format!("subscribe control: {e}")).caused_by(e)
+            })?;
         inner
             .timed("flush", inner.client.flush())
             .await?
-            .map_err(|e| BrokerError::Unavailable(format!("subscribe control: {e}")))?;
+            .map_err(|e| {
+                BrokerError::unavailable(format!("subscribe control: {e}")).caused_by(e)
+            })?;
         let shutdown = inner.shutdown.clone();
         tokio::spawn(receive::read_control(
             inner.clone(),
@@ -331,7 +335,7 @@ impl Broker for NatsBroker {
                 inner.client.publish_with_headers(subject, headers, payload),
             )
             .await?
-            .map_err(|e| BrokerError::Unavailable(format!("presence change: {e}")))
+            .map_err(|e| BrokerError::unavailable(format!("presence change: {e}")).caused_by(e))
     }
 
     /// Core NATS to every node, flushed so that success means the server has it.
@@ -339,7 +343,7 @@ impl Broker for NatsBroker {
         let inner = &self.inner;
         inner.ensure_connected()?;
         let payload = serde_json::to_vec(message)
-            .map_err(|e| BrokerError::Internal(format!("encode control: {e}")))?;
+            .map_err(|e| BrokerError::internal(format!("encode control: {e}")).caused_by(e))?;
         inner
             .timed(
                 "publish",
@@ -348,11 +352,11 @@ impl Broker for NatsBroker {
                     .publish(inner.subjects.control(), payload.into()),
             )
             .await?
-            .map_err(|e| BrokerError::Unavailable(format!("control: {e}")))?;
+            .map_err(|e| BrokerError::unavailable(format!("control: {e}")).caused_by(e))?;
         inner
             .timed("flush", inner.client.flush())
             .await?
-            .map_err(|e| BrokerError::Unavailable(format!("control: {e}")))
+            .map_err(|e| BrokerError::unavailable(format!("control: {e}")).caused_by(e))
     }
 
     fn metrics_text(&self) -> String {

@@ -230,7 +230,9 @@ pub(crate) async fn fetch_filtered(
     let consumer = inner
         .timed("create consumer", stream.create_consumer(config))
         .await?
-        .map_err(|e| BrokerError::Unavailable(format!("create consumer on {filter}: {e}")))?;
+        .map_err(|e| {
+            BrokerError::unavailable(format!("create consumer on {filter}: {e}")).caused_by(e)
+        })?;
     let pending = usize::try_from(consumer.cached_info().num_pending).unwrap_or(usize::MAX);
     let name = consumer.cached_info().name.clone();
     let mut out = Vec::with_capacity(pending.min(4096));
@@ -241,13 +243,16 @@ pub(crate) async fn fetch_filtered(
                 .max_messages(pending)
                 .messages()
                 .await
-                .map_err(|e| BrokerError::Unavailable(format!("fetch {filter}: {e}")))?;
+                .map_err(|e| {
+                    BrokerError::unavailable(format!("fetch {filter}: {e}")).caused_by(e)
+                })?;
             while let Some(message) = batch.next().await {
-                let message = message
-                    .map_err(|e| BrokerError::Unavailable(format!("fetch {filter}: {e}")))?;
-                let info = message
-                    .info()
-                    .map_err(|e| BrokerError::Internal(format!("message info: {e}")))?;
+                let message = message.map_err(|e| {
+                    BrokerError::unavailable(format!("fetch {filter}: {e}")).caused_by(e)
+                })?;
+                let info = message.info().map_err(|e| {
+                    BrokerError::internal(format!("message info: {e}")).caused_by(e)
+                })?;
                 let (seq, time) = (info.stream_sequence, info.published);
                 out.push((seq, time, message.message));
             }

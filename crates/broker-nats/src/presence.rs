@@ -45,7 +45,7 @@ async fn store(
         .timed("presence", put)
         .await?
         .map(|_| ())
-        .map_err(|e| BrokerError::Unavailable(format!("presence: {e}")))
+        .map_err(|e| BrokerError::unavailable(format!("presence: {e}")).caused_by(e))
 }
 
 /// `Broker::add_presence`.

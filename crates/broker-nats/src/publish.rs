@@ -157,7 +157,7 @@ impl Found {
 
 fn found(message: async_nats::jetstream::message::StreamMessage) -> Result<Found, BrokerError> {
     let stored = decode_publications(&message.headers, &message.payload).ok_or_else(|| {
-        BrokerError::Internal(format!(
+        BrokerError::internal(format!(
             "message {} on {} is not a Herald publication",
             message.sequence, message.subject
         ))
@@ -195,7 +195,7 @@ async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, 
         Which::LastOf(subject) => format!("last of {subject}"),
         Which::Seq(seq) => format!("message {seq}"),
     };
-    let failed = |err: String| BrokerError::Unavailable(format!("read {what}: {err}"));
+    let failed = |err: String| BrokerError::unavailable(format!("read {what}: {err}"));
     if inner.config.direct_reads {
         let get = async {
             match which {
@@ -212,7 +212,7 @@ async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, 
                 {
                     Ok(Read::NoStream)
                 }
-                _ => Err(failed(err.to_string())),
+                _ => Err(failed(err.to_string()).caused_by(err)),
             },
         }
     } else {
@@ -231,7 +231,7 @@ async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, 
                 {
                     Ok(Read::NoStream)
                 }
-                _ => Err(failed(err.to_string())),
+                _ => Err(failed(err.to_string()).caused_by(err)),
             },
         }
     }
@@ -298,10 +298,11 @@ async fn try_store(
         Err(err) => match err.kind() {
             PublishErrorKind::WrongLastSequence => Ok(Outcome::Conflict),
             PublishErrorKind::StreamNotFound => Ok(Outcome::StreamMissing),
-            PublishErrorKind::MaxPayloadExceeded => Err(BrokerError::Internal(format!(
+            PublishErrorKind::MaxPayloadExceeded => Err(BrokerError::internal(format!(
                 "publication too large for NATS: {err}"
-            ))),
-            _ => Err(BrokerError::Unavailable(format!("publish: {err}"))),
+            ))
+            .caused_by(err)),
+            _ => Err(BrokerError::unavailable(format!("publish: {err}")).caused_by(err)),
         },
     }
 }
@@ -354,7 +355,7 @@ async fn enqueue(
     let start_flusher = {
         let mut ch = lock(&slot);
         if ch.waiting.len() >= MAX_QUEUED {
-            return Err(BrokerError::Unavailable(format!(
+            return Err(BrokerError::unavailable(format!(
                 "channel {channel}: {MAX_QUEUED} publications already waiting, retry"
             )));
         }
@@ -379,7 +380,7 @@ async fn enqueue(
     }
     position
         .await
-        .unwrap_or_else(|_| Err(BrokerError::Internal("publisher task ended".into())))
+        .unwrap_or_else(|_| Err(BrokerError::internal("publisher task ended")))
 }
 
 /// The `Nats-Msg-Id` of a publication with an idempotency key. A key that cannot be a header
@@ -387,7 +388,7 @@ async fn enqueue(
 fn msg_id(channel: &str, key: &str) -> Result<HeaderValue, BrokerError> {
     format!("{}:{key}", escape(channel))
         .parse()
-        .map_err(|_| BrokerError::Internal("idempotency key holds CR or LF".into()))
+        .map_err(|_| BrokerError::internal("idempotency key holds CR or LF"))
 }
 
 /// The next batch: the oldest waiting publication, and while they fit, the ones after it. One
@@ -410,13 +411,6 @@ fn take_batch(waiting: &mut VecDeque<Pending>) -> Vec<Pending> {
         }
     }
     batch
-}
-
-fn copy_error(err: &BrokerError) -> BrokerError {
-    match err {
-        BrokerError::Unavailable(s) => BrokerError::Unavailable(s.clone()),
-        BrokerError::Internal(s) => BrokerError::Internal(s.clone()),
-    }
 }
 
 /// Held by a channel's flusher. Dropped without [`ended`](Self::ended) set, i.e. when the task
@@ -449,7 +443,7 @@ impl Drop for FlushGuard {
         for p in waiting {
             let _ = p
                 .done
-                .send(Err(BrokerError::Internal("publisher task ended".into())));
+                .send(Err(BrokerError::internal("publisher task ended")));
         }
     }
 }
@@ -504,7 +498,7 @@ async fn flush(
             }
             Err(err) => {
                 for p in batch {
-                    let _ = p.done.send(Err(copy_error(&err)));
+                    let _ = p.done.send(Err(err.clone()));
                 }
             }
         }
@@ -595,7 +589,7 @@ async fn store_batch(
             }
         }
     }
-    Err(BrokerError::Unavailable(format!(
+    Err(BrokerError::unavailable(format!(
         "{subject}: too many concurrent publishers, retry"
     )))
 }
@@ -634,7 +628,7 @@ async fn original(
         None => read_last(inner, kind, subject).await?,
     };
     let found = found.ok_or_else(|| {
-        BrokerError::Internal(format!("duplicate of {subject} but nothing stored"))
+        BrokerError::internal(format!("duplicate of {subject} but nothing stored"))
     })?;
     Ok(StreamPosition {
         offset: found.stored.last(),
@@ -698,7 +692,7 @@ pub(crate) async fn last_or_marker(
             }
         }
     }
-    Err(BrokerError::Unavailable(format!(
+    Err(BrokerError::unavailable(format!(
         "{subject}: could not create the epoch"
     )))
 }
@@ -722,7 +716,7 @@ mod tests {
     fn an_idempotency_key_that_is_no_header_value_is_an_error() {
         assert!(matches!(
             msg_id("chat", "a\r\nb"),
-            Err(BrokerError::Internal(_))
+            Err(BrokerError::Internal { .. })
         ));
         assert!(msg_id("chat", "a\nb").is_err());
         assert_eq!(msg_id("chat", "key-1").unwrap().as_str(), "chat:key-1");
@@ -756,7 +750,10 @@ mod tests {
             assert!(ch.tail.is_none(), "the last store's outcome is unknown");
             assert!(ch.waiting.is_empty());
         }
-        assert!(matches!(queued.await, Ok(Err(BrokerError::Internal(_)))));
+        assert!(matches!(
+            queued.await,
+            Ok(Err(BrokerError::Internal { .. }))
+        ));
     }
 
     #[tokio::test]

@@ -41,12 +41,12 @@ pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &str) -> Result<(), B
     let subscriber = inner
         .timed("subscribe", inner.client.subscribe(subject))
         .await?
-        .map_err(|e| BrokerError::Unavailable(format!("subscribe {channel}: {e}")))?;
+        .map_err(|e| BrokerError::unavailable(format!("subscribe {channel}: {e}")).caused_by(e))?;
     // On failure `subscriber` drops here, which unsubscribes.
     inner
         .timed("flush", inner.client.flush())
         .await?
-        .map_err(|e| BrokerError::Unavailable(format!("subscribe {channel}: {e}")))?;
+        .map_err(|e| BrokerError::unavailable(format!("subscribe {channel}: {e}")).caused_by(e))?;
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(read_channel(
         inner.clone(),
@@ -309,7 +309,7 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
             inner
                 .timed("flush", inner.client.flush())
                 .await?
-                .map_err(|e| BrokerError::Unavailable(e.to_string()))
+                .map_err(|e| BrokerError::unavailable(e.to_string()).caused_by(e))
         };
         match ready.await {
             Ok(()) => break,

@@ -56,8 +56,8 @@ pub(crate) struct Streams {
     update_lock: AsyncMutex<()>,
 }
 
-fn unavailable(what: &str, err: impl std::fmt::Display) -> BrokerError {
-    BrokerError::Unavailable(format!("{what}: {err}"))
+fn unavailable(what: &str, err: impl std::error::Error + Send + Sync + 'static) -> BrokerError {
+    BrokerError::unavailable(format!("{what}: {err}")).caused_by(err)
 }
 
 impl Streams {
@@ -69,7 +69,9 @@ impl Streams {
             // A name check only; no request is made.
             futures_util::FutureExt::now_or_never(js.get_stream_no_info(name))
                 .expect("get_stream_no_info does not wait")
-                .map_err(|e| BrokerError::Internal(format!("stream name {name:?}: {e}")))
+                .map_err(|e| {
+                    BrokerError::internal(format!("stream name {name:?}: {e}")).caused_by(e)
+                })
         };
         Ok(Streams {
             history: handle(&history_name)?,
@@ -235,8 +237,8 @@ impl Streams {
                 GetStreamErrorKind::JetStream(e)
                     if e.error_code() == ErrorCode::JETSTREAM_NOT_ENABLED =>
                 {
-                    Err(BrokerError::Unavailable(
-                        "JetStream is not enabled on the NATS server (start it with -js)".into(),
+                    Err(BrokerError::unavailable(
+                        "JetStream is not enabled on the NATS server (start it with -js)",
                     ))
                 }
                 _ => Err(unavailable(&format!("stream {name}"), err)),

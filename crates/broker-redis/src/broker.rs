@@ -114,7 +114,9 @@ impl RedisBroker {
                     .map_err(config_error)?
                     .get_async_connection()
                     .await
-                    .map_err(|e| BrokerError::Unavailable(format!("redis cluster: {e}")))?;
+                    .map_err(|e| {
+                        BrokerError::unavailable(format!("redis cluster: {e}")).caused_by(e)
+                    })?;
                 let (push, signal_tx, signals) = subscriber::cluster_push_sender(dispatch.clone());
                 let sub = cluster_builder(&seeds, &cfg)?
                     .use_protocol(ProtocolVersion::RESP3)
@@ -123,7 +125,9 @@ impl RedisBroker {
                     .map_err(config_error)?
                     .get_async_connection()
                     .await
-                    .map_err(|e| BrokerError::Unavailable(format!("redis cluster: {e}")))?;
+                    .map_err(|e| {
+                        BrokerError::unavailable(format!("redis cluster: {e}")).caused_by(e)
+                    })?;
                 let subscriber = Subscriber::start_cluster(
                     sub,
                     (signal_tx, signals),
@@ -159,7 +163,7 @@ impl RedisBroker {
 }
 
 fn config_error(e: redis::RedisError) -> BrokerError {
-    BrokerError::Internal(format!("redis config: {e}"))
+    BrokerError::internal(format!("redis config: {e}")).caused_by(e)
 }
 
 fn connector_for(
@@ -438,7 +442,7 @@ fn ms(d: Duration) -> u64 {
 }
 
 fn bad_reply(what: &str) -> BrokerError {
-    BrokerError::Internal(format!("redis: unexpected reply to {what}"))
+    BrokerError::internal(format!("redis: unexpected reply to {what}"))
 }
 
 fn as_u64(v: &Value) -> Option<u64> {
@@ -514,7 +518,7 @@ impl Broker for RedisBroker {
     async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError> {
         let inner = &self.inner;
         if inner.started.set(()).is_err() {
-            return Err(BrokerError::Internal("broker started twice".into()));
+            return Err(BrokerError::internal("broker started twice"));
         }
         let _ = inner.dispatch.handler.set(handler);
         // The one always-on subscription: control messages for every node.
@@ -539,7 +543,8 @@ impl Broker for RedisBroker {
             .as_ref()
             .map(|key| inner.names.idempotency(channel, key));
         let info_json = match &info {
-            Some(i) => serde_json::to_vec(i).map_err(|e| BrokerError::Internal(e.to_string()))?,
+            Some(i) => serde_json::to_vec(i)
+                .map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))?,
             None => Vec::new(),
         };
         let s = &opts.stream;
@@ -655,7 +660,8 @@ impl Broker for RedisBroker {
 
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
         let inner = &self.inner;
-        let json = serde_json::to_string(who).map_err(|e| BrokerError::Internal(e.to_string()))?;
+        let json = serde_json::to_string(who)
+            .map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))?;
         inner
             .local_presence
             .lock()
@@ -717,8 +723,8 @@ impl Broker for RedisBroker {
 
     async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError> {
         let inner = &self.inner;
-        let payload =
-            serde_json::to_vec(message).map_err(|e| BrokerError::Internal(e.to_string()))?;
+        let payload = serde_json::to_vec(message)
+            .map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))?;
         let control = inner.names.control.clone();
         // Standalone shards: the control channel lives on shard 0 (every node subscribes there).
         let conn = inner.commands.conn(0)?;

@@ -113,7 +113,7 @@ pub(crate) enum Topology {
 }
 
 fn bad(msg: impl Into<String>) -> BrokerError {
-    BrokerError::Internal(format!("redis config: {}", msg.into()))
+    BrokerError::internal(format!("redis config: {}", msg.into()))
 }
 
 impl RedisConfig {

@@ -42,9 +42,9 @@ pub(crate) fn broker_error(err: RedisError) -> BrokerError {
         "MOVED",
     ];
     if is_connection_error(&err) || err.code().is_some_and(|c| RETRYABLE.contains(&c)) {
-        BrokerError::Unavailable(format!("redis: {err}"))
+        BrokerError::unavailable(format!("redis: {err}")).caused_by(err)
     } else {
-        BrokerError::Internal(format!("redis: {err}"))
+        BrokerError::internal(format!("redis: {err}")).caused_by(err)
     }
 }
 
@@ -58,10 +58,9 @@ pub(crate) fn connection_info(
         Some(rest) if cfg.tls => format!("rediss://{rest}"),
         _ => url.to_owned(),
     };
-    let info = url
-        .as_str()
-        .into_connection_info()
-        .map_err(|e| BrokerError::Internal(format!("redis config: bad URL {url}: {e}")))?;
+    let info = url.as_str().into_connection_info().map_err(|e| {
+        BrokerError::internal(format!("redis config: bad URL {url}: {e}")).caused_by(e)
+    })?;
     let mut redis = info.redis_settings().clone().set_protocol(protocol);
     if let Some(u) = &cfg.username {
         redis = redis.set_username(u);
@@ -95,8 +94,9 @@ pub(crate) fn tls_certificates(
     cfg: &RedisConfig,
 ) -> Result<Option<redis::TlsCertificates>, BrokerError> {
     let read = |p: &std::path::Path| {
-        std::fs::read(p)
-            .map_err(|e| BrokerError::Internal(format!("redis config: {}: {e}", p.display())))
+        std::fs::read(p).map_err(|e| {
+            BrokerError::internal(format!("redis config: {}: {e}", p.display())).caused_by(e)
+        })
     };
     let root_cert = cfg.tls_ca_file.as_deref().map(read).transpose()?;
     let client_tls = match (&cfg.tls_client_cert_file, &cfg.tls_client_key_file) {
@@ -106,8 +106,8 @@ pub(crate) fn tls_certificates(
         }),
         (None, None) => None,
         _ => {
-            return Err(BrokerError::Internal(
-                "redis config: set both tls_client_cert_file and tls_client_key_file".into(),
+            return Err(BrokerError::internal(
+                "redis config: set both tls_client_cert_file and tls_client_key_file",
             ))
         }
     };
@@ -124,10 +124,10 @@ pub(crate) fn client(info: ConnectionInfo, cfg: &RedisConfig) -> Result<Client, 
     #[cfg(feature = "tls")]
     if let Some(certs) = tls_certificates(cfg)? {
         return Client::build_with_tls(info, certs)
-            .map_err(|e| BrokerError::Internal(format!("redis config: {e}")));
+            .map_err(|e| BrokerError::internal(format!("redis config: {e}")).caused_by(e));
     }
     let _ = cfg;
-    Client::open(info).map_err(|e| BrokerError::Internal(format!("redis config: {e}")))
+    Client::open(info).map_err(|e| BrokerError::internal(format!("redis config: {e}")).caused_by(e))
 }
 
 /// How to open a new connection to one standalone server: a fixed address, or whatever master
@@ -229,7 +229,8 @@ impl Link {
             reconnecting: AtomicBool::new(true),
         });
         link.open().await.map_err(|e| {
-            BrokerError::Unavailable(format!("redis at {}: {e}", link.connector.describe()))
+            BrokerError::unavailable(format!("redis at {}: {e}", link.connector.describe()))
+                .caused_by(e)
         })?;
         link.reconnecting.store(false, Ordering::Release);
         Ok(link)
@@ -260,7 +261,7 @@ impl Link {
             return Ok(c);
         }
         self.start_reconnect();
-        Err(BrokerError::Unavailable(format!(
+        Err(BrokerError::unavailable(format!(
             "redis at {} is unreachable; reconnecting",
             self.connector.describe()
         )))

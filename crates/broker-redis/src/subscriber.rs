@@ -265,7 +265,8 @@ impl Subscriber {
             reconnect_single(&mut backend, &dispatch, &signal_tx)
                 .await
                 .map_err(|e| {
-                    BrokerError::Unavailable(format!("redis subscription connection: {e}"))
+                    BrokerError::unavailable(format!("redis subscription connection: {e}"))
+                        .caused_by(e)
                 })?;
         }
         let (tx, requests) = mpsc::channel(REQUEST_QUEUE);
@@ -298,7 +299,7 @@ impl Subscriber {
 
     async fn call(&self, make: impl FnOnce(Reply) -> Request) -> Result<(), BrokerError> {
         let (tx, rx) = oneshot::channel();
-        let gone = || BrokerError::Internal("redis subscriber stopped".into());
+        let gone = || BrokerError::internal("redis subscriber stopped");
         self.requests.send(make(tx)).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
@@ -652,5 +653,5 @@ impl Actor {
 }
 
 fn unavailable() -> BrokerError {
-    BrokerError::Unavailable("redis subscription connection is down; reconnecting".into())
+    BrokerError::unavailable("redis subscription connection is down; reconnecting")
 }

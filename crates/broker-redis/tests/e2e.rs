@@ -129,10 +129,20 @@ async fn redis_restored_from_an_older_snapshot_starts_a_new_epoch() {
     assert!(!told.is_empty());
 
     // A client that held offset 6 recovers on either node: it must learn it cannot.
+    // A node whose subscription link is still reconnecting answers 111 (retryable); a real
+    // client retries, so the test does too.
     for node in [&a, &b] {
-        let c = node
-            .client(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
-            .await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let c = loop {
+            let c = node
+                .client(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
+                .await;
+            if c.connect_reply["subs"][&ch]["error"]["code"] != 111 {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "{}", c.connect_reply);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         let sub = &c.connect_reply["subs"][&ch];
         assert_eq!(sub["recovered"], false, "{sub}");
         assert_eq!(sub["epoch"], after[0]["epoch"], "{sub}");

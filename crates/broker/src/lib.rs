@@ -26,15 +26,70 @@ use serde::{Deserialize, Serialize};
 pub use memory::MemoryBroker;
 pub use watermark::Watermarks;
 
-/// What a broker failure means for the caller.
-#[derive(Debug, thiserror::Error)]
+/// The error that caused a [`BrokerError`], shared so that one failure can fail many waiting
+/// calls.
+pub type Cause = Arc<dyn std::error::Error + Send + Sync>;
+
+/// What a broker failure means for the caller: whether to retry ([`Unavailable`](Self::Unavailable))
+/// or not ([`Internal`](Self::Internal)), what failed, and the underlying error where there was one.
+/// `Clone`, so that one failed write can answer every publication that waited on it.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BrokerError {
     /// The broker cannot be reached right now; retry later (error 111 / HTTP 503).
-    #[error("broker unavailable: {0}")]
-    Unavailable(String),
-    /// The broker answered something unexpected (error 100 / HTTP 500).
-    #[error("broker error: {0}")]
-    Internal(String),
+    #[error("broker unavailable: {message}")]
+    Unavailable {
+        /// What failed, with the cause's text; fit to send to the client.
+        message: String,
+        /// The underlying error (I/O, client library), for logs and inspection.
+        #[source]
+        cause: Option<Cause>,
+    },
+    /// The broker answered something unexpected, or Herald is misconfigured (error 100 / HTTP
+    /// 500). Logged, never sent to a client.
+    #[error("broker error: {message}")]
+    Internal {
+        /// What failed, with the cause's text.
+        message: String,
+        /// The underlying error, if any.
+        #[source]
+        cause: Option<Cause>,
+    },
+}
+
+impl BrokerError {
+    /// A retryable failure without an underlying error.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        BrokerError::Unavailable {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// A failure that retrying will not fix, without an underlying error.
+    pub fn internal(message: impl Into<String>) -> Self {
+        BrokerError::Internal {
+            message: message.into(),
+            cause: None,
+        }
+    }
+
+    /// The same failure, keeping `cause` as its [`source`](std::error::Error::source).
+    pub fn caused_by(self, cause: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        let cause = Some(Cause::from(cause.into()));
+        match self {
+            BrokerError::Unavailable { message, .. } => BrokerError::Unavailable { message, cause },
+            BrokerError::Internal { message, .. } => BrokerError::Internal { message, cause },
+        }
+    }
+
+    /// What failed, in words.
+    pub fn message(&self) -> &str {
+        match self {
+            BrokerError::Unavailable { message, .. } | BrokerError::Internal { message, .. } => {
+                message
+            }
+        }
+    }
 }
 
 /// How a channel's stream is kept; comes from the channel's namespace.
@@ -223,3 +278,23 @@ pub fn new_epoch() -> String {
 
 /// Keep `Arc<dyn Broker>` usable where a `Broker` is expected.
 pub type SharedBroker = Arc<dyn Broker>;
+
+#[cfg(test)]
+mod tests {
+    use super::BrokerError;
+    use std::error::Error as _;
+
+    #[test]
+    fn broker_error_keeps_its_cause_through_clone() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
+        let err = BrokerError::unavailable("redis at x: refused").caused_by(io);
+        let copy = err.clone();
+        assert_eq!(copy.to_string(), "broker unavailable: redis at x: refused");
+        assert_eq!(copy.message(), "redis at x: refused");
+        assert_eq!(
+            copy.source().map(|c| c.to_string()).as_deref(),
+            Some("refused")
+        );
+        assert!(BrokerError::internal("bad").source().is_none());
+    }
+}

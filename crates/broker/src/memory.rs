@@ -141,7 +141,7 @@ impl Broker for MemoryBroker {
     async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError> {
         self.handler
             .set(handler)
-            .map_err(|_| BrokerError::Internal("broker started twice".into()))
+            .map_err(|_| BrokerError::internal("broker started twice"))
     }
 
     async fn publish(

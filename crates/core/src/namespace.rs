@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use herald_protocol::ErrorCode;
+use herald_protocol::{CommandError, ErrorCode};
 
 use crate::config::{Config, NamespaceConfig, SubscribePolicy};
 
@@ -15,19 +15,56 @@ pub fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"_:.@=/#,-".contains(&b)
 }
 
+/// Why a channel name is refused or a subscription is not allowed. Always the client's fault;
+/// retrying the same request gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NamespaceError {
+    /// The name is empty or longer than [`MAX_CHANNEL_LEN`].
+    #[error("channel name must be 1 to {MAX_CHANNEL_LEN} bytes")]
+    BadLength,
+    /// The name has bytes outside the channel alphabet.
+    #[error("channel {0:?} has characters outside [A-Za-z0-9_:.@=/#,-]")]
+    BadCharacters(String),
+    /// The name's `ns:` prefix names no configured namespace.
+    #[error("unknown namespace {0:?}")]
+    UnknownNamespace(String),
+    /// A user-limited channel (`name#alice,bob`) does not list this user.
+    #[error("channel is limited to other users")]
+    OtherUsersOnly,
+    /// The namespace admits only holders of a subscription token.
+    #[error("channel needs a subscription token")]
+    NeedsSubscriptionToken,
+    /// The namespace admits only authenticated users.
+    #[error("channel needs an authenticated user")]
+    NeedsUser,
+}
+
+impl NamespaceError {
+    /// The protocol error code this answers with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            NamespaceError::BadLength | NamespaceError::BadCharacters(_) => ErrorCode::BadRequest,
+            NamespaceError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
+            NamespaceError::OtherUsersOnly
+            | NamespaceError::NeedsSubscriptionToken
+            | NamespaceError::NeedsUser => ErrorCode::PermissionDenied,
+        }
+    }
+}
+
+impl From<NamespaceError> for CommandError {
+    fn from(e: NamespaceError) -> Self {
+        CommandError::new(e.code(), e.to_string())
+    }
+}
+
 /// Check a channel name's length and alphabet.
-pub fn validate_channel(channel: &str) -> Result<(), (ErrorCode, String)> {
+pub fn validate_channel(channel: &str) -> Result<(), NamespaceError> {
     if channel.is_empty() || channel.len() > MAX_CHANNEL_LEN {
-        return Err((
-            ErrorCode::BadRequest,
-            format!("channel name must be 1 to {MAX_CHANNEL_LEN} bytes"),
-        ));
+        return Err(NamespaceError::BadLength);
     }
     if !channel.bytes().all(is_name_byte) {
-        return Err((
-            ErrorCode::BadRequest,
-            format!("channel {channel:?} has characters outside [A-Za-z0-9_:.@=/#,-]"),
-        ));
+        return Err(NamespaceError::BadCharacters(channel.to_owned()));
     }
     Ok(())
 }
@@ -59,16 +96,14 @@ impl Namespaces {
     }
 
     /// The namespace that governs `channel`, after validating the name.
-    pub fn resolve(&self, channel: &str) -> Result<&Arc<NamespaceConfig>, (ErrorCode, String)> {
+    pub fn resolve(&self, channel: &str) -> Result<&Arc<NamespaceConfig>, NamespaceError> {
         validate_channel(channel)?;
         match channel.split_once(':') {
             None => Ok(&self.default),
-            Some((ns, _)) => self.named.get(ns).ok_or_else(|| {
-                (
-                    ErrorCode::UnknownNamespace,
-                    format!("unknown namespace {ns:?}"),
-                )
-            }),
+            Some((ns, _)) => self
+                .named
+                .get(ns)
+                .ok_or_else(|| NamespaceError::UnknownNamespace(ns.to_owned())),
         }
     }
 }
@@ -88,13 +123,10 @@ pub fn may_subscribe(
     ns: &NamespaceConfig,
     channel: &str,
     who: &Subscriber<'_>,
-) -> Result<(), (ErrorCode, String)> {
+) -> Result<(), NamespaceError> {
     if let Some(mut users) = allowed_users(channel) {
         if who.user.is_empty() || !users.any(|u| u == who.user) {
-            return Err((
-                ErrorCode::PermissionDenied,
-                "channel is limited to other users".into(),
-            ));
+            return Err(NamespaceError::OtherUsersOnly);
         }
     }
     if who.granted_by_connection_token || who.has_subscription_token {
@@ -107,12 +139,10 @@ pub fn may_subscribe(
     };
     if allowed {
         Ok(())
+    } else if ns.subscribe == SubscribePolicy::Token {
+        Err(NamespaceError::NeedsSubscriptionToken)
     } else {
-        let why = match ns.subscribe {
-            SubscribePolicy::Token => "channel needs a subscription token",
-            _ => "channel needs an authenticated user",
-        };
-        Err((ErrorCode::PermissionDenied, why.into()))
+        Err(NamespaceError::NeedsUser)
     }
 }
 
@@ -144,15 +174,15 @@ mod tests {
         assert_eq!(ns.resolve("news").unwrap().name, "");
         assert_eq!(ns.resolve("priv:x").unwrap().name, "priv");
         assert_eq!(
-            ns.resolve("nope:x").unwrap_err().0,
+            ns.resolve("nope:x").unwrap_err().code(),
             ErrorCode::UnknownNamespace
         );
         assert_eq!(
-            ns.resolve("bad channel").unwrap_err().0,
+            ns.resolve("bad channel").unwrap_err().code(),
             ErrorCode::BadRequest
         );
         assert_eq!(
-            ns.resolve(&"a".repeat(256)).unwrap_err().0,
+            ns.resolve(&"a".repeat(256)).unwrap_err().code(),
             ErrorCode::BadRequest
         );
     }
@@ -184,7 +214,7 @@ mod tests {
         assert_eq!(
             may_subscribe(def, "dm#alice,bob", &who("eve"))
                 .unwrap_err()
-                .0,
+                .code(),
             ErrorCode::PermissionDenied
         );
         let granted = Subscriber {

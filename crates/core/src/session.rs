@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 use crate::auth::{AuthError, TokenVerifier};
 use crate::config::{Config, NamespaceConfig};
 use crate::hub::{ConnKey, Hub};
-use crate::namespace::{may_subscribe, Namespaces, Subscriber};
+use crate::namespace::{may_subscribe, NamespaceError, Namespaces, Subscriber};
 use crate::outbound::{CloseRequest, Control, Outbound};
 use crate::rate::TokenBucket;
 use crate::recovery::SubscribeResult;
@@ -84,8 +84,10 @@ fn close(code: CloseCode, reason: impl Into<String>) -> CloseRequest {
 
 fn broker_error(e: BrokerError) -> CommandError {
     match e {
-        BrokerError::Unavailable(m) => CommandError::new(ErrorCode::TemporarilyUnavailable, m),
-        BrokerError::Internal(m) => {
+        BrokerError::Unavailable { message: m, .. } => {
+            CommandError::new(ErrorCode::TemporarilyUnavailable, m)
+        }
+        BrokerError::Internal { message: m, .. } => {
             tracing::error!(cause = %m, "broker error");
             CommandError::new(ErrorCode::Internal, "internal error")
         }
@@ -103,8 +105,8 @@ pub fn check_data_depth(data: &str) -> Result<(), CommandError> {
     Ok(())
 }
 
-fn ns_error((code, message): (ErrorCode, String)) -> CommandError {
-    CommandError::new(code, message)
+fn ns_error(e: NamespaceError) -> CommandError {
+    e.into()
 }
 
 fn unix_now() -> u64 {

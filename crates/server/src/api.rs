@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
+use herald_core::namespace::NamespaceError;
 use herald_core::session::{check_data_depth, history_body, PresenceReply};
 use herald_protocol::command::json_error_reason;
 use herald_protocol::{CloseCode, CommandError, ErrorCode, StreamPosition};
@@ -49,8 +50,10 @@ impl ApiError {
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
         match e {
-            BrokerError::Unavailable(m) => ApiError::code(ErrorCode::TemporarilyUnavailable, m),
-            BrokerError::Internal(m) => {
+            BrokerError::Unavailable { message: m, .. } => {
+                ApiError::code(ErrorCode::TemporarilyUnavailable, m)
+            }
+            BrokerError::Internal { message: m, .. } => {
                 tracing::error!(cause = %m, "broker error in API call");
                 ApiError::code(ErrorCode::Internal, "internal error")
             }
@@ -82,9 +85,9 @@ fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-impl From<(ErrorCode, String)> for ApiError {
-    fn from((code, message): (ErrorCode, String)) -> Self {
-        ApiError::code(code, message)
+impl From<NamespaceError> for ApiError {
+    fn from(e: NamespaceError) -> Self {
+        ApiError::code(e.code(), e.to_string())
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::process::{Child, Command};
 /// `python3 -m http.server` serving a directory, with its request log in a file.
 struct KeyServer {
     _child: Child,
+    _tmp: tempfile::TempDir,
     dir: PathBuf,
     log: PathBuf,
     port: u16,
@@ -22,10 +23,11 @@ struct KeyServer {
 
 impl KeyServer {
     async fn start(jwks_fixture: &str) -> KeyServer {
-        let dir = PathBuf::from(config_file("jwks.json", ""))
-            .parent()
-            .unwrap()
-            .to_path_buf();
+        let tmp = tempfile::Builder::new()
+            .prefix("herald-test-")
+            .tempdir()
+            .unwrap();
+        let dir = tmp.path().to_path_buf();
         std::fs::copy(fixture(jwks_fixture), dir.join("jwks.json")).unwrap();
         let log = dir.join("requests.log");
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -59,6 +61,7 @@ impl KeyServer {
         }
         KeyServer {
             _child: child,
+            _tmp: tmp,
             dir,
             log,
             port,

@@ -11,9 +11,8 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::free_port;
@@ -29,22 +28,14 @@ pub struct NatsServer {
     child: Option<Child>,
     port: u16,
     monitor_port: u16,
-    store_dir: PathBuf,
+    /// JetStream storage, removed when the server is dropped (after it is killed: fields drop
+    /// after `Drop::drop`).
+    store_dir: tempfile::TempDir,
     extra_args: Vec<String>,
 }
 
 fn binary() -> String {
     std::env::var(BIN_ENV).unwrap_or_else(|_| "nats-server".to_owned())
-}
-
-/// A fresh directory under the system temp dir, unique to this process and call.
-fn temp_dir() -> PathBuf {
-    static COUNTER: AtomicU32 = AtomicU32::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("herald-nats-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create nats-server storage directory");
-    dir
 }
 
 impl NatsServer {
@@ -62,7 +53,10 @@ impl NatsServer {
             child: None,
             port: free_port(),
             monitor_port: free_port(),
-            store_dir: temp_dir(),
+            store_dir: tempfile::Builder::new()
+                .prefix("herald-nats-")
+                .tempdir()
+                .expect("create nats-server storage directory"),
             extra_args: args.iter().map(|a| (*a).to_owned()).collect(),
         };
         server.spawn();
@@ -77,7 +71,7 @@ impl NatsServer {
             .arg("-m")
             .arg(self.monitor_port.to_string())
             .arg("-sd")
-            .arg(&self.store_dir)
+            .arg(self.store_dir.path())
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -136,7 +130,7 @@ impl NatsServer {
     /// The storage directory (`-sd`): JetStream keeps its file streams under it. Copy it aside
     /// while the server is stopped and put it back later to make the server come back *behind*.
     pub fn store_dir(&self) -> &Path {
-        &self.store_dir
+        self.store_dir.path()
     }
 
     /// The HTTP monitoring base URL (`/varz`, `/connz?subs=1`, `/subsz`, `/healthz`).
@@ -209,6 +203,5 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
-        let _ = std::fs::remove_dir_all(&self.store_dir);
     }
 }

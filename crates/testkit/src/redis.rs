@@ -10,12 +10,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::free_port;
+use tempfile::TempDir;
 
 /// How long a server gets to answer `PING` after it was spawned.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,30 +37,12 @@ fn missing(bin: &str, err: std::io::Error) -> ! {
     )
 }
 
-/// A fresh, empty directory under the system temp dir; removed by [`TempDir`]'s drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let n = N.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "herald-{tag}-{}-{n}-{:x}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.subsec_nanos())
-        ));
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A fresh, empty directory under the system temp dir, removed when dropped.
+fn temp_dir(tag: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("herald-{tag}-"))
+        .tempdir()
+        .expect("create temp dir")
 }
 
 /// How to start a [`RedisServer`].
@@ -103,7 +85,7 @@ impl RedisServer {
                 port: free_port(),
                 cluster_bus_port: cluster.then(free_port),
                 options: options.clone(),
-                dir: TempDir::new("redis"),
+                dir: temp_dir("redis"),
                 child: None,
             };
             match server.spawn() {
@@ -117,7 +99,7 @@ impl RedisServer {
     fn args(&self) -> Vec<String> {
         if let Some((name, master)) = &self.options.sentinel_of {
             let (host, port) = master.rsplit_once(':').expect("host:port");
-            let conf = self.dir.0.join("sentinel.conf");
+            let conf = self.dir.path().join("sentinel.conf");
             if !conf.exists() {
                 let text = format!(
                     "sentinel monitor {name} {host} {port} 1\nsentinel down-after-milliseconds {name} 1000\n\
@@ -133,7 +115,7 @@ impl RedisServer {
                 "--bind".into(),
                 "127.0.0.1".into(),
                 "--dir".into(),
-                self.dir.0.display().to_string(),
+                self.dir.path().display().to_string(),
                 "--logfile".into(),
                 "redis.log".into(),
             ]
@@ -147,7 +129,7 @@ impl RedisServer {
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
-            self.dir.0.display().to_string(),
+            self.dir.path().display().to_string(),
             "--save".into(),
             "".into(),
             "--daemonize".into(),
@@ -183,7 +165,7 @@ impl RedisServer {
         let bin = server_bin();
         let child = Command::new(&bin)
             .args(self.args())
-            .current_dir(&self.dir.0)
+            .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -224,7 +206,7 @@ impl RedisServer {
     }
 
     fn log_tail(&self) -> String {
-        let log = std::fs::read_to_string(self.dir.0.join("redis.log")).unwrap_or_default();
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(10)..].join("\n")
     }
@@ -254,7 +236,7 @@ impl RedisServer {
 
     /// The server's working directory (AOF, logs, `nodes.conf`).
     pub fn dir(&self) -> &Path {
-        &self.dir.0
+        self.dir.path()
     }
 
     /// Kill the process (SIGKILL) and wait for it. Data survives only with `persistent`.

@@ -423,24 +423,32 @@ pub(crate) fn now() -> u64 {
         .as_secs()
 }
 
-/// Write a TOML config into a temp file and return its path.
-pub(crate) fn config_file(name: &str, toml: &str) -> String {
-    let dir = std::env::temp_dir().join(format!(
-        "herald-test-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(name);
-    std::fs::write(&path, toml).unwrap();
-    path.to_string_lossy().into_owned()
+/// A config file in its own temp directory, removed when this is dropped: keep it alive as long
+/// as the node that reads it. Derefs to the file's path.
+pub(crate) struct ConfigFile {
+    path: String,
+    _dir: tempfile::TempDir,
 }
 
-fn rand_suffix() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(1);
-    h.finish()
+impl std::ops::Deref for ConfigFile {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.path
+    }
+}
+
+/// Write a TOML config into a temp file named `name`.
+pub(crate) fn config_file(name: &str, toml: &str) -> ConfigFile {
+    let dir = tempfile::Builder::new()
+        .prefix("herald-test-")
+        .tempdir()
+        .unwrap();
+    let path = dir.path().join(name);
+    std::fs::write(&path, toml).unwrap();
+    ConfigFile {
+        path: path.to_string_lossy().into_owned(),
+        _dir: dir,
+    }
 }
 
 /// TLS connector trusting the fixture certificate.
