@@ -116,6 +116,11 @@ async fn subscriber_node_blip_loses_nothing() {
     multinode::subscriber_node_blip_loses_nothing(&mut Nats(NatsServer::start())).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_resume_across_nodes() {
+    multinode::sse_resume_across_nodes(&mut Nats(NatsServer::start())).await;
+}
+
 /// Copy a directory tree (a stopped nats-server's storage).
 fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).expect("create copy");

@@ -149,3 +149,8 @@ async fn redis_restored_from_an_older_snapshot_starts_a_new_epoch() {
         assert_eq!(sub["offset"], 4, "{sub}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_sse_resume_across_nodes() {
+    multinode::sse_resume_across_nodes(&mut RedisServer::start()).await;
+}

@@ -324,3 +324,73 @@ impl Client {
         }
     }
 }
+
+/// An SSE stream read by `curl -sN`, as a script or a proxy-bound consumer would.
+pub struct Sse {
+    _child: Child,
+    lines: tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+}
+
+/// One SSE event: its name (empty for publications), its `id` and its `data`.
+pub type SseEvent = (String, Option<String>, Value);
+
+impl Node {
+    /// `GET /connection/sse?{query}`, resuming from `last_event_id` when given.
+    pub fn sse(&self, query: &str, last_event_id: Option<&str>) -> Sse {
+        let url = format!("http://{}/connection/sse?{query}", self.addr);
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sN", "--no-buffer"]);
+        if let Some(id) = last_event_id {
+            cmd.args(["-H", &format!("Last-Event-ID: {id}")]);
+        }
+        let mut child = cmd
+            .arg(url)
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("curl (apt-get install curl)");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Sse {
+            _child: child,
+            lines,
+        }
+    }
+}
+
+impl Sse {
+    /// The next event with data; panics if none comes within the harness's wait.
+    pub async fn event(&mut self) -> SseEvent {
+        let (mut name, mut id, mut data) = (String::new(), None, None::<String>);
+        loop {
+            let line = tokio::time::timeout(WAIT, self.lines.next_line())
+                .await
+                .expect("an SSE line in time")
+                .expect("read")
+                .expect("the SSE stream ended");
+            if line.is_empty() {
+                if let Some(data) = data.take() {
+                    let data = serde_json::from_str(&data).expect("SSE data is JSON");
+                    return (name, id, data);
+                }
+                continue; // a comment, a retry hint or an id-only block
+            }
+            if let Some(v) = line.strip_prefix("event: ") {
+                name = v.to_owned();
+            } else if let Some(v) = line.strip_prefix("id: ") {
+                id = Some(v.to_owned());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data = Some(v.to_owned());
+            }
+        }
+    }
+
+    /// The next publication (unnamed event), skipping named ones: its id and body.
+    pub async fn publication(&mut self) -> (String, Value) {
+        loop {
+            let (name, id, data) = self.event().await;
+            if name.is_empty() {
+                return (id.expect("publications carry an id"), data);
+            }
+        }
+    }
+}

@@ -380,3 +380,47 @@ pub async fn presence_across_nodes(broker: &mut dyn BrokerProcess) {
     assert_eq!(status, 200, "{body}");
     assert_eq!(clients(&body).len(), 2, "{body}");
 }
+
+/// An SSE reader (`EventSource`, `curl -N`) that drops and comes back through another node with
+/// `Last-Event-ID` gets what it missed on every channel, published through a third node, in
+/// order, exactly once, then live publications.
+pub async fn sse_resume_across_nodes(broker: &mut dyn BrokerProcess) {
+    let n = nodes(broker, &["a", "b", "c"]).await;
+    let (a, b, c) = (&n[0], &n[1], &n[2]);
+    let (x, y) = (unique("sse-x"), unique("sse-y"));
+    let query = format!("channel={x}&channel={y}");
+
+    let mut first = a.sse(&query, None);
+    let (name, _, _) = first.event().await;
+    assert_eq!(name, "connected");
+    b.publish(&x, json!(1)).await;
+    b.publish(&y, json!(1)).await;
+    let mut last_id = String::new();
+    for _ in 0..2 {
+        let (id, p) = first.publication().await;
+        assert_eq!(p["offset"], 1, "{p}");
+        last_id = id;
+    }
+    drop(first);
+
+    for i in 2..=4 {
+        c.publish(&x, json!(i)).await;
+    }
+    c.publish(&y, json!(2)).await;
+    let mut back = b.sse(&query, Some(&last_id));
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let (_, p) = back.publication().await;
+        got.push((
+            p["channel"].as_str().expect("channel").to_owned(),
+            p["offset"].as_u64().expect("offset"),
+        ));
+    }
+    let in_x: Vec<u64> = got.iter().filter(|(ch, _)| *ch == x).map(|g| g.1).collect();
+    let in_y: Vec<u64> = got.iter().filter(|(ch, _)| *ch == y).map(|g| g.1).collect();
+    assert_eq!((in_x, in_y), (vec![2, 3, 4], vec![2]), "{got:?}");
+
+    a.publish(&x, json!(5)).await;
+    let (_, p) = back.publication().await;
+    assert_eq!((&p["channel"], &p["offset"]), (&json!(x), &json!(5)), "{p}");
+}
