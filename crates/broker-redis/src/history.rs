@@ -1,0 +1,159 @@
+//! History: the history script (read from a position, with the epoch check and the rollback
+//! floor) and the parsing of its reply.
+
+use bytes::Bytes;
+use herald_broker::{new_epoch, BrokerError, HistoryQuery, HistoryResult, StreamOptions};
+use herald_protocol::{Publication, StreamPosition};
+use redis::Value;
+
+use crate::broker::Inner;
+use crate::publish::ms;
+use crate::scripts;
+
+impl Inner {
+    /// Publications of `channel` after `query.since` (or its top), and whether they continue it.
+    pub(crate) async fn history(
+        &self,
+        channel: &str,
+        query: &HistoryQuery,
+        opts: &StreamOptions,
+    ) -> Result<HistoryResult, BrokerError> {
+        let k = self.names.channel(channel);
+        let (since_epoch, since_offset) = match &query.since {
+            Some(p) => (p.epoch.clone(), p.offset),
+            None => (String::new(), 0),
+        };
+        let limit: i64 = query
+            .limit
+            .map_or(-1, |l| i64::try_from(l).unwrap_or(i64::MAX));
+        let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
+        let reply = self
+            .run(self.shard(channel), |mut c| async move {
+                scripts::HISTORY
+                    .key(&k.meta)
+                    .key(&k.history)
+                    .arg(new_epoch())
+                    .arg(ms(opts.meta_ttl))
+                    .arg(ms(opts.history_ttl))
+                    .arg(&since_epoch)
+                    .arg(since_offset)
+                    .arg(limit)
+                    .arg(&floor_epoch)
+                    .arg(floor_offset)
+                    .invoke_async::<Vec<Value>>(&mut c)
+                    .await
+            })
+            .await?;
+        let result = parse_history(reply)?;
+        let top = &result.position;
+        self.dispatch
+            .watermarks
+            .observe(channel, &top.epoch, top.offset);
+        Ok(result)
+    }
+}
+
+fn bad_reply(what: &str) -> BrokerError {
+    BrokerError::internal(format!("redis: unexpected reply to {what}"))
+}
+
+fn as_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::Int(i) => u64::try_from(*i).ok(),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn into_bytes(v: Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.into_bytes()),
+        _ => None,
+    }
+}
+
+fn into_string(v: Value) -> Option<String> {
+    String::from_utf8(into_bytes(v)?).ok()
+}
+
+/// Parse the history script's reply.
+fn parse_history(reply: Vec<Value>) -> Result<HistoryResult, BrokerError> {
+    let mut it = reply.into_iter();
+    let epoch = it
+        .next()
+        .and_then(into_string)
+        .ok_or_else(|| bad_reply("history"))?;
+    let top = it
+        .next()
+        .as_ref()
+        .and_then(as_u64)
+        .ok_or_else(|| bad_reply("history"))?;
+    let continuous = it
+        .next()
+        .as_ref()
+        .and_then(as_u64)
+        .ok_or_else(|| bad_reply("history"))?
+        == 1;
+    let mut publications = Vec::new();
+    while let Some(offset) = it.next() {
+        let offset = as_u64(&offset).ok_or_else(|| bad_reply("history"))?;
+        let data = it
+            .next()
+            .and_then(into_bytes)
+            .ok_or_else(|| bad_reply("history"))?;
+        let info = it
+            .next()
+            .and_then(into_bytes)
+            .ok_or_else(|| bad_reply("history"))?;
+        let info = if info.is_empty() {
+            None
+        } else {
+            Some(serde_json::from_slice(&info).map_err(|_| bad_reply("history info"))?)
+        };
+        publications.push(Publication {
+            offset,
+            data: Bytes::from(data),
+            info,
+        });
+    }
+    Ok(HistoryResult {
+        position: StreamPosition { epoch, offset: top },
+        publications,
+        continuous,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_history_reply() {
+        let reply = vec![
+            Value::BulkString(b"ep".to_vec()),
+            Value::Int(9),
+            Value::Int(1),
+            Value::BulkString(b"8".to_vec()),
+            Value::BulkString(b"{\"a\":1}".to_vec()),
+            Value::BulkString(Vec::new()),
+            Value::BulkString(b"9".to_vec()),
+            Value::BulkString(b"2".to_vec()),
+            Value::BulkString(br#"{"user":"u","client":"c"}"#.to_vec()),
+        ];
+        let h = parse_history(reply).unwrap();
+        assert_eq!(
+            h.position,
+            StreamPosition {
+                epoch: "ep".into(),
+                offset: 9
+            }
+        );
+        assert!(h.continuous);
+        assert_eq!(h.publications.len(), 2);
+        assert!(h.publications[0].info.is_none());
+        assert_eq!(h.publications[1].info.as_ref().unwrap().client, "c");
+        assert!(parse_history(vec![Value::Nil]).is_err());
+    }
+}
