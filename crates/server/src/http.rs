@@ -38,6 +38,10 @@ pub struct App {
     pub sse_connections: AtomicUsize,
     /// Open NDJSON streaming connections.
     pub ndjson_connections: AtomicUsize,
+    /// Open WebSocket-emulation connections (SSE down, POST up).
+    pub emulated_connections: AtomicUsize,
+    /// The emulated connections' inboxes, by session id.
+    pub emulated: crate::emulation::Sessions,
 }
 
 impl App {
@@ -54,6 +58,7 @@ impl App {
         self.ws_connections.load(Ordering::Relaxed)
             + self.sse_connections.load(Ordering::Relaxed)
             + self.ndjson_connections.load(Ordering::Relaxed)
+            + self.emulated_connections.load(Ordering::Relaxed)
     }
 }
 
@@ -138,9 +143,10 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
                 app.ws_connections.load(Ordering::Relaxed)
             ));
             body.push_str(&format!(
-                "# HELP herald_stream_connections_open One-way stream connections open, by transport.\n# TYPE herald_stream_connections_open gauge\nherald_stream_connections_open{{transport=\"sse\"}} {}\nherald_stream_connections_open{{transport=\"ndjson\"}} {}\n",
+                "# HELP herald_stream_connections_open One-way stream connections open, by transport.\n# TYPE herald_stream_connections_open gauge\nherald_stream_connections_open{{transport=\"sse\"}} {}\nherald_stream_connections_open{{transport=\"ndjson\"}} {}\nherald_stream_connections_open{{transport=\"emulation\"}} {}\n",
                 app.sse_connections.load(Ordering::Relaxed),
-                app.ndjson_connections.load(Ordering::Relaxed)
+                app.ndjson_connections.load(Ordering::Relaxed),
+                app.emulated_connections.load(Ordering::Relaxed)
             ));
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }

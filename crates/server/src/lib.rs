@@ -15,10 +15,12 @@
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
 //! - [`uni`]: one-way transports: Server-Sent Events and NDJSON streaming.
+//! - [`emulation`]: WebSocket emulation for networks that block WebSocket: SSE down, POST up.
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
 
 pub mod api;
 pub mod brokers;
+pub mod emulation;
 pub mod guard;
 pub mod http;
 pub mod jwks;

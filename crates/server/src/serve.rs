@@ -119,6 +119,8 @@ pub async fn run(
         ),
         sse_connections: AtomicUsize::new(0),
         ndjson_connections: AtomicUsize::new(0),
+        emulated_connections: AtomicUsize::new(0),
+        emulated: crate::emulation::Sessions::default(),
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -208,6 +210,9 @@ async fn serve_connection<S>(
             // One-way streams have a body of their own kind; everything else is a full body.
             if crate::uni::is_stream_path(req.uri().path()) {
                 return Ok::<_, std::convert::Infallible>(crate::uni::serve(app, req).await);
+            }
+            if req.uri().path() == crate::emulation::PATH {
+                return Ok(crate::emulation::serve(app, req).await);
             }
             let response = route(app, req).await?;
             Ok(response.map(|body| body.boxed()))

@@ -301,7 +301,7 @@ fn write_timeout(app: &App) -> Duration {
     Duration::from_millis(app.ctx.config.limits.write_timeout_ms)
 }
 
-fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
+pub(crate) fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
     CloseRequest {
         code,
         reason: reason.into(),
@@ -310,7 +310,7 @@ fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
 }
 
 /// Parse a text frame's messages and run them; stop at the first that closes the connection.
-async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
+pub(crate) async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
     for parsed in parse_frame(text) {
         let message = match parsed {
             Ok(m) => m,

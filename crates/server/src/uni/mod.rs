@@ -43,7 +43,7 @@ pub fn is_stream_path(path: &str) -> bool {
     path == "/connection/sse" || path == "/connection/stream"
 }
 
-fn error(status: StatusCode, code: u16, message: &str) -> StreamResponse {
+pub(crate) fn error(status: StatusCode, code: u16, message: &str) -> StreamResponse {
     let body = serde_json::json!({"error": {"code": code, "message": message}});
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
     *r.status_mut() = status;
@@ -177,6 +177,94 @@ async fn ndjson_request(app: &App, req: Request<Incoming>) -> Result<Wanted, Str
     })
 }
 
+/// The checks every streamed connection passes before it opens, as WebSocket upgrades do: a
+/// `--dev` node answers loopback hosts only, the `Origin` must be allowed, the node must not be
+/// draining, and (for a request that opens a connection, `opens`) the per-IP handshake rate
+/// holds. `Ok` carries the request's `Origin`, to echo in `Access-Control-Allow-Origin`.
+pub(crate) fn admit(
+    app: &App,
+    req: &Request<Incoming>,
+    opens: bool,
+) -> Result<Option<String>, Box<StreamResponse>> {
+    let config = &app.ctx.config;
+    if config.dev {
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
+        if !loopback_host(host) {
+            return Err(Box::new(error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied.as_u16(),
+                "a --dev node answers only requests to a loopback host",
+            )));
+        }
+    }
+    // Browsers: the same origin rule as WebSocket upgrades, and the CORS header EventSource needs.
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(str::to_owned);
+    if let Some(o) = &origin {
+        if !config.allowed_origins.is_empty() && !origin_listed(&config.allowed_origins, o) {
+            return Err(Box::new(error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied.as_u16(),
+                "origin not allowed",
+            )));
+        }
+    }
+    if *app.draining.borrow() {
+        return Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::TemporarilyUnavailable.as_u16(),
+            "node is draining",
+        )));
+    }
+    let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+    if opens && peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
+        app.ctx.hub.metrics().handshakes_refused.inc();
+        return Err(Box::new(error(
+            StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::TooManyRequests.as_u16(),
+            "too many connections from this address",
+        )));
+    }
+    Ok(origin)
+}
+
+/// A streamed response fed by `rx`, with the headers every stream needs.
+pub(crate) fn stream_response(
+    rx: mpsc::Receiver<Bytes>,
+    content_type: &'static str,
+    origin: Option<String>,
+) -> StreamResponse {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, Infallible>(Frame::data(chunk)), rx))
+    });
+    let mut response = Response::new(StreamBody::new(stream).boxed());
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    // Ask reverse proxies (nginx) not to buffer the stream.
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    allow_origin(&mut response, origin);
+    response
+}
+
+/// Echo an allowed `Origin` so that a browser on another origin may read the response.
+pub(crate) fn allow_origin<B>(response: &mut Response<B>, origin: Option<String>) {
+    if let Some(o) = origin.and_then(|o| HeaderValue::from_str(&o).ok()) {
+        let h = response.headers_mut();
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+}
+
 /// Serve a one-way transport request.
 pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     let format = match (req.method(), req.uri().path()) {
@@ -191,51 +279,10 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         }
     };
     let config = app.ctx.config.clone();
-    if config.dev {
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .unwrap_or("");
-        if !loopback_host(host) {
-            return error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied.as_u16(),
-                "a --dev node answers only requests to a loopback host",
-            );
-        }
-    }
-    // Browsers: the same origin rule as WebSocket upgrades, and the CORS header EventSource needs.
-    let origin = req
-        .headers()
-        .get(header::ORIGIN)
-        .and_then(|o| o.to_str().ok())
-        .map(str::to_owned);
-    if let Some(o) = &origin {
-        if !config.allowed_origins.is_empty() && !origin_listed(&config.allowed_origins, o) {
-            return error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied.as_u16(),
-                "origin not allowed",
-            );
-        }
-    }
-    if *app.draining.borrow() {
-        return error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::TemporarilyUnavailable.as_u16(),
-            "node is draining",
-        );
-    }
-    let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-    if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
-        app.ctx.hub.metrics().handshakes_refused.inc();
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::TooManyRequests.as_u16(),
-            "too many connections from this address",
-        );
-    }
+    let origin = match admit(&app, &req, true) {
+        Ok(origin) => origin,
+        Err(refused) => return *refused,
+    };
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -350,26 +397,9 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         ip_slot,
     ));
 
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|chunk| (Ok::<_, Infallible>(Frame::data(chunk)), rx))
-    });
-    let mut response = Response::new(StreamBody::new(stream).boxed());
-    let h = response.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(match format {
-            Format::Sse => "text/event-stream",
-            Format::Ndjson => "application/x-ndjson",
-        }),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    // Ask reverse proxies (nginx) not to buffer the stream.
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    if let Some(o) = origin.and_then(|o| HeaderValue::from_str(&o).ok()) {
-        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, o);
-        h.insert(header::VARY, HeaderValue::from_static("Origin"));
-    }
-    response
+    let content_type = match format {
+        Format::Sse => "text/event-stream",
+        Format::Ndjson => "application/x-ndjson",
+    };
+    stream_response(rx, content_type, origin)
 }
