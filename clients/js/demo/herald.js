@@ -203,6 +203,140 @@ function classify(value, text = "") {
   return { type: "unknown", raw: value };
 }
 
+// src/emulation.ts
+var CONNECTING = 0;
+var OPEN = 1;
+var CLOSED = 3;
+function emulationUrl(wsUrl) {
+  const u = new URL(wsUrl);
+  u.protocol = u.protocol === "wss:" ? "https:" : u.protocol === "ws:" ? "http:" : u.protocol;
+  u.pathname = "/connection/emulation";
+  u.search = "";
+  u.hash = "";
+  return u.toString();
+}
+function parseEvents(buffer) {
+  const events = [];
+  let start = 0;
+  for (; ; ) {
+    const end = buffer.indexOf("\n\n", start);
+    if (end < 0) break;
+    let name = "";
+    const data = [];
+    for (const line of buffer.slice(start, end).split("\n")) {
+      if (line.startsWith("event: ")) name = line.slice(7);
+      else if (line.startsWith("data: ")) data.push(line.slice(6));
+    }
+    if (data.length > 0) events.push({ name, data: data.join("\n") });
+    start = end + 2;
+  }
+  return { events, rest: buffer.slice(start) };
+}
+var EmulatedSocket = class {
+  constructor(wsUrl) {
+    this.readyState = CONNECTING;
+    this.onopen = null;
+    this.onmessage = null;
+    this.onclose = null;
+    this.onerror = null;
+    this.abort = new AbortController();
+    this.session = "";
+    this.closeCode = 1006;
+    this.closeReason = "";
+    /** Messages waiting for the POST in flight: sent together, in order, by the next one. */
+    this.queue = [];
+    this.posting = false;
+    this.url = emulationUrl(wsUrl);
+    void this.read();
+  }
+  send(data) {
+    if (this.readyState !== OPEN) throw new Error("emulated socket is not open");
+    this.queue.push(data);
+    if (!this.posting) void this.flush();
+  }
+  close(code, reason) {
+    if (this.readyState === CLOSED) return;
+    this.closeCode = code ?? 1e3;
+    this.closeReason = reason ?? "";
+    this.abort.abort();
+  }
+  /** POST queued messages one request at a time, so the server gets them in the order sent. */
+  async flush() {
+    this.posting = true;
+    try {
+      while (this.queue.length > 0 && this.readyState === OPEN) {
+        const body = this.queue.join("\n");
+        this.queue = [];
+        const res = await fetch(`${this.url}?session=${encodeURIComponent(this.session)}`, {
+          method: "POST",
+          // text/plain keeps the request "simple": no CORS preflight per message.
+          headers: { "Content-Type": "text/plain" },
+          body,
+          signal: this.abort.signal
+        });
+        if (res.status !== 204) {
+          this.fail(1006, `POST answered ${res.status}`);
+          return;
+        }
+      }
+    } catch (e) {
+      this.fail(1006, e instanceof Error ? e.message : String(e));
+    } finally {
+      this.posting = false;
+    }
+  }
+  async read() {
+    try {
+      const res = await fetch(this.url, {
+        headers: { Accept: "text/event-stream" },
+        signal: this.abort.signal,
+        cache: "no-store"
+      });
+      if (!res.ok || !res.body) throw new Error(`emulation endpoint answered ${res.status}`);
+      const reader = res.body.getReader();
+      const decoder2 = new TextDecoder();
+      let buffer = "";
+      for (; ; ) {
+        const { done, value } = await reader.read();
+        if (done) break;
+        const parsed = parseEvents(buffer + decoder2.decode(value, { stream: true }));
+        buffer = parsed.rest;
+        for (const ev of parsed.events) this.dispatch(ev);
+        if (this.readyState === CLOSED) return;
+      }
+    } catch (e) {
+      if (this.readyState !== CLOSED) this.onerror?.(e);
+    }
+    this.finish();
+  }
+  dispatch(ev) {
+    if (ev.name === "session") {
+      this.session = JSON.parse(ev.data).session;
+      this.readyState = OPEN;
+      this.onopen?.({});
+    } else if (ev.name === "close") {
+      const c = JSON.parse(ev.data);
+      this.closeCode = c.code ?? 1006;
+      this.closeReason = c.reason ?? "";
+    } else if (ev.name === "") {
+      this.onmessage?.({ data: ev.data });
+    }
+  }
+  fail(code, reason) {
+    if (this.readyState === CLOSED) return;
+    this.closeCode = code;
+    this.closeReason = reason;
+    this.abort.abort();
+  }
+  finish() {
+    if (this.readyState === CLOSED) return;
+    this.readyState = CLOSED;
+    this.abort.abort();
+    this.onclose?.({ code: this.closeCode, reason: this.closeReason });
+  }
+};
+var EmulatedWebSocket = EmulatedSocket;
+
 // src/emitter.ts
 var Emitter = class {
   constructor() {
@@ -532,7 +666,7 @@ var Subscription = class {
 };
 
 // src/transport.ts
-var OPEN = 1;
+var OPEN2 = 1;
 var defaultWebSocket;
 function setDefaultWebSocket(impl) {
   defaultWebSocket = impl;
@@ -560,6 +694,7 @@ function toText(data) {
 var Transport = class {
   constructor(url, impl, protocols, handlers) {
     this.handlers = handlers;
+    this.emulated = impl === EmulatedWebSocket;
     this.ws = protocols === void 0 ? new impl(url) : new impl(url, protocols);
     try {
       this.ws.binaryType = "arraybuffer";
@@ -578,7 +713,7 @@ var Transport = class {
     };
   }
   get open() {
-    return this.ws.readyState === OPEN;
+    return this.ws.readyState === OPEN2;
   }
   /** Send one text frame; false when the socket is not open (the frame is dropped). */
   send(text) {
@@ -618,6 +753,10 @@ var Herald = class extends Emitter {
   constructor(url, opts = {}) {
     super();
     this._state = "disconnected";
+    /** With `transport: 'auto'`: whether attempts use WebSocket emulation (a WebSocket did not open). */
+    this.emulating = false;
+    /** Whether a WebSocket ever opened: then WebSocket works here and 'auto' no longer falls back. */
+    this.webSocketOpened = false;
     this.subs = /* @__PURE__ */ new Map();
     /** Channels the server subscribed this connection to (see the `subscribed` event). */
     this.serverSubs = /* @__PURE__ */ new Set();
@@ -775,9 +914,15 @@ var Herald = class extends Emitter {
       this.needToken = false;
     }
     let transport;
+    let opened = false;
+    const mode = this.opts.transport ?? (this.opts.WebSocket ? "websocket" : "auto");
+    const emulating = mode === "emulation" || mode === "auto" && this.emulating;
     try {
-      transport = new Transport(this.url, resolveWebSocket(this.opts.WebSocket), this.opts.protocols, {
+      const impl = emulating ? EmulatedWebSocket : resolveWebSocket(this.opts.WebSocket);
+      transport = new Transport(this.url, impl, emulating ? void 0 : this.opts.protocols, {
         onOpen: () => {
+          opened = true;
+          if (!emulating) this.webSocketOpened = true;
           if (this.transport === transport) this.sendConnect();
         },
         onText: (text) => {
@@ -786,12 +931,14 @@ var Herald = class extends Emitter {
         onClose: (code, reason) => {
           if (this.transport !== transport) return;
           this.transport = void 0;
+          if (!opened && mode === "auto") this.emulating = !emulating && !this.webSocketOpened;
           this.connectionLost(code, reason);
         },
         onError: () => {
         }
       });
     } catch (e) {
+      if (mode === "auto") this.emulating = !emulating && !this.webSocketOpened;
       this.reportError("transport", new ConnectionError(ClientCode.TransportClosed, errMessage(e)));
       this.scheduleReconnect();
       return;
@@ -848,7 +995,12 @@ var Herald = class extends Emitter {
     this.armPingWatch();
     if (typeof r.expires_in === "number" && r.expires_in > 0) this.scheduleRefresh(r.expires_in);
     this.setState("connected");
-    const ctx = { client: r.client, node: r.node, pingInterval: r.ping_interval };
+    const ctx = {
+      client: r.client,
+      node: r.node,
+      pingInterval: r.ping_interval,
+      transport: this.transport?.emulated ? "emulation" : "websocket"
+    };
     if (r.expires_in !== void 0) ctx.expiresIn = r.expires_in;
     this.emit("connected", ctx);
     if (this._state !== "connected") return;

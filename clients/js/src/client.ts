@@ -26,6 +26,7 @@ import {
   type StreamPosition,
   type SubscribeResult,
 } from './codec.js';
+import { EmulatedWebSocket } from './emulation.js';
 import { Emitter } from './emitter.js';
 import { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';
 import { Subscription, type PublicationContext, type SubscribeOptions, type SubscriptionHost } from './subscription.js';
@@ -48,6 +49,14 @@ export interface HeraldOptions {
   WebSocket?: WebSocketConstructor;
   /** WebSocket subprotocol(s) to request, e.g. 'herald.v1.json'. Default: none. */
   protocols?: string | string[];
+  /**
+   * How to reach the server. 'auto': WebSocket, and while a WebSocket has never opened (a proxy
+   * that blocks it), WebSocket emulation over HTTP (SSE down, POST up) for the next attempt; the
+   * two alternate until one opens. Once a WebSocket has opened, later reconnects stay on it.
+   * 'websocket' or 'emulation' use only that one. Delivery guarantees are the same on both.
+   * Default: 'auto', or 'websocket' when a `WebSocket` implementation is passed.
+   */
+  transport?: 'auto' | 'websocket' | 'emulation';
   /** Reconnect backoff window bounds, ms. Defaults 500 and 20000. */
   minReconnectDelayMs?: number;
   maxReconnectDelayMs?: number;
@@ -66,6 +75,8 @@ export interface ConnectedContext {
   pingInterval: number;
   /** Seconds until the connection token expires, when it does. */
   expiresIn?: number;
+  /** What carries the connection: a WebSocket, or WebSocket emulation over HTTP. */
+  transport: 'websocket' | 'emulation';
 }
 
 export interface StateContext {
@@ -131,6 +142,10 @@ export class Herald extends Emitter<HeraldEvents> {
   private readonly pingGraceMs: number;
 
   private _state: ConnectionState = 'disconnected';
+  /** With `transport: 'auto'`: whether attempts use WebSocket emulation (a WebSocket did not open). */
+  private emulating = false;
+  /** Whether a WebSocket ever opened: then WebSocket works here and 'auto' no longer falls back. */
+  private webSocketOpened = false;
   private transport: Transport | undefined;
   private readonly subs = new Map<string, Subscription<never>>();
   /** Channels the server subscribed this connection to (see the `subscribed` event). */
@@ -322,9 +337,15 @@ export class Herald extends Emitter<HeraldEvents> {
     }
 
     let transport: Transport;
+    let opened = false;
+    const mode = this.opts.transport ?? (this.opts.WebSocket ? 'websocket' : 'auto');
+    const emulating = mode === 'emulation' || (mode === 'auto' && this.emulating);
     try {
-      transport = new Transport(this.url, resolveWebSocket(this.opts.WebSocket), this.opts.protocols, {
+      const impl = emulating ? EmulatedWebSocket : resolveWebSocket(this.opts.WebSocket);
+      transport = new Transport(this.url, impl, emulating ? undefined : this.opts.protocols, {
         onOpen: () => {
+          opened = true;
+          if (!emulating) this.webSocketOpened = true;
           if (this.transport === transport) this.sendConnect();
         },
         onText: (text) => {
@@ -333,6 +354,9 @@ export class Herald extends Emitter<HeraldEvents> {
         onClose: (code, reason) => {
           if (this.transport !== transport) return;
           this.transport = undefined;
+          // Never opened: perhaps this way is blocked, so the next attempt tries the other one,
+          // unless a WebSocket has worked before (then the server or the network is down).
+          if (!opened && mode === 'auto') this.emulating = !emulating && !this.webSocketOpened;
           this.connectionLost(code, reason);
         },
         onError: () => {
@@ -340,6 +364,8 @@ export class Herald extends Emitter<HeraldEvents> {
         },
       });
     } catch (e) {
+      // No WebSocket in this runtime, or a URL it refuses: in 'auto', emulation is next.
+      if (mode === 'auto') this.emulating = !emulating && !this.webSocketOpened;
       this.reportError('transport', new ConnectionError(ClientCode.TransportClosed, errMessage(e)));
       this.scheduleReconnect();
       return;
@@ -402,7 +428,12 @@ export class Herald extends Emitter<HeraldEvents> {
     this.armPingWatch();
     if (typeof r.expires_in === 'number' && r.expires_in > 0) this.scheduleRefresh(r.expires_in);
     this.setState('connected');
-    const ctx: ConnectedContext = { client: r.client, node: r.node, pingInterval: r.ping_interval };
+    const ctx: ConnectedContext = {
+      client: r.client,
+      node: r.node,
+      pingInterval: r.ping_interval,
+      transport: this.transport?.emulated ? 'emulation' : 'websocket',
+    };
     if (r.expires_in !== undefined) ctx.expiresIn = r.expires_in;
     this.emit('connected', ctx);
     if (this._state !== 'connected') return; // a listener disconnected us

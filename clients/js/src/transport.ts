@@ -2,6 +2,8 @@
 // one entirely: every callback of a dropped transport is cut off, so a late `close` or `message`
 // from a previous socket can never disturb the current connection's state.
 
+import { EmulatedWebSocket } from './emulation.js';
+
 /** The part of the WHATWG WebSocket API the SDK uses; browsers, `ws` and Node 22+ all provide it. */
 export interface WebSocketLike {
   readonly readyState: number;
@@ -62,6 +64,8 @@ function toText(data: unknown): string | undefined {
 export class Transport {
   private ws: WebSocketLike;
   private handlers: TransportHandlers | undefined;
+  /** Whether this is WebSocket emulation over HTTP rather than a WebSocket. */
+  readonly emulated: boolean;
 
   constructor(
     url: string,
@@ -70,6 +74,7 @@ export class Transport {
     handlers: TransportHandlers,
   ) {
     this.handlers = handlers;
+    this.emulated = impl === EmulatedWebSocket;
     // The constructor may throw synchronously (bad URL); the caller treats that as a failed attempt.
     this.ws = protocols === undefined ? new impl(url) : new impl(url, protocols);
     try {
