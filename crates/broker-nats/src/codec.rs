@@ -313,4 +313,66 @@ mod tests {
             "sizes beyond payload"
         );
     }
+
+    // Fuzz harness (`scripts/fuzz.sh` runs it longer): a message on a delivery subject or in a
+    // stream that another program wrote (any headers, any payload) is classified or dropped,
+    // never a panic; what the node writes reads back the same.
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        const NAMES: &[&str] = &[
+            EPOCH, OFFSET, PREV, SIZES, INFO_LEN, COUNT, PRESENCE, GONE, "X-Other",
+        ];
+
+        fn headers() -> impl Strategy<Value = HeaderMap> {
+            proptest::collection::vec(
+                (
+                    proptest::sample::select(NAMES),
+                    prop_oneof!["[0-9]{0,20}", "[0-9, ]{0,40}", "[ -~]{0,30}"],
+                ),
+                0..7,
+            )
+            .prop_map(|pairs| {
+                let mut h = HeaderMap::new();
+                for (name, value) in pairs {
+                    h.insert(name, value.as_str());
+                }
+                h
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn any_message_is_classified_or_dropped(
+                h in headers(),
+                payload in proptest::collection::vec(any::<u8>(), 0..200),
+            ) {
+                let payload = Bytes::from(payload);
+                let _ = decode_delivery(Some(&h), &payload);
+                let _ = decode_publications(&h, &payload);
+            }
+
+            #[test]
+            fn written_batches_read_back(
+                epoch in "[0-9a-f]{16}",
+                first in 1u64..u64::MAX / 2,
+                datas in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..40), 1..6),
+                with_info in any::<bool>(),
+            ) {
+                let datas: Vec<Bytes> = datas.into_iter().map(Bytes::from).collect();
+                let info = super::who();
+                let items: Vec<(&Bytes, Option<&ClientInfo>)> = datas
+                    .iter()
+                    .map(|d| (d, with_info.then_some(&info)))
+                    .collect();
+                let (h, p) = encode_publications(&epoch, first, first - 1, &items);
+                let stored = decode_publications(&h, &p).expect("reads back");
+                prop_assert_eq!(stored.publications.len(), datas.len());
+                for (got, want) in stored.publications.iter().zip(&datas) {
+                    prop_assert_eq!(&got.data, want);
+                }
+            }
+        }
+    }
 }

@@ -256,4 +256,49 @@ mod tests {
             .count();
         assert!(moved < 1100, "{moved}");
     }
+
+    // Fuzz harness (`scripts/fuzz.sh` runs it longer): whatever arrives on a Redis pub/sub
+    // channel (another program, a corrupted message) is decoded or dropped, never a panic.
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn edited(seed: Vec<u8>, edits: Vec<(prop::sample::Index, u8, bool)>) -> Vec<u8> {
+            let mut b = seed;
+            for (at, byte, insert) in edits {
+                let i = at.index(b.len() + 1);
+                if insert {
+                    b.insert(i, byte);
+                } else if i < b.len() {
+                    b[i] = byte;
+                }
+            }
+            b
+        }
+
+        proptest! {
+            #[test]
+            fn any_payload_is_decoded_or_dropped(payload in proptest::collection::vec(any::<u8>(), 0..300)) {
+                let _ = decode(Bytes::from(payload));
+            }
+
+            #[test]
+            fn edited_messages_are_decoded_or_dropped(
+                which in 0..3u8,
+                edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), any::<bool>()), 0..6),
+            ) {
+                let seed: Vec<u8> = match which {
+                    0 => br#"p 9f3ac2e1d0b4a577 42 29 {"user":"u","client":"c1"}{"text":"hi"}"#.to_vec(),
+                    1 => b"p 9f3ac2e1d0b4a577 7 0 [1,2]".to_vec(),
+                    _ => br#"j {"user":"alice","client":"c1","info":{"a":1}}"#.to_vec(),
+                };
+                let _ = decode(Bytes::from(edited(seed, edits)));
+            }
+
+            #[test]
+            fn header_fields_out_of_range(offset in any::<String>(), len in any::<String>(), rest in ".{0,40}") {
+                let _ = decode(Bytes::from(format!("p e {offset} {len} {rest}")));
+            }
+        }
+    }
 }

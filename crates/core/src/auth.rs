@@ -391,4 +391,79 @@ mod tests {
         assert!(verifier().subscription(&t, "eve", "priv:x").await.is_err());
         assert!(verifier().subscription(&t, "bob", "priv:y").await.is_err());
     }
+
+    // Fuzz harness (`scripts/fuzz.sh` runs it longer): any string offered as a token is verified
+    // or refused, never a panic; an edited token never passes as someone else.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn check(token: &str) -> Option<String> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let v = verifier();
+            let sub = rt.block_on(v.subscription(token, "c", "alice"));
+            if let Err(e) = &sub {
+                let text = e.to_string();
+                assert!(text.len() < 200 && !text.contains("JSON error"), "{text}");
+            }
+            let conn = rt.block_on(v.connection(token));
+            conn.ok().map(|c| c.sub)
+        }
+
+        const ALPHABET: &[u8] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.=+/ ";
+
+        proptest! {
+            #[test]
+            fn any_string_is_verified_or_refused(token in any::<String>()) {
+                prop_assert_eq!(check(&token), None);
+            }
+
+            #[test]
+            fn token_shaped_strings_are_refused(a in "[A-Za-z0-9_-]{0,60}", b in "[A-Za-z0-9_-]{0,200}", c in "[A-Za-z0-9_-]{0,60}") {
+                prop_assert_eq!(check(&format!("{a}.{b}.{c}")), None);
+            }
+
+            #[test]
+            fn edited_tokens_never_pass_as_someone_else(
+                edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 1..4),
+                claims in prop_oneof![
+                    Just(serde_json::json!({"sub": "alice"})),
+                    Just(serde_json::json!({"sub": "alice", "exp": 4_000_000_000u64, "channels": ["a", "b"], "info": {"n": 1}})),
+                    Just(serde_json::json!({"sub": "alice", "channel": "c", "exp": 4_000_000_000u64})),
+                ],
+            ) {
+                let token = hs(claims, "s3cret");
+                let mut bytes = token.clone().into_bytes();
+                for (at, with) in edits {
+                    let i = at.index(bytes.len());
+                    bytes[i] = ALPHABET[with.index(ALPHABET.len())];
+                }
+                let edited = String::from_utf8(bytes).unwrap();
+                if let Some(sub) = check(&edited) {
+                    prop_assert_eq!(sub, "alice");
+                }
+            }
+
+            #[test]
+            fn signed_claims_of_any_shape_are_verified_or_refused(
+                claims in proptest::collection::btree_map(
+                    prop_oneof![Just("sub".to_string()), Just("exp".to_string()), Just("channels".to_string()), Just("info".to_string()), Just("aud".to_string()), Just("channel".to_string()), "[a-z]{1,5}"],
+                    prop_oneof![
+                        Just(serde_json::json!(null)),
+                        any::<i64>().prop_map(|n| serde_json::json!(n)),
+                        any::<f64>().prop_map(|n| serde_json::json!(n)),
+                        ".{0,20}".prop_map(|s| serde_json::json!(s)),
+                        proptest::collection::vec(".{0,5}", 0..4).prop_map(|v| serde_json::json!(v)),
+                    ],
+                    0..6,
+                ),
+            ) {
+                let claims = serde_json::Value::Object(claims.into_iter().collect());
+                let _ = check(&hs(claims, "s3cret"));
+            }
+        }
+    }
 }

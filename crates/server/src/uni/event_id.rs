@@ -100,4 +100,40 @@ mod tests {
         }
         assert!(decode(&"a".repeat(MAX_LEN + 1), 1).is_err());
     }
+
+    // Fuzz harness (`scripts/fuzz.sh` runs it longer): any header value a browser or an attacker
+    // sends is decoded or refused, never a panic; every id the node writes reads back the same.
+    mod fuzz {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn position() -> impl Strategy<Value = Option<StreamPosition>> {
+            proptest::option::of(
+                ("[0-9a-zA-Z_-]{1,20}", any::<u64>())
+                    .prop_map(|(epoch, offset)| StreamPosition { epoch, offset }),
+            )
+        }
+
+        proptest! {
+            #[test]
+            fn any_last_event_id_is_decoded_or_refused(id in any::<String>(), n in 0usize..10) {
+                if let Ok(positions) = decode(&id, n) {
+                    prop_assert_eq!(positions.len(), n);
+                }
+            }
+
+            #[test]
+            fn id_shaped_text_is_decoded_or_refused(id in "[0-9a-f:,x -]{0,80}", n in 0usize..6) {
+                let _ = decode(&id, n);
+            }
+
+            #[test]
+            fn written_ids_read_back(positions in proptest::collection::vec(position(), 1..8)) {
+                let id = encode(&positions);
+                if id.len() <= MAX_LEN {
+                    prop_assert_eq!(decode(&id, positions.len()).unwrap(), positions);
+                }
+            }
+        }
+    }
 }
