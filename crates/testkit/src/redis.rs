@@ -389,6 +389,90 @@ impl RedisCluster {
     pub fn seed_urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
+
+    /// The slot of a hash tag (`CLUSTER KEYSLOT`).
+    pub fn slot_of(&self, tag: &str) -> u16 {
+        let reply = self.nodes[0].cli(&["CLUSTER", "KEYSLOT", tag]);
+        reply.trim().parse().expect("CLUSTER KEYSLOT")
+    }
+
+    /// The index of the master that owns `slot`, as the first node sees it.
+    pub fn owner_of(&self, slot: u16) -> usize {
+        let ids: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| n.cli(&["CLUSTER", "MYID"]).trim().to_owned())
+            .collect();
+        for line in self.nodes[0].cli(&["CLUSTER", "NODES"]).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let owns = fields.iter().skip(8).any(|range| {
+                let (lo, hi) = range.split_once('-').unwrap_or((range, range));
+                matches!((lo.parse::<u16>(), hi.parse::<u16>()), (Ok(lo), Ok(hi)) if (lo..=hi).contains(&slot))
+            });
+            if owns {
+                return ids
+                    .iter()
+                    .position(|id| id == fields[0])
+                    .expect("a known node");
+            }
+        }
+        panic!("no node owns slot {slot}");
+    }
+
+    /// Move `slot` and its keys to master `to` while the cluster serves, the way
+    /// `redis-cli --cluster reshard` does: IMPORTING / MIGRATING, `MIGRATE` the keys in batches,
+    /// then `SETSLOT … NODE` on every master.
+    pub fn migrate_slot(&self, slot: u16, to: usize) {
+        let from = self.owner_of(slot);
+        assert_ne!(from, to, "slot {slot} is already on node {to}");
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let slot_s = slot.to_string();
+        let src_id = src.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+        let dst_id = dst.cli(&["CLUSTER", "MYID"]).trim().to_owned();
+        let ok = |reply: String, what: &str| assert!(reply.trim() == "OK", "{what}: {reply}");
+        ok(
+            dst.cli(&["CLUSTER", "SETSLOT", &slot_s, "IMPORTING", &src_id]),
+            "IMPORTING",
+        );
+        ok(
+            src.cli(&["CLUSTER", "SETSLOT", &slot_s, "MIGRATING", &dst_id]),
+            "MIGRATING",
+        );
+        let port = dst.port().to_string();
+        loop {
+            let keys = src.cli(&["CLUSTER", "GETKEYSINSLOT", &slot_s, "100"]);
+            let keys: Vec<&str> = keys
+                .lines()
+                .map(str::trim)
+                .filter(|k| !k.is_empty())
+                .collect();
+            if keys.is_empty() {
+                break;
+            }
+            let mut args = vec![
+                "MIGRATE",
+                "127.0.0.1",
+                &port,
+                "",
+                "0",
+                "5000",
+                "REPLACE",
+                "KEYS",
+            ];
+            args.extend(keys.iter().copied());
+            let reply = src.cli(&args);
+            assert!(
+                reply.trim() == "OK" || reply.trim() == "NOKEY",
+                "MIGRATE: {reply}"
+            );
+        }
+        for n in &self.nodes {
+            ok(
+                n.cli(&["CLUSTER", "SETSLOT", &slot_s, "NODE", &dst_id]),
+                "SETSLOT NODE",
+            );
+        }
+    }
 }
 
 #[cfg(test)]
