@@ -49,7 +49,13 @@ impl NatsServer {
 
     /// Like [`start`](Self::start), with extra command-line arguments.
     pub fn start_with_args(args: &[&str]) -> NatsServer {
-        let mut server = NatsServer {
+        let mut server = Self::unstarted(args);
+        server.spawn();
+        server
+    }
+
+    fn unstarted(args: &[&str]) -> NatsServer {
+        NatsServer {
             child: None,
             port: free_port(),
             monitor_port: free_port(),
@@ -58,12 +64,15 @@ impl NatsServer {
                 .tempdir()
                 .expect("create nats-server storage directory"),
             extra_args: args.iter().map(|a| (*a).to_owned()).collect(),
-        };
-        server.spawn();
-        server
+        }
     }
 
     fn spawn(&mut self) {
+        self.spawn_process();
+        self.wait_healthy();
+    }
+
+    fn spawn_process(&mut self) {
         let bin = binary();
         let child = Command::new(&bin)
             .args(["-js", "-a", "127.0.0.1", "-p"])
@@ -86,7 +95,6 @@ impl NatsServer {
             Err(err) => panic!("could not start `{bin}`: {err}"),
         };
         self.child = Some(child);
-        self.wait_healthy();
     }
 
     /// Poll the monitoring endpoint until JetStream reports healthy.
@@ -203,5 +211,58 @@ impl NatsServer {
 impl Drop for NatsServer {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Three nats-server processes routed into one cluster (`herald`) with JetStream, so streams can
+/// have three replicas and survive the loss of one server. Killed on drop.
+pub struct NatsCluster {
+    servers: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    /// Start the three servers and wait until each reports healthy (JetStream has a meta leader).
+    pub fn start() -> NatsCluster {
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut servers: Vec<NatsServer> = (0..3)
+            .map(|i| {
+                let others: Vec<String> = routes
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, p)| format!("nats://127.0.0.1:{p}"))
+                    .collect();
+                let args = [
+                    "--cluster_name".to_owned(),
+                    "herald".to_owned(),
+                    "--server_name".to_owned(),
+                    format!("n{i}"),
+                    "--cluster".to_owned(),
+                    format!("nats://127.0.0.1:{}", routes[i]),
+                    "--routes".to_owned(),
+                    others.join(","),
+                ];
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                NatsServer::unstarted(&args)
+            })
+            .collect();
+        for s in &mut servers {
+            s.spawn_process();
+        }
+        for s in &mut servers {
+            s.wait_healthy();
+        }
+        NatsCluster { servers }
+    }
+
+    /// Every server's client URL, comma-separated (what `broker_url` takes).
+    pub fn url(&self) -> String {
+        let urls: Vec<String> = self.servers.iter().map(NatsServer::url).collect();
+        urls.join(",")
+    }
+
+    /// The servers.
+    pub fn servers(&mut self) -> &mut [NatsServer] {
+        &mut self.servers
     }
 }

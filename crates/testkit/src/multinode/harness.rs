@@ -90,6 +90,11 @@ pub struct Node {
 impl Node {
     /// Start node `name` on a free port against the broker at `broker_url`.
     pub async fn start(name: &str, broker_url: &str) -> Node {
+        Self::start_with(name, broker_url, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with extra `HERALD_*` settings (e.g. `HERALD_NATS__REPLICAS`).
+    pub async fn start_with(name: &str, broker_url: &str, env: &[(&str, &str)]) -> Node {
         let mut cmd = Command::new(herald_bin());
         cmd.args(["serve", "--dev", "--port", "0"]);
         for (k, _) in std::env::vars() {
@@ -97,6 +102,7 @@ impl Node {
                 cmd.env_remove(k);
             }
         }
+        cmd.envs(env.iter().copied());
         cmd.env("HERALD_BROKER_URL", broker_url)
             .env("HERALD_NODE_NAME", name)
             .env("HERALD_API_KEY", API_KEY)
