@@ -340,3 +340,17 @@ async fn r3_cluster_survives_a_killed_server() {
         "every publication once, in order"
     );
 }
+
+/// The chaos soak, briefly (`scripts/chaos-soak.sh` runs it for minutes): kills, link cuts and
+/// NATS restarts under load; 0 lost without being told, 0 duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_soak() {
+    use std::time::Duration;
+    let duration = multinode::chaos::soak_duration(Duration::from_secs(15));
+    let report = multinode::chaos::chaos_soak(&mut Nats(NatsServer::start()), duration).await;
+    eprintln!("chaos soak on NATS: {report:#?}");
+    assert!(
+        report.delivered > 0 && report.acknowledged > 0,
+        "{report:?}"
+    );
+}

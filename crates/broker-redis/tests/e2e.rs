@@ -247,3 +247,17 @@ async fn cluster_slot_migration_while_publishing_loses_nothing() {
         "every publication once, in order"
     );
 }
+
+/// The chaos soak, briefly (`scripts/chaos-soak.sh` runs it for minutes): kills, link cuts and
+/// Redis restarts under load; 0 lost without being told, 0 duplicates.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_chaos_soak() {
+    use std::time::Duration;
+    let duration = multinode::chaos::soak_duration(Duration::from_secs(15));
+    let report = multinode::chaos::chaos_soak(&mut persistent_redis(), duration).await;
+    eprintln!("chaos soak on Redis: {report:#?}");
+    assert!(
+        report.delivered > 0 && report.acknowledged > 0,
+        "{report:?}"
+    );
+}

@@ -155,31 +155,48 @@ impl Node {
 
     /// Raw HTTP; returns status and body as JSON (or a JSON string when it is not JSON).
     pub async fn http(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut stream = TcpStream::connect(self.addr).await.expect("connect API");
+        self.try_http(method, path, body)
+            .await
+            .unwrap_or_else(|why| panic!("{method} {path} on {}: {why}", self.name))
+    }
+
+    /// Raw HTTP that may fail (the node was killed, the connection reset): `Err` says why.
+    pub async fn try_http(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), String> {
+        let mut stream = TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
         let body = body.map(|b| b.to_string()).unwrap_or_default();
         let req = format!(
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {API_KEY}\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        stream.write_all(req.as_bytes()).await.expect("write");
+        stream
+            .write_all(req.as_bytes())
+            .await
+            .map_err(|e| format!("write: {e}"))?;
         let mut raw = Vec::new();
         tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
             .await
-            .expect("API timeout")
-            .expect("read");
+            .map_err(|_| "timeout".to_owned())?
+            .map_err(|e| format!("read: {e}"))?;
         let text = String::from_utf8_lossy(&raw);
         let status = text
             .split_whitespace()
             .nth(1)
             .and_then(|s| s.parse().ok())
-            .expect("status line");
+            .ok_or_else(|| format!("no status line in {text:?}"))?;
         let body = text
             .split_once("\r\n\r\n")
             .map(|(_, b)| b)
             .unwrap_or_default();
         let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
-        (status, value)
+        Ok((status, value))
     }
 
     /// `POST /api/publish`; (status, body).
@@ -212,6 +229,33 @@ impl Node {
             .unwrap_or_else(|| panic!("metric {name} not found on {}", self.name))
     }
 
+    /// A protocol client that may fail to connect (the node is down): the `connect` reply's
+    /// result, or why not.
+    pub async fn try_client(&self, subs: Value) -> Result<Client, String> {
+        let uri = format!("ws://{}/ws", self.addr).parse().expect("uri");
+        let (ws, _) = tokio::time::timeout(WAIT, ClientBuilder::from_uri(uri).connect())
+            .await
+            .map_err(|_| "handshake timeout".to_owned())?
+            .map_err(|e| format!("handshake: {e}"))?;
+        let mut c = Client {
+            ws,
+            pending: VecDeque::new(),
+            next_id: 1,
+            connect_reply: Value::Null,
+            close_code: None,
+            closed: false,
+        };
+        let reply = c
+            .try_call("connect", json!({ "subs": subs }))
+            .await
+            .ok_or("closed before the connect reply")?;
+        if reply.get("connect").is_none() {
+            return Err(format!("refused: {reply}"));
+        }
+        c.connect_reply = reply["connect"].clone();
+        Ok(c)
+    }
+
     /// A protocol client connected (anonymously, dev mode) with these subscriptions.
     pub async fn client(&self, subs: Value) -> Client {
         let mut c = Client::open(self.addr).await;
@@ -235,6 +279,8 @@ pub struct Client {
     pub connect_reply: Value,
     /// The close code, once the server closed the connection.
     pub close_code: Option<u16>,
+    /// Whether the connection ended (closed, reset or failed).
+    pub closed: bool,
 }
 
 impl Client {
@@ -250,11 +296,30 @@ impl Client {
             next_id: 1,
             connect_reply: Value::Null,
             close_code: None,
+            closed: false,
         }
     }
 
     async fn send_raw(&mut self, text: String) {
         self.ws.send(Message::text(text)).await.expect("send");
+    }
+
+    /// Like [`call`](Self::call), `None` when the connection ends first.
+    pub async fn try_call(&mut self, method: &str, params: Value) -> Option<Value> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let text = json!({ "id": id, method: params }).to_string();
+        if self.ws.send(Message::text(text)).await.is_err() {
+            self.closed = true;
+            return None;
+        }
+        loop {
+            if let Some(pos) = self.pending.iter().position(|m| m["id"] == id) {
+                return self.pending.remove(pos);
+            }
+            let m = self.read(WAIT).await?;
+            self.pending.push_back(m);
+        }
     }
 
     /// Send a command and wait for its reply (pushes meanwhile stay queued in order).
@@ -307,11 +372,15 @@ impl Client {
             }
             let msg = match tokio::time::timeout(wait, self.ws.next()).await {
                 Ok(Some(Ok(m))) => m,
-                Ok(_) => return None,
+                Ok(_) => {
+                    self.closed = true;
+                    return None;
+                }
                 Err(_) => return None,
             };
             if let Some((code, _)) = msg.as_close() {
                 self.close_code = Some(u16::from(code));
+                self.closed = true;
                 return None;
             }
             let Some(text) = msg.as_text() else { continue };
@@ -322,7 +391,10 @@ impl Client {
                 .collect();
             for m in lines {
                 if m == json!({}) {
-                    self.send_raw("{}".into()).await;
+                    if self.ws.send(Message::text("{}".to_owned())).await.is_err() {
+                        self.closed = true;
+                        return None;
+                    }
                     continue;
                 }
                 self.pending.push_back(m);

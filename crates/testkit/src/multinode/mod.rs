@@ -2,10 +2,12 @@
 //! docs/protocol.md end to end. Written against [`BrokerProcess`] only, so the one suite runs
 //! against every broker: each broker crate's `tests/e2e.rs` calls these functions with its server.
 //!
+//! - [`chaos`]: the chaos soak (kills, link cuts and broker restarts under load).
 //! - [`harness`]: `herald serve --dev` nodes, a WebSocket protocol client, HTTP.
 //! - [`proxy`]: a TCP proxy that can cut one node off the broker.
 //! - [`redis`]: [`BrokerProcess`] for a standalone Redis and a Redis Cluster.
 
+pub mod chaos;
 pub mod harness;
 pub mod proxy;
 pub mod redis;
