@@ -242,103 +242,32 @@ async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
 async fn r3_cluster_survives_a_killed_server() {
     use herald_testkit::multinode::harness::Node;
     use herald_testkit::nats::NatsCluster;
-    use serde_json::json;
-    use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
 
     let mut cluster = NatsCluster::start();
     let env = [("HERALD_NATS__REPLICAS", "3")];
     let a = Node::start_with("a", &cluster.url(), &env).await;
     let b = Node::start_with("b", &cluster.url(), &env).await;
     let ch = format!("r3-{:08x}", rand::random::<u32>());
-    let mut live = b.client(json!({ &ch: {} })).await;
-    let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
-
-    const TOTAL: u64 = 150;
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let publisher = {
-        let (acked, ch) = (acked.clone(), ch.clone());
-        let a = Node::attach("a", a.addr);
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            for i in 1..=TOTAL {
-                loop {
-                    let (status, body) = a.try_publish(&ch, json!(i), Some(&format!("k{i}"))).await;
-                    if status == 200 {
-                        acked.lock().unwrap().push(body["offset"].as_u64().unwrap());
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "publishing never recovered: {body}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
-    while acked.lock().unwrap().len() < 50 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // The history stream has three replicas; kill the server that leads it.
-    let jsz = cluster.servers()[1]
-        .monitor_get("/jsz?streams=true&config=true")
-        .expect("/jsz");
-    let jsz: serde_json::Value = serde_json::from_str(&jsz).expect("jsz JSON");
-    let stream = jsz["account_details"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
-        .find(|s| s["name"] == "HERALD")
-        .cloned()
-        .unwrap_or_else(|| panic!("no HERALD stream in {jsz}"));
-    assert_eq!(stream["config"]["num_replicas"], 3, "{stream}");
-    let leader = stream["cluster"]["leader"].as_str().expect("a leader");
-    let leader: usize = leader.trim_start_matches('n').parse().expect("n<i>");
-    cluster.servers()[leader].kill();
-    publisher.await.unwrap();
-    let acked = acked.lock().unwrap().clone();
-    assert_eq!(
-        acked,
-        (1..=TOTAL).collect::<Vec<_>>(),
-        "offsets as acknowledged"
-    );
-
-    let mut got: Vec<u64> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while got.len() < TOTAL as usize {
-        assert!(
-            Instant::now() < deadline,
-            "missing after the kill: got {got:?}"
-        );
-        let Some(m) = live.next_within(Duration::from_millis(500)).await else {
-            continue;
-        };
-        if m["pub"]["channel"] == ch.as_str() {
-            got.push(m["pub"]["offset"].as_u64().unwrap());
-        } else if m["unsub"]["channel"] == ch.as_str() {
-            assert_eq!(m["unsub"]["code"], 4003, "{m}");
-            let since = json!({"epoch": epoch, "offset": got.last().copied().unwrap_or(0)});
-            let r = live
-                .call("subscribe", json!({"channel": &ch, "since": since}))
-                .await;
-            assert_eq!(r["subscribe"]["recovered"], true, "{r}");
-            for p in r["subscribe"]["publications"]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
-                got.push(p["offset"].as_u64().unwrap());
-            }
-        }
-    }
-    assert_eq!(
-        got,
-        (1..=TOTAL).collect::<Vec<_>>(),
-        "every publication once, in order"
-    );
+    multinode::nothing_lost_through(&a, &b, &ch, 150, 50, || {
+        // The history stream has three replicas; kill the server that leads it.
+        let jsz = cluster.servers()[1]
+            .monitor_get("/jsz?streams=true&config=true")
+            .expect("/jsz");
+        let jsz: serde_json::Value = serde_json::from_str(&jsz).expect("jsz JSON");
+        let stream = jsz["account_details"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|a| a["stream_detail"].as_array().into_iter().flatten())
+            .find(|s| s["name"] == "HERALD")
+            .cloned()
+            .unwrap_or_else(|| panic!("no HERALD stream in {jsz}"));
+        assert_eq!(stream["config"]["num_replicas"], 3, "{stream}");
+        let leader = stream["cluster"]["leader"].as_str().expect("a leader");
+        let leader: usize = leader.trim_start_matches('n').parse().expect("n<i>");
+        cluster.servers()[leader].kill();
+    })
+    .await;
 }
 
 /// The chaos soak, briefly (`scripts/chaos-soak.sh` runs it for minutes): kills, link cuts and

@@ -163,89 +163,18 @@ async fn standalone_sse_resume_across_nodes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_slot_migration_while_publishing_loses_nothing() {
     use herald_testkit::multinode::harness::Node;
-    use serde_json::json;
-    use std::sync::{Arc, Mutex};
-    use std::time::{Duration, Instant};
 
     let cluster = RedisCluster::start();
     let a = Node::start("a", &cluster.url()).await;
     let b = Node::start("b", &cluster.url()).await;
     let ch = format!("moving-{:08x}", rand::random::<u32>());
-    let mut live = b.client(json!({ &ch: {} })).await;
-    let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
     let slot = cluster.slot_of(&ch);
     let to = (cluster.owner_of(slot) + 1) % 3;
-
-    const TOTAL: u64 = 200;
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let publisher = {
-        let (acked, ch) = (acked.clone(), ch.clone());
-        let a = Node::attach("a", a.addr);
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            for i in 1..=TOTAL {
-                loop {
-                    let (status, body) = a.try_publish(&ch, json!(i), Some(&format!("k{i}"))).await;
-                    if status == 200 {
-                        acked.lock().unwrap().push(body["offset"].as_u64().unwrap());
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "publishing never recovered: {body}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        })
-    };
-    while acked.lock().unwrap().len() < 50 {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    cluster.migrate_slot(slot, to);
-    assert_eq!(cluster.owner_of(slot), to);
-    publisher.await.unwrap();
-    let acked = acked.lock().unwrap().clone();
-    assert_eq!(
-        acked,
-        (1..=TOTAL).collect::<Vec<_>>(),
-        "offsets as acknowledged"
-    );
-
-    let mut got: Vec<u64> = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while got.len() < TOTAL as usize {
-        assert!(
-            Instant::now() < deadline,
-            "missing after the move: got {got:?}"
-        );
-        let Some(m) = live.next_within(Duration::from_millis(500)).await else {
-            continue;
-        };
-        if m["pub"]["channel"] == ch.as_str() {
-            got.push(m["pub"]["offset"].as_u64().unwrap());
-        } else if m["unsub"]["channel"] == ch.as_str() {
-            assert_eq!(m["unsub"]["code"], 4003, "{m}");
-            let since = json!({"epoch": epoch, "offset": got.last().copied().unwrap_or(0)});
-            let r = live
-                .call("subscribe", json!({"channel": &ch, "since": since}))
-                .await;
-            assert_eq!(r["subscribe"]["recovered"], true, "{r}");
-            for p in r["subscribe"]["publications"]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
-                got.push(p["offset"].as_u64().unwrap());
-            }
-        }
-    }
-    assert_eq!(
-        got,
-        (1..=TOTAL).collect::<Vec<_>>(),
-        "every publication once, in order"
-    );
+    multinode::nothing_lost_through(&a, &b, &ch, 200, 50, || {
+        cluster.migrate_slot(slot, to);
+        assert_eq!(cluster.owner_of(slot), to);
+    })
+    .await;
 }
 
 /// The chaos soak, briefly (`scripts/chaos-soak.sh` runs it for minutes): kills, link cuts and

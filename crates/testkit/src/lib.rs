@@ -14,12 +14,22 @@ pub mod multinode;
 pub mod nats;
 pub mod redis;
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
+use std::sync::Mutex;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, and never handed out before by this
+/// process (the kernel may give the same ephemeral port to two binds in a row, and a server
+/// started later would then find its port taken).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind 127.0.0.1:0")
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("bind 127.0.0.1:0");
+        if GIVEN.lock().expect("ports").insert(port) {
+            return port;
+        }
+    }
 }

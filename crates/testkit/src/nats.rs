@@ -222,7 +222,18 @@ pub struct NatsCluster {
 
 impl NatsCluster {
     /// Start the three servers and wait until each reports healthy (JetStream has a meta leader).
+    /// A server that exits at startup (a port taken meanwhile by another process) makes it start
+    /// over on new ports, up to three times.
     pub fn start() -> NatsCluster {
+        for _ in 0..2 {
+            if let Some(cluster) = Self::try_start() {
+                return cluster;
+            }
+        }
+        Self::try_start().expect("a NATS cluster")
+    }
+
+    fn try_start() -> Option<NatsCluster> {
         let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let mut servers: Vec<NatsServer> = (0..3)
             .map(|i| {
@@ -249,10 +260,19 @@ impl NatsCluster {
         for s in &mut servers {
             s.spawn_process();
         }
+        std::thread::sleep(Duration::from_millis(200));
+        for s in &mut servers {
+            if s.child
+                .as_mut()
+                .is_some_and(|c| !matches!(c.try_wait(), Ok(None)))
+            {
+                return None;
+            }
+        }
         for s in &mut servers {
             s.wait_healthy();
         }
-        NatsCluster { servers }
+        Some(NatsCluster { servers })
     }
 
     /// Every server's client URL, comma-separated (what `broker_url` takes).

@@ -426,3 +426,91 @@ pub async fn sse_resume_across_nodes(broker: &mut dyn BrokerProcess) {
     let (_, p) = back.publication().await;
     assert_eq!((&p["channel"], &p["offset"]), (&json!(x), &json!(5)), "{p}");
 }
+
+/// `a` publishes `total` publications to `channel` (each with an idempotency key, retried until
+/// acknowledged) while a client on `b` is subscribed; after the first `fail_after`, `failure` runs
+/// (a slot migration, a killed broker server…). Every acknowledged publication must reach the
+/// client once, in order; being told with `unsub` 4003 and recovering with `since` counts, as a
+/// client would.
+pub async fn nothing_lost_through(
+    a: &Node,
+    b: &Node,
+    channel: &str,
+    total: u64,
+    fail_after: usize,
+    failure: impl FnOnce(),
+) {
+    use std::sync::{Arc, Mutex};
+
+    let mut live = b.client(json!({ channel: {} })).await;
+    let epoch = live.connect_reply["subs"][channel]["epoch"].clone();
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let publisher = {
+        let (acked, ch) = (acked.clone(), channel.to_owned());
+        let a = Node::attach(&a.name, a.addr);
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            for i in 1..=total {
+                loop {
+                    let key = format!("k{i}");
+                    let (status, body) = a.try_publish(&ch, json!(i), Some(&key)).await;
+                    if status == 200 {
+                        acked.lock().unwrap().push(body["offset"].as_u64().unwrap());
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "publishing never recovered: {body}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    while acked.lock().unwrap().len() < fail_after {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    failure();
+    publisher.await.expect("publisher");
+    let acked = acked.lock().unwrap().clone();
+    assert_eq!(
+        acked,
+        (1..=total).collect::<Vec<_>>(),
+        "offsets as acknowledged"
+    );
+
+    let mut got: Vec<u64> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while got.len() < total as usize {
+        assert!(
+            Instant::now() < deadline,
+            "missing after the failure: got {got:?}"
+        );
+        let Some(m) = live.next_within(Duration::from_millis(500)).await else {
+            continue;
+        };
+        if m["pub"]["channel"] == channel {
+            got.push(m["pub"]["offset"].as_u64().unwrap());
+        } else if m["unsub"]["channel"] == channel {
+            assert_eq!(m["unsub"]["code"], 4003, "{m}");
+            let since = json!({"epoch": epoch, "offset": got.last().copied().unwrap_or(0)});
+            let r = live
+                .call("subscribe", json!({"channel": channel, "since": since}))
+                .await;
+            assert_eq!(r["subscribe"]["recovered"], true, "{r}");
+            for p in r["subscribe"]["publications"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                got.push(p["offset"].as_u64().unwrap());
+            }
+        }
+    }
+    assert_eq!(
+        got,
+        (1..=total).collect::<Vec<_>>(),
+        "every publication once, in order"
+    );
+}
