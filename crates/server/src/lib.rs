@@ -11,6 +11,8 @@
 //! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close;
 //!   it also enforces `limits.max_connections` (counted over connections that completed
 //!   `connect`, so sockets that never authenticate cannot lock others out).
+//! - `liveness`: a two-way connection's timers (handshake, pings and pongs, token expiry), shared
+//!   by WebSocket and emulated connections.
 //! - [`tls`]: rustls server config from PEM files.
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
@@ -24,6 +26,7 @@ pub mod emulation;
 pub mod guard;
 pub mod http;
 pub mod jwks;
+mod liveness;
 pub mod serve;
 pub mod settings;
 pub mod tls;

@@ -15,7 +15,7 @@ use futures_util::{SinkExt, StreamExt};
 use herald_core::outbound::CloseRequest;
 use herald_core::{Outbound, Session};
 use herald_protocol::command::parse_frame;
-use herald_protocol::encode::{push_disconnect, PING};
+use herald_protocol::encode::push_disconnect;
 use herald_protocol::{CloseCode, ErrorCode, SUBPROTOCOL};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -24,12 +24,13 @@ use hyper::upgrade::Upgraded;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout};
 use tokio_websockets::{Message, Payload, WebSocketStream};
 
 use crate::api;
 use crate::guard::{origin_listed, IpSlot};
 use crate::http::{App, HttpResponse};
+use crate::liveness::Liveness;
 
 /// Largest batch of newline-joined frames in one WebSocket message.
 const BATCH_BYTES: usize = 64 * 1024;
@@ -180,22 +181,10 @@ async fn run(app: Arc<App>, mut ws: Ws) {
     let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
     let mut draining = app.draining.clone();
-    let handshake_deadline = Instant::now() + Duration::from_millis(limits.handshake_timeout_ms);
-    let ping_every = Duration::from_secs(config.ping_interval_s);
-    let pong_timeout = Duration::from_secs(config.pong_timeout_s);
-    let mut next_ping = Instant::now() + ping_every;
-    let mut pong_due: Option<Instant> = None;
+    let mut liveness = Liveness::new(&config);
 
     let close = loop {
-        let deadline = if !session.is_connected() {
-            handshake_deadline
-        } else {
-            let mut d = pong_due.map_or(next_ping, |p| p.min(next_ping));
-            if let Some(exp) = session.expires_at() {
-                d = d.min(Instant::from_std(exp));
-            }
-            d
-        };
+        let deadline = liveness.deadline(&session);
         tokio::select! {
             biased;
             _ = out.ready() => {
@@ -239,47 +228,20 @@ async fn run(app: Arc<App>, mut ws: Ws) {
                 if message.is_ping() || message.is_pong() {
                     continue;
                 }
-                pong_due = None;
+                liveness.heard();
                 let Some(text) = message.as_text() else {
                     break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "binary frames are not part of the protocol")));
                 };
                 if text.len() > limits.max_frame_bytes {
                     break Some((Vec::new(), close_request(CloseCode::MESSAGE_TOO_LARGE, "message too large")));
                 }
-                let was_connected = session.is_connected();
-                if let Some(req) = Box::pin(dispatch(&mut session, text)).await {
-                    break Some((out.drain().frames, req));
-                }
-                // The limit counts connections that completed `connect` (the hub's registry),
-                // so sockets that never authenticate cannot lock others out.
-                if !was_connected
-                    && session.is_connected()
-                    && limits.max_connections > 0
-                    && app.ctx.hub.connection_count() > limits.max_connections
-                {
-                    out.drain();
-                    break Some((Vec::new(), close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached")));
+                if let Some(close) = Box::pin(handle_text(&app, &mut session, &out, text)).await {
+                    break Some(close);
                 }
             }
             _ = sleep_until(deadline) => {
-                let now = Instant::now();
-                if !session.is_connected() {
-                    break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "no connect command in time")));
-                }
-                if session.expires_at().is_some_and(|exp| Instant::from_std(exp) <= now) {
-                    // An expired connection token closes; expired subscription tokens end their
-                    // subscriptions only.
-                    if let Some(req) = Box::pin(session.expire(now.into_std())).await {
-                        break Some((out.drain().frames, req));
-                    }
-                }
-                if pong_due.is_some_and(|due| due <= now) {
-                    break Some((Vec::new(), close_request(CloseCode::NO_PONG, "no pong in time")));
-                }
-                if next_ping <= now {
-                    out.push(Bytes::from_static(PING));
-                    pong_due = Some(now + pong_timeout);
-                    next_ping = now + ping_every;
+                if let Some(close) = Box::pin(liveness.on_timer(&mut session, &out)).await {
+                    break Some(close);
                 }
             }
             changed = draining.changed() => {
@@ -309,8 +271,35 @@ pub(crate) fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
     }
 }
 
+/// Run one text message from the client (a WebSocket frame, or an emulated connection's `POST`):
+/// the close it calls for, with the frames still queued. Enforces `limits.max_connections`,
+/// which counts connections that completed `connect` (the hub's registry), so sockets that never
+/// authenticate cannot lock others out.
+pub(crate) async fn handle_text(
+    app: &App,
+    session: &mut Session,
+    out: &Outbound,
+    text: &str,
+) -> Option<(Vec<Bytes>, CloseRequest)> {
+    let was_connected = session.is_connected();
+    if let Some(req) = dispatch(session, text).await {
+        return Some((out.drain().frames, req));
+    }
+    let limits = &app.ctx.config.limits;
+    if !was_connected
+        && session.is_connected()
+        && limits.max_connections > 0
+        && app.ctx.hub.connection_count() > limits.max_connections
+    {
+        out.drain();
+        let req = close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached");
+        return Some((Vec::new(), req));
+    }
+    None
+}
+
 /// Parse a text frame's messages and run them; stop at the first that closes the connection.
-pub(crate) async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
+async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
     for parsed in parse_frame(text) {
         let message = match parsed {
             Ok(m) => m,

@@ -12,15 +12,16 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::outbound::CloseRequest;
 use herald_core::{Outbound, Session};
-use herald_protocol::encode::{push_disconnect, PING};
+use herald_protocol::encode::push_disconnect;
 use herald_protocol::CloseCode;
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{sleep_until, timeout};
 
 use super::{Inbound, Registered};
 use crate::guard::IpSlot;
 use crate::http::App;
-use crate::ws::{close_request, dispatch};
+use crate::liveness::Liveness;
+use crate::ws::{close_request, handle_text};
 
 /// Counts the connection while it lives.
 struct Counted(Arc<App>);
@@ -70,26 +71,14 @@ pub(crate) async fn run(
     let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
     let mut draining = app.draining.clone();
-    let handshake_deadline = Instant::now() + Duration::from_millis(limits.handshake_timeout_ms);
-    let ping_every = Duration::from_secs(config.ping_interval_s);
-    let pong_timeout = Duration::from_secs(config.pong_timeout_s);
-    let mut next_ping = Instant::now() + ping_every;
-    let mut pong_due: Option<Instant> = None;
+    let mut liveness = Liveness::new(&config);
     let send = |chunk: Bytes| {
         let tx = tx.clone();
         async move { matches!(timeout(write_limit, tx.send(chunk)).await, Ok(Ok(()))) }
     };
 
     let close = loop {
-        let deadline = if !session.is_connected() {
-            handshake_deadline
-        } else {
-            let mut d = pong_due.map_or(next_ping, |p| p.min(next_ping));
-            if let Some(exp) = session.expires_at() {
-                d = d.min(Instant::from_std(exp));
-            }
-            d
-        };
+        let deadline = liveness.deadline(&session);
         tokio::select! {
             biased;
             _ = out.ready() => {
@@ -119,37 +108,14 @@ pub(crate) async fn run(
                     }
                     None => break None,
                 };
-                pong_due = None;
-                let was_connected = session.is_connected();
-                if let Some(req) = Box::pin(dispatch(&mut session, &text)).await {
-                    break Some((out.drain().frames, req));
-                }
-                if !was_connected
-                    && session.is_connected()
-                    && limits.max_connections > 0
-                    && app.ctx.hub.connection_count() > limits.max_connections
-                {
-                    out.drain();
-                    break Some((Vec::new(), close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached")));
+                liveness.heard();
+                if let Some(close) = Box::pin(handle_text(&app, &mut session, &out, &text)).await {
+                    break Some(close);
                 }
             }
             _ = sleep_until(deadline) => {
-                let now = Instant::now();
-                if !session.is_connected() {
-                    break Some((Vec::new(), close_request(CloseCode::BAD_REQUEST, "no connect command in time")));
-                }
-                if session.expires_at().is_some_and(|exp| Instant::from_std(exp) <= now) {
-                    if let Some(req) = Box::pin(session.expire(now.into_std())).await {
-                        break Some((out.drain().frames, req));
-                    }
-                }
-                if pong_due.is_some_and(|due| due <= now) {
-                    break Some((Vec::new(), close_request(CloseCode::NO_PONG, "no pong in time")));
-                }
-                if next_ping <= now {
-                    out.push(Bytes::from_static(PING));
-                    pong_due = Some(now + pong_timeout);
-                    next_ping = now + ping_every;
+                if let Some(close) = Box::pin(liveness.on_timer(&mut session, &out)).await {
+                    break Some(close);
                 }
             }
             changed = draining.changed() => {
