@@ -1,47 +1,28 @@
 // The demo page in a real browser: Debian's Chromium, headless, driven by playwright-core. The page
 // is served by `herald serve --dev` itself (the committed demo files are embedded in the binary);
 // the browser reaches it through a TCP proxy so the test can also cut the page's connection.
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { mkdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { chromium, type BrowserContext, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { type Browser, launchChromium } from '../support/browser.js';
 import { CutProxy } from '../support/proxy.js';
 import { HeraldServer, sleep } from '../support/server.js';
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
 const outDir = resolve(__dirname, '..', '..', 'test-output');
 
 let server: HeraldServer;
 let proxy: CutProxy;
-let context: BrowserContext;
+let browser: Browser;
 let page: Page;
-let profile: string;
 const consoleErrors: string[] = [];
 
 beforeAll(async () => {
-  if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)`);
   mkdirSync(outDir, { recursive: true });
   server = await HeraldServer.start(inject('heraldBin'));
   proxy = await new CutProxy(server.port).start();
-  profile = mkdtempSync(join(tmpdir(), 'herald-chromium-'));
-  // launchPersistentContext is how Playwright takes a --user-data-dir; a fresh one per run.
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: [
-      '--headless',
-      '--no-sandbox',
-      '--disable-gpu',
-      '--disable-background-networking',
-      '--disable-quic',
-      '--no-first-run',
-      '--disable-component-update',
-      '--disable-sync',
-    ],
-    viewport: { width: 1100, height: 720 },
-  });
-  page = context.pages()[0] ?? (await context.newPage());
+  browser = await launchChromium({ width: 1100, height: 720 });
+  page = browser.page;
   page.on('console', (m) => {
     if (m.type() === 'error') consoleErrors.push(m.text());
   });
@@ -49,10 +30,9 @@ beforeAll(async () => {
 });
 
 afterAll(async () => {
-  await context?.close().catch(() => {});
+  await browser?.close();
   await proxy?.stop();
   await server?.stop();
-  if (profile) rmSync(profile, { recursive: true, force: true });
 });
 
 const texts = () => page.$$eval('#messages li:not(.system) .text', (els) => els.map((e) => e.textContent));

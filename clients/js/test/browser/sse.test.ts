@@ -2,40 +2,28 @@
 // (the page is the node's demo page, so the stream is same-origin), through a TCP proxy that
 // cuts the connection. The browser reconnects by itself and sends Last-Event-ID; the node must
 // replay exactly what was missed, once, in order.
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { type BrowserContext, chromium, type Page } from 'playwright-core';
+import type { Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
+import { type Browser, launchChromium } from '../support/browser.js';
 import { CutProxy } from '../support/proxy.js';
 import { HeraldServer, sleep } from '../support/server.js';
 
-const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
-
 let server: HeraldServer;
 let proxy: CutProxy;
-let context: BrowserContext;
+let browser: Browser;
 let page: Page;
-let profile: string;
 
 beforeAll(async () => {
-  if (!existsSync(CHROMIUM)) throw new Error(`${CHROMIUM} missing: install Debian's chromium (scripts/test.sh does)`);
   server = await HeraldServer.start(inject('heraldBin'));
   proxy = await new CutProxy(server.port).start();
-  profile = mkdtempSync(join(tmpdir(), 'herald-chromium-'));
-  context = await chromium.launchPersistentContext(profile, {
-    executablePath: CHROMIUM,
-    headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking', '--no-first-run'],
-  });
-  page = context.pages()[0] ?? (await context.newPage());
+  browser = await launchChromium();
+  page = browser.page;
 });
 
 afterAll(async () => {
-  await context?.close().catch(() => {});
+  await browser?.close();
   await proxy?.stop();
   await server?.stop();
-  if (profile) rmSync(profile, { recursive: true, force: true });
 });
 
 type Seen = { offsets: number[]; ids: string[]; opens: number };
