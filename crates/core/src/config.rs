@@ -88,6 +88,9 @@ pub struct Config {
     pub redis: Option<serde_json::Value>,
     /// NATS broker settings (see docs/multi-node-nats.md), passed to the NATS broker as they are.
     pub nats: Option<serde_json::Value>,
+    /// Proxy hooks: the application's backend decides connects, subscriptions, publications and
+    /// answers `rpc` over HTTP (see docs/proxy.md).
+    pub proxy: ProxyConfig,
 }
 
 impl Default for Config {
@@ -126,6 +129,7 @@ impl Default for Config {
             namespaces: Vec::new(),
             redis: None,
             nats: None,
+            proxy: ProxyConfig::default(),
         }
     }
 }
@@ -163,6 +167,21 @@ impl Config {
                 || ns.name.contains(':')
             {
                 return Err(format!("bad namespace name {:?}", ns.name));
+            }
+        }
+        self.proxy.validate()?;
+        for ns in std::iter::once(&self.default_namespace).chain(&self.namespaces) {
+            if ns.subscribe_proxy && self.proxy.subscribe_url.is_empty() {
+                return Err(format!(
+                    "namespace {:?} has subscribe_proxy but proxy.subscribe_url is empty",
+                    ns.name
+                ));
+            }
+            if ns.publish_proxy && self.proxy.publish_url.is_empty() {
+                return Err(format!(
+                    "namespace {:?} has publish_proxy but proxy.publish_url is empty",
+                    ns.name
+                ));
             }
         }
         let l = &self.limits;
@@ -267,6 +286,12 @@ pub struct NamespaceConfig {
     pub presence: bool,
     /// Push `join`/`leave` to subscribers (needs `presence`).
     pub join_leave: bool,
+    /// Ask the backend (`proxy.subscribe_url`) about each client subscription; it replaces the
+    /// `subscribe` policy (user-limited channels are still checked).
+    pub subscribe_proxy: bool,
+    /// Send each client publication to the backend (`proxy.publish_url`), which allows, rewrites
+    /// or refuses it; clients may publish here even with `publish = false`.
+    pub publish_proxy: bool,
 }
 
 impl Default for NamespaceConfig {
@@ -281,6 +306,8 @@ impl Default for NamespaceConfig {
             history_meta_ttl_s: 24 * 3600,
             presence: false,
             join_leave: false,
+            subscribe_proxy: false,
+            publish_proxy: false,
         }
     }
 }
@@ -293,6 +320,77 @@ impl NamespaceConfig {
             history_ttl: Duration::from_secs(self.history_ttl_s),
             meta_ttl: Duration::from_secs(self.history_meta_ttl_s.max(self.history_ttl_s)),
         }
+    }
+}
+
+/// The proxy hooks: URLs of the application's backend and what is forwarded to it. A hook whose
+/// URL is empty is off.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Called by `connect` without a token (or every `connect` with `connect_always`).
+    pub connect_url: String,
+    /// Also call the connect proxy when the client brings a token (the token is then ignored).
+    pub connect_always: bool,
+    /// Called before a proxy-authenticated connection expires, to extend it.
+    pub refresh_url: String,
+    /// Called for subscriptions in namespaces with `subscribe_proxy = true`.
+    pub subscribe_url: String,
+    /// Called for publications in namespaces with `publish_proxy = true`.
+    pub publish_url: String,
+    /// Called by the `rpc` command; without it clients get error 108.
+    pub rpc_url: String,
+    /// Longest wait for one backend answer; past it the client gets error 112.
+    pub timeout_ms: u64,
+    /// Headers of the client's HTTP request (the WebSocket upgrade, the SSE or stream request)
+    /// forwarded to the backend, by name (case-insensitive). Others are never sent.
+    pub headers: Vec<String>,
+    /// Cookies of the client's HTTP request forwarded to the backend, by name. Others are never
+    /// sent.
+    pub cookies: Vec<String>,
+    /// Largest backend answer read; a larger one is refused (internal error to the client).
+    pub max_response_bytes: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            connect_url: String::new(),
+            connect_always: false,
+            refresh_url: String::new(),
+            subscribe_url: String::new(),
+            publish_url: String::new(),
+            rpc_url: String::new(),
+            timeout_ms: 3000,
+            headers: Vec::new(),
+            cookies: Vec::new(),
+            max_response_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Whether any hook is configured.
+    pub fn enabled(&self) -> bool {
+        [
+            &self.connect_url,
+            &self.refresh_url,
+            &self.subscribe_url,
+            &self.publish_url,
+            &self.rpc_url,
+        ]
+        .iter()
+        .any(|u| !u.is_empty())
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.timeout_ms == 0 {
+            return Err("proxy.timeout_ms must be at least 1".into());
+        }
+        if self.max_response_bytes < 64 {
+            return Err("proxy.max_response_bytes must be at least 64".into());
+        }
+        Ok(())
     }
 }
 

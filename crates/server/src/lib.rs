@@ -16,12 +16,15 @@
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
 //! - [`uni`]: one-way transports: Server-Sent Events and NDJSON streaming.
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
+//! - [`proxy`]: proxy hooks: the HTTP client calling the application's backend, and the
+//!   headers and cookies forwarded to it.
 
 pub mod api;
 pub mod brokers;
 pub mod guard;
 pub mod http;
 pub mod jwks;
+pub mod proxy;
 pub mod serve;
 pub mod settings;
 pub mod tls;

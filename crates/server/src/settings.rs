@@ -65,6 +65,7 @@ const ENV_KEYS: &[&str] = &[
     "default_namespace",
     "redis",
     "nats",
+    "proxy",
 ];
 
 /// Load and validate the configuration.

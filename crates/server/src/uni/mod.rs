@@ -243,6 +243,13 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| t.trim().to_owned());
     let ip_slot = req.extensions().get::<Arc<crate::guard::IpSlot>>().cloned();
+    let meta = config.proxy.enabled().then(|| {
+        let transport = match format {
+            Format::Sse => "sse",
+            Format::Ndjson => "stream",
+        };
+        crate::proxy::client_meta(&config.proxy, req.headers(), peer, transport)
+    });
     let mut wanted = match format {
         Format::Sse => match sse_request(&req) {
             Ok(w) => w,
@@ -281,6 +288,9 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     // Connect before answering, so a refused token is an HTTP error, not a stream that ends.
     let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
+    if let Some(meta) = meta {
+        session.set_client_meta(meta);
+    }
     let connect = Message::Command {
         id: 1,
         command: Ok(Command::Connect(wanted.params)),
