@@ -429,3 +429,26 @@ mod lenient {
         Option::<Text>::deserialize(d).map(|t| t.map(String::from))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_flags_need_their_hook() {
+        let mut c = Config::default();
+        c.namespaces.push(NamespaceConfig {
+            name: "room".into(),
+            subscribe_proxy: true,
+            ..NamespaceConfig::default()
+        });
+        assert!(c.validate().unwrap_err().contains("subscribe_url"));
+        c.proxy.subscribe_url = "http://127.0.0.1:1/subscribe".into();
+        assert!(c.validate().is_ok());
+        c.default_namespace.publish_proxy = true;
+        assert!(c.validate().unwrap_err().contains("publish_url"));
+        c.proxy.publish_url = "http://127.0.0.1:1/publish".into();
+        c.proxy.timeout_ms = 0;
+        assert!(c.validate().unwrap_err().contains("timeout_ms"));
+    }
+}

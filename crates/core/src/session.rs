@@ -667,11 +667,7 @@ impl Session {
                 .await?;
             reply_data = r.data;
         }
-        // The backend call may have let other commands' state change: look again.
         let conn = self.connected.as_mut().expect("connected");
-        if conn.channels.contains_key(channel) {
-            return Err(ErrorCode::AlreadySubscribed.into());
-        }
         let result = ctx
             .hub
             .prepare_subscription(channel, conn.key, &self.out, since, &ns)
