@@ -336,6 +336,8 @@ pub struct ProxyConfig {
     pub refresh_url: String,
     /// Called for subscriptions in namespaces with `subscribe_proxy = true`.
     pub subscribe_url: String,
+    /// Called when a subscription the subscribe hook granted with an `expire_at` reaches it.
+    pub sub_refresh_url: String,
     /// Called for publications in namespaces with `publish_proxy = true`.
     pub publish_url: String,
     /// Called by the `rpc` command; without it clients get error 108.
@@ -359,6 +361,7 @@ impl Default for ProxyConfig {
             connect_always: false,
             refresh_url: String::new(),
             subscribe_url: String::new(),
+            sub_refresh_url: String::new(),
             publish_url: String::new(),
             rpc_url: String::new(),
             timeout_ms: 3000,
@@ -376,6 +379,7 @@ impl ProxyConfig {
             &self.connect_url,
             &self.refresh_url,
             &self.subscribe_url,
+            &self.sub_refresh_url,
             &self.publish_url,
             &self.rpc_url,
         ]

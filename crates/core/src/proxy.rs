@@ -23,6 +23,8 @@ pub enum Hook {
     Refresh,
     /// `proxy.subscribe_url`
     Subscribe,
+    /// `proxy.sub_refresh_url`
+    SubRefresh,
     /// `proxy.publish_url`
     Publish,
     /// `proxy.rpc_url`
@@ -36,6 +38,7 @@ impl Hook {
             Hook::Connect => "connect",
             Hook::Refresh => "refresh",
             Hook::Subscribe => "subscribe",
+            Hook::SubRefresh => "sub_refresh",
             Hook::Publish => "publish",
             Hook::Rpc => "rpc",
         }
@@ -122,7 +125,7 @@ pub(crate) struct ConnectResult {
     pub(crate) channels: Vec<String>,
 }
 
-/// `result` of the refresh hook.
+/// `result` of the refresh and sub_refresh hooks.
 #[derive(Debug, Deserialize)]
 pub(crate) struct RefreshResult {
     /// The connection ends (close 4004).
@@ -134,7 +137,16 @@ pub(crate) struct RefreshResult {
     pub(crate) info: Option<Box<RawValue>>,
 }
 
-/// `result` of the subscribe, publish and rpc hooks.
+/// `result` of the subscribe hook.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct SubscribeResult {
+    /// Returned in the reply.
+    pub(crate) data: Option<Box<RawValue>>,
+    /// Unix seconds when the subscription ends (then the sub_refresh hook, or `unsub` 4004).
+    pub(crate) expire_at: Option<u64>,
+}
+
+/// `result` of the publish and rpc hooks.
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct DataResult {
     /// Subscribe: returned in the reply; publish: replaces the publication's data; rpc: the

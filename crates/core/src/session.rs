@@ -29,6 +29,7 @@ use crate::outbound::{CloseRequest, Control, Outbound};
 use crate::proxy::{
     ask, failure, Answer, ClientMeta, ConnectRequest, ConnectResult as ProxyConnectResult,
     ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal,
+    SubscribeResult as ProxySubscribeResult,
 };
 use crate::rate::TokenBucket;
 use crate::recovery::SubscribeResult;
@@ -62,6 +63,8 @@ struct Connected {
     sub_expires: HashMap<String, Instant>,
     /// Authenticated by the connect proxy: the refresh hook extends it before it expires.
     proxied: bool,
+    /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
+    proxied_subs: HashSet<String>,
 }
 
 impl Connected {
@@ -240,6 +243,7 @@ impl Session {
             Hook::Connect => &p.connect_url,
             Hook::Refresh => &p.refresh_url,
             Hook::Subscribe => &p.subscribe_url,
+            Hook::SubRefresh => &p.sub_refresh_url,
             Hook::Publish => &p.publish_url,
             Hook::Rpc => &p.rpc_url,
         };
@@ -324,15 +328,59 @@ impl Session {
             .map(|(channel, _)| channel.clone())
             .collect();
         for channel in expired {
+            let conn = self.connected.as_ref().expect("connected");
+            let by_proxy = conn.proxied_subs.contains(&channel);
+            if by_proxy {
+                if let Some(proxy) = self.hook(Hook::SubRefresh) {
+                    match self.sub_refresh_by_proxy(proxy.as_ref(), &channel).await {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(req) => return Some(req),
+                    }
+                }
+            }
             if self.leave(&channel).await {
                 self.out.push(push_unsub(
                     &channel,
                     codes::UNSUB_TOKEN_EXPIRED,
-                    "subscription token expired",
+                    match by_proxy {
+                        true => "subscription expired",
+                        false => "subscription token expired",
+                    },
                 ));
             }
         }
         None
+    }
+
+    /// Ask the sub_refresh hook to extend a proxy-granted subscription that expires now: true
+    /// when extended, false when it ends, the close request when the backend disconnects.
+    async fn sub_refresh_by_proxy(
+        &mut self,
+        proxy: &dyn Proxy,
+        channel: &str,
+    ) -> Result<bool, CloseRequest> {
+        let r = self
+            .ask_connected::<RefreshResult>(proxy, Hook::SubRefresh, Some(channel), None, None)
+            .await;
+        let conn = self.connected.as_mut().expect("connected");
+        match r {
+            Ok(r) if !r.expired => match expiry(r.expire_at).1 {
+                Some(at) if at <= Instant::now() => Ok(false),
+                Some(at) => {
+                    conn.sub_expires.insert(channel.to_owned(), at);
+                    Ok(true)
+                }
+                None => {
+                    conn.sub_expires.remove(channel);
+                    Ok(true)
+                }
+            },
+            Err(Refusal::Close { code, reason }) => Err(close(code, reason)),
+            // Expired, refused, or no usable answer: the subscription ends; the client may
+            // subscribe again (and the subscribe hook decides).
+            _ => Ok(false),
+        }
     }
 
     /// Ask the refresh hook to extend a proxy-authenticated connection that expires now.
@@ -549,6 +597,7 @@ impl Session {
             server_side: HashSet::new(),
             sub_expires: HashMap::new(),
             proxied,
+            proxied_subs: HashSet::new(),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.
@@ -662,10 +711,11 @@ impl Session {
                 )
                 .into());
             };
-            let r: DataResult = self
+            let r: ProxySubscribeResult = self
                 .ask_connected(proxy.as_ref(), Hook::Subscribe, Some(channel), None, data)
                 .await?;
             reply_data = r.data;
+            token_exp = r.expire_at;
         }
         let conn = self.connected.as_mut().expect("connected");
         let result = ctx
@@ -679,6 +729,9 @@ impl Session {
         }
         if granted {
             conn.server_side.insert(channel.to_owned());
+        }
+        if by_proxy && token_exp.is_some() {
+            conn.proxied_subs.insert(channel.to_owned());
         }
         Ok((result, reply_data))
     }
@@ -757,6 +810,7 @@ impl Session {
         };
         conn.server_side.remove(channel);
         conn.sub_expires.remove(channel);
+        conn.proxied_subs.remove(channel);
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             let broker = self.ctx.hub.broker();

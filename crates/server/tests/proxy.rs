@@ -54,11 +54,13 @@ impl Backend {
     fn section(&self, timeout_ms: u64) -> String {
         format!(
             "[proxy]\nconnect_url = {:?}\nrefresh_url = {:?}\nsubscribe_url = {:?}\n\
-             publish_url = {:?}\nrpc_url = {:?}\ntimeout_ms = {timeout_ms}\n\
+             sub_refresh_url = {:?}\npublish_url = {:?}\nrpc_url = {:?}\n\
+             timeout_ms = {timeout_ms}\n\
              headers = [\"X-App-Version\"]\ncookies = [\"sessionid\"]\n",
             self.url("connect"),
             self.url("refresh"),
             self.url("subscribe"),
+            self.url("sub_refresh"),
             self.url("publish"),
             self.url("rpc"),
         )
@@ -432,5 +434,32 @@ async fn refresh_proxy_extends_or_ends_an_expiring_connection() {
     assert!(
         r["subscribe"].is_object(),
         "extended connection unusable: {r}"
+    );
+}
+
+#[tokio::test]
+async fn sub_refresh_proxy_extends_or_ends_an_expiring_subscription() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let mut alice = logged_in(&node, "alice").await;
+    for ch in ["room:short-keep", "room:short-drop"] {
+        let r = alice.call("subscribe", json!({"channel": ch})).await;
+        assert!(
+            r["subscribe"]["expires_in"].as_u64().unwrap() <= 1,
+            "{ch}: {r}"
+        );
+    }
+    let unsub = alice.push("unsub").await;
+    assert_eq!(
+        (&unsub["channel"], &unsub["code"]),
+        (&json!("room:short-drop"), &json!(4004)),
+        "{unsub}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.publish("room:short-keep", json!("still here")).await;
+    let p = alice.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["data"]),
+        (&json!("room:short-keep"), &json!("still here"))
     );
 }

@@ -36,6 +36,7 @@ impl HttpProxy {
             Hook::Connect => &self.config.connect_url,
             Hook::Refresh => &self.config.refresh_url,
             Hook::Subscribe => &self.config.subscribe_url,
+            Hook::SubRefresh => &self.config.sub_refresh_url,
             Hook::Publish => &self.config.publish_url,
             Hook::Rpc => &self.config.rpc_url,
         }
