@@ -62,6 +62,10 @@ pub struct Config {
     pub token_jwks_max_age_s: u64,
     /// Least time between two fetches of the key set, however many unknown `kid`s arrive.
     pub token_jwks_min_refresh_ms: u64,
+    /// Each authenticated connection's personal channel, subscribed by the server at connect:
+    /// `{user}` is replaced by the user id (e.g. `user:{user}`, or `user:#{user}` to also limit it
+    /// to that user). Empty: none.
+    pub personal_channel: String,
     /// Browser origins allowed to open a WebSocket (`https://app.example`, or `*`); empty: any.
     /// Upgrades without an `Origin` header (non-browser clients) are always allowed.
     pub allowed_origins: Vec<String>,
@@ -117,6 +121,7 @@ impl Default for Config {
             token_jwks_url: None,
             token_jwks_max_age_s: 300,
             token_jwks_min_refresh_ms: 10_000,
+            personal_channel: String::new(),
             allowed_origins: Vec::new(),
             api_allowed_origins: Vec::new(),
             ping_interval_s: 25,

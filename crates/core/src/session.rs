@@ -582,6 +582,14 @@ impl Session {
             proxied,
         } = auth;
         let (expires_in, expires_at) = expiry(exp);
+        let mut granted = granted;
+        let pattern = &self.ctx.config.personal_channel;
+        if !pattern.is_empty() && !user.is_empty() {
+            let personal = pattern.replace("{user}", &user);
+            if !granted.contains(&personal) {
+                granted.push(personal);
+            }
+        }
         let user: Arc<str> = Arc::from(user);
         let key = self
             .ctx

@@ -463,3 +463,73 @@ async fn sub_refresh_proxy_extends_or_ends_an_expiring_subscription() {
         (&json!("room:short-keep"), &json!("still here"))
     );
 }
+
+#[tokio::test]
+async fn server_side_subscriptions_from_token_proxy_and_personal_channel_recover_with_since() {
+    let backend = Backend::start().await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!(
+            "personal_channel = \"user:#{{user}}\"\n{}\n[[namespaces]]\nname = \"user\"\n\
+             subscribe = \"token\"\nhistory_size = 10\n",
+            backend.section(2000)
+        ),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+
+    // Through the connect proxy: its channels and the personal channel.
+    let mut alice = open(&node, Some("sessionid=alice"), &[]).await;
+    let r = alice
+        .call("connect", json!({"data": {"channels": ["news"]}}))
+        .await;
+    let mut subs: Vec<&String> = r["connect"]["subs"].as_object().unwrap().keys().collect();
+    subs.sort();
+    assert_eq!(subs, ["news", "user:#alice"], "{r}");
+    // Through a token's channels claim, the same.
+    let mut bob = node.client().await;
+    let r = bob
+        .call(
+            "connect",
+            json!({"token": token(json!({"sub": "bob", "channels": ["news"]}))}),
+        )
+        .await;
+    let bob_sub = r["connect"]["subs"]["user:#bob"].clone();
+    assert!(bob_sub["epoch"].is_string(), "{r}");
+    assert_eq!(bob_sub["offset"], 0, "{r}");
+    assert!(r["connect"]["subs"]["news"]["epoch"].is_string(), "{r}");
+
+    // A broadcast to personal channels reaches them without any client subscribe.
+    let (status, body) = node
+        .api(
+            "/api/broadcast",
+            Some(json!({"channels": ["user:#alice", "user:#bob"], "data": "hi"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let p = alice.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["data"]),
+        (&json!("user:#alice"), &json!("hi"))
+    );
+    let p = bob.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["offset"]),
+        (&json!("user:#bob"), &json!(1))
+    );
+
+    // Bob goes away, misses one, and comes back with since: recovered.
+    drop(bob);
+    node.publish("user:#bob", json!("missed")).await;
+    let mut bob = node.client().await;
+    let since = json!({"epoch": bob_sub["epoch"], "offset": 1});
+    let r = bob
+        .call(
+            "connect",
+            json!({"token": token(json!({"sub": "bob"})), "subs": {"user:#bob": {"since": since}}}),
+        )
+        .await;
+    let sub = &r["connect"]["subs"]["user:#bob"];
+    assert_eq!(sub["recovered"], true, "{r}");
+    assert_eq!(sub["publications"][0]["data"], "missed", "{r}");
+    assert_eq!(sub["publications"].as_array().unwrap().len(), 1, "{r}");
+}
