@@ -533,3 +533,35 @@ async fn server_side_subscriptions_from_token_proxy_and_personal_channel_recover
     assert_eq!(sub["publications"][0]["data"], "missed", "{r}");
     assert_eq!(sub["publications"].as_array().unwrap().len(), 1, "{r}");
 }
+
+#[tokio::test]
+async fn the_stream_transport_goes_through_the_connect_proxy_too() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let out = Command::new("curl")
+        .args(["-sN", "--max-time", "1", "-X", "POST"])
+        .arg(format!("http://{}/connection/stream", node.addr))
+        .args(["-H", "Cookie: theme=dark; sessionid=carol"])
+        .args(["-H", "X-App-Version: 9", "-H", "X-Other: no"])
+        .args(["-d", r#"{"subs": {"news": {}}, "data": {"via": "curl"}}"#])
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first: Value = serde_json::from_str(text.lines().next().expect("a line")).unwrap();
+    assert_eq!(
+        first["connect"]["data"],
+        json!({
+            "headers": {"x-app-version": "9"},
+            "cookies": {"sessionid": "carol"},
+            "ip": "127.0.0.1",
+            "transport": "stream",
+            "data": {"via": "curl"},
+        }),
+        "{text}"
+    );
+    assert!(
+        first["connect"]["subs"]["news"]["epoch"].is_string(),
+        "{text}"
+    );
+}

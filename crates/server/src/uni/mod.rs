@@ -112,12 +112,14 @@ fn sse_request(req: &Request<Incoming>) -> Result<Wanted, &'static str> {
     })
 }
 
-/// `POST /connection/stream` with `{"token"?, "subs": {channel: {"since"?}}}`.
+/// `POST /connection/stream` with `{"token"?, "subs": {channel: {"since"?}}, "data"?}`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StreamBodyParams {
     token: Option<String>,
     name: Option<String>,
+    /// For the connect proxy, as `connect.data`.
+    data: Option<Box<serde_json::value::RawValue>>,
     #[serde(default)]
     subs: std::collections::BTreeMap<String, StreamSub>,
 }
@@ -150,11 +152,14 @@ async fn ndjson_request(app: &App, req: Request<Incoming>) -> Result<Wanted, Str
         }
     };
     let body: StreamBodyParams = serde_json::from_slice(&bytes).map_err(|_| {
-        bad_request("body must be {\"token\"?, \"name\"?, \"subs\": {channel: {\"since\"?}}}")
+        bad_request(
+            "body must be {\"token\"?, \"name\"?, \"subs\": {channel: {\"since\"?}}, \"data\"?}",
+        )
     })?;
     let mut params = ConnectParams {
         token: body.token,
         name: body.name,
+        data: body.data,
         ..ConnectParams::default()
     };
     let mut channels = Vec::new();
