@@ -565,3 +565,70 @@ async fn the_stream_transport_goes_through_the_connect_proxy_too() {
         "{text}"
     );
 }
+
+/// Two nodes on one broker, both with the hooks: a publication rewritten by the publish proxy on
+/// one node is what a subscriber on the other receives and what history there returns; the
+/// connect, subscribe and rpc hooks answer on either node.
+async fn hooks_work_the_same_on_every_node(broker_url: &str) {
+    let backend = Backend::start().await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!("{}{NAMESPACES}", backend.section(2000)),
+    );
+    let env = [("HERALD_BROKER_URL", broker_url)];
+    let a = Node::start(&["--config", &cfg], &env).await;
+    let b = Node::start(&["--config", &cfg], &env).await;
+
+    let mut reader = logged_in(&b, "reader").await;
+    let r = reader
+        .call("subscribe", json!({"channel": "chat:multi", "data": 1}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let r = reader
+        .call("subscribe", json!({"channel": "room:deny-b"}))
+        .await;
+    assert_eq!(r["error"]["code"], 1403, "{r}");
+    let r = reader.call("rpc", json!({"method": "echo"})).await;
+    assert_eq!(r["rpc"]["data"]["user"], "reader", "{r}");
+
+    let mut alice = logged_in(&a, "alice").await;
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:multi", "data": {"action": "rewrite", "text": "across"}}),
+        )
+        .await;
+    assert_eq!(r["publish"]["offset"], 1, "{r}");
+    let rewritten = json!({"text": "ACROSS", "by": "alice"});
+    let p = reader.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["data"]),
+        (&json!("chat:multi"), &rewritten)
+    );
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:multi", "data": {"action": "reject"}}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], 1409, "{r}");
+
+    let (status, h) = b
+        .api("/api/history", Some(json!({"channel": "chat:multi"})))
+        .await;
+    assert_eq!(status, 200, "{h}");
+    assert_eq!(h["publications"][0]["data"], rewritten, "{h}");
+    assert_eq!(h["publications"].as_array().unwrap().len(), 1, "{h}");
+}
+
+#[tokio::test]
+async fn hooks_across_nodes_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    hooks_work_the_same_on_every_node(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn hooks_across_nodes_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    hooks_work_the_same_on_every_node(&nats.url()).await;
+}
