@@ -864,19 +864,15 @@ impl Session {
     }
 
     async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, Refusal> {
-        let ns = if self
+        let ns = self
             .ctx
             .namespaces
             .resolve(&p.channel)
             .map_err(ns_error)?
-            .publish_proxy
-        {
+            .clone();
+        let ns = if ns.publish_proxy {
             // The backend decides who may publish.
-            self.ctx
-                .namespaces
-                .resolve(&p.channel)
-                .map_err(ns_error)?
-                .clone()
+            ns
         } else {
             let ns = self.check_access(&p.channel)?;
             if !ns.publish {
