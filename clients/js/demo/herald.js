@@ -46,7 +46,9 @@ var ErrorCode = {
   NotAvailable: 108,
   TokenExpired: 109,
   TooManyRequests: 110,
-  TemporarilyUnavailable: 111
+  TemporarilyUnavailable: 111,
+  /** The application's backend (a proxy hook) was unreachable or too slow: retry later. */
+  BackendUnavailable: 112
 };
 var CloseCode = {
   Shutdown: 4e3,
@@ -54,11 +56,15 @@ var CloseCode = {
   NoPong: 4002,
   InsufficientState: 4003,
   TokenExpired: 4004,
+  /** The application's backend (connect or refresh proxy) failed: reconnect later. */
+  BackendError: 4005,
   BadRequest: 4500,
   Unauthorized: 4501,
   DisconnectedByApi: 4502,
   MessageTooLarge: 4503,
-  ConnectionLimit: 4504
+  ConnectionLimit: 4504,
+  /** The application's backend refused the connection (connect proxy `error`). */
+  RefusedByBackend: 4505
 };
 var UnsubCode = {
   /** The server ended the subscription for good (API `unsubscribe`). */
@@ -97,7 +103,7 @@ var ClientCode = {
   UnsubscribeCalled: 12
 };
 function isTemporaryError(code) {
-  return code === ErrorCode.Internal || code === ErrorCode.TooManyRequests || code === ErrorCode.TemporarilyUnavailable;
+  return code === ErrorCode.Internal || code === ErrorCode.TooManyRequests || code === ErrorCode.TemporarilyUnavailable || code === ErrorCode.BackendUnavailable;
 }
 function shouldReconnect(closeCode) {
   if (closeCode >= 4500 && closeCode <= 4999) return false;
@@ -400,9 +406,9 @@ var ReplyError = class extends HeraldError {
     super(code, message);
     this.name = "ReplyError";
   }
-  /** Worth retrying later (100, 110, 111). */
+  /** Worth retrying later (100, 110, 111, 112). */
   get temporary() {
-    return this.code === ErrorCode.Internal || this.code === ErrorCode.TooManyRequests || this.code === ErrorCode.TemporarilyUnavailable;
+    return isTemporaryError(this.code);
   }
 };
 var TimeoutError = class extends HeraldError {
@@ -760,6 +766,11 @@ var Herald = class extends Emitter {
     this.subs = /* @__PURE__ */ new Map();
     /** Channels the server subscribed this connection to (see the `subscribed` event). */
     this.serverSubs = /* @__PURE__ */ new Set();
+    /**
+     * Where each server-side subscription stands, kept across reconnects so that the next `connect`
+     * asks for them with `since`. Forgotten when the server ends one.
+     */
+    this.serverPositions = /* @__PURE__ */ new Map();
     this.pending = /* @__PURE__ */ new Map();
     this.waiters = [];
     this.nextId = 1;
@@ -862,6 +873,18 @@ var Herald = class extends Emitter {
     if (opts.limit !== void 0) params.limit = opts.limit;
     return this.call("history", params);
   }
+  /**
+   * Call the application's backend through the server's RPC proxy: `data` goes to it with
+   * `method`, and its answer's `data` is what this resolves to. Rejects with a `ReplyError`: 108
+   * when the server has no RPC proxy, 112 (temporary) when the backend is unreachable or slow,
+   * 1000–1999 for the backend's own errors. Waits while connecting, like `call`.
+   */
+  async rpc(method, data) {
+    const params = { method };
+    if (data !== void 0) params.data = data;
+    const r = await this.call("rpc", params);
+    return r.data;
+  }
   /** Who is subscribed to a channel now. */
   presence(channel) {
     return this.call("presence", { channel });
@@ -962,11 +985,16 @@ var Herald = class extends Emitter {
       subs[sub.channel] = since ? { since } : {};
       included.push(sub);
     }
+    for (const [channel, since] of this.serverPositions) {
+      if (!(channel in subs)) subs[channel] = { since };
+    }
     const params = {};
     if (this.token !== void 0) params.token = this.token;
     if (this.opts.name !== void 0) params.name = this.opts.name;
     if (this.opts.version !== void 0) params.version = this.opts.version;
-    if (included.length > 0) params.subs = subs;
+    const data = typeof this.opts.data === "function" ? this.opts.data() : this.opts.data;
+    if (data !== void 0) params.data = data;
+    if (Object.keys(subs).length > 0) params.subs = subs;
     this.request("connect", params, (err, result) => this.onConnectReply(err, result, included));
   }
   onConnectReply(err, r, included) {
@@ -1002,19 +1030,36 @@ var Herald = class extends Emitter {
       transport: this.transport?.emulated ? "emulation" : "websocket"
     };
     if (r.expires_in !== void 0) ctx.expiresIn = r.expires_in;
+    if (r.data !== void 0) ctx.data = r.data;
     this.emit("connected", ctx);
     if (this._state !== "connected") return;
     const results = r.subs ?? {};
     const requested = new Set(included.map((s) => s.channel));
+    for (const channel of this.serverPositions.keys()) {
+      const res = results[channel];
+      if (res === void 0 || "error" in res) this.serverPositions.delete(channel);
+    }
     for (const [channel, res] of Object.entries(results)) {
       if (requested.has(channel) || "error" in res) continue;
       this.serverSubs.add(channel);
-      this.emit("subscribed", {
+      const event = {
         channel,
         epoch: res.epoch,
         offset: res.offset,
         recoverable: res.recoverable !== false
-      });
+      };
+      if (res.recovered !== void 0) event.recovered = res.recovered;
+      const held = this.serverPositions.get(channel);
+      if (!res.recovered || !held || held.epoch !== res.epoch) {
+        this.serverPositions.set(channel, { epoch: res.epoch, offset: res.offset });
+      }
+      this.emit("subscribed", event);
+      if (this._state !== "connected") return;
+      if (res.recovered) {
+        for (const pub of res.publications ?? []) this.serverPublication(channel, pub);
+        const pos = this.serverPositions.get(channel);
+        if (pos && pos.offset < res.offset) pos.offset = res.offset;
+      }
     }
     if (this._state !== "connected") return;
     for (const sub of included) {
@@ -1142,9 +1187,7 @@ var Herald = class extends Emitter {
         const sub = this.subs.get(msg.channel);
         if (!sub) {
           if (!this.serverSubs.has(msg.channel)) return;
-          const ctx = { channel: msg.channel, offset: msg.pub.offset, data: msg.pub.data };
-          if (msg.pub.info) ctx.info = msg.pub.info;
-          this.emit("publication", ctx);
+          this.serverPublication(msg.channel, msg.pub);
           return;
         }
         if (sub._applyPublication(msg.pub)) this.resync(sub, true);
@@ -1161,17 +1204,16 @@ var Herald = class extends Emitter {
         if (this.subs.has(msg.channel)) return;
         this.serverSubs.add(msg.channel);
         const r = msg.result;
-        this.emit("subscribed", {
-          channel: msg.channel,
-          epoch: String(r.epoch ?? ""),
-          offset: typeof r.offset === "number" ? r.offset : 0,
-          recoverable: r.recoverable !== false
-        });
+        const epoch = String(r.epoch ?? "");
+        const offset = typeof r.offset === "number" ? r.offset : 0;
+        this.serverPositions.set(msg.channel, { epoch, offset });
+        this.emit("subscribed", { channel: msg.channel, epoch, offset, recoverable: r.recoverable !== false });
         return;
       }
       case "unsub": {
         const sub = this.subs.get(msg.channel);
         if (!sub) {
+          this.serverPositions.delete(msg.channel);
           if (this.serverSubs.delete(msg.channel)) {
             this.emit("unsubscribed", { channel: msg.channel, code: msg.code, reason: msg.reason });
           }
@@ -1195,6 +1237,17 @@ var Herald = class extends Emitter {
       case "unknown":
         return;
     }
+  }
+  /** A publication of a server-side subscription: once each, in offset order. */
+  serverPublication(channel, pub) {
+    const pos = this.serverPositions.get(channel);
+    if (pos && pub.offset > 0) {
+      if (pub.offset <= pos.offset) return;
+      pos.offset = pub.offset;
+    }
+    const ctx = { channel, offset: pub.offset, data: pub.data };
+    if (pub.info) ctx.info = pub.info;
+    this.emit("publication", ctx);
   }
   // ---------------------------------------------------------------------------------------------
   // Subscriptions

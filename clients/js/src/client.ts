@@ -19,9 +19,11 @@ import {
   type ConnectResult,
   type HistoryResult,
   type PresenceResult,
+  type Publication,
   type PublishResult,
   type RefreshResult,
   type ReplyErrorBody,
+  type RpcResult,
   type ServerMessage,
   type StreamPosition,
   type SubscribeResult,
@@ -42,6 +44,11 @@ export interface HeraldOptions {
    * `refresh`), and after the server closed with 4004 (token expired). Return '' or null to refuse.
    */
   getToken?: () => string | null | undefined | Promise<string | null | undefined>;
+  /**
+   * Sent as `connect.data` on every connect: the application's connect proxy receives it (with the
+   * cookies and headers the server is configured to forward). A function is called per connect.
+   */
+  data?: unknown | (() => unknown);
   /** Client name and version, sent in `connect` (shown in server logs). */
   name?: string;
   version?: string;
@@ -77,6 +84,8 @@ export interface ConnectedContext {
   expiresIn?: number;
   /** What carries the connection: a WebSocket, or WebSocket emulation over HTTP. */
   transport: 'websocket' | 'emulation';
+  /** What the application's connect proxy returned for the client, when it returned something. */
+  data?: unknown;
 }
 
 export interface StateContext {
@@ -104,15 +113,27 @@ export interface HeraldEvents {
   error: ErrorContext;
   /**
    * Server-side subscriptions: channels the server subscribed this connection to (token `channels`
-   * claim, or the server API). `subscribed` / `unsubscribed` mark their lifetime; their
-   * publications, joins and leaves arrive as client events. They are not restored with `since`
-   * after a reconnect: use `subscribe()` for channels that need the delivery guarantee.
+   * claim, the connect proxy's `channels`, the personal channel, or the server API). `subscribed` /
+   * `unsubscribed` mark their lifetime; their publications, joins and leaves arrive as client
+   * events, in offset order without duplicates. After a reconnect the client asks for them again
+   * with `since`: the publications missed meanwhile arrive as `publication` events before live
+   * ones (`recovered: true`), or `recovered: false` says some were lost and the app reloads.
    */
-  subscribed: { channel: string; epoch: string; offset: number; recoverable: boolean };
+  subscribed: ServerSubscribedContext;
   unsubscribed: { channel: string; code: number; reason: string };
   publication: PublicationContext;
   join: { channel: string; info: ClientInfo };
   leave: { channel: string; info: ClientInfo };
+}
+
+/** The `subscribed` event: a server-side subscription took effect. */
+export interface ServerSubscribedContext {
+  channel: string;
+  epoch: string;
+  offset: number;
+  recoverable: boolean;
+  /** After a reconnect: whether every publication missed meanwhile was delivered. */
+  recovered?: boolean;
 }
 
 type ReplyCallback = (err: HeraldError | undefined, result: unknown) => void;
@@ -150,6 +171,11 @@ export class Herald extends Emitter<HeraldEvents> {
   private readonly subs = new Map<string, Subscription<never>>();
   /** Channels the server subscribed this connection to (see the `subscribed` event). */
   private readonly serverSubs = new Set<string>();
+  /**
+   * Where each server-side subscription stands, kept across reconnects so that the next `connect`
+   * asks for them with `since`. Forgotten when the server ends one.
+   */
+  private readonly serverPositions = new Map<string, StreamPosition>();
   private readonly pending = new Map<number, Pending>();
   private waiters: Waiter[] = [];
   private nextId = 1;
@@ -280,6 +306,19 @@ export class Herald extends Emitter<HeraldEvents> {
     return this.call<HistoryResult>('history', params);
   }
 
+  /**
+   * Call the application's backend through the server's RPC proxy: `data` goes to it with
+   * `method`, and its answer's `data` is what this resolves to. Rejects with a `ReplyError`: 108
+   * when the server has no RPC proxy, 112 (temporary) when the backend is unreachable or slow,
+   * 1000–1999 for the backend's own errors. Waits while connecting, like `call`.
+   */
+  async rpc<R = unknown>(method: string, data?: unknown): Promise<R | undefined> {
+    const params: Record<string, unknown> = { method };
+    if (data !== undefined) params.data = data;
+    const r = await this.call<RpcResult<R>>('rpc', params);
+    return r.data;
+  }
+
   /** Who is subscribed to a channel now. */
   presence(channel: string): Promise<PresenceResult> {
     return this.call<PresenceResult>('presence', { channel });
@@ -392,11 +431,18 @@ export class Herald extends Emitter<HeraldEvents> {
       subs[sub.channel] = since ? { since } : {};
       included.push(sub);
     }
+    // Server-side subscriptions of the last connection: named with `since`, the server recovers
+    // what was missed (it subscribes them again itself when it still grants them).
+    for (const [channel, since] of this.serverPositions) {
+      if (!(channel in subs)) subs[channel] = { since };
+    }
     const params: Record<string, unknown> = {};
     if (this.token !== undefined) params.token = this.token;
     if (this.opts.name !== undefined) params.name = this.opts.name;
     if (this.opts.version !== undefined) params.version = this.opts.version;
-    if (included.length > 0) params.subs = subs;
+    const data = typeof this.opts.data === 'function' ? (this.opts.data as () => unknown)() : this.opts.data;
+    if (data !== undefined) params.data = data;
+    if (Object.keys(subs).length > 0) params.subs = subs;
     this.request('connect', params, (err, result) => this.onConnectReply(err, result as ConnectResult, included));
   }
 
@@ -435,20 +481,39 @@ export class Herald extends Emitter<HeraldEvents> {
       transport: this.transport?.emulated ? 'emulation' : 'websocket',
     };
     if (r.expires_in !== undefined) ctx.expiresIn = r.expires_in;
+    if (r.data !== undefined) ctx.data = r.data;
     this.emit('connected', ctx);
     if (this._state !== 'connected') return; // a listener disconnected us
 
     const results = r.subs ?? {};
     const requested = new Set(included.map((s) => s.channel));
+    for (const channel of this.serverPositions.keys()) {
+      const res = results[channel];
+      // No longer granted (or refused as a client subscription): forget it.
+      if (res === undefined || 'error' in res) this.serverPositions.delete(channel);
+    }
     for (const [channel, res] of Object.entries(results)) {
       if (requested.has(channel) || 'error' in res) continue;
       this.serverSubs.add(channel);
-      this.emit('subscribed', {
+      const event: ServerSubscribedContext = {
         channel,
         epoch: res.epoch,
         offset: res.offset,
         recoverable: res.recoverable !== false,
-      });
+      };
+      if (res.recovered !== undefined) event.recovered = res.recovered;
+      // Recovered publications continue from the position held; otherwise start from the reply's.
+      const held = this.serverPositions.get(channel);
+      if (!res.recovered || !held || held.epoch !== res.epoch) {
+        this.serverPositions.set(channel, { epoch: res.epoch, offset: res.offset });
+      }
+      this.emit('subscribed', event);
+      if (this._state !== 'connected') return;
+      if (res.recovered) {
+        for (const pub of res.publications ?? []) this.serverPublication(channel, pub);
+        const pos = this.serverPositions.get(channel);
+        if (pos && pos.offset < res.offset) pos.offset = res.offset;
+      }
     }
     if (this._state !== 'connected') return;
     for (const sub of included) {
@@ -593,9 +658,7 @@ export class Herald extends Emitter<HeraldEvents> {
         if (!sub) {
           // Neither ours nor the server's: a late one from a channel we just unsubscribed.
           if (!this.serverSubs.has(msg.channel)) return;
-          const ctx: PublicationContext = { channel: msg.channel, offset: msg.pub.offset, data: msg.pub.data };
-          if (msg.pub.info) ctx.info = msg.pub.info;
-          this.emit('publication', ctx);
+          this.serverPublication(msg.channel, msg.pub);
           return;
         }
         if (sub._applyPublication(msg.pub)) this.resync(sub, true);
@@ -612,17 +675,16 @@ export class Herald extends Emitter<HeraldEvents> {
         if (this.subs.has(msg.channel)) return; // ours already; the server would not do this
         this.serverSubs.add(msg.channel);
         const r = msg.result;
-        this.emit('subscribed', {
-          channel: msg.channel,
-          epoch: String(r.epoch ?? ''),
-          offset: typeof r.offset === 'number' ? r.offset : 0,
-          recoverable: r.recoverable !== false,
-        });
+        const epoch = String(r.epoch ?? '');
+        const offset = typeof r.offset === 'number' ? r.offset : 0;
+        this.serverPositions.set(msg.channel, { epoch, offset });
+        this.emit('subscribed', { channel: msg.channel, epoch, offset, recoverable: r.recoverable !== false });
         return;
       }
       case 'unsub': {
         const sub = this.subs.get(msg.channel);
         if (!sub) {
+          this.serverPositions.delete(msg.channel);
           if (this.serverSubs.delete(msg.channel)) {
             this.emit('unsubscribed', { channel: msg.channel, code: msg.code, reason: msg.reason });
           }
@@ -648,6 +710,18 @@ export class Herald extends Emitter<HeraldEvents> {
       case 'unknown':
         return; // newer servers may send pushes we do not know; ignoring them is the contract
     }
+  }
+
+  /** A publication of a server-side subscription: once each, in offset order. */
+  private serverPublication(channel: string, pub: Publication): void {
+    const pos = this.serverPositions.get(channel);
+    if (pos && pub.offset > 0) {
+      if (pub.offset <= pos.offset) return; // already delivered (recovered, then live again)
+      pos.offset = pub.offset;
+    }
+    const ctx: PublicationContext = { channel, offset: pub.offset, data: pub.data };
+    if (pub.info) ctx.info = pub.info;
+    this.emit('publication', ctx);
   }
 
   // ---------------------------------------------------------------------------------------------

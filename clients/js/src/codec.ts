@@ -37,6 +37,8 @@ export interface SubscribeResult {
   publications?: Publication[];
   /** Seconds until the subscription token expires (`sub_refresh` extends it). */
   expires_in?: number;
+  /** What the application's subscribe proxy returned for this subscription. */
+  data?: unknown;
 }
 
 export interface ConnectResult {
@@ -48,6 +50,13 @@ export interface ConnectResult {
   expires_in?: number;
   /** One entry per channel of `connect.subs` (and per channel the token subscribed). */
   subs?: Record<string, SubscribeResult | { error: ReplyErrorBody }>;
+  /** What the application's connect proxy returned for the client. */
+  data?: unknown;
+}
+
+export interface RpcResult<T = unknown> {
+  /** The application backend's answer (absent when it returned none). */
+  data?: T;
 }
 
 export interface PublishResult {

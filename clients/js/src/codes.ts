@@ -15,6 +15,8 @@ export const ErrorCode = {
   TokenExpired: 109,
   TooManyRequests: 110,
   TemporarilyUnavailable: 111,
+  /** The application's backend (a proxy hook) was unreachable or too slow: retry later. */
+  BackendUnavailable: 112,
 } as const;
 
 /** WebSocket close codes the server uses (and the `disconnect` push repeats). */
@@ -24,11 +26,15 @@ export const CloseCode = {
   NoPong: 4002,
   InsufficientState: 4003,
   TokenExpired: 4004,
+  /** The application's backend (connect or refresh proxy) failed: reconnect later. */
+  BackendError: 4005,
   BadRequest: 4500,
   Unauthorized: 4501,
   DisconnectedByApi: 4502,
   MessageTooLarge: 4503,
   ConnectionLimit: 4504,
+  /** The application's backend refused the connection (connect proxy `error`). */
+  RefusedByBackend: 4505,
 } as const;
 
 /** `unsub` push codes. */
@@ -80,7 +86,12 @@ export type ClientCodeValue = (typeof ClientCode)[keyof typeof ClientCode];
 
 /** Reply errors worth retrying on their own: the request was fine, the moment was not. */
 export function isTemporaryError(code: number): boolean {
-  return code === ErrorCode.Internal || code === ErrorCode.TooManyRequests || code === ErrorCode.TemporarilyUnavailable;
+  return (
+    code === ErrorCode.Internal ||
+    code === ErrorCode.TooManyRequests ||
+    code === ErrorCode.TemporarilyUnavailable ||
+    code === ErrorCode.BackendUnavailable
+  );
 }
 
 /**

@@ -1,8 +1,8 @@
 // Typed errors. Every error the SDK hands to the app is a HeraldError with a numeric `code`: a
-// protocol reply code (100–111), a close code (4000–4999) or a ClientCode (< 1000). Subclasses let an
+// protocol reply code (100–112, or an application code 1000–1999 from a proxy hook), a close code (4000–4999) or a ClientCode (< 1000). Subclasses let an
 // app branch with `instanceof` and TypeScript narrow on them.
 
-import { ClientCode, ErrorCode } from './codes.js';
+import { ClientCode, isTemporaryError } from './codes.js';
 
 export class HeraldError extends Error {
   readonly code: number;
@@ -21,13 +21,9 @@ export class ReplyError extends HeraldError {
     super(code, message);
     this.name = 'ReplyError';
   }
-  /** Worth retrying later (100, 110, 111). */
+  /** Worth retrying later (100, 110, 111, 112). */
   get temporary(): boolean {
-    return (
-      this.code === ErrorCode.Internal ||
-      this.code === ErrorCode.TooManyRequests ||
-      this.code === ErrorCode.TemporarilyUnavailable
-    );
+    return isTemporaryError(this.code);
   }
 }
 

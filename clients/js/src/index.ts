@@ -7,6 +7,7 @@ export type {
   ErrorType,
   HeraldEvents,
   HeraldOptions,
+  ServerSubscribedContext,
   StateContext,
 } from './client.js';
 export { Subscription } from './subscription.js';
@@ -27,6 +28,7 @@ export type {
   PresenceResult,
   Publication,
   PublishResult,
+  RpcResult,
   StreamPosition,
   SubscribeResult,
 } from './codec.js';

@@ -62,6 +62,10 @@ pub struct Config {
     pub token_jwks_max_age_s: u64,
     /// Least time between two fetches of the key set, however many unknown `kid`s arrive.
     pub token_jwks_min_refresh_ms: u64,
+    /// Each authenticated connection's personal channel, subscribed by the server at connect:
+    /// `{user}` is replaced by the user id (e.g. `user:{user}`, or `user:#{user}` to also limit it
+    /// to that user). Empty: none.
+    pub personal_channel: String,
     /// Browser origins allowed to open a WebSocket (`https://app.example`, or `*`); empty: any.
     /// Upgrades without an `Origin` header (non-browser clients) are always allowed.
     pub allowed_origins: Vec<String>,
@@ -88,6 +92,9 @@ pub struct Config {
     pub redis: Option<serde_json::Value>,
     /// NATS broker settings (see docs/multi-node-nats.md), passed to the NATS broker as they are.
     pub nats: Option<serde_json::Value>,
+    /// Proxy hooks: the application's backend decides connects, subscriptions, publications and
+    /// answers `rpc` over HTTP (see docs/proxy.md).
+    pub proxy: ProxyConfig,
 }
 
 impl Default for Config {
@@ -114,6 +121,7 @@ impl Default for Config {
             token_jwks_url: None,
             token_jwks_max_age_s: 300,
             token_jwks_min_refresh_ms: 10_000,
+            personal_channel: String::new(),
             allowed_origins: Vec::new(),
             api_allowed_origins: Vec::new(),
             ping_interval_s: 25,
@@ -126,6 +134,7 @@ impl Default for Config {
             namespaces: Vec::new(),
             redis: None,
             nats: None,
+            proxy: ProxyConfig::default(),
         }
     }
 }
@@ -163,6 +172,21 @@ impl Config {
                 || ns.name.contains(':')
             {
                 return Err(format!("bad namespace name {:?}", ns.name));
+            }
+        }
+        self.proxy.validate()?;
+        for ns in std::iter::once(&self.default_namespace).chain(&self.namespaces) {
+            if ns.subscribe_proxy && self.proxy.subscribe_url.is_empty() {
+                return Err(format!(
+                    "namespace {:?} has subscribe_proxy but proxy.subscribe_url is empty",
+                    ns.name
+                ));
+            }
+            if ns.publish_proxy && self.proxy.publish_url.is_empty() {
+                return Err(format!(
+                    "namespace {:?} has publish_proxy but proxy.publish_url is empty",
+                    ns.name
+                ));
             }
         }
         let l = &self.limits;
@@ -267,6 +291,12 @@ pub struct NamespaceConfig {
     pub presence: bool,
     /// Push `join`/`leave` to subscribers (needs `presence`).
     pub join_leave: bool,
+    /// Ask the backend (`proxy.subscribe_url`) about each client subscription; it replaces the
+    /// `subscribe` policy (user-limited channels are still checked).
+    pub subscribe_proxy: bool,
+    /// Send each client publication to the backend (`proxy.publish_url`), which allows, rewrites
+    /// or refuses it; clients may publish here even with `publish = false`.
+    pub publish_proxy: bool,
 }
 
 impl Default for NamespaceConfig {
@@ -281,6 +311,8 @@ impl Default for NamespaceConfig {
             history_meta_ttl_s: 24 * 3600,
             presence: false,
             join_leave: false,
+            subscribe_proxy: false,
+            publish_proxy: false,
         }
     }
 }
@@ -293,6 +325,81 @@ impl NamespaceConfig {
             history_ttl: Duration::from_secs(self.history_ttl_s),
             meta_ttl: Duration::from_secs(self.history_meta_ttl_s.max(self.history_ttl_s)),
         }
+    }
+}
+
+/// The proxy hooks: URLs of the application's backend and what is forwarded to it. A hook whose
+/// URL is empty is off.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Called by `connect` without a token (or every `connect` with `connect_always`).
+    pub connect_url: String,
+    /// Also call the connect proxy when the client brings a token (the token is then ignored).
+    pub connect_always: bool,
+    /// Called before a proxy-authenticated connection expires, to extend it.
+    pub refresh_url: String,
+    /// Called for subscriptions in namespaces with `subscribe_proxy = true`.
+    pub subscribe_url: String,
+    /// Called when a subscription the subscribe hook granted with an `expire_at` reaches it.
+    pub sub_refresh_url: String,
+    /// Called for publications in namespaces with `publish_proxy = true`.
+    pub publish_url: String,
+    /// Called by the `rpc` command; without it clients get error 108.
+    pub rpc_url: String,
+    /// Longest wait for one backend answer; past it the client gets error 112.
+    pub timeout_ms: u64,
+    /// Headers of the client's HTTP request (the WebSocket upgrade, the SSE or stream request)
+    /// forwarded to the backend, by name (case-insensitive). Others are never sent.
+    pub headers: Vec<String>,
+    /// Cookies of the client's HTTP request forwarded to the backend, by name. Others are never
+    /// sent.
+    pub cookies: Vec<String>,
+    /// Largest backend answer read; a larger one is refused (internal error to the client).
+    pub max_response_bytes: usize,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            connect_url: String::new(),
+            connect_always: false,
+            refresh_url: String::new(),
+            subscribe_url: String::new(),
+            sub_refresh_url: String::new(),
+            publish_url: String::new(),
+            rpc_url: String::new(),
+            timeout_ms: 3000,
+            headers: Vec::new(),
+            cookies: Vec::new(),
+            max_response_bytes: 64 * 1024,
+        }
+    }
+}
+
+impl ProxyConfig {
+    /// Whether any hook is configured.
+    pub fn enabled(&self) -> bool {
+        [
+            &self.connect_url,
+            &self.refresh_url,
+            &self.subscribe_url,
+            &self.sub_refresh_url,
+            &self.publish_url,
+            &self.rpc_url,
+        ]
+        .iter()
+        .any(|u| !u.is_empty())
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.timeout_ms == 0 {
+            return Err("proxy.timeout_ms must be at least 1".into());
+        }
+        if self.max_response_bytes < 64 {
+            return Err("proxy.max_response_bytes must be at least 64".into());
+        }
+        Ok(())
     }
 }
 
@@ -329,5 +436,28 @@ mod lenient {
 
     pub(super) fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         Option::<Text>::deserialize(d).map(|t| t.map(String::from))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proxy_flags_need_their_hook() {
+        let mut c = Config::default();
+        c.namespaces.push(NamespaceConfig {
+            name: "room".into(),
+            subscribe_proxy: true,
+            ..NamespaceConfig::default()
+        });
+        assert!(c.validate().unwrap_err().contains("subscribe_url"));
+        c.proxy.subscribe_url = "http://127.0.0.1:1/subscribe".into();
+        assert!(c.validate().is_ok());
+        c.default_namespace.publish_proxy = true;
+        assert!(c.validate().unwrap_err().contains("publish_url"));
+        c.proxy.publish_url = "http://127.0.0.1:1/publish".into();
+        c.proxy.timeout_ms = 0;
+        assert!(c.validate().unwrap_err().contains("timeout_ms"));
     }
 }

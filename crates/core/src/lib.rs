@@ -10,6 +10,7 @@
 //! - [`namespace`]: channel names, namespaces and subscribe permissions.
 //! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
 //! - [`outbound`]: a connection's bounded outbound queue.
+//! - [`proxy`]: proxy hooks, the application backend deciding per event over HTTP.
 //! - [`recovery`]: the all-or-nothing recovery decision.
 //! - [`session`]: one connection's protocol state and command handling.
 //! - [`rate`]: the per-connection command rate limit.
@@ -21,6 +22,7 @@ pub mod hub;
 pub mod metrics;
 pub mod namespace;
 pub mod outbound;
+pub mod proxy;
 pub mod rate;
 pub mod recovery;
 pub mod session;

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use herald_broker::{BrokerError, HistoryQuery, PublishOptions};
 use herald_protocol::command::{
-    ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams,
+    ChannelParams, ConnectParams, HistoryParams, Message, PublishParams, RefreshParams, RpcParams,
     SubRefreshParams, SubscribeParams,
 };
 use herald_protocol::depth::{json_depth, MAX_DATA_DEPTH};
-use herald_protocol::encode::{push_subscribed, push_unsub, reply, reply_error};
+use herald_protocol::encode::{push_subscribed, push_unsub, reply, reply_error, reply_error_code};
 use herald_protocol::types::PublicationWire;
 use herald_protocol::{
     codes, ClientInfo, CloseCode, Command, CommandError, ErrorCode, StreamPosition,
@@ -26,6 +26,11 @@ use crate::config::{Config, NamespaceConfig};
 use crate::hub::{ConnKey, Hub};
 use crate::namespace::{may_subscribe, NamespaceError, Namespaces, Subscriber};
 use crate::outbound::{CloseRequest, Control, Outbound};
+use crate::proxy::{
+    ask, failure, Answer, ClientMeta, ConnectRequest, ConnectResult as ProxyConnectResult,
+    ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal,
+    SubscribeResult as ProxySubscribeResult,
+};
 use crate::rate::TokenBucket;
 use crate::recovery::SubscribeResult;
 
@@ -39,6 +44,8 @@ pub struct NodeContext {
     pub verifier: TokenVerifier,
     /// The node's configuration.
     pub config: Arc<Config>,
+    /// The application's backend, when any proxy hook is configured.
+    pub proxy: Option<Arc<dyn Proxy>>,
 }
 
 struct Connected {
@@ -54,6 +61,10 @@ struct Connected {
     /// When subscriptions granted by an expiring subscription token end, unless `sub_refresh`
     /// extends them.
     sub_expires: HashMap<String, Instant>,
+    /// Authenticated by the connect proxy: the refresh hook extends it before it expires.
+    proxied: bool,
+    /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
+    proxied_subs: HashSet<String>,
 }
 
 impl Connected {
@@ -72,7 +83,20 @@ pub struct Session {
     out: Arc<Outbound>,
     connected: Option<Connected>,
     rate: TokenBucket,
+    /// The client's HTTP request as the proxy hooks see it (set by the transport).
+    meta: Option<Arc<ClientMeta>>,
 }
+
+/// Meta of a session whose transport set none.
+static NO_META: ClientMeta = ClientMeta {
+    transport: "",
+    ip: None,
+    headers: std::collections::BTreeMap::new(),
+    cookies: std::collections::BTreeMap::new(),
+};
+
+/// A subscription's first half, with the subscribe proxy's `data` for the reply.
+type Prepared = (SubscribeResult, Option<Box<RawValue>>);
 
 fn close(code: CloseCode, reason: impl Into<String>) -> CloseRequest {
     CloseRequest {
@@ -138,14 +162,24 @@ struct ConnectResult<'a> {
     ping_interval: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     expires_in: Option<u64>,
+    /// The connect proxy's `data` for the client.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<&'a RawValue>,
     subs: HashMap<&'a str, SubReply<'a>>,
 }
 
 #[derive(Serialize)]
 #[serde(untagged)]
 enum SubReply<'a> {
-    Ok(&'a SubscribeResult),
-    Err { error: ErrorBody },
+    Ok {
+        #[serde(flatten)]
+        result: &'a SubscribeResult,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        data: Option<&'a RawValue>,
+    },
+    Err {
+        error: ErrorBody,
+    },
 }
 
 #[derive(Serialize)]
@@ -153,6 +187,31 @@ struct ErrorBody {
     code: u16,
     message: String,
 }
+
+impl From<&Refusal> for ErrorBody {
+    fn from(r: &Refusal) -> Self {
+        let (code, message) = match r {
+            Refusal::Command(e) => (e.code.as_u16(), e.message.clone()),
+            Refusal::App { code, message } => (*code, message.clone()),
+            Refusal::Close { code, reason } => (code.0, reason.clone()),
+        };
+        ErrorBody { code, message }
+    }
+}
+
+/// Who `connect` authenticated, by token or by the connect proxy.
+struct Authenticated {
+    user: String,
+    info: Option<Box<RawValue>>,
+    exp: Option<u64>,
+    channels: Vec<String>,
+    /// The connect proxy's `data` for the client.
+    data: Option<Box<RawValue>>,
+    proxied: bool,
+}
+
+/// Longest `rpc` method name.
+const MAX_RPC_METHOD_LEN: usize = 255;
 
 impl Session {
     /// A session for a connection that has not sent `connect` yet.
@@ -164,7 +223,71 @@ impl Session {
             out,
             connected: None,
             rate,
+            meta: None,
         }
+    }
+
+    /// What the proxy hooks are told about the client's HTTP request.
+    pub fn set_client_meta(&mut self, meta: ClientMeta) {
+        self.meta = Some(Arc::new(meta));
+    }
+
+    fn meta(&self) -> &ClientMeta {
+        self.meta.as_deref().unwrap_or(&NO_META)
+    }
+
+    /// The backend for `hook`, when its URL is configured.
+    fn hook(&self, hook: Hook) -> Option<Arc<dyn Proxy>> {
+        let p = &self.ctx.config.proxy;
+        let url = match hook {
+            Hook::Connect => &p.connect_url,
+            Hook::Refresh => &p.refresh_url,
+            Hook::Subscribe => &p.subscribe_url,
+            Hook::SubRefresh => &p.sub_refresh_url,
+            Hook::Publish => &p.publish_url,
+            Hook::Rpc => &p.rpc_url,
+        };
+        if url.is_empty() {
+            return None;
+        }
+        self.ctx.proxy.clone()
+    }
+
+    /// Call a hook for the connected client; a failed call is already the client's refusal.
+    async fn ask_connected<T: serde::de::DeserializeOwned>(
+        &self,
+        proxy: &dyn Proxy,
+        hook: Hook,
+        channel: Option<&str>,
+        method: Option<&str>,
+        data: Option<&RawValue>,
+    ) -> Result<T, Refusal> {
+        let conn = self.connected.as_ref().expect("connected");
+        let body = ConnectedRequest {
+            client: &conn.client,
+            user: &conn.user,
+            meta: self.meta(),
+            channel,
+            method,
+            data,
+        };
+        match ask::<T>(proxy, hook, &body).await {
+            Ok(Answer::Result(r)) => Ok(r),
+            Ok(Answer::Error(refusal)) => Err(refusal),
+            Err(e) => Err(failure(hook, e)),
+        }
+    }
+
+    /// Answer a refused command: an error reply, or the close request.
+    fn refuse(&self, id: u64, refusal: Refusal) -> Option<CloseRequest> {
+        match refusal {
+            Refusal::Command(e) => self.reply_err(id, &e),
+            Refusal::App { code, message } => {
+                self.out.push(reply_error_code(id, code, &message));
+            }
+            Refusal::Close { code, reason } => return Some(close(code, reason)),
+        }
+        None
     }
 
     /// Whether `connect` succeeded.
@@ -188,8 +311,16 @@ impl Session {
     pub async fn expire(&mut self, now: Instant) -> Option<CloseRequest> {
         let conn = self.connected.as_ref()?;
         if conn.expires_at.is_some_and(|exp| exp <= now) {
-            return Some(close(CloseCode::TOKEN_EXPIRED, "token expired"));
+            match (conn.proxied, self.hook(Hook::Refresh)) {
+                (true, Some(proxy)) => {
+                    if let Some(req) = self.refresh_by_proxy(proxy.as_ref()).await {
+                        return Some(req);
+                    }
+                }
+                _ => return Some(close(CloseCode::TOKEN_EXPIRED, "token expired")),
+            }
         }
+        let conn = self.connected.as_ref()?;
         let expired: Vec<String> = conn
             .sub_expires
             .iter()
@@ -197,15 +328,87 @@ impl Session {
             .map(|(channel, _)| channel.clone())
             .collect();
         for channel in expired {
+            let conn = self.connected.as_ref().expect("connected");
+            let by_proxy = conn.proxied_subs.contains(&channel);
+            if by_proxy {
+                if let Some(proxy) = self.hook(Hook::SubRefresh) {
+                    match self.sub_refresh_by_proxy(proxy.as_ref(), &channel).await {
+                        Ok(true) => continue,
+                        Ok(false) => {}
+                        Err(req) => return Some(req),
+                    }
+                }
+            }
             if self.leave(&channel).await {
                 self.out.push(push_unsub(
                     &channel,
                     codes::UNSUB_TOKEN_EXPIRED,
-                    "subscription token expired",
+                    match by_proxy {
+                        true => "subscription expired",
+                        false => "subscription token expired",
+                    },
                 ));
             }
         }
         None
+    }
+
+    /// Ask the sub_refresh hook to extend a proxy-granted subscription that expires now: true
+    /// when extended, false when it ends, the close request when the backend disconnects.
+    async fn sub_refresh_by_proxy(
+        &mut self,
+        proxy: &dyn Proxy,
+        channel: &str,
+    ) -> Result<bool, CloseRequest> {
+        let r = self
+            .ask_connected::<RefreshResult>(proxy, Hook::SubRefresh, Some(channel), None, None)
+            .await;
+        let conn = self.connected.as_mut().expect("connected");
+        match r {
+            Ok(r) if !r.expired => match expiry(r.expire_at).1 {
+                Some(at) if at <= Instant::now() => Ok(false),
+                Some(at) => {
+                    conn.sub_expires.insert(channel.to_owned(), at);
+                    Ok(true)
+                }
+                None => {
+                    conn.sub_expires.remove(channel);
+                    Ok(true)
+                }
+            },
+            Err(Refusal::Close { code, reason }) => Err(close(code, reason)),
+            // Expired, refused, or no usable answer: the subscription ends; the client may
+            // subscribe again (and the subscribe hook decides).
+            _ => Ok(false),
+        }
+    }
+
+    /// Ask the refresh hook to extend a proxy-authenticated connection that expires now.
+    async fn refresh_by_proxy(&mut self, proxy: &dyn Proxy) -> Option<CloseRequest> {
+        let r = self
+            .ask_connected::<RefreshResult>(proxy, Hook::Refresh, None, None, None)
+            .await;
+        let conn = self.connected.as_mut().expect("connected");
+        match r {
+            Ok(r) if !r.expired => {
+                conn.expires_at = expiry(r.expire_at).1;
+                if r.info.is_some() {
+                    conn.info = r.info;
+                }
+                // An expiry already past would ask again at once: treat it as expired.
+                if conn.expires_at.is_some_and(|at| at <= Instant::now()) {
+                    return Some(close(CloseCode::TOKEN_EXPIRED, "connection expired"));
+                }
+                None
+            }
+            Ok(_) => Some(close(CloseCode::TOKEN_EXPIRED, "connection expired")),
+            Err(Refusal::Close { code, reason }) => Some(close(code, reason)),
+            Err(Refusal::Command(e)) if e.code == ErrorCode::BackendUnavailable => Some(close(
+                CloseCode::BACKEND_ERROR,
+                "backend unavailable for refresh",
+            )),
+            Err(_) => Some(close(CloseCode::TOKEN_EXPIRED, "connection expired")),
+        }
     }
 
     /// Handle one client message. Returns a close request when the connection must end.
@@ -243,11 +446,10 @@ impl Session {
             };
         }
         let method = command.method().name();
-        let result: Result<Bytes, CommandError> = match command {
-            Command::Connect(_) => Err(CommandError::new(
-                ErrorCode::BadRequest,
-                "already connected",
-            )),
+        let result: Result<Bytes, Refusal> = match command {
+            Command::Connect(_) => {
+                Err(CommandError::new(ErrorCode::BadRequest, "already connected").into())
+            }
             Command::Subscribe(p) => match self.subscribe(id, p).await {
                 Ok(()) => return None,
                 Err(e) => Err(e),
@@ -255,20 +457,22 @@ impl Session {
             Command::Unsubscribe(p) => self
                 .unsubscribe(p)
                 .await
-                .map(|_| reply(id, method, &serde_json::json!({}))),
+                .map(|_| reply(id, method, &serde_json::json!({})))
+                .map_err(Refusal::from),
             Command::Publish(p) => self.publish(p).await.map(|pos| reply(id, method, &pos)),
-            Command::History(p) => self.history(id, p).await,
-            Command::Presence(p) => self.presence(id, p).await,
-            Command::Refresh(p) => self.refresh(id, p).await,
-            Command::SubRefresh(p) => self.sub_refresh(id, p).await,
+            Command::History(p) => self.history(id, p).await.map_err(Refusal::from),
+            Command::Presence(p) => self.presence(id, p).await.map_err(Refusal::from),
+            Command::Refresh(p) => self.refresh(id, p).await.map_err(Refusal::from),
+            Command::SubRefresh(p) => self.sub_refresh(id, p).await.map_err(Refusal::from),
+            Command::Rpc(p) => self.rpc(id, p).await,
         };
         match result {
             Ok(bytes) => {
                 self.out.push(bytes);
+                None
             }
-            Err(e) => self.reply_err(id, &e),
+            Err(refusal) => self.refuse(id, refusal),
         }
-        None
     }
 
     fn reply_err(&self, id: u64, e: &CommandError) {
@@ -276,7 +480,50 @@ impl Session {
     }
 
     async fn connect(&mut self, id: u64, params: ConnectParams) -> Option<CloseRequest> {
-        let claims = match params.token.as_deref().filter(|t| !t.is_empty()) {
+        let client: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
+        let token = params.token.as_deref().filter(|t| !t.is_empty());
+        if let Some(proxy) = self.hook(Hook::Connect) {
+            if token.is_none() || self.ctx.config.proxy.connect_always {
+                let body = ConnectRequest {
+                    client: &client,
+                    meta: self.meta(),
+                    name: params.name.as_deref(),
+                    version: params.version.as_deref(),
+                    data: params.data.as_deref(),
+                };
+                let result =
+                    match ask::<ProxyConnectResult>(proxy.as_ref(), Hook::Connect, &body).await {
+                        Ok(Answer::Result(r)) => r,
+                        Ok(Answer::Error(refusal)) => {
+                            return self.refuse(id, refusal).or_else(|| {
+                                Some(close(
+                                    CloseCode::REFUSED_BY_BACKEND,
+                                    "connection refused by the application",
+                                ))
+                            })
+                        }
+                        Err(e) => {
+                            let unavailable = matches!(e, crate::proxy::ProxyError::Unavailable(_));
+                            self.refuse(id, failure(Hook::Connect, e));
+                            let reason = match unavailable {
+                                true => "backend unavailable",
+                                false => "backend error",
+                            };
+                            return Some(close(CloseCode::BACKEND_ERROR, reason));
+                        }
+                    };
+                let auth = Authenticated {
+                    user: result.user,
+                    info: result.info,
+                    exp: result.expire_at,
+                    channels: result.channels,
+                    data: result.data,
+                    proxied: true,
+                };
+                return self.connected(id, client, auth, params).await;
+            }
+        }
+        let claims = match token {
             Some(token) => match self.ctx.verifier.connection(token).await {
                 Ok(c) => Some(c),
                 Err(AuthError::Expired) => {
@@ -297,12 +544,52 @@ impl Session {
                 return Some(close(CloseCode::UNAUTHORIZED, "token required"));
             }
         };
-        let (user, info, exp, granted) = match claims {
-            Some(c) => (c.sub, c.info, c.exp, c.channels),
-            None => (String::new(), None, None, Vec::new()),
+        let auth = match claims {
+            Some(c) => Authenticated {
+                user: c.sub,
+                info: c.info,
+                exp: c.exp,
+                channels: c.channels,
+                data: None,
+                proxied: false,
+            },
+            None => Authenticated {
+                user: String::new(),
+                info: None,
+                exp: None,
+                channels: Vec::new(),
+                data: None,
+                proxied: false,
+            },
         };
+        self.connected(id, client, auth, params).await
+    }
+
+    /// Register an authenticated connection, subscribe its channels, and reply.
+    async fn connected(
+        &mut self,
+        id: u64,
+        client: Arc<str>,
+        auth: Authenticated,
+        params: ConnectParams,
+    ) -> Option<CloseRequest> {
+        let Authenticated {
+            user,
+            info,
+            exp,
+            channels: granted,
+            data,
+            proxied,
+        } = auth;
         let (expires_in, expires_at) = expiry(exp);
-        let client: Arc<str> = Arc::from(format!("{:016x}", rand::random::<u64>()));
+        let mut granted = granted;
+        let pattern = &self.ctx.config.personal_channel;
+        if !pattern.is_empty() && !user.is_empty() {
+            let personal = pattern.replace("{user}", &user);
+            if !granted.contains(&personal) {
+                granted.push(personal);
+            }
+        }
         let user: Arc<str> = Arc::from(user);
         let key = self
             .ctx
@@ -317,6 +604,8 @@ impl Session {
             channels: HashMap::new(),
             server_side: HashSet::new(),
             sub_expires: HashMap::new(),
+            proxied,
+            proxied_subs: HashSet::new(),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.
@@ -328,14 +617,17 @@ impl Session {
                 None => wanted.push((channel, opts.since, opts.token, false)),
             }
         }
-        let mut results: Vec<(String, Result<SubscribeResult, CommandError>)> = Vec::new();
+        let mut results: Vec<(String, Result<Prepared, Refusal>)> = Vec::new();
         let mut budget = self.ctx.config.limits.max_recovery_bytes;
         for (channel, since, token, granted) in wanted {
             let mut r = self
-                .prepare(&channel, token.as_deref(), since.as_ref(), granted)
+                .prepare(&channel, token.as_deref(), since.as_ref(), granted, None)
                 .await;
-            if let Ok(result) = &mut r {
-                self.charge_recovery(result, &mut budget);
+            match &mut r {
+                Ok((result, _)) => self.charge_recovery(result, &mut budget),
+                // The subscribe proxy ended the connection.
+                Err(Refusal::Close { code, reason }) => return Some(close(*code, reason.clone())),
+                Err(_) => {}
             }
             results.push((channel, r));
         }
@@ -344,16 +636,17 @@ impl Session {
             node: self.ctx.hub.node_name(),
             ping_interval: self.ctx.config.ping_interval_s,
             expires_in,
+            data: data.as_deref(),
             subs: results
                 .iter()
                 .map(|(ch, r)| {
                     let sub = match r {
-                        Ok(result) => SubReply::Ok(result),
+                        Ok((result, data)) => SubReply::Ok {
+                            result,
+                            data: data.as_deref(),
+                        },
                         Err(e) => SubReply::Err {
-                            error: ErrorBody {
-                                code: e.code.as_u16(),
-                                message: e.message.clone(),
-                            },
+                            error: ErrorBody::from(e),
                         },
                     };
                     (ch.as_str(), sub)
@@ -362,7 +655,7 @@ impl Session {
         };
         self.out.push(reply(id, "connect", &connect_result));
         for (channel, r) in results {
-            if let Ok(result) = r {
+            if let Ok((result, _)) = r {
                 self.activate(&channel, &result).await;
             }
         }
@@ -376,9 +669,10 @@ impl Session {
         token: Option<&str>,
         since: Option<&StreamPosition>,
         granted: bool,
-    ) -> Result<SubscribeResult, CommandError> {
+        data: Option<&RawValue>,
+    ) -> Result<Prepared, Refusal> {
         let ctx = self.ctx.clone();
-        let conn = self.connected.as_mut().expect("connected");
+        let conn = self.connected.as_ref().expect("connected");
         let ns = ctx.namespaces.resolve(channel).map_err(ns_error)?.clone();
         if conn.channels.contains_key(channel) {
             return Err(ErrorCode::AlreadySubscribed.into());
@@ -387,7 +681,8 @@ impl Session {
             return Err(CommandError::new(
                 ErrorCode::LimitExceeded,
                 "too many channels on this connection",
-            ));
+            )
+            .into());
         }
         let mut token_exp = None;
         let has_subscription_token = match token {
@@ -401,17 +696,36 @@ impl Session {
                     return Err(CommandError::new(
                         ErrorCode::PermissionDenied,
                         format!("subscription token: {why}"),
-                    ))
+                    )
+                    .into())
                 }
             },
             None => false,
         };
+        let by_proxy = !granted && !has_subscription_token && ns.subscribe_proxy;
         let who = Subscriber {
             user: &conn.user,
-            granted_by_connection_token: granted,
+            // With the subscribe proxy the backend decides; only a user list is checked here.
+            granted_by_connection_token: granted || by_proxy,
             has_subscription_token,
         };
         may_subscribe(&ns, channel, &who).map_err(ns_error)?;
+        let mut reply_data = None;
+        if by_proxy {
+            let Some(proxy) = self.hook(Hook::Subscribe) else {
+                return Err(CommandError::new(
+                    ErrorCode::Internal,
+                    "subscribe proxy not configured",
+                )
+                .into());
+            };
+            let r: ProxySubscribeResult = self
+                .ask_connected(proxy.as_ref(), Hook::Subscribe, Some(channel), None, data)
+                .await?;
+            reply_data = r.data;
+            token_exp = r.expire_at;
+        }
+        let conn = self.connected.as_mut().expect("connected");
         let result = ctx
             .hub
             .prepare_subscription(channel, conn.key, &self.out, since, &ns)
@@ -424,7 +738,10 @@ impl Session {
         if granted {
             conn.server_side.insert(channel.to_owned());
         }
-        Ok(result)
+        if by_proxy && token_exp.is_some() {
+            conn.proxied_subs.insert(channel.to_owned());
+        }
+        Ok((result, reply_data))
     }
 
     /// Second half: after the reply is queued, go live and announce presence.
@@ -455,9 +772,15 @@ impl Session {
         }
     }
 
-    async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), CommandError> {
-        let mut result = self
-            .prepare(&p.channel, p.token.as_deref(), p.since.as_ref(), false)
+    async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), Refusal> {
+        let (mut result, data) = self
+            .prepare(
+                &p.channel,
+                p.token.as_deref(),
+                p.since.as_ref(),
+                false,
+                p.data.as_deref(),
+            )
             .await?;
         let mut budget = self.ctx.config.limits.max_recovery_bytes;
         self.charge_recovery(&mut result, &mut budget);
@@ -473,10 +796,14 @@ impl Session {
             /// Seconds until the subscription token expires (then `sub_refresh` or `unsub` 4004).
             #[serde(skip_serializing_if = "Option::is_none")]
             expires_in: Option<u64>,
+            /// The subscribe proxy's `data` for the client.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            data: Option<&'a RawValue>,
         }
         let subscribed = Subscribed {
             result: &result,
             expires_in,
+            data: data.as_deref(),
         };
         self.out.push(reply(id, "subscribe", &subscribed));
         self.activate(&p.channel, &result).await;
@@ -491,6 +818,7 @@ impl Session {
         };
         conn.server_side.remove(channel);
         conn.sub_expires.remove(channel);
+        conn.proxied_subs.remove(channel);
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             let broker = self.ctx.hub.broker();
@@ -535,22 +863,58 @@ impl Session {
         Ok(ns)
     }
 
-    async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, CommandError> {
-        let ns = self.check_access(&p.channel)?;
-        if !ns.publish {
-            return Err(CommandError::new(
-                ErrorCode::PermissionDenied,
-                "clients may not publish here",
-            ));
-        }
+    async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, Refusal> {
+        let ns = self
+            .ctx
+            .namespaces
+            .resolve(&p.channel)
+            .map_err(ns_error)?
+            .clone();
+        let ns = if ns.publish_proxy {
+            // The backend decides who may publish.
+            ns
+        } else {
+            let ns = self.check_access(&p.channel)?;
+            if !ns.publish {
+                return Err(CommandError::new(
+                    ErrorCode::PermissionDenied,
+                    "clients may not publish here",
+                )
+                .into());
+            }
+            ns
+        };
         check_data_depth(p.data.get())?;
+        let mut data = Bytes::copy_from_slice(p.data.get().as_bytes());
+        if ns.publish_proxy {
+            let Some(proxy) = self.hook(Hook::Publish) else {
+                return Err(
+                    CommandError::new(ErrorCode::Internal, "publish proxy not configured").into(),
+                );
+            };
+            let r: DataResult = self
+                .ask_connected(
+                    proxy.as_ref(),
+                    Hook::Publish,
+                    Some(&p.channel),
+                    None,
+                    Some(&p.data),
+                )
+                .await?;
+            if let Some(rewritten) = r.data {
+                if json_depth(rewritten.get()) > MAX_DATA_DEPTH {
+                    tracing::error!(channel = %p.channel, "publish proxy's data nests too deep");
+                    return Err(ErrorCode::Internal.into());
+                }
+                data = Bytes::copy_from_slice(rewritten.get().as_bytes());
+            }
+        }
         let conn = self.connected.as_ref().expect("connected");
         let info = conn.who();
         let opts = PublishOptions {
             stream: ns.stream_options(),
             idempotency_key: None,
         };
-        let data = Bytes::copy_from_slice(p.data.get().as_bytes());
         let position = self
             .ctx
             .hub
@@ -558,6 +922,44 @@ impl Session {
             .await
             .map_err(broker_error)?;
         Ok(position)
+    }
+
+    /// `rpc`: the backend's `result.data` is the reply.
+    async fn rpc(&mut self, id: u64, p: RpcParams) -> Result<Bytes, Refusal> {
+        let Some(proxy) = self.hook(Hook::Rpc) else {
+            return Err(CommandError::new(ErrorCode::NotAvailable, "rpc is not configured").into());
+        };
+        if p.method.len() > MAX_RPC_METHOD_LEN {
+            return Err(CommandError::new(
+                ErrorCode::BadRequest,
+                format!("rpc method longer than {MAX_RPC_METHOD_LEN} bytes"),
+            )
+            .into());
+        }
+        if let Some(data) = &p.data {
+            check_data_depth(data.get())?;
+        }
+        let r: DataResult = self
+            .ask_connected(
+                proxy.as_ref(),
+                Hook::Rpc,
+                None,
+                Some(&p.method),
+                p.data.as_deref(),
+            )
+            .await?;
+        #[derive(Serialize)]
+        struct RpcReply<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            data: Option<&'a RawValue>,
+        }
+        Ok(reply(
+            id,
+            "rpc",
+            &RpcReply {
+                data: r.data.as_deref(),
+            },
+        ))
     }
 
     async fn history(&mut self, id: u64, p: HistoryParams) -> Result<Bytes, CommandError> {
@@ -673,16 +1075,17 @@ impl Session {
         }
         for control in controls {
             match control {
-                Control::Subscribe(channel) => match self.prepare(&channel, None, None, true).await
-                {
-                    Ok(result) => {
-                        self.out.push(push_subscribed(&channel, &result));
-                        self.activate(&channel, &result).await;
+                Control::Subscribe(channel) => {
+                    match self.prepare(&channel, None, None, true, None).await {
+                        Ok((result, _)) => {
+                            self.out.push(push_subscribed(&channel, &result));
+                            self.activate(&channel, &result).await;
+                        }
+                        Err(e) => {
+                            tracing::debug!(channel, cause = ?e, "server-side subscribe skipped")
+                        }
                     }
-                    Err(e) => {
-                        tracing::debug!(channel, cause = %e.message, "server-side subscribe skipped")
-                    }
-                },
+                }
                 Control::Unsubscribe(channel) => {
                     if self.leave(&channel).await {
                         self.out.push(push_unsub(

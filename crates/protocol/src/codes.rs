@@ -28,6 +28,9 @@ pub enum ErrorCode {
     TooManyRequests = 110,
     /// 111: temporarily unavailable (e.g. the broker is down); retry later.
     TemporarilyUnavailable = 111,
+    /// 112: the application's backend (a proxy hook) did not answer in time or could not be
+    /// reached; retry later.
+    BackendUnavailable = 112,
 }
 
 impl ErrorCode {
@@ -51,6 +54,7 @@ impl ErrorCode {
             ErrorCode::TokenExpired => "token expired",
             ErrorCode::TooManyRequests => "too many requests",
             ErrorCode::TemporarilyUnavailable => "temporarily unavailable",
+            ErrorCode::BackendUnavailable => "backend unavailable",
         }
     }
 
@@ -67,7 +71,7 @@ impl ErrorCode {
             ErrorCode::BadRequest => 400,
             ErrorCode::NotAvailable => 404,
             ErrorCode::TooManyRequests => 429,
-            ErrorCode::TemporarilyUnavailable => 503,
+            ErrorCode::TemporarilyUnavailable | ErrorCode::BackendUnavailable => 503,
         }
     }
 }
@@ -87,6 +91,9 @@ impl CloseCode {
     pub const INSUFFICIENT_STATE: CloseCode = CloseCode(4003);
     /// 4004: token expired; refresh and reconnect.
     pub const TOKEN_EXPIRED: CloseCode = CloseCode(4004);
+    /// 4005: the application's backend (connect or refresh proxy) could not be reached, did
+    /// not answer in time, or answered something unusable; reconnect later.
+    pub const BACKEND_ERROR: CloseCode = CloseCode(4005);
     /// 4500: bad request or protocol violation.
     pub const BAD_REQUEST: CloseCode = CloseCode(4500);
     /// 4501: unauthorized (bad token).
@@ -97,12 +104,19 @@ impl CloseCode {
     pub const MESSAGE_TOO_LARGE: CloseCode = CloseCode(4503);
     /// 4504: connection limit reached.
     pub const CONNECTION_LIMIT: CloseCode = CloseCode(4504);
+    /// 4505: the application's backend refused the connection (connect proxy `error`) or its
+    /// proxy answer was unusable.
+    pub const REFUSED_BY_BACKEND: CloseCode = CloseCode(4505);
 
     /// Whether a client should reconnect after this code (4000–4499).
     pub fn reconnect(self) -> bool {
         (4000..4500).contains(&self.0)
     }
 }
+
+/// Error codes a proxy backend may answer with (`{"error": {"code"}}`); they reach the client
+/// as they are. Other codes become [`ErrorCode::Internal`].
+pub const APP_ERROR_CODES: std::ops::RangeInclusive<u16> = 1000..=1999;
 
 /// `unsub` push code: the server ended the subscription for good (API unsubscribe).
 pub const UNSUB_SERVER: u16 = 2000;

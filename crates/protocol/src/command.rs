@@ -106,6 +106,8 @@ pub enum Method {
     Refresh,
     /// `sub_refresh`
     SubRefresh,
+    /// `rpc`
+    Rpc,
 }
 
 impl Method {
@@ -120,6 +122,7 @@ impl Method {
             Method::Presence => "presence",
             Method::Refresh => "refresh",
             Method::SubRefresh => "sub_refresh",
+            Method::Rpc => "rpc",
         }
     }
 
@@ -133,6 +136,7 @@ impl Method {
             "presence" => Method::Presence,
             "refresh" => Method::Refresh,
             "sub_refresh" => Method::SubRefresh,
+            "rpc" => Method::Rpc,
             _ => return None,
         })
     }
@@ -157,6 +161,8 @@ pub enum Command {
     Refresh(RefreshParams),
     /// Extend a subscription granted by a subscription token.
     SubRefresh(SubRefreshParams),
+    /// A call answered by the application's backend (the RPC proxy).
+    Rpc(RpcParams),
 }
 
 impl Command {
@@ -171,6 +177,7 @@ impl Command {
             Command::Presence(_) => Method::Presence,
             Command::Refresh(_) => Method::Refresh,
             Command::SubRefresh(_) => Method::SubRefresh,
+            Command::Rpc(_) => Method::Rpc,
         }
     }
 }
@@ -187,6 +194,8 @@ pub struct ConnectParams {
     /// Channels to subscribe in the same round trip.
     #[serde(default)]
     pub subs: HashMap<String, SubOptions>,
+    /// Any JSON value, forwarded to the connect proxy (ignored without one).
+    pub data: Option<Box<RawValue>>,
 }
 
 /// Per-channel options inside `connect.subs`.
@@ -207,6 +216,8 @@ pub struct SubscribeParams {
     pub token: Option<String>,
     /// Recover everything after this position.
     pub since: Option<StreamPosition>,
+    /// Any JSON value, forwarded to the subscribe proxy (ignored without one).
+    pub data: Option<Box<RawValue>>,
 }
 
 /// Params that name only a channel.
@@ -250,6 +261,16 @@ pub struct SubRefreshParams {
     pub channel: String,
     /// A new subscription token for it.
     pub token: String,
+}
+
+/// `rpc` params.
+#[derive(Debug, Deserialize)]
+pub struct RpcParams {
+    /// The application's name for the call (may be empty).
+    #[serde(default)]
+    pub method: String,
+    /// Any JSON value, forwarded as it is.
+    pub data: Option<Box<RawValue>>,
 }
 
 /// Split a text frame on `\n` and parse each non-empty line.
@@ -310,6 +331,7 @@ fn parse_command(name: &str, params: &RawValue) -> Result<Command, CommandError>
         Method::Presence => Command::Presence(params_of(method, params)?),
         Method::Refresh => Command::Refresh(params_of(method, params)?),
         Method::SubRefresh => Command::SubRefresh(params_of(method, params)?),
+        Method::Rpc => Command::Rpc(params_of(method, params)?),
     })
 }
 

@@ -31,6 +31,12 @@ struct ErrorBody<'a> {
 
 /// `{"id": N, "error": {"code": C, "message": "..."}}`.
 pub fn reply_error(id: u64, code: ErrorCode, message: &str) -> Bytes {
+    reply_error_code(id, code.as_u16(), message)
+}
+
+/// An error reply with a code that is not one of the protocol's own: an application's code
+/// relayed from a proxy hook.
+pub fn reply_error_code(id: u64, code: u16, message: &str) -> Bytes {
     #[derive(Serialize)]
     struct Reply<'a> {
         id: u64,
@@ -38,10 +44,7 @@ pub fn reply_error(id: u64, code: ErrorCode, message: &str) -> Bytes {
     }
     let body = Reply {
         id,
-        error: ErrorBody {
-            code: code.as_u16(),
-            message,
-        },
+        error: ErrorBody { code, message },
     };
     Bytes::from(serde_json::to_vec(&body).expect("error serializes"))
 }

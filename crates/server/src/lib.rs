@@ -19,6 +19,8 @@
 //! - [`uni`]: one-way transports: Server-Sent Events and NDJSON streaming.
 //! - [`emulation`]: WebSocket emulation for networks that block WebSocket: SSE down, POST up.
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
+//! - [`proxy`]: proxy hooks: the HTTP client calling the application's backend, and the
+//!   headers and cookies forwarded to it.
 
 pub mod api;
 pub mod brokers;
@@ -27,6 +29,7 @@ pub mod guard;
 pub mod http;
 pub mod jwks;
 mod liveness;
+pub mod proxy;
 pub mod serve;
 pub mod settings;
 pub mod tls;

@@ -99,12 +99,19 @@ pub async fn run(
     let metrics = Arc::new(Metrics::new());
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
+    let proxy: Option<Arc<dyn herald_core::proxy::Proxy>> = match config.proxy.enabled() {
+        true => Some(Arc::new(
+            crate::proxy::HttpProxy::new(&config.proxy).map_err(anyhow::Error::msg)?,
+        )),
+        false => None,
+    };
     let config = Arc::new(config);
     let ctx = Arc::new(NodeContext {
         hub: hub.clone(),
         namespaces: Namespaces::from_config(&config),
         verifier,
         config: config.clone(),
+        proxy,
     });
     let (drain_tx, drain_rx) = watch::channel(false);
     let app = Arc::new(App {

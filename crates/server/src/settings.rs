@@ -54,6 +54,7 @@ const ENV_KEYS: &[&str] = &[
     "token_jwks_url",
     "token_jwks_max_age_s",
     "token_jwks_min_refresh_ms",
+    "personal_channel",
     "allowed_origins",
     "api_allowed_origins",
     "ping_interval_s",
@@ -65,6 +66,7 @@ const ENV_KEYS: &[&str] = &[
     "default_namespace",
     "redis",
     "nats",
+    "proxy",
 ];
 
 /// Load and validate the configuration.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use futures_util::{SinkExt, StreamExt};
 use herald_core::outbound::CloseRequest;
+use herald_core::proxy::ClientMeta;
 use herald_core::{Outbound, Session};
 use herald_protocol::command::parse_frame;
 use herald_protocol::encode::push_disconnect;
@@ -28,7 +29,7 @@ use tokio::time::{sleep_until, timeout};
 use tokio_websockets::{Message, Payload, WebSocketStream};
 
 use crate::api;
-use crate::guard::{origin_listed, IpSlot};
+use crate::guard::{origin_listed, IpSlot, PeerAddr};
 use crate::http::{App, HttpResponse};
 use crate::liveness::Liveness;
 
@@ -122,6 +123,10 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     let accept = base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes());
 
     let max_frame = app.ctx.config.limits.max_frame_bytes;
+    let meta = app.ctx.config.proxy.enabled().then(|| {
+        let ip = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        crate::proxy::client_meta(&app.ctx.config.proxy, req.headers(), ip, "websocket")
+    });
     let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
     tokio::spawn(async move {
         let _ip_slot = ip_slot;
@@ -134,7 +139,7 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
                 let ws = tokio_websockets::ServerBuilder::new()
                     .limits(limits)
                     .serve(TokioIo::new(upgraded));
-                run(app, ws).await;
+                run(app, ws, meta).await;
             }
             Err(e) => tracing::debug!(cause = %e, "upgrade failed"),
         }
@@ -170,7 +175,7 @@ impl Drop for Counted {
 /// Every await on a rarely taken, deep path (commands, controls, close) is boxed: an async fn's
 /// state is as large as its largest await point, and this future lives as long as the
 /// connection. Measured with massif: the unboxed task held ~10 KB per idle connection.
-async fn run(app: Arc<App>, mut ws: Ws) {
+async fn run(app: Arc<App>, mut ws: Ws, meta: Option<ClientMeta>) {
     app.ws_connections.fetch_add(1, Ordering::Relaxed);
     let metrics = app.ctx.hub.metrics().clone();
     metrics.connections.inc();
@@ -180,6 +185,9 @@ async fn run(app: Arc<App>, mut ws: Ws) {
     let limits = &config.limits;
     let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
+    if let Some(meta) = meta {
+        session.set_client_meta(meta);
+    }
     let mut draining = app.draining.clone();
     let mut liveness = Liveness::new(&config);
 

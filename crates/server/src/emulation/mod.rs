@@ -23,6 +23,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::mpsc;
 
+use crate::guard::PeerAddr;
 use crate::http::App;
 use crate::uni::{admit, allow_origin, error, stream_response, StreamResponse};
 
@@ -101,6 +102,11 @@ fn open(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         );
     }
     let ip_slot = req.extensions().get::<Arc<crate::guard::IpSlot>>().cloned();
+    // What the connect proxy forwards: the `GET`'s allow-listed headers and cookies, and the IP.
+    let meta = app.ctx.config.proxy.enabled().then(|| {
+        let ip = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        crate::proxy::client_meta(&app.ctx.config.proxy, req.headers(), ip, "emulation")
+    });
     let id = format!("{:032x}", rand::random::<u128>());
     let (inbox_tx, inbox) = mpsc::channel::<Inbound>(INBOX);
     let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS);
@@ -111,7 +117,7 @@ fn open(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     };
     let first = format!("event: session\ndata: {{\"session\":\"{id}\"}}\n\n");
     let _ = tx.try_send(Bytes::from(first));
-    tokio::spawn(run::run(app, registered, inbox, tx, ip_slot));
+    tokio::spawn(run::run(app, registered, inbox, tx, ip_slot, meta));
     stream_response(rx, "text/event-stream", origin)
 }
 

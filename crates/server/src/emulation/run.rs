@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::outbound::CloseRequest;
+use herald_core::proxy::ClientMeta;
 use herald_core::{Outbound, Session};
 use herald_protocol::encode::push_disconnect;
 use herald_protocol::CloseCode;
@@ -61,6 +62,7 @@ pub(crate) async fn run(
     mut inbox: mpsc::Receiver<Inbound>,
     tx: mpsc::Sender<Bytes>,
     ip_slot: Option<Arc<IpSlot>>,
+    meta: Option<ClientMeta>,
 ) {
     let _ip_slot = ip_slot;
     let _counted = Counted::new(app.clone());
@@ -70,6 +72,9 @@ pub(crate) async fn run(
     let write_limit = Duration::from_millis(limits.write_timeout_ms);
     let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
+    if let Some(meta) = meta {
+        session.set_client_meta(meta);
+    }
     let mut draining = app.draining.clone();
     let mut liveness = Liveness::new(&config);
     let send = |chunk: Bytes| {

@@ -112,12 +112,14 @@ fn sse_request(req: &Request<Incoming>) -> Result<Wanted, &'static str> {
     })
 }
 
-/// `POST /connection/stream` with `{"token"?, "subs": {channel: {"since"?}}}`.
+/// `POST /connection/stream` with `{"token"?, "subs": {channel: {"since"?}}, "data"?}`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct StreamBodyParams {
     token: Option<String>,
     name: Option<String>,
+    /// For the connect proxy, as `connect.data`.
+    data: Option<Box<serde_json::value::RawValue>>,
     #[serde(default)]
     subs: std::collections::BTreeMap<String, StreamSub>,
 }
@@ -150,11 +152,14 @@ async fn ndjson_request(app: &App, req: Request<Incoming>) -> Result<Wanted, Str
         }
     };
     let body: StreamBodyParams = serde_json::from_slice(&bytes).map_err(|_| {
-        bad_request("body must be {\"token\"?, \"name\"?, \"subs\": {channel: {\"since\"?}}}")
+        bad_request(
+            "body must be {\"token\"?, \"name\"?, \"subs\": {channel: {\"since\"?}}, \"data\"?}",
+        )
     })?;
     let mut params = ConnectParams {
         token: body.token,
         name: body.name,
+        data: body.data,
         ..ConnectParams::default()
     };
     let mut channels = Vec::new();
@@ -290,6 +295,14 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| t.trim().to_owned());
     let ip_slot = req.extensions().get::<Arc<crate::guard::IpSlot>>().cloned();
+    let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+    let meta = config.proxy.enabled().then(|| {
+        let transport = match format {
+            Format::Sse => "sse",
+            Format::Ndjson => "stream",
+        };
+        crate::proxy::client_meta(&config.proxy, req.headers(), peer, transport)
+    });
     let mut wanted = match format {
         Format::Sse => match sse_request(&req) {
             Ok(w) => w,
@@ -328,6 +341,9 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     // Connect before answering, so a refused token is an HTTP error, not a stream that ends.
     let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
+    if let Some(meta) = meta {
+        session.set_client_meta(meta);
+    }
     let connect = Message::Command {
         id: 1,
         command: Ok(Command::Connect(wanted.params)),

@@ -1,0 +1,315 @@
+//! Proxy hooks: the application's backend decides connects, subscriptions and publications, and
+//! answers `rpc`, over HTTP with JSON bodies (docs/proxy.md).
+//!
+//! The core builds the request bodies and reads the answers; moving the bytes is the server's
+//! job behind the [`Proxy`] trait (the core knows no HTTP), the same way [`crate::auth::KeySet`]
+//! fetches keys.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use herald_protocol::codes::APP_ERROR_CODES;
+use herald_protocol::{CloseCode, CommandError, ErrorCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+/// Which hook a call is for; the server maps each to its configured URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hook {
+    /// `proxy.connect_url`
+    Connect,
+    /// `proxy.refresh_url`
+    Refresh,
+    /// `proxy.subscribe_url`
+    Subscribe,
+    /// `proxy.sub_refresh_url`
+    SubRefresh,
+    /// `proxy.publish_url`
+    Publish,
+    /// `proxy.rpc_url`
+    Rpc,
+}
+
+impl Hook {
+    /// The hook's name in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Hook::Connect => "connect",
+            Hook::Refresh => "refresh",
+            Hook::Subscribe => "subscribe",
+            Hook::SubRefresh => "sub_refresh",
+            Hook::Publish => "publish",
+            Hook::Rpc => "rpc",
+        }
+    }
+}
+
+/// Why a backend call gave no usable answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProxyError {
+    /// Connection refused, reset, or no answer within `proxy.timeout_ms`: retryable.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// A status other than 200, an answer over `proxy.max_response_bytes`, or a body that is not
+    /// a proxy answer: a bug on one side, logged.
+    #[error("bad backend answer: {0}")]
+    BadAnswer(String),
+}
+
+/// Sends a hook's JSON body to the backend and returns the answer's body (status 200 only).
+#[async_trait::async_trait]
+pub trait Proxy: Send + Sync {
+    /// POST `body` to the URL of `hook`.
+    async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError>;
+}
+
+/// What the server knows about the client's HTTP request, sent with every hook. Only the headers
+/// and cookies allow-listed in `proxy.headers` and `proxy.cookies` are kept.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClientMeta {
+    /// `websocket`, `sse` or `stream`.
+    pub transport: &'static str,
+    /// The peer address of the TCP connection.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ip: Option<IpAddr>,
+    /// Allow-listed headers, names in lower case.
+    pub headers: BTreeMap<String, String>,
+    /// Allow-listed cookies.
+    pub cookies: BTreeMap<String, String>,
+}
+
+/// Body of the connect hook.
+#[derive(Serialize)]
+pub(crate) struct ConnectRequest<'a> {
+    pub(crate) client: &'a str,
+    #[serde(flatten)]
+    pub(crate) meta: &'a ClientMeta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) name: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) version: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) data: Option<&'a RawValue>,
+}
+
+/// Body of the refresh, subscribe, publish and rpc hooks: who asks, and what about.
+#[derive(Serialize)]
+pub(crate) struct ConnectedRequest<'a> {
+    pub(crate) client: &'a str,
+    pub(crate) user: &'a str,
+    #[serde(flatten)]
+    pub(crate) meta: &'a ClientMeta,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) channel: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) data: Option<&'a RawValue>,
+}
+
+/// `result` of the connect hook.
+#[derive(Debug, Deserialize)]
+pub(crate) struct ConnectResult {
+    /// The user id ("" anonymous).
+    #[serde(default)]
+    pub(crate) user: String,
+    /// Shown in presence and publications.
+    pub(crate) info: Option<Box<RawValue>>,
+    /// Unix seconds when the connection expires (then the refresh hook, or close 4004).
+    pub(crate) expire_at: Option<u64>,
+    /// Returned to the client in the `connect` reply.
+    pub(crate) data: Option<Box<RawValue>>,
+    /// Channels the server subscribes.
+    #[serde(default)]
+    pub(crate) channels: Vec<String>,
+}
+
+/// `result` of the refresh and sub_refresh hooks.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RefreshResult {
+    /// The connection ends (close 4004).
+    #[serde(default)]
+    pub(crate) expired: bool,
+    /// The new expiry, unix seconds; absent: never.
+    pub(crate) expire_at: Option<u64>,
+    /// Replaces the connection's info.
+    pub(crate) info: Option<Box<RawValue>>,
+}
+
+/// `result` of the subscribe hook.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct SubscribeResult {
+    /// Returned in the reply.
+    pub(crate) data: Option<Box<RawValue>>,
+    /// Unix seconds when the subscription ends (then the sub_refresh hook, or `unsub` 4004).
+    pub(crate) expire_at: Option<u64>,
+}
+
+/// `result` of the publish and rpc hooks.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct DataResult {
+    /// Subscribe: returned in the reply; publish: replaces the publication's data; rpc: the
+    /// reply.
+    pub(crate) data: Option<Box<RawValue>>,
+}
+
+/// A backend's answer: exactly one of `result`, `error`, `disconnect`.
+#[derive(Debug)]
+pub(crate) enum Answer<T> {
+    /// Allowed, with what the hook returns.
+    Result(T),
+    /// Refused: the client gets this error reply.
+    Error(Refusal),
+}
+
+/// A refusal for the client: an error reply, or the connection closes.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    /// A protocol error reply.
+    Command(CommandError),
+    /// An error reply with the backend's own code (in [`APP_ERROR_CODES`]).
+    App { code: u16, message: String },
+    /// The connection closes with this code and reason.
+    Close { code: CloseCode, reason: String },
+}
+
+impl From<CommandError> for Refusal {
+    fn from(e: CommandError) -> Self {
+        Refusal::Command(e)
+    }
+}
+
+impl From<ErrorCode> for Refusal {
+    fn from(code: ErrorCode) -> Self {
+        Refusal::Command(code.into())
+    }
+}
+
+#[derive(Deserialize)]
+struct Envelope<T> {
+    result: Option<T>,
+    error: Option<ErrorAnswer>,
+    disconnect: Option<DisconnectAnswer>,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    code: u16,
+    #[serde(default)]
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct DisconnectAnswer {
+    code: u16,
+    #[serde(default)]
+    reason: String,
+}
+
+/// Read a backend's answer. Codes outside the documented ranges make the answer unusable rather
+/// than reaching the client as something the protocol gives another meaning.
+pub(crate) fn parse_answer<T: DeserializeOwned>(body: &[u8]) -> Result<Answer<T>, ProxyError> {
+    let envelope: Envelope<T> = serde_json::from_slice(body)
+        .map_err(|e| ProxyError::BadAnswer(format!("not a proxy answer: {e}")))?;
+    match (envelope.result, envelope.error, envelope.disconnect) {
+        (Some(r), None, None) => Ok(Answer::Result(r)),
+        (None, Some(e), None) if APP_ERROR_CODES.contains(&e.code) => {
+            Ok(Answer::Error(Refusal::App {
+                code: e.code,
+                message: e.message,
+            }))
+        }
+        (None, Some(e), None) => Err(ProxyError::BadAnswer(format!(
+            "error code {} outside {}..={}",
+            e.code,
+            APP_ERROR_CODES.start(),
+            APP_ERROR_CODES.end()
+        ))),
+        (None, None, Some(d)) if (4000..=4999).contains(&d.code) => {
+            Ok(Answer::Error(Refusal::Close {
+                code: CloseCode(d.code),
+                reason: d.reason,
+            }))
+        }
+        (None, None, Some(d)) => Err(ProxyError::BadAnswer(format!(
+            "disconnect code {} outside 4000..=4999",
+            d.code
+        ))),
+        _ => Err(ProxyError::BadAnswer(
+            "expected exactly one of result, error, disconnect".into(),
+        )),
+    }
+}
+
+/// What a failed call becomes for the client: unavailable is retryable (112); anything else is
+/// an internal error whose cause only the log sees.
+pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
+    match e {
+        ProxyError::Unavailable(cause) => {
+            tracing::warn!(hook = hook.name(), %cause, "proxy call failed");
+            ErrorCode::BackendUnavailable.into()
+        }
+        ProxyError::BadAnswer(cause) => {
+            tracing::error!(hook = hook.name(), %cause, "proxy answer refused");
+            ErrorCode::Internal.into()
+        }
+    }
+}
+
+/// Call `hook` with `body` and read its answer.
+pub(crate) async fn ask<T: DeserializeOwned>(
+    proxy: &dyn Proxy,
+    hook: Hook,
+    body: &impl Serialize,
+) -> Result<Answer<T>, ProxyError> {
+    let bytes = serde_json::to_vec(body).expect("proxy requests serialize");
+    let answer = proxy.call(hook, bytes).await?;
+    parse_answer(&answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(body: &str) -> Result<Answer<DataResult>, ProxyError> {
+        parse_answer(body.as_bytes())
+    }
+
+    #[test]
+    fn answers() {
+        let Ok(Answer::Result(r)) = parse(r#"{"result": {"data": {"x": 1}}}"#) else {
+            panic!()
+        };
+        assert_eq!(r.data.unwrap().get(), r#"{"x": 1}"#);
+        assert!(matches!(
+            parse(r#"{"error": {"code": 1403, "message": "no"}}"#),
+            Ok(Answer::Error(Refusal::App { code: 1403, .. }))
+        ));
+        assert!(matches!(
+            parse(r#"{"disconnect": {"code": 4601, "reason": "bye"}}"#),
+            Ok(Answer::Error(Refusal::Close {
+                code: CloseCode(4601),
+                ..
+            }))
+        ));
+    }
+
+    #[test]
+    fn unusable_answers() {
+        for bad in [
+            "",
+            "garbage",
+            "{}",
+            r#"{"result": {}, "error": {"code": 1000}}"#,
+            r#"{"error": {"code": 101, "message": "not ours"}}"#,
+            r#"{"disconnect": {"code": 1000}}"#,
+            r#"{"result": {"data": }}"#,
+        ] {
+            assert!(
+                matches!(parse(bad), Err(ProxyError::BadAnswer(_))),
+                "{bad} accepted"
+            );
+        }
+    }
+}

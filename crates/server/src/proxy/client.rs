@@ -1,0 +1,90 @@
+//! Calls to the application's backend: one shared HTTP client (connections are pooled and
+//! reused), a deadline per call, and a bounded answer.
+
+use std::time::Duration;
+
+use herald_core::config::ProxyConfig;
+use herald_core::proxy::{Hook, Proxy, ProxyError};
+
+/// The backend of one node, as configured in `[proxy]`.
+pub struct HttpProxy {
+    client: reqwest::Client,
+    config: ProxyConfig,
+}
+
+impl HttpProxy {
+    /// A client for the configured hooks; nothing is connected until the first call.
+    pub fn new(config: &ProxyConfig) -> Result<Self, String> {
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let client = reqwest::Client::builder()
+            // The whole call, connecting and reading the answer included.
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            // A hook answers itself: a redirect is a misconfigured URL, not an answer.
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("proxy client: {e}"))?;
+        Ok(HttpProxy {
+            client,
+            config: config.clone(),
+        })
+    }
+
+    fn url(&self, hook: Hook) -> &str {
+        match hook {
+            Hook::Connect => &self.config.connect_url,
+            Hook::Refresh => &self.config.refresh_url,
+            Hook::Subscribe => &self.config.subscribe_url,
+            Hook::SubRefresh => &self.config.sub_refresh_url,
+            Hook::Publish => &self.config.publish_url,
+            Hook::Rpc => &self.config.rpc_url,
+        }
+    }
+}
+
+/// Refused or timed out: the backend may be back soon. Anything else that breaks the exchange
+/// (a reset mid-answer) is treated the same way: retrying is what helps.
+fn transport_error(e: reqwest::Error) -> ProxyError {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "request failed"
+    };
+    ProxyError::Unavailable(format!("{what}: {e}"))
+}
+
+#[async_trait::async_trait]
+impl Proxy for HttpProxy {
+    async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError> {
+        let max = self.config.max_response_bytes;
+        let mut response = self
+            .client
+            .post(self.url(hook))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(transport_error)?;
+        if response.status() != reqwest::StatusCode::OK {
+            return Err(ProxyError::BadAnswer(format!(
+                "status {}",
+                response.status()
+            )));
+        }
+        let too_big = || ProxyError::BadAnswer(format!("answer over {max} bytes"));
+        if response.content_length().is_some_and(|n| n > max as u64) {
+            return Err(too_big());
+        }
+        let mut answer = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(transport_error)? {
+            if answer.len() + chunk.len() > max {
+                return Err(too_big());
+            }
+            answer.extend_from_slice(&chunk);
+        }
+        Ok(answer)
+    }
+}

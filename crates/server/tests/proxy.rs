@@ -1,0 +1,634 @@
+//! Proxy hooks against the real binary and a real HTTP backend: a separate Python process
+//! (tests/fixtures/proxy_backend.py) on a free port, whose behaviour each test picks through the
+//! cookies, data, channels and methods it sends.
+
+mod common;
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The backend process, killed on drop.
+struct Backend {
+    _child: Child,
+    port: u16,
+}
+
+impl Backend {
+    async fn start() -> Backend {
+        let mut child = Command::new("python3")
+            .arg(fixture("proxy_backend.py"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("python3 proxy_backend.py");
+        let stdout = child.stdout.take().unwrap();
+        let line = tokio::time::timeout(
+            Duration::from_secs(10),
+            BufReader::new(stdout).lines().next_line(),
+        )
+        .await
+        .expect("backend did not start")
+        .unwrap()
+        .expect("backend exited");
+        let port = line
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .expect("listening line");
+        Backend {
+            _child: child,
+            port,
+        }
+    }
+
+    fn url(&self, hook: &str) -> String {
+        format!("http://127.0.0.1:{}/{hook}", self.port)
+    }
+
+    /// A `[proxy]` section with every hook on this backend.
+    fn section(&self, timeout_ms: u64) -> String {
+        format!(
+            "[proxy]\nconnect_url = {:?}\nrefresh_url = {:?}\nsubscribe_url = {:?}\n\
+             sub_refresh_url = {:?}\npublish_url = {:?}\nrpc_url = {:?}\n\
+             timeout_ms = {timeout_ms}\n\
+             headers = [\"X-App-Version\"]\ncookies = [\"sessionid\"]\n",
+            self.url("connect"),
+            self.url("refresh"),
+            self.url("subscribe"),
+            self.url("sub_refresh"),
+            self.url("publish"),
+            self.url("rpc"),
+        )
+    }
+}
+
+/// Namespaces: `room` asks the subscribe proxy (and is token-only without it), `chat` sends
+/// publications through the publish proxy (and forbids client publishing without it).
+const NAMESPACES: &str = r#"
+[[namespaces]]
+name = "room"
+subscribe = "token"
+subscribe_proxy = true
+
+[[namespaces]]
+name = "chat"
+subscribe = "authenticated"
+publish = false
+publish_proxy = true
+history_size = 10
+"#;
+
+async fn node(backend: &Backend, timeout_ms: u64) -> (Node, ConfigFile) {
+    let cfg = config_file(
+        "herald.toml",
+        &format!("{}{NAMESPACES}", backend.section(timeout_ms)),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    (node, cfg)
+}
+
+/// A client whose upgrade request carries these cookies and headers.
+async fn open(node: &Node, cookie: Option<&str>, headers: &[(&str, &str)]) -> Client {
+    let mut all: Vec<(&str, &str)> = headers.to_vec();
+    if let Some(c) = cookie {
+        all.push(("Cookie", c));
+    }
+    Client::open(node.addr, &all).await
+}
+
+/// A client connected through the proxy as `user`.
+async fn logged_in(node: &Node, user: &str) -> Client {
+    let mut c = open(node, Some(&format!("sessionid={user}")), &[]).await;
+    let r = c.call("connect", json!({})).await;
+    assert!(r.get("connect").is_some(), "connect failed: {r}");
+    c
+}
+
+#[tokio::test]
+async fn connect_proxy_authenticates_and_forwards_only_listed_headers_and_cookies() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+
+    let mut alice = open(
+        &node,
+        Some("csrftoken=c1; sessionid=alice; theme=dark"),
+        &[("X-App-Version", "7"), ("X-Secret", "never-forwarded")],
+    )
+    .await;
+    let r = alice
+        .call(
+            "connect",
+            json!({"data": {"hello": 1, "channels": ["news", "dm#alice"]}}),
+        )
+        .await;
+    let connect = &r["connect"];
+    assert_eq!(
+        connect["data"],
+        json!({
+            "headers": {"x-app-version": "7"},
+            "cookies": {"sessionid": "alice"},
+            "ip": "127.0.0.1",
+            "transport": "websocket",
+            "data": {"hello": 1, "channels": ["news", "dm#alice"]},
+        }),
+        "{r}"
+    );
+    // Server-side subscriptions from the result, with their positions.
+    for ch in ["news", "dm#alice"] {
+        let sub = &connect["subs"][ch];
+        assert!(sub["epoch"].is_string(), "{ch}: {r}");
+        assert_eq!(sub["offset"], 0, "{ch}: {r}");
+    }
+    node.publish("news", json!({"n": 1})).await;
+    let publication = alice.push("pub").await;
+    assert_eq!(
+        (&publication["channel"], &publication["data"]),
+        (&json!("news"), &json!({"n": 1}))
+    );
+    // The proxy's user is the connection's user: a channel limited to bob stays closed.
+    let r = alice.call("subscribe", json!({"channel": "dm#bob"})).await;
+    assert_eq!(r["error"]["code"], 103, "{r}");
+
+    // No session cookie: the backend's own error code reaches the client, then close 4505.
+    let mut anonymous = open(&node, Some("csrftoken=c1"), &[]).await;
+    let r = anonymous.call("connect", json!({})).await;
+    assert_eq!(
+        r["error"],
+        json!({"code": 1401, "message": "not logged in"}),
+        "{r}"
+    );
+    assert_eq!(anonymous.closed().await.code, Some(4505));
+
+    // The backend's disconnect closes with its code and reason.
+    let mut banned = open(&node, Some("sessionid=banned"), &[]).await;
+    banned.send("connect", json!({})).await;
+    let closed = banned.closed().await;
+    assert_eq!(closed.code, Some(4601));
+    assert_eq!(closed.disconnect.unwrap()["reason"], "banned");
+}
+
+#[tokio::test]
+async fn a_token_skips_the_connect_proxy_unless_connect_always() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    // No cookie, so the backend would refuse: the token is what lets it in.
+    let mut c = open(&node, None, &[]).await;
+    let r = c
+        .call("connect", json!({"token": token(json!({"sub": "tok"}))}))
+        .await;
+    assert!(r["connect"].is_object(), "{r}");
+    assert!(r["connect"].get("data").is_none(), "{r}");
+
+    let cfg = config_file(
+        "herald.toml",
+        &format!("{}connect_always = true\n", backend.section(2000)),
+    );
+    let always = Node::start(&["--config", &cfg], &[]).await;
+    let mut c = open(&always, None, &[]).await;
+    let r = c
+        .call("connect", json!({"token": token(json!({"sub": "tok"}))}))
+        .await;
+    assert_eq!(r["error"]["code"], 1401, "{r}");
+}
+
+#[tokio::test]
+async fn backend_failures_become_documented_errors_never_hangs() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 300).await;
+    // (mode, reply error code); each closes with 4005 so the client comes back later.
+    for (mode, code) in [
+        ("slow", 112),
+        ("500", 100),
+        ("garbage", 100),
+        ("big", 100),
+        ("badcode", 100),
+    ] {
+        let mut c = open(&node, Some("sessionid=alice"), &[]).await;
+        let started = Instant::now();
+        let r = c.call("connect", json!({"data": {"mode": mode}})).await;
+        assert_eq!(r["error"]["code"], code, "{mode}: {r}");
+        assert_eq!(c.closed().await.code, Some(4005), "{mode}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{mode} took {:?}",
+            started.elapsed()
+        );
+    }
+    // Nobody listens: connection refused is retryable too.
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let cfg = config_file(
+        "herald.toml",
+        &format!("[proxy]\nconnect_url = \"http://127.0.0.1:{closed_port}/connect\"\n"),
+    );
+    let down = Node::start(&["--config", &cfg], &[]).await;
+    let mut c = open(&down, Some("sessionid=alice"), &[]).await;
+    let r = c.call("connect", json!({})).await;
+    assert_eq!(
+        r["error"],
+        json!({"code": 112, "message": "backend unavailable"}),
+        "{r}"
+    );
+    assert_eq!(c.closed().await.code, Some(4005));
+}
+
+#[tokio::test]
+async fn subscribe_proxy_allows_denies_and_disconnects() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let mut alice = logged_in(&node, "alice").await;
+
+    // Allowed although the namespace is token-only: the backend decides, its data comes back.
+    let r = alice
+        .call(
+            "subscribe",
+            json!({"channel": "room:lobby", "data": {"pin": 42}}),
+        )
+        .await;
+    assert_eq!(
+        r["subscribe"]["data"],
+        json!({"channel": "room:lobby", "user": "alice", "data": {"pin": 42}}),
+        "{r}"
+    );
+    assert!(r["subscribe"]["epoch"].is_string(), "{r}");
+    node.publish("room:lobby", json!("hello")).await;
+    assert_eq!(alice.push("pub").await["data"], "hello");
+
+    let r = alice
+        .call("subscribe", json!({"channel": "room:deny-me"}))
+        .await;
+    assert_eq!(
+        r["error"],
+        json!({"code": 1403, "message": "not a member"}),
+        "{r}"
+    );
+    // A user list is checked before the backend is asked.
+    let r = alice
+        .call("subscribe", json!({"channel": "room:x#bob"}))
+        .await;
+    assert_eq!(r["error"]["code"], 103, "{r}");
+    // Through connect.subs as well.
+    let mut bob = open(&node, Some("sessionid=bob"), &[]).await;
+    let r = bob
+        .call(
+            "connect",
+            json!({"subs": {"room:a": {}, "room:deny-b": {}}}),
+        )
+        .await;
+    assert_eq!(r["connect"]["subs"]["room:a"]["data"]["user"], "bob", "{r}");
+    assert_eq!(
+        r["connect"]["subs"]["room:deny-b"]["error"]["code"], 1403,
+        "{r}"
+    );
+
+    alice
+        .send("subscribe", json!({"channel": "room:kick"}))
+        .await;
+    let closed = alice.closed().await;
+    assert_eq!(closed.code, Some(4602));
+    assert_eq!(closed.disconnect.unwrap()["reason"], "kicked");
+}
+
+#[tokio::test]
+async fn publish_proxy_allows_rewrites_and_rejects() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let mut reader = logged_in(&node, "reader").await;
+    let r = reader
+        .call("subscribe", json!({"channel": "chat:general"}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let mut alice = logged_in(&node, "alice").await;
+
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:general", "data": {"action": "rewrite", "text": "hi"}}),
+        )
+        .await;
+    assert_eq!(r["publish"]["offset"], 1, "{r}");
+    let rewritten = json!({"text": "HI", "by": "alice"});
+    let p = reader.push("pub").await;
+    assert_eq!(p["data"], rewritten);
+    assert_eq!(p["info"]["user"], "alice");
+
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:general", "data": {"text": "as is"}}),
+        )
+        .await;
+    assert_eq!(r["publish"]["offset"], 2, "{r}");
+    assert_eq!(reader.push("pub").await["data"], json!({"text": "as is"}));
+
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:general", "data": {"action": "reject"}}),
+        )
+        .await;
+    assert_eq!(
+        r["error"],
+        json!({"code": 1409, "message": "not allowed"}),
+        "{r}"
+    );
+    assert!(
+        reader.try_next(Duration::from_millis(300)).await.is_none(),
+        "a rejected publication was delivered"
+    );
+
+    // History keeps what subscribers got.
+    let (status, h) = node
+        .api("/api/history", Some(json!({"channel": "chat:general"})))
+        .await;
+    assert_eq!(status, 200, "{h}");
+    let stored: Vec<Value> = h["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["data"].clone())
+        .collect();
+    assert_eq!(stored, [rewritten, json!({"text": "as is"})]);
+}
+
+#[tokio::test]
+async fn rpc_is_answered_by_the_backend_and_slow_calls_hold_up_nobody_else() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 3000).await;
+    let mut alice = logged_in(&node, "alice").await;
+    let r = alice
+        .call("rpc", json!({"method": "echo", "data": {"q": [1, 2]}}))
+        .await;
+    assert_eq!(
+        r["rpc"]["data"],
+        json!({"method": "echo", "user": "alice", "data": {"q": [1, 2]}}),
+        "{r}"
+    );
+    let r = alice.call("rpc", json!({"method": "fail"})).await;
+    assert_eq!(
+        r["error"],
+        json!({"code": 1500, "message": "no such thing"}),
+        "{r}"
+    );
+
+    // A call that takes the backend 1.5 s does not delay another connection's calls.
+    let slow_id = alice.send("rpc", json!({"method": "slow"})).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let mut bob = logged_in(&node, "bob").await;
+    let r = bob.call("rpc", json!({"method": "echo"})).await;
+    assert_eq!(r["rpc"]["data"]["user"], "bob", "{r}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "bob waited {:?} behind alice's slow call",
+        started.elapsed()
+    );
+    let r = alice.reply(slow_id).await;
+    assert_eq!(r["rpc"]["data"]["method"], "slow", "{r}");
+
+    // Past the timeout: the retryable code.
+    let (short, _cfg2) = self::node(&backend, 300).await;
+    let mut carol = logged_in(&short, "carol").await;
+    let started = Instant::now();
+    let r = carol.call("rpc", json!({"method": "slow"})).await;
+    assert_eq!(r["error"]["code"], 112, "{r}");
+    assert!(started.elapsed() < Duration::from_millis(1200));
+    // The connection stays usable.
+    let r = carol.call("rpc", json!({"method": "echo"})).await;
+    assert_eq!(r["rpc"]["data"]["user"], "carol", "{r}");
+
+    // Without rpc_url, rpc is refused.
+    let plain = Node::dev().await;
+    let mut c = plain.connected(&[]).await;
+    let r = c.call("rpc", json!({"method": "echo"})).await;
+    assert_eq!(r["error"]["code"], 108, "{r}");
+}
+
+#[tokio::test]
+async fn refresh_proxy_extends_or_ends_an_expiring_connection() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let mut keep = open(&node, Some("sessionid=keeper"), &[]).await;
+    let r = keep
+        .call("connect", json!({"data": {"mode": "expire"}}))
+        .await;
+    assert!(r["connect"]["expires_in"].as_u64().unwrap() <= 1, "{r}");
+    let mut gone = open(&node, Some("sessionid=leaver"), &[]).await;
+    let r = gone
+        .call("connect", json!({"data": {"mode": "expire"}}))
+        .await;
+    assert!(r["connect"]["expires_in"].is_u64(), "{r}");
+
+    let closed = gone.closed().await;
+    assert_eq!(closed.code, Some(4004));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = keep.call("subscribe", json!({"channel": "news"})).await;
+    assert!(
+        r["subscribe"].is_object(),
+        "extended connection unusable: {r}"
+    );
+}
+
+#[tokio::test]
+async fn sub_refresh_proxy_extends_or_ends_an_expiring_subscription() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let mut alice = logged_in(&node, "alice").await;
+    for ch in ["room:short-keep", "room:short-drop"] {
+        let r = alice.call("subscribe", json!({"channel": ch})).await;
+        assert!(
+            r["subscribe"]["expires_in"].as_u64().unwrap() <= 1,
+            "{ch}: {r}"
+        );
+    }
+    let unsub = alice.push("unsub").await;
+    assert_eq!(
+        (&unsub["channel"], &unsub["code"]),
+        (&json!("room:short-drop"), &json!(4004)),
+        "{unsub}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    node.publish("room:short-keep", json!("still here")).await;
+    let p = alice.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["data"]),
+        (&json!("room:short-keep"), &json!("still here"))
+    );
+}
+
+#[tokio::test]
+async fn server_side_subscriptions_from_token_proxy_and_personal_channel_recover_with_since() {
+    let backend = Backend::start().await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!(
+            "personal_channel = \"user:#{{user}}\"\n{}\n[[namespaces]]\nname = \"user\"\n\
+             subscribe = \"token\"\nhistory_size = 10\n",
+            backend.section(2000)
+        ),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+
+    // Through the connect proxy: its channels and the personal channel.
+    let mut alice = open(&node, Some("sessionid=alice"), &[]).await;
+    let r = alice
+        .call("connect", json!({"data": {"channels": ["news"]}}))
+        .await;
+    let mut subs: Vec<&String> = r["connect"]["subs"].as_object().unwrap().keys().collect();
+    subs.sort();
+    assert_eq!(subs, ["news", "user:#alice"], "{r}");
+    // Through a token's channels claim, the same.
+    let mut bob = node.client().await;
+    let r = bob
+        .call(
+            "connect",
+            json!({"token": token(json!({"sub": "bob", "channels": ["news"]}))}),
+        )
+        .await;
+    let bob_sub = r["connect"]["subs"]["user:#bob"].clone();
+    assert!(bob_sub["epoch"].is_string(), "{r}");
+    assert_eq!(bob_sub["offset"], 0, "{r}");
+    assert!(r["connect"]["subs"]["news"]["epoch"].is_string(), "{r}");
+
+    // A broadcast to personal channels reaches them without any client subscribe.
+    let (status, body) = node
+        .api(
+            "/api/broadcast",
+            Some(json!({"channels": ["user:#alice", "user:#bob"], "data": "hi"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let p = alice.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["data"]),
+        (&json!("user:#alice"), &json!("hi"))
+    );
+    let p = bob.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["offset"]),
+        (&json!("user:#bob"), &json!(1))
+    );
+
+    // Bob goes away, misses one, and comes back with since: recovered.
+    drop(bob);
+    node.publish("user:#bob", json!("missed")).await;
+    let mut bob = node.client().await;
+    let since = json!({"epoch": bob_sub["epoch"], "offset": 1});
+    let r = bob
+        .call(
+            "connect",
+            json!({"token": token(json!({"sub": "bob"})), "subs": {"user:#bob": {"since": since}}}),
+        )
+        .await;
+    let sub = &r["connect"]["subs"]["user:#bob"];
+    assert_eq!(sub["recovered"], true, "{r}");
+    assert_eq!(sub["publications"][0]["data"], "missed", "{r}");
+    assert_eq!(sub["publications"].as_array().unwrap().len(), 1, "{r}");
+}
+
+#[tokio::test]
+async fn the_stream_transport_goes_through_the_connect_proxy_too() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 2000).await;
+    let out = Command::new("curl")
+        .args(["-sN", "--max-time", "1", "-X", "POST"])
+        .arg(format!("http://{}/connection/stream", node.addr))
+        .args(["-H", "Cookie: theme=dark; sessionid=carol"])
+        .args(["-H", "X-App-Version: 9", "-H", "X-Other: no"])
+        .args(["-d", r#"{"subs": {"news": {}}, "data": {"via": "curl"}}"#])
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let first: Value = serde_json::from_str(text.lines().next().expect("a line")).unwrap();
+    assert_eq!(
+        first["connect"]["data"],
+        json!({
+            "headers": {"x-app-version": "9"},
+            "cookies": {"sessionid": "carol"},
+            "ip": "127.0.0.1",
+            "transport": "stream",
+            "data": {"via": "curl"},
+        }),
+        "{text}"
+    );
+    assert!(
+        first["connect"]["subs"]["news"]["epoch"].is_string(),
+        "{text}"
+    );
+}
+
+/// Two nodes on one broker, both with the hooks: a publication rewritten by the publish proxy on
+/// one node is what a subscriber on the other receives and what history there returns; the
+/// connect, subscribe and rpc hooks answer on either node.
+async fn hooks_work_the_same_on_every_node(broker_url: &str) {
+    let backend = Backend::start().await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!("{}{NAMESPACES}", backend.section(2000)),
+    );
+    let env = [("HERALD_BROKER_URL", broker_url)];
+    let a = Node::start(&["--config", &cfg], &env).await;
+    let b = Node::start(&["--config", &cfg], &env).await;
+
+    let mut reader = logged_in(&b, "reader").await;
+    let r = reader
+        .call("subscribe", json!({"channel": "chat:multi", "data": 1}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let r = reader
+        .call("subscribe", json!({"channel": "room:deny-b"}))
+        .await;
+    assert_eq!(r["error"]["code"], 1403, "{r}");
+    let r = reader.call("rpc", json!({"method": "echo"})).await;
+    assert_eq!(r["rpc"]["data"]["user"], "reader", "{r}");
+
+    let mut alice = logged_in(&a, "alice").await;
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:multi", "data": {"action": "rewrite", "text": "across"}}),
+        )
+        .await;
+    assert_eq!(r["publish"]["offset"], 1, "{r}");
+    let rewritten = json!({"text": "ACROSS", "by": "alice"});
+    let p = reader.push("pub").await;
+    assert_eq!(
+        (&p["channel"], &p["data"]),
+        (&json!("chat:multi"), &rewritten)
+    );
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:multi", "data": {"action": "reject"}}),
+        )
+        .await;
+    assert_eq!(r["error"]["code"], 1409, "{r}");
+
+    let (status, h) = b
+        .api("/api/history", Some(json!({"channel": "chat:multi"})))
+        .await;
+    assert_eq!(status, 200, "{h}");
+    assert_eq!(h["publications"][0]["data"], rewritten, "{h}");
+    assert_eq!(h["publications"].as_array().unwrap().len(), 1, "{h}");
+}
+
+#[tokio::test]
+async fn hooks_across_nodes_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    hooks_work_the_same_on_every_node(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn hooks_across_nodes_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    hooks_work_the_same_on_every_node(&nats.url()).await;
+}
