@@ -88,6 +88,9 @@ pub struct Config {
     pub redis: Option<serde_json::Value>,
     /// NATS broker settings (see docs/multi-node-nats.md), passed to the NATS broker as they are.
     pub nats: Option<serde_json::Value>,
+    /// Pusher Channels compatibility (`[pusher]`, `[[pusher.apps]]`; see docs/pusher.md), read by
+    /// the server as it is.
+    pub pusher: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -126,6 +129,7 @@ impl Default for Config {
             namespaces: Vec::new(),
             redis: None,
             nats: None,
+            pusher: None,
         }
     }
 }

@@ -16,12 +16,14 @@
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
 //! - [`uni`]: one-way transports: Server-Sent Events and NDJSON streaming.
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
+//! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
 
 pub mod api;
 pub mod brokers;
 pub mod guard;
 pub mod http;
 pub mod jwks;
+pub mod pusher;
 pub mod serve;
 pub mod settings;
 pub mod tls;

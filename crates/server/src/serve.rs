@@ -100,9 +100,13 @@ pub async fn run(
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
     let config = Arc::new(config);
+    let namespaces = Namespaces::from_config(&config);
+    let pusher = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
+        std::env::var(k).ok()
+    })?;
     let ctx = Arc::new(NodeContext {
         hub: hub.clone(),
-        namespaces: Namespaces::from_config(&config),
+        namespaces,
         verifier,
         config: config.clone(),
     });
@@ -119,6 +123,7 @@ pub async fn run(
         ),
         sse_connections: AtomicUsize::new(0),
         ndjson_connections: AtomicUsize::new(0),
+        pusher,
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -1,0 +1,460 @@
+//! One Pusher connection's protocol state: its subscriptions (through the hub, as every Herald
+//! connection's), presence members, client events, and the translation of hub pushes into
+//! Pusher events. The WebSocket task in [`super::ws`] drives it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use herald_broker::PublishOptions;
+use herald_core::config::NamespaceConfig;
+use herald_core::hub::ConnKey;
+use herald_core::outbound::Control;
+use herald_core::rate::TokenBucket;
+use herald_core::{Hub, Outbound};
+use herald_protocol::ClientInfo;
+use serde_json::value::RawValue;
+
+use super::apps::{valid_channel, ChannelKind, PusherApp};
+use super::auth::channel_authorized;
+use super::wire::{self, ChannelData, ClientMessage, Envelope, SubscribeData, UnsubscribeData};
+
+/// What the connection shares with the node.
+pub struct ConnContext {
+    /// The hub.
+    pub hub: Hub,
+    /// The connection's app.
+    pub app: Arc<PusherApp>,
+    /// Stream options of Pusher channels.
+    pub namespace: Arc<NamespaceConfig>,
+    /// Channels one connection may join.
+    pub max_channels: usize,
+    /// Largest event data.
+    pub max_event_bytes: usize,
+    /// Client events per second.
+    pub client_events_per_second: u32,
+}
+
+/// A presence member as one subscriber sees it: one user, any number of sockets.
+struct Member {
+    info: Option<Box<RawValue>>,
+    sockets: Vec<Box<str>>,
+}
+
+struct Subscription {
+    internal: String,
+    kind: ChannelKind,
+    /// This connection as a presence member.
+    me: Option<ClientInfo>,
+    /// Presence members by user id.
+    members: HashMap<String, Member>,
+}
+
+/// See the module docs.
+pub struct PusherConn {
+    ctx: ConnContext,
+    out: Arc<Outbound>,
+    key: ConnKey,
+    socket_id: Arc<str>,
+    channels: HashMap<String, Subscription>,
+    client_events: TokenBucket,
+}
+
+impl PusherConn {
+    /// Register a new connection with the hub and queue `pusher:connection_established`.
+    pub fn open(ctx: ConnContext, out: Arc<Outbound>, activity_timeout_s: u64) -> Self {
+        let socket_id: Arc<str> = Arc::from(format!(
+            "{}.{}",
+            rand::random_range(1..1_000_000_000u64),
+            rand::random_range(1..1_000_000_000u64)
+        ));
+        let key = ctx
+            .hub
+            .register(socket_id.clone(), Arc::from(""), out.clone());
+        out.push(wire::connection_established(&socket_id, activity_timeout_s));
+        let rate = ctx.client_events_per_second;
+        PusherConn {
+            ctx,
+            out,
+            key,
+            socket_id,
+            channels: HashMap::new(),
+            client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
+        }
+    }
+
+    fn error(&self, code: Option<u16>, message: &str) {
+        self.out.push(wire::error(code, message));
+    }
+
+    /// Handle one text message from the client. Bad input gets `pusher:error` and changes
+    /// nothing else.
+    pub async fn handle(&mut self, text: &str) {
+        let message: ClientMessage = match serde_json::from_str(text) {
+            Ok(m) => m,
+            Err(_) => {
+                return self.error(
+                    None,
+                    "Invalid message: expected a JSON object with an \"event\"",
+                )
+            }
+        };
+        match message.event.as_str() {
+            "pusher:ping" => {
+                self.out.push(wire::pong());
+            }
+            "pusher:pong" => {}
+            "pusher:subscribe" => {
+                match wire::parse_data::<SubscribeData>(message.data.as_deref()) {
+                    Some(data) => self.subscribe(data).await,
+                    None => self.error(None, "pusher:subscribe needs data {\"channel\": …}"),
+                }
+            }
+            "pusher:unsubscribe" => {
+                match wire::parse_data::<UnsubscribeData>(message.data.as_deref()) {
+                    Some(data) => {
+                        self.leave(&data.channel).await;
+                    }
+                    None => self.error(None, "pusher:unsubscribe needs data {\"channel\": …}"),
+                }
+            }
+            name if name.starts_with("client-") => self.client_event(message).await,
+            name => self.error(None, &format!("Unsupported event {name:?}")),
+        }
+    }
+
+    fn refuse(&self, channel: &str, kind: &str, message: &str, status: u16) {
+        self.out
+            .push(wire::subscription_error(channel, kind, message, status));
+    }
+
+    async fn subscribe(&mut self, data: SubscribeData) {
+        let channel = data.channel;
+        if !valid_channel(&channel) {
+            return self.refuse(
+                &channel,
+                "InvalidChannel",
+                "Channel names are 1 to 164 of [A-Za-z0-9_-=@,.;]",
+                400,
+            );
+        }
+        if self.channels.contains_key(&channel) {
+            return; // already subscribed: nothing changes
+        }
+        if self.channels.len() >= self.ctx.max_channels {
+            return self.refuse(
+                &channel,
+                "LimitReached",
+                "Too many channels on this connection",
+                400,
+            );
+        }
+        let kind = ChannelKind::of(&channel);
+        let mut me = None;
+        if kind != ChannelKind::Public {
+            let channel_data = match kind {
+                ChannelKind::Presence => match data.channel_data.as_deref() {
+                    Some(d) => Some(d),
+                    None => {
+                        return self.refuse(
+                            &channel,
+                            "AuthError",
+                            "Presence channels need channel_data",
+                            401,
+                        )
+                    }
+                },
+                _ => None,
+            };
+            let config = &self.ctx.app.config;
+            let authorized = channel_authorized(
+                &config.key,
+                &config.secret,
+                &self.socket_id,
+                &channel,
+                channel_data,
+                data.auth.as_deref().unwrap_or(""),
+            );
+            if !authorized {
+                return self.refuse(
+                    &channel,
+                    "AuthError",
+                    "Invalid signature: the connection is unauthorized for this channel",
+                    401,
+                );
+            }
+            if let Some(raw) = channel_data {
+                let parsed: Option<ChannelData> = serde_json::from_str(raw).ok();
+                let Some((user, info)) = parsed.and_then(|d| Some((d.user_id()?, d.user_info)))
+                else {
+                    return self.refuse(
+                        &channel,
+                        "AuthError",
+                        "channel_data must be JSON with a user_id",
+                        400,
+                    );
+                };
+                me = Some(ClientInfo {
+                    user,
+                    client: self.socket_id.to_string(),
+                    info,
+                });
+            }
+        }
+        let internal = self.ctx.app.internal(&channel);
+        let prepared = self
+            .ctx
+            .hub
+            .prepare_subscription(&internal, self.key, &self.out, None, &self.ctx.namespace)
+            .await;
+        let result = match prepared {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(channel = %internal, cause = %e, "pusher subscribe failed");
+                return self.refuse(&channel, "ServerError", "Temporarily unavailable", 503);
+            }
+        };
+        let mut members = HashMap::new();
+        let succeeded = match &me {
+            Some(who) => {
+                members = self.join_presence(&internal, who).await;
+                presence_data(&members)
+            }
+            None => "{}".to_owned(),
+        };
+        self.out
+            .push(wire::subscription_succeeded(&channel, &succeeded));
+        self.ctx.hub.activate(&internal, self.key, &result.position);
+        if let Some(who) = &me {
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.publish_presence_change(&internal, true, who).await {
+                tracing::warn!(channel = %internal, cause = %e, "member_added not published");
+            }
+        }
+        self.channels.insert(
+            channel,
+            Subscription {
+                internal,
+                kind,
+                me,
+                members,
+            },
+        );
+    }
+
+    /// Record this connection as a member and read the members (itself included).
+    async fn join_presence(&self, internal: &str, who: &ClientInfo) -> HashMap<String, Member> {
+        let broker = self.ctx.hub.broker();
+        if let Err(e) = broker.add_presence(internal, who).await {
+            tracing::warn!(channel = %internal, cause = %e, "presence not recorded");
+        }
+        let clients = broker.presence(internal).await.unwrap_or_else(|e| {
+            tracing::warn!(channel = %internal, cause = %e, "presence not read");
+            Vec::new()
+        });
+        let mut members: HashMap<String, Member> = HashMap::new();
+        for c in clients.iter().chain(std::iter::once(who)) {
+            let member = members.entry(c.user.clone()).or_insert_with(|| Member {
+                info: c.info.clone(),
+                sockets: Vec::new(),
+            });
+            if !member.sockets.iter().any(|s| **s == *c.client) {
+                member.sockets.push(c.client.as_str().into());
+            }
+        }
+        members
+    }
+
+    /// Leave a channel: hub, presence and `member_removed` for the others.
+    async fn leave(&mut self, channel: &str) -> bool {
+        let Some(sub) = self.channels.remove(channel) else {
+            return false;
+        };
+        self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
+        if let Some(who) = &sub.me {
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.remove_presence(&sub.internal, &who.client).await {
+                tracing::warn!(channel = %sub.internal, cause = %e, "presence not removed");
+            }
+            if let Err(e) = broker
+                .publish_presence_change(&sub.internal, false, who)
+                .await
+            {
+                tracing::warn!(channel = %sub.internal, cause = %e, "member_removed not published");
+            }
+        }
+        true
+    }
+
+    async fn client_event(&mut self, message: ClientMessage) {
+        if !self.ctx.app.config.enable_client_events {
+            return self.error(
+                None,
+                "To send client events, enable client events for the app (enable_client_events)",
+            );
+        }
+        let Some(channel) = message.channel.as_deref() else {
+            return self.error(None, "Client events need a channel");
+        };
+        let Some(sub) = self.channels.get(channel) else {
+            return self.error(
+                None,
+                &format!("Client event on {channel:?}, which this connection is not subscribed to"),
+            );
+        };
+        if sub.kind == ChannelKind::Public {
+            return self.error(
+                None,
+                "Client events are only allowed on private and presence channels",
+            );
+        }
+        if !self.client_events.try_take(Instant::now()) {
+            return self.error(Some(4301), "Client event rejected due to rate limit");
+        }
+        let null = RawValue::from_string("null".into()).expect("null is JSON");
+        let data = message.data.as_deref().unwrap_or(&null);
+        if data.get().len() > self.ctx.max_event_bytes {
+            return self.error(
+                None,
+                &format!(
+                    "Client event data is over {} bytes",
+                    self.ctx.max_event_bytes
+                ),
+            );
+        }
+        let envelope = Envelope {
+            event: &message.event,
+            data,
+            user_id: sub.me.as_ref().map(|m| m.user.as_str()),
+            exclude: Some(&self.socket_id),
+        };
+        let opts = PublishOptions {
+            stream: self.ctx.namespace.stream_options(),
+            idempotency_key: None,
+        };
+        let internal = sub.internal.clone();
+        if let Err(e) = self
+            .ctx
+            .hub
+            .publish(&internal, envelope.to_bytes(), None, &opts)
+            .await
+        {
+            tracing::warn!(channel = %internal, cause = %e, "client event not published");
+            self.error(None, "Client event not delivered: temporarily unavailable");
+        }
+    }
+
+    /// Turn a queued frame into what the Pusher client receives: this connection's own frames
+    /// as they are, hub publications as events, presence changes as `member_added` /
+    /// `member_removed` when a user's first socket joins or last socket leaves. `None`: nothing.
+    pub fn translate(&mut self, frame: Bytes) -> Option<Bytes> {
+        if frame.starts_with(wire::OWN_FRAME_PREFIX) {
+            return Some(frame);
+        }
+        let push: wire::HubPush<'_> = serde_json::from_slice(&frame).ok()?;
+        if let Some(p) = push.publication {
+            let channel = self.ctx.app.external(p.channel)?;
+            let envelope = wire::envelope_of(p.data);
+            if envelope.exclude == Some(&*self.socket_id) {
+                return None;
+            }
+            return Some(wire::event(
+                envelope.event,
+                channel,
+                envelope.data,
+                envelope.user_id,
+            ));
+        }
+        let (joined, change) = match (push.join, push.leave) {
+            (Some(j), _) => (true, j),
+            (None, Some(l)) => (false, l),
+            (None, None) => return None,
+        };
+        let channel = self.ctx.app.external(change.channel)?;
+        let sub = self.channels.get_mut(channel)?;
+        sub.me.as_ref()?;
+        let who = change.info;
+        if *who.client == *self.socket_id {
+            return None;
+        }
+        if joined {
+            let member = sub
+                .members
+                .entry(who.user.to_string())
+                .or_insert_with(|| Member {
+                    info: who.info.map(|i| i.to_owned()),
+                    sockets: Vec::new(),
+                });
+            if member.sockets.iter().any(|s| **s == *who.client) {
+                return None;
+            }
+            member.sockets.push(who.client.as_ref().into());
+            (member.sockets.len() == 1).then(|| wire::member_added(channel, &who.user, who.info))
+        } else {
+            let member = sub.members.get_mut(who.user.as_ref())?;
+            let before = member.sockets.len();
+            member.sockets.retain(|s| **s != *who.client);
+            if member.sockets.len() == before || !member.sockets.is_empty() {
+                return None;
+            }
+            sub.members.remove(who.user.as_ref());
+            Some(wire::member_removed(channel, &who.user))
+        }
+    }
+
+    /// Act on work from the hub: a channel whose continuity the node lost is joined again at
+    /// the stream's current position (stock Pusher clients have no way to recover a gap).
+    pub async fn handle_controls(&mut self, controls: Vec<Control>) {
+        for control in controls {
+            let Control::Lost { channel, .. } = control else {
+                continue; // Herald API subscribe/unsubscribe: not for Pusher connections
+            };
+            let Some(name) = self.ctx.app.external(&channel).map(str::to_owned) else {
+                continue;
+            };
+            if !self.channels.contains_key(&name) {
+                continue;
+            }
+            self.ctx.hub.unsubscribe(&channel, self.key).await;
+            match self
+                .ctx
+                .hub
+                .prepare_subscription(&channel, self.key, &self.out, None, &self.ctx.namespace)
+                .await
+            {
+                Ok(result) => self.ctx.hub.activate(&channel, self.key, &result.position),
+                Err(e) => {
+                    tracing::warn!(channel, cause = %e, "pusher channel not rejoined");
+                    self.leave(&name).await;
+                }
+            }
+        }
+    }
+
+    /// The connection is gone: leave every channel and forget it.
+    pub async fn end(mut self) {
+        let channels: Vec<String> = self.channels.keys().cloned().collect();
+        for channel in channels {
+            self.leave(&channel).await;
+        }
+        self.ctx.hub.unregister(&self.socket_id);
+    }
+}
+
+/// `{"presence": {"ids", "hash", "count"}}` as JSON text.
+fn presence_data(members: &HashMap<String, Member>) -> String {
+    let ids: Vec<&str> = members.keys().map(String::as_str).collect();
+    let hash: serde_json::Map<String, serde_json::Value> = members
+        .iter()
+        .map(|(id, m)| {
+            let info = m
+                .info
+                .as_deref()
+                .and_then(|i| serde_json::from_str(i.get()).ok())
+                .unwrap_or(serde_json::Value::Null);
+            (id.clone(), info)
+        })
+        .collect();
+    serde_json::json!({"presence": {"ids": ids, "hash": hash, "count": members.len()}}).to_string()
+}
