@@ -1,0 +1,183 @@
+//! The Pusher endpoint with raw WebSocket frames: bad input gets Pusher's documented errors and
+//! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
+//! client and a Pusher client share an app's channel through the `pusher` namespace.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config_file, Client, Node};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+
+const APP: [(&str, &str); 3] = [
+    ("HERALD_PUSHER_APP_ID", "7"),
+    ("HERALD_PUSHER_APP_KEY", "app-key"),
+    ("HERALD_PUSHER_APP_SECRET", "app-secret"),
+];
+
+async fn open(node: &Node, path_and_query: &str) -> Client {
+    let tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
+    let url = format!("ws://{}{path_and_query}", node.addr);
+    Client::open_on(Box::new(tcp), &url, &[])
+        .await
+        .expect("ws handshake")
+}
+
+/// A connected Pusher client: returns it and its socket id.
+async fn connected(node: &Node) -> (Client, String) {
+    let mut c = open(node, "/app/app-key?protocol=7&client=raw&version=1").await;
+    let m = c.next().await;
+    assert_eq!(m["event"], "pusher:connection_established", "{m}");
+    let data: Value = serde_json::from_str(m["data"].as_str().expect("data is a string")).unwrap();
+    assert_eq!(data["activity_timeout"], 120);
+    let socket_id = data["socket_id"].as_str().unwrap().to_owned();
+    (c, socket_id)
+}
+
+async fn send(c: &mut Client, event: &str, data: Value) {
+    c.send_raw(&json!({"event": event, "data": data}).to_string())
+        .await;
+}
+
+/// The next message, which must be `event`.
+async fn expect(c: &mut Client, event: &str) -> Value {
+    let m = c.next().await;
+    assert_eq!(m["event"], event, "expected {event}, got {m}");
+    m
+}
+
+#[tokio::test]
+async fn bad_input_gets_pusher_errors_and_the_connection_carries_on() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let (mut c, _) = connected(&node).await;
+
+    c.send_raw("{not json").await;
+    let e = expect(&mut c, "pusher:error").await;
+    assert!(e["data"]["message"].as_str().unwrap().contains("Invalid"));
+
+    send(&mut c, "pusher:teleport", json!({})).await;
+    expect(&mut c, "pusher:error").await;
+
+    send(&mut c, "pusher:subscribe", json!("no channel here")).await;
+    expect(&mut c, "pusher:error").await;
+
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "presence-room", "auth": "app-key:00"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["channel"], "presence-room");
+    assert_eq!(e["data"]["status"], 401);
+    assert!(e["data"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("channel_data"));
+
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "private-x", "auth": "app-key:deadbeef"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["type"], "AuthError");
+
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "bad channel"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["status"], 400);
+
+    // A client event on a channel it is not subscribed to, and on a public one.
+    c.send_raw(&json!({"event": "client-x", "channel": "news", "data": {}}).to_string())
+        .await;
+    expect(&mut c, "pusher:error").await;
+
+    // Still fine: ping, subscribe.
+    send(&mut c, "pusher:ping", json!({})).await;
+    expect(&mut c, "pusher:pong").await;
+    send(&mut c, "pusher:subscribe", json!({"channel": "news"})).await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    assert_eq!(ok["channel"], "news");
+    assert_eq!(ok["data"], "{}", "data is a JSON string");
+    assert!(c.try_next(Duration::from_millis(200)).await.is_none());
+}
+
+/// The `pusher:error` sent before the close, and the close code.
+async fn refused(node: &Node, path: &str) -> (Value, u16) {
+    let mut c = open(node, path).await;
+    let e = expect(&mut c, "pusher:error").await;
+    let closed = c.closed().await;
+    (e["data"].clone(), closed.code.expect("a close frame"))
+}
+
+#[tokio::test]
+async fn handshake_refusals_close_with_pusher_codes() {
+    let config = config_file(
+        "herald.toml",
+        "[[pusher.apps]]\nid = \"one\"\nkey = \"one-key\"\nsecret = \"s\"\nmax_connections = 1\n",
+    );
+    let node = Node::start(&["--dev", "--config", &config], &[]).await;
+    let (data, code) = refused(&node, "/app/nobody?protocol=7").await;
+    assert_eq!((data["code"].as_u64(), code), (Some(4001), 4001), "{data}");
+    let (_, code) = refused(&node, "/app/one-key").await;
+    assert_eq!(code, 4008, "no protocol version");
+    let (_, code) = refused(&node, "/app/one-key?protocol=3").await;
+    assert_eq!(code, 4007, "unsupported protocol version");
+
+    let mut first = open(&node, "/app/one-key?protocol=7").await;
+    expect(&mut first, "pusher:connection_established").await;
+    let (data, code) = refused(&node, "/app/one-key?protocol=7").await;
+    assert_eq!(code, 4100, "over capacity: {data}");
+
+    // Draining tells clients to reconnect at once (4200).
+    node.sigterm();
+    let e = expect(&mut first, "pusher:error").await;
+    assert_eq!(e["data"]["code"], 4200);
+    assert_eq!(first.closed().await.code, Some(4200));
+}
+
+#[tokio::test]
+async fn herald_clients_share_the_channel_through_the_pusher_namespace() {
+    let config = config_file(
+        "herald.toml",
+        "[[namespaces]]\nname = \"pusher\"\nsubscribe = \"anonymous\"\n",
+    );
+    let node = Node::start(&["--dev", "--config", &config], &APP).await;
+    let (mut p, socket_id) = connected(&node).await;
+    send(&mut p, "pusher:subscribe", json!({"channel": "news"})).await;
+    expect(&mut p, "pusher_internal:subscription_succeeded").await;
+    let mut h = node.connected(&["pusher:7:news"]).await;
+
+    // An envelope from the Herald API is a Pusher event; other data arrives as herald:publication.
+    node.publish(
+        "pusher:7:news",
+        json!({"event": "headline", "data": "{\"t\":1}"}),
+    )
+    .await;
+    let m = expect(&mut p, "headline").await;
+    assert_eq!(
+        (m["channel"].as_str(), m["data"].as_str()),
+        (Some("news"), Some("{\"t\":1}"))
+    );
+    node.publish("pusher:7:news", json!({"text": "hi"})).await;
+    let m = expect(&mut p, "herald:publication").await;
+    assert_eq!(m["data"], json!({"text": "hi"}));
+
+    // The Herald client sees both, and an event excluded for the Pusher socket reaches it only.
+    node.publish(
+        "pusher:7:news",
+        json!({"event": "x", "data": "d", "exclude": socket_id}),
+    )
+    .await;
+    for _ in 0..3 {
+        h.push("pub").await;
+    }
+    assert!(p.try_next(Duration::from_millis(300)).await.is_none());
+}
