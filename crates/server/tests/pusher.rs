@@ -99,6 +99,16 @@ async fn bad_input_gets_pusher_errors_and_the_connection_carries_on() {
         .await;
     expect(&mut c, "pusher:error").await;
 
+    // A user's channel needs a sign-in as that user.
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "#server-to-user-carol"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["status"], 403);
+
     // Still fine: ping, subscribe.
     send(&mut c, "pusher:ping", json!({})).await;
     expect(&mut c, "pusher:pong").await;
@@ -180,4 +190,38 @@ async fn herald_clients_share_the_channel_through_the_pusher_namespace() {
         h.push("pub").await;
     }
     assert!(p.try_next(Duration::from_millis(300)).await.is_none());
+}
+
+#[tokio::test]
+async fn client_events_are_rate_limited_with_4301() {
+    let mut env = APP.to_vec();
+    env.push(("HERALD_PUSHER_APP_ENABLE_CLIENT_EVENTS", "true"));
+    let node = Node::start(&["--dev"], &env).await;
+    let (mut c, socket_id) = connected(&node).await;
+    let sig = herald_server::pusher::auth::sign("app-secret", &format!("{socket_id}:private-chat"));
+    let auth = format!("app-key:{sig}");
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "private-chat", "auth": auth}),
+    )
+    .await;
+    expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    // The default allows 10 a second with a burst of 20: 40 at once cannot all pass.
+    for n in 0..40 {
+        c.send_raw(
+            &json!({"event": "client-n", "channel": "private-chat", "data": {"n": n}}).to_string(),
+        )
+        .await;
+    }
+    let mut limited = 0;
+    while let Some(m) = c.try_next(Duration::from_millis(500)).await {
+        assert_eq!(
+            m["event"], "pusher:error",
+            "the sender gets nothing else: {m}"
+        );
+        assert_eq!(m["data"]["code"], 4301);
+        limited += 1;
+    }
+    assert!((10..=25).contains(&limited), "{limited} refused");
 }

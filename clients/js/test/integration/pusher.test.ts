@@ -246,6 +246,65 @@ describe('pusher-js against Herald', () => {
   });
 });
 
+describe('user authentication', () => {
+  function signedIn(id: string, signer: App = OPEN): Pusher {
+    const signing = backend(signer);
+    const c = new Pusher(OPEN.key, {
+      cluster: 'mt1',
+      wsHost: '127.0.0.1',
+      wsPort: server.port,
+      forceTLS: false,
+      enabledTransports: ['ws'],
+      disableStats: true,
+      userAuthentication: {
+        endpoint: '/unused',
+        transport: 'ajax',
+        customHandler: (params, callback) => {
+          callback(null, signing.authenticateUser(params.socketId, { id, user_info: { name: id } }));
+        },
+      },
+    });
+    clients.push(c);
+    c.signin();
+    return c;
+  }
+
+  it('signs in, receives sendToUser events, and terminate_connections closes it with 4009', async () => {
+    const carol = signedIn('carol');
+    const other = signedIn('dave');
+    const got: unknown[] = [];
+    carol.user.bind('greeting', (d: unknown) => got.push(d));
+    const gotOther: unknown[] = [];
+    other.user.bind('greeting', (d: unknown) => gotOther.push(d));
+    await Promise.all([carol.user.signinDonePromise, other.user.signinDonePromise]);
+    expect(carol.user.user_data).toMatchObject({ id: 'carol' });
+    // The user channel subscription follows the sign-in; retry until it is in place.
+    await waitFor(async () => {
+      await backend().sendToUser('carol', 'greeting', { hi: 'carol' });
+      await new Promise((r) => setTimeout(r, 100));
+      return got.length > 0;
+    }, 'sendToUser');
+    expect(got[0]).toEqual({ hi: 'carol' });
+    expect(gotOther).toEqual([]);
+
+    const errors: Array<{ error?: { data?: { code?: number } } }> = [];
+    carol.connection.bind('error', (e: { error?: { data?: { code?: number } } }) => errors.push(e));
+    const r = await backend().terminateUserConnections('carol');
+    expect(r.status).toBe(200);
+    await waitFor(() => carol.connection.state === 'disconnected', 'carol disconnected');
+    expect(errors.some((e) => e.error?.data?.code === 4009)).toBe(true);
+    expect(other.connection.state).toBe('connected');
+  });
+
+  it('closes a connection whose sign-in signature is forged with 4009', async () => {
+    const mallory = signedIn('mallory', { ...OPEN, secret: 'guessed' });
+    const errors: Array<{ error?: { data?: { code?: number } } }> = [];
+    mallory.connection.bind('error', (e: { error?: { data?: { code?: number } } }) => errors.push(e));
+    await waitFor(() => mallory.connection.state === 'disconnected', 'refused sign-in');
+    expect(errors.some((e) => e.error?.data?.code === 4009)).toBe(true);
+  });
+});
+
 describe('the Pusher HTTP API', () => {
   it('lists channels with counts and answers channel info', async () => {
     const a = client(OPEN, { user_id: 'u1' });

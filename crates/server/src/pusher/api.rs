@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use herald_broker::PublishOptions;
+use herald_broker::{ControlMessage, PublishOptions};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
@@ -27,6 +27,8 @@ const MAX_EVENT_CHANNELS: usize = 100;
 const MAX_BATCH: usize = 10;
 /// Longest event name.
 const MAX_EVENT_NAME: usize = 200;
+/// The close code `terminate_connections` ends connections with (Pusher's "unauthorized").
+const TERMINATED: u16 = 4009;
 
 /// A refused request: status and plain-text message.
 #[derive(Debug)]
@@ -139,13 +141,17 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse,
         }
         (&Method::GET, ["channels", name]) => channel(&app, &pusher_app, name, param("info")).await,
         (&Method::GET, ["channels", name, "users"]) => users(&app, &pusher_app, name).await,
+        (&Method::POST, ["users", user, "terminate_connections"]) => {
+            terminate(&app, &pusher_app, user).await
+        }
         (
             _,
             ["events"]
             | ["batch_events"]
             | ["channels"]
             | ["channels", _]
-            | ["channels", _, "users"],
+            | ["channels", _, "users"]
+            | ["users", _, "terminate_connections"],
         ) => Err(refused(
             StatusCode::METHOD_NOT_ALLOWED,
             "Method not allowed",
@@ -410,6 +416,28 @@ async fn users(app: &App, pusher_app: &PusherApp, name: &str) -> Result<HttpResp
     let ids = user_ids(app, &pusher_app.internal(name)).await?;
     let users: Vec<_> = ids.iter().map(|id| json!({ "id": id })).collect();
     ok(json!({ "users": users }))
+}
+
+/// Close every connection signed in as `user`, on every node (close code 4009).
+async fn terminate(app: &App, pusher_app: &PusherApp, user: &str) -> Result<HttpResponse, Refused> {
+    if user.is_empty() {
+        return Err(refused(StatusCode::BAD_REQUEST, "Missing user id"));
+    }
+    let message = ControlMessage::Disconnect {
+        user: Some(pusher_app.internal(user)),
+        client: None,
+        code: TERMINATED,
+    };
+    app.ctx
+        .hub
+        .broker()
+        .publish_control(&message)
+        .await
+        .map_err(|e| {
+            tracing::warn!(cause = %e, "terminate_connections not published");
+            refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+        })?;
+    ok(json!({}))
 }
 
 #[cfg(test)]

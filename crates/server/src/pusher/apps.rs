@@ -199,11 +199,15 @@ impl Apps {
     }
 }
 
-/// Pusher's channel alphabet `[A-Za-z0-9_\-=@,.;]`, 1 to 164 bytes.
+/// The channel of events for one signed-in user (`sendToUser`): this prefix and the user id.
+pub const USER_CHANNEL_PREFIX: &str = "#server-to-user-";
+
+/// Pusher's channel alphabet `[A-Za-z0-9_\-=@,.;]`, 1 to 164 bytes; or a user's channel.
 pub fn valid_channel(name: &str) -> bool {
-    !name.is_empty()
+    let rest = name.strip_prefix(USER_CHANNEL_PREFIX).unwrap_or(name);
+    !rest.is_empty()
         && name.len() <= MAX_CHANNEL_LEN
-        && name
+        && rest
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-=@,.;".contains(&b))
 }
@@ -217,12 +221,16 @@ pub enum ChannelKind {
     Private,
     /// `presence-`: signed authorization with `channel_data`; members are tracked.
     Presence,
+    /// `#server-to-user-ID`: only the connection signed in as user ID.
+    User,
 }
 
 impl ChannelKind {
     /// The kind of `channel`.
     pub fn of(channel: &str) -> ChannelKind {
-        if channel.starts_with("presence-") {
+        if channel.starts_with(USER_CHANNEL_PREFIX) {
+            ChannelKind::User
+        } else if channel.starts_with("presence-") {
             ChannelKind::Presence
         } else if channel.starts_with("private-") {
             ChannelKind::Private
@@ -294,5 +302,9 @@ mod tests {
         assert_eq!(ChannelKind::of("presence-x"), ChannelKind::Presence);
         assert_eq!(ChannelKind::of("private-encrypted-x"), ChannelKind::Private);
         assert_eq!(ChannelKind::of("news"), ChannelKind::Public);
+        assert!(valid_channel("#server-to-user-42"));
+        assert!(!valid_channel("#server-to-user-"));
+        assert!(!valid_channel("#other"));
+        assert_eq!(ChannelKind::of("#server-to-user-42"), ChannelKind::User);
     }
 }

@@ -49,6 +49,25 @@ pub fn channel_authorized(
     verify(secret, &message, signature)
 }
 
+/// Whether a `pusher:signin`'s `auth` (`key:signature`) signs `socket_id::user::user_data`.
+pub fn user_authenticated(
+    key: &str,
+    secret: &str,
+    socket_id: &str,
+    user_data: &str,
+    auth: &str,
+) -> bool {
+    let Some((given_key, signature)) = auth.split_once(':') else {
+        return false;
+    };
+    given_key == key
+        && verify(
+            secret,
+            &format!("{socket_id}::user::{user_data}"),
+            signature,
+        )
+}
+
 /// `hex(MD5(body))`, the `body_md5` of a signed request.
 pub fn md5_hex(body: &[u8]) -> String {
     hex::encode(Md5::digest(body))

@@ -16,9 +16,12 @@ use herald_core::{Hub, Outbound};
 use herald_protocol::ClientInfo;
 use serde_json::value::RawValue;
 
-use super::apps::{valid_channel, ChannelKind, PusherApp};
-use super::auth::channel_authorized;
-use super::wire::{self, ChannelData, ClientMessage, Envelope, SubscribeData, UnsubscribeData};
+use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
+use super::auth::{channel_authorized, user_authenticated};
+use super::wire::{
+    self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
+    UserData,
+};
 
 /// What the connection shares with the node.
 pub struct ConnContext {
@@ -59,7 +62,12 @@ pub struct PusherConn {
     socket_id: Arc<str>,
     channels: HashMap<String, Subscription>,
     client_events: TokenBucket,
+    /// The user this connection signed in as (`pusher:signin`).
+    user: Option<String>,
 }
+
+/// A refusal that ends the connection: Pusher close code and message.
+pub type Refusal = (u16, String);
 
 impl PusherConn {
     /// Register a new connection with the hub and queue `pusher:connection_established`.
@@ -81,6 +89,7 @@ impl PusherConn {
             socket_id,
             channels: HashMap::new(),
             client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
+            user: None,
         }
     }
 
@@ -89,15 +98,16 @@ impl PusherConn {
     }
 
     /// Handle one text message from the client. Bad input gets `pusher:error` and changes
-    /// nothing else.
-    pub async fn handle(&mut self, text: &str) {
+    /// nothing else; only a failed sign-in ends the connection (4009, as Pusher does).
+    pub async fn handle(&mut self, text: &str) -> Option<Refusal> {
         let message: ClientMessage = match serde_json::from_str(text) {
             Ok(m) => m,
             Err(_) => {
-                return self.error(
+                self.error(
                     None,
                     "Invalid message: expected a JSON object with an \"event\"",
-                )
+                );
+                return None;
             }
         };
         match message.event.as_str() {
@@ -119,9 +129,42 @@ impl PusherConn {
                     None => self.error(None, "pusher:unsubscribe needs data {\"channel\": …}"),
                 }
             }
+            "pusher:signin" => {
+                return match wire::parse_data::<SigninData>(message.data.as_deref()) {
+                    Some(data) => self.signin(data),
+                    None => Some((4009, "pusher:signin needs auth and user_data".into())),
+                }
+            }
             name if name.starts_with("client-") => self.client_event(message).await,
             name => self.error(None, &format!("Unsupported event {name:?}")),
         }
+        None
+    }
+
+    /// `pusher:signin`: check the signature over `socket_id::user::user_data`, then the
+    /// connection is reachable as the user (`terminate_connections`) and may subscribe to the
+    /// user's channel (`sendToUser`).
+    fn signin(&mut self, data: SigninData) -> Option<Refusal> {
+        let config = &self.ctx.app.config;
+        if !user_authenticated(
+            &config.key,
+            &config.secret,
+            &self.socket_id,
+            &data.user_data,
+            &data.auth,
+        ) {
+            return Some((4009, "Invalid signature for pusher:signin".into()));
+        }
+        let user = match serde_json::from_str::<UserData>(&data.user_data) {
+            Ok(u) if !u.id.is_empty() => u.id,
+            _ => return Some((4009, "user_data must be JSON with a string id".into())),
+        };
+        self.ctx
+            .hub
+            .set_user(&self.socket_id, Arc::from(self.ctx.app.internal(&user)));
+        self.user = Some(user);
+        self.out.push(wire::signin_success(&data.user_data));
+        None
     }
 
     fn refuse(&self, channel: &str, kind: &str, message: &str, status: u16) {
@@ -152,7 +195,17 @@ impl PusherConn {
         }
         let kind = ChannelKind::of(&channel);
         let mut me = None;
-        if kind != ChannelKind::Public {
+        if kind == ChannelKind::User {
+            let id = &channel[USER_CHANNEL_PREFIX.len()..];
+            if self.user.as_deref() != Some(id) {
+                return self.refuse(
+                    &channel,
+                    "AuthError",
+                    "Only the connection signed in as this user may subscribe",
+                    403,
+                );
+            }
+        } else if kind != ChannelKind::Public {
             let channel_data = match kind {
                 ChannelKind::Presence => match data.channel_data.as_deref() {
                     Some(d) => Some(d),
@@ -226,6 +279,7 @@ impl PusherConn {
         self.out
             .push(wire::subscription_succeeded(&channel, &succeeded));
         self.ctx.hub.activate(&internal, self.key, &result.position);
+        let presence = me.is_some();
         if let Some(who) = &me {
             let broker = self.ctx.hub.broker();
             if let Err(e) = broker.publish_presence_change(&internal, true, who).await {
@@ -233,7 +287,7 @@ impl PusherConn {
             }
         }
         self.channels.insert(
-            channel,
+            channel.clone(),
             Subscription {
                 internal,
                 kind,
@@ -241,6 +295,56 @@ impl PusherConn {
                 members,
             },
         );
+        if presence {
+            self.reconcile_members(&channel).await;
+        }
+    }
+
+    /// Joins and leaves published between the member list read and going live never reach this
+    /// connection: read the list again now that it is live and announce the difference. Changes
+    /// queued since are deduplicated by socket in [`Self::translate`].
+    async fn reconcile_members(&mut self, channel: &str) {
+        let Some(sub) = self.channels.get(channel) else {
+            return;
+        };
+        let Ok(now) = self.ctx.hub.broker().presence(&sub.internal).await else {
+            return;
+        };
+        let Some(sub) = self.channels.get_mut(channel) else {
+            return;
+        };
+        let mut current: HashMap<&str, Vec<&ClientInfo>> = HashMap::new();
+        for c in &now {
+            current.entry(c.user.as_str()).or_default().push(c);
+        }
+        let gone: Vec<String> = sub
+            .members
+            .keys()
+            .filter(|user| !current.contains_key(user.as_str()))
+            .filter(|user| sub.me.as_ref().is_none_or(|me| me.user != **user))
+            .cloned()
+            .collect();
+        for user in gone {
+            sub.members.remove(&user);
+            self.out.push(wire::member_removed(channel, &user));
+        }
+        for (user, clients) in current {
+            if sub.members.contains_key(user) {
+                continue;
+            }
+            sub.members.insert(
+                user.to_owned(),
+                Member {
+                    info: clients[0].info.clone(),
+                    sockets: clients.iter().map(|c| c.client.as_str().into()).collect(),
+                },
+            );
+            self.out.push(wire::member_added(
+                channel,
+                user,
+                clients[0].info.as_deref(),
+            ));
+        }
     }
 
     /// Record this connection as a member and read the members (itself included).
@@ -303,7 +407,7 @@ impl PusherConn {
                 &format!("Client event on {channel:?}, which this connection is not subscribed to"),
             );
         };
-        if sub.kind == ChannelKind::Public {
+        if !matches!(sub.kind, ChannelKind::Private | ChannelKind::Presence) {
             return self.error(
                 None,
                 "Client events are only allowed on private and presence channels",

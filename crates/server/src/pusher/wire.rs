@@ -51,6 +51,22 @@ pub struct UnsubscribeData {
     pub channel: String,
 }
 
+/// `pusher:signin` data.
+#[derive(Debug, Deserialize)]
+pub struct SigninData {
+    /// `key:signature` over `socket_id::user::user_data`.
+    pub auth: String,
+    /// The user, a JSON string `{"id", …}`.
+    pub user_data: String,
+}
+
+/// `user_data` of a sign-in: the user id.
+#[derive(Debug, Deserialize)]
+pub struct UserData {
+    /// The user id.
+    pub id: String,
+}
+
 /// Presence `channel_data`: who the member is.
 #[derive(Debug, Deserialize)]
 pub struct ChannelData {
@@ -146,6 +162,12 @@ pub fn connection_established(socket_id: &str, activity_timeout_s: u64) -> Bytes
 pub fn error(code: Option<u16>, message: &str) -> Bytes {
     let data = serde_json::json!({"code": code, "message": message});
     encode("pusher:error", None, &data, None)
+}
+
+/// `pusher:signin_success` with the signed-in `user_data`.
+pub fn signin_success(user_data: &str) -> Bytes {
+    let data = serde_json::json!({ "user_data": user_data });
+    encode("pusher:signin_success", None, &data.to_string(), None)
 }
 
 /// `pusher:pong`.

@@ -2,7 +2,8 @@
 //! reads client messages, writes queued events (one Pusher message per WebSocket message, as
 //! Pusher clients expect), pings a silent client, and closes with Pusher's codes:
 //! 4001 unknown app, 4007/4008 protocol version, 4100 over capacity or too slow a reader,
-//! 4200 node draining (reconnect now), 4201 no pong, 4009 closed by the server API.
+//! 4200 node draining (reconnect now), 4201 no pong, 4009 failed sign-in or closed by the
+//! server API (`terminate_connections`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -261,7 +262,10 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
                     out.push(wire::error(None, "Message too large"));
                     continue;
                 }
-                Box::pin(conn.handle(text)).await;
+                if let Some((code, why)) = Box::pin(conn.handle(text)).await {
+                    let frames = out.drain().frames.into_iter().filter_map(|f| conn.translate(f)).collect();
+                    break Some((frames, close(code, why)));
+                }
             }
             _ = sleep_until(deadline) => {
                 let now = Instant::now();
