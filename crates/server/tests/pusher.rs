@@ -1,6 +1,7 @@
 //! The Pusher endpoint with raw WebSocket frames: bad input gets Pusher's documented errors and
 //! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
-//! client and a Pusher client share an app's channel through the `pusher` namespace.
+//! client and a Pusher client share an app's channel through the `pusher` namespace; two nodes on
+//! Redis deliver events and presence across nodes.
 
 mod common;
 
@@ -224,4 +225,108 @@ async fn client_events_are_rate_limited_with_4301() {
         limited += 1;
     }
     assert!((10..=25).contains(&limited), "{limited} refused");
+}
+
+/// A signed Pusher HTTP API call (as the server SDKs sign them).
+async fn signed(node: &Node, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    use herald_server::pusher::auth::{md5_hex, sign};
+    let body = body.map(|b| b.to_string());
+    let mut params = vec![
+        ("auth_key".to_owned(), "app-key".to_owned()),
+        ("auth_timestamp".to_owned(), common::now().to_string()),
+        ("auth_version".to_owned(), "1.0".to_owned()),
+    ];
+    if let Some(b) = &body {
+        params.push(("body_md5".to_owned(), md5_hex(b.as_bytes())));
+    }
+    params.sort();
+    let query = params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    let signature = sign("app-secret", &format!("{method}\n{path}\n{query}"));
+    let url = format!("{path}?{query}&auth_signature={signature}");
+    node.http(method, &url, body, None).await
+}
+
+#[tokio::test]
+async fn two_nodes_on_redis_share_events_and_presence() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let url = redis.url();
+    let mut env = APP.to_vec();
+    env.push(("HERALD_BROKER_URL", &url));
+    let a = Node::start(&["--dev"], &env).await;
+    let b = Node::start(&["--dev"], &env).await;
+
+    let (mut on_a, socket_a) = connected(&a).await;
+    let alice = r#"{"user_id":"alice"}"#;
+    let sig = herald_server::pusher::auth::sign(
+        "app-secret",
+        &format!("{socket_a}:presence-room:{alice}"),
+    );
+    let auth = format!("app-key:{sig}");
+    send(
+        &mut on_a,
+        "pusher:subscribe",
+        json!({"channel": "presence-room", "auth": auth, "channel_data": alice}),
+    )
+    .await;
+    expect(&mut on_a, "pusher_internal:subscription_succeeded").await;
+
+    // Bob joins on node B: alice, on node A, sees him.
+    let (mut on_b, socket_b) = connected(&b).await;
+    let bob = r#"{"user_id":"bob","user_info":{"name":"Bob"}}"#;
+    let sig =
+        herald_server::pusher::auth::sign("app-secret", &format!("{socket_b}:presence-room:{bob}"));
+    let auth = format!("app-key:{sig}");
+    send(
+        &mut on_b,
+        "pusher:subscribe",
+        json!({"channel": "presence-room", "auth": auth, "channel_data": bob}),
+    )
+    .await;
+    let ok = expect(&mut on_b, "pusher_internal:subscription_succeeded").await;
+    let members: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert_eq!(members["presence"]["count"], 2, "{members}");
+    let added = expect(&mut on_a, "pusher_internal:member_added").await;
+    let added: Value = serde_json::from_str(added["data"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        added,
+        json!({"user_id": "bob", "user_info": {"name": "Bob"}})
+    );
+
+    // An event triggered through node B reaches the subscriber on node A.
+    let (status, _) = signed(
+        &b,
+        "POST",
+        "/apps/7/events",
+        Some(json!({"name": "hello", "channel": "presence-room", "data": "{}"})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let m = expect(&mut on_a, "hello").await;
+    assert_eq!(m["channel"], "presence-room");
+    expect(&mut on_b, "hello").await;
+
+    // Users are cluster-wide, asked on either node.
+    let (status, users) = signed(&a, "GET", "/apps/7/channels/presence-room/users", None).await;
+    assert_eq!(status, 200);
+    let mut ids: Vec<&str> = users["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["alice", "bob"]);
+
+    send(
+        &mut on_b,
+        "pusher:unsubscribe",
+        json!({"channel": "presence-room"}),
+    )
+    .await;
+    let removed = expect(&mut on_a, "pusher_internal:member_removed").await;
+    assert_eq!(removed["data"], r#"{"user_id":"bob"}"#);
 }
