@@ -101,9 +101,10 @@ pub async fn run(
     hub.start().await.context("starting the broker")?;
     let config = Arc::new(config);
     let namespaces = Namespaces::from_config(&config);
-    let pusher = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
+    let mut pusher = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
         std::env::var(k).ok()
     })?;
+    pusher.start_webhooks(&hub);
     let ctx = Arc::new(NodeContext {
         hub: hub.clone(),
         namespaces,

@@ -1,18 +1,22 @@
 // The Pusher protocol against the real server, with the real npm clients: pusher-js 8 as the
 // WebSocket client, the official `pusher` server SDK for HTTP API calls and channel signatures.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createServer, type Server } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import PusherServer from 'pusher';
 import Pusher from 'pusher-js';
 import { afterAll, afterEach, beforeAll, describe, expect, inject, it } from 'vitest';
-import { HeraldServer, waitFor } from '../support/server.js';
+import { freePort, HeraldServer, waitFor } from '../support/server.js';
 
 const OPEN = { id: 'app-open', key: 'key-open', secret: 'secret-open' };
 const CLOSED = { id: 'app-closed', key: 'key-closed', secret: 'secret-closed' };
 
 let server: HeraldServer;
 let dir: string;
+let hookServer: Server;
+type HookEvent = { name: string; channel: string; [k: string]: unknown };
+const hooks: Array<{ valid: boolean; events: HookEvent[] }> = [];
 const clients: Pusher[] = [];
 
 type App = typeof OPEN;
@@ -81,6 +85,21 @@ async function apiGet(path: string, params: Record<string, string> = {}) {
 
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'herald-pusher-'));
+  // Receives webhooks and checks them with the official SDK.
+  const hookPort = await freePort();
+  hookServer = createServer((req, res) => {
+    let rawBody = '';
+    req.on('data', (d) => {
+      rawBody += d;
+    });
+    req.on('end', () => {
+      const hook = backend().webhook({ headers: req.headers as Record<string, string>, rawBody });
+      const valid = hook.isValid();
+      hooks.push({ valid, events: valid ? (hook.getEvents() as HookEvent[]) : [] });
+      res.writeHead(200).end();
+    });
+  });
+  await new Promise<void>((r) => hookServer.listen(hookPort, '127.0.0.1', r));
   const config = join(dir, 'herald.toml');
   writeFileSync(
     config,
@@ -89,6 +108,7 @@ id = "${OPEN.id}"
 key = "${OPEN.key}"
 secret = "${OPEN.secret}"
 enable_client_events = true
+webhooks = [{ url = "http://127.0.0.1:${hookPort}/hook" }]
 
 [[pusher.apps]]
 id = "${CLOSED.id}"
@@ -103,6 +123,7 @@ afterEach(() => {
 });
 afterAll(async () => {
   await server?.stop();
+  hookServer?.close();
   rmSync(dir, { recursive: true, force: true });
 });
 
@@ -302,6 +323,39 @@ describe('user authentication', () => {
     mallory.connection.bind('error', (e: { error?: { data?: { code?: number } } }) => errors.push(e));
     await waitFor(() => mallory.connection.state === 'disconnected', 'refused sign-in');
     expect(errors.some((e) => e.error?.data?.code === 4009)).toBe(true);
+  });
+});
+
+describe('webhooks', () => {
+  const seen = (name: string, channel: string) =>
+    hooks.flatMap((h) => h.events).find((e) => e.name === name && e.channel === channel);
+
+  it('reports occupied, vacated, member_added, member_removed and client events, signed', async () => {
+    const a = client(OPEN, { user_id: 'zoe' });
+    const b = client(OPEN, { user_id: 'yann' });
+    const s = subscribed(a, 'hooked');
+    await s.ready;
+    await waitFor(() => seen('channel_occupied', 'hooked'), 'channel_occupied');
+
+    await subscribed(a, 'presence-hooks').ready;
+    await waitFor(() => seen('member_added', 'presence-hooks'), 'member_added');
+    expect(seen('member_added', 'presence-hooks')).toMatchObject({ user_id: 'zoe' });
+
+    const pa = subscribed(a, 'private-hooks');
+    await Promise.all([pa.ready, subscribed(b, 'private-hooks').ready]);
+    pa.channel.trigger('client-poke', { n: 1 });
+    await waitFor(() => seen('client_event', 'private-hooks'), 'client_event');
+    expect(seen('client_event', 'private-hooks')).toMatchObject({
+      event: 'client-poke',
+      data: '{"n":1}',
+      socket_id: a.connection.socket_id,
+    });
+
+    a.unsubscribe('presence-hooks');
+    await waitFor(() => seen('member_removed', 'presence-hooks'), 'member_removed');
+    a.unsubscribe('hooked');
+    await waitFor(() => seen('channel_vacated', 'hooked'), 'channel_vacated');
+    expect(hooks.every((h) => h.valid)).toBe(true);
   });
 });
 

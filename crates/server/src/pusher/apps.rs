@@ -11,7 +11,10 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use herald_core::config::NamespaceConfig;
 use herald_core::namespace::Namespaces;
+use herald_core::Hub;
 use serde::{Deserialize, Deserializer};
+
+use super::webhooks::{WebhookConfig, Webhooks};
 
 /// The Herald namespace that holds every Pusher channel.
 pub const NAMESPACE: &str = "pusher";
@@ -37,6 +40,9 @@ pub struct AppConfig {
     /// Connections this app may hold on this node (0: no limit); beyond it 4100.
     #[serde(default)]
     pub max_connections: usize,
+    /// Where webhooks go.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
 }
 
 /// The `[pusher]` section.
@@ -95,6 +101,8 @@ pub struct Apps {
     /// Stream options of Pusher channels: the `pusher` namespace when configured (so Herald
     /// clients can reach the channels), else the namespace defaults.
     pub namespace: Arc<NamespaceConfig>,
+    /// The webhook sender, once started, when some app has webhooks.
+    pub webhooks: Option<Arc<Webhooks>>,
 }
 
 impl Apps {
@@ -120,6 +128,14 @@ impl Apps {
             };
             let flag = env("HERALD_PUSHER_APP_ENABLE_CLIENT_EVENTS").unwrap_or_default();
             let max = env("HERALD_PUSHER_APP_MAX_CONNECTIONS").unwrap_or_default();
+            let webhooks = env("HERALD_PUSHER_APP_WEBHOOK_URL")
+                .filter(|u| !u.is_empty())
+                .map(|url| WebhookConfig {
+                    url,
+                    event_types: Vec::new(),
+                })
+                .into_iter()
+                .collect();
             settings.apps.push(AppConfig {
                 id,
                 key,
@@ -131,6 +147,7 @@ impl Apps {
                     max.parse()
                         .context("HERALD_PUSHER_APP_MAX_CONNECTIONS must be a number")?
                 },
+                webhooks,
             });
         }
         let mut by_key = HashMap::new();
@@ -175,7 +192,15 @@ impl Apps {
             by_id,
             settings,
             namespace,
+            webhooks: None,
         })
+    }
+
+    /// Start sending webhooks, if any app has some.
+    pub fn start_webhooks(&mut self, hub: &Hub) {
+        if self.by_id.values().any(|a| !a.config.webhooks.is_empty()) {
+            self.webhooks = Some(Webhooks::start(hub.clone()));
+        }
     }
 
     /// The app with this key.

@@ -18,6 +18,7 @@ use serde_json::value::RawValue;
 
 use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
 use super::auth::{channel_authorized, user_authenticated};
+use super::webhooks::Webhooks;
 use super::wire::{
     self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
     UserData,
@@ -37,6 +38,8 @@ pub struct ConnContext {
     pub max_event_bytes: usize,
     /// Client events per second.
     pub client_events_per_second: u32,
+    /// The webhook sender, when the app has webhooks.
+    pub webhooks: Option<Arc<Webhooks>>,
 }
 
 /// A presence member as one subscriber sees it: one user, any number of sockets.
@@ -206,20 +209,17 @@ impl PusherConn {
                 );
             }
         } else if kind != ChannelKind::Public {
-            let channel_data = match kind {
-                ChannelKind::Presence => match data.channel_data.as_deref() {
-                    Some(d) => Some(d),
-                    None => {
-                        return self.refuse(
-                            &channel,
-                            "AuthError",
-                            "Presence channels need channel_data",
-                            401,
-                        )
-                    }
-                },
-                _ => None,
-            };
+            // Signed with `channel_data` whenever it is given (the server SDKs include it for
+            // any channel); presence channels need it.
+            let channel_data = data.channel_data.as_deref();
+            if kind == ChannelKind::Presence && channel_data.is_none() {
+                return self.refuse(
+                    &channel,
+                    "AuthError",
+                    "Presence channels need channel_data",
+                    401,
+                );
+            }
             let config = &self.ctx.app.config;
             let authorized = channel_authorized(
                 &config.key,
@@ -237,7 +237,7 @@ impl PusherConn {
                     401,
                 );
             }
-            if let Some(raw) = channel_data {
+            if let (ChannelKind::Presence, Some(raw)) = (kind, channel_data) {
                 let parsed: Option<ChannelData> = serde_json::from_str(raw).ok();
                 let Some((user, info)) = parsed.and_then(|d| Some((d.user_id()?, d.user_info)))
                 else {
@@ -280,6 +280,19 @@ impl PusherConn {
             .push(wire::subscription_succeeded(&channel, &succeeded));
         self.ctx.hub.activate(&internal, self.key, &result.position);
         let presence = me.is_some();
+        if let Some(hooks) = &self.ctx.webhooks {
+            hooks.subscribed(&self.ctx.app, &internal);
+            let first_socket = me
+                .as_ref()
+                .and_then(|who| members.get(&who.user))
+                .is_some_and(|m| m.sockets.len() == 1);
+            if let (Some(who), true) = (&me, first_socket) {
+                hooks.event(
+                    &self.ctx.app,
+                    serde_json::json!({"name": "member_added", "channel": channel, "user_id": who.user}),
+                );
+            }
+        }
         if let Some(who) = &me {
             let broker = self.ctx.hub.broker();
             if let Err(e) = broker.publish_presence_change(&internal, true, who).await {
@@ -376,6 +389,9 @@ impl PusherConn {
             return false;
         };
         self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
+        if let Some(hooks) = &self.ctx.webhooks {
+            hooks.unsubscribed(&self.ctx.app, &sub.internal);
+        }
         if let Some(who) = &sub.me {
             let broker = self.ctx.hub.broker();
             if let Err(e) = broker.remove_presence(&sub.internal, &who.client).await {
@@ -386,6 +402,19 @@ impl PusherConn {
                 .await
             {
                 tracing::warn!(channel = %sub.internal, cause = %e, "member_removed not published");
+            }
+            if let Some(hooks) = &self.ctx.webhooks {
+                // The user's last socket anywhere in the cluster?
+                let gone = broker
+                    .presence(&sub.internal)
+                    .await
+                    .is_ok_and(|all| all.iter().all(|c| c.user != who.user));
+                if gone {
+                    hooks.event(
+                        &self.ctx.app,
+                        serde_json::json!({"name": "member_removed", "channel": channel, "user_id": who.user}),
+                    );
+                }
             }
         }
         true
@@ -437,6 +466,22 @@ impl PusherConn {
             stream: self.ctx.namespace.stream_options(),
             idempotency_key: None,
         };
+        if let Some(hooks) = &self.ctx.webhooks {
+            // Pusher's webhook carries the data as a string.
+            let text = serde_json::from_str::<String>(data.get())
+                .unwrap_or_else(|_| data.get().to_owned());
+            let mut event = serde_json::json!({
+                "name": "client_event",
+                "channel": channel,
+                "event": message.event,
+                "data": text,
+                "socket_id": &*self.socket_id,
+            });
+            if let Some(me) = &sub.me {
+                event["user_id"] = serde_json::Value::from(me.user.as_str());
+            }
+            hooks.event(&self.ctx.app, event);
+        }
         let internal = sub.internal.clone();
         if let Err(e) = self
             .ctx

@@ -9,6 +9,7 @@
 //! - [`conn`]: one connection's subscriptions, presence and client events.
 //! - [`ws`]: the WebSocket endpoint `/app/{key}`.
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
+//! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
 //!
 //! docs/pusher.md describes what is supported and how it differs from hosted Pusher.
 
@@ -16,6 +17,7 @@ pub mod api;
 pub mod apps;
 pub mod auth;
 pub mod conn;
+pub mod webhooks;
 pub mod wire;
 pub mod ws;
 

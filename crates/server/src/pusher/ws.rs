@@ -208,11 +208,16 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
     let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
     let ctx = ConnContext {
         hub: app.ctx.hub.clone(),
-        app: pusher_app,
         namespace: app.pusher.namespace.clone(),
         max_channels: limits.max_channels_per_connection,
         max_event_bytes: settings.max_event_bytes,
         client_events_per_second: settings.client_events_per_second,
+        webhooks: app
+            .pusher
+            .webhooks
+            .clone()
+            .filter(|_| !pusher_app.config.webhooks.is_empty()),
+        app: pusher_app,
     };
     let mut conn = PusherConn::open(ctx, out.clone(), settings.activity_timeout_s);
     let mut draining = app.draining.clone();
