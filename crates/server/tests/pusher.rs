@@ -330,3 +330,108 @@ async fn two_nodes_on_redis_share_events_and_presence() {
     let removed = expect(&mut on_a, "pusher_internal:member_removed").await;
     assert_eq!(removed["data"], r#"{"user_id":"bob"}"#);
 }
+
+#[tokio::test]
+async fn catch_up_extension_replays_what_a_reconnecting_client_missed() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let trigger =
+        |n: u64| json!({"name": "tick", "channel": "ticker", "data": format!("{{\"n\":{n}}}")});
+    let (mut c, _) = connected(&node).await;
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "ticker", "herald_positions": true}),
+    )
+    .await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    let epoch = data["herald"]["epoch"].as_str().unwrap().to_owned();
+    assert_eq!(data["herald"]["offset"], 0);
+    assert_eq!(
+        signed(&node, "POST", "/apps/7/events", Some(trigger(1)))
+            .await
+            .0,
+        200
+    );
+    let m = expect(&mut c, "tick").await;
+    assert_eq!(m["herald_offset"], 1);
+    drop(c);
+
+    // Published while the client was away.
+    for n in 2..=3 {
+        assert_eq!(
+            signed(&node, "POST", "/apps/7/events", Some(trigger(n)))
+                .await
+                .0,
+            200
+        );
+    }
+    let (mut c, _) = connected(&node).await;
+    let since = json!({"epoch": epoch, "offset": 1});
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "ticker", "herald_since": since}),
+    )
+    .await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["herald"]["recovered"], true, "{data}");
+    for n in 2..=3 {
+        let m = expect(&mut c, "tick").await;
+        assert_eq!(m["herald_offset"], n);
+        assert_eq!(m["data"], format!("{{\"n\":{n}}}"));
+    }
+    assert_eq!(
+        signed(&node, "POST", "/apps/7/events", Some(trigger(4)))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(expect(&mut c, "tick").await["herald_offset"], 4);
+
+    // A stock subscription sees no extension fields; an unknown epoch cannot be recovered.
+    let (mut plain, _) = connected(&node).await;
+    send(&mut plain, "pusher:subscribe", json!({"channel": "ticker"})).await;
+    assert_eq!(
+        expect(&mut plain, "pusher_internal:subscription_succeeded").await["data"],
+        "{}"
+    );
+    let stale = json!({"epoch": "not-the-epoch", "offset": 1});
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "ticker2", "herald_since": stale}),
+    )
+    .await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["herald"]["recovered"], false, "{data}");
+    assert_eq!(
+        signed(&node, "POST", "/apps/7/events", Some(trigger(5)))
+            .await
+            .0,
+        200
+    );
+    let m = expect(&mut plain, "tick").await;
+    assert!(m.get("herald_offset").is_none(), "{m}");
+}
+
+#[tokio::test]
+async fn a_silent_client_is_pinged_then_closed_with_4201() {
+    let config = config_file(
+        "herald.toml",
+        "pong_timeout_s = 1\n[pusher]\nactivity_timeout_s = 1\n",
+    );
+    let node = Node::start(&["--dev", "--config", &config], &APP).await;
+    let mut c = open(&node, "/app/app-key?protocol=7").await;
+    let m = expect(&mut c, "pusher:connection_established").await;
+    let data: Value = serde_json::from_str(m["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["activity_timeout"], 1);
+    expect(&mut c, "pusher:ping").await;
+    send(&mut c, "pusher:pong", json!({})).await;
+    expect(&mut c, "pusher:ping").await; // answered: pinged again after the next silence
+    let e = expect(&mut c, "pusher:error").await;
+    assert_eq!(e["data"]["code"], 4201);
+    assert_eq!(c.closed().await.code, Some(4201));
+}

@@ -40,6 +40,8 @@ pub struct ConnContext {
     pub client_events_per_second: u32,
     /// The webhook sender, when the app has webhooks.
     pub webhooks: Option<Arc<Webhooks>>,
+    /// Bytes of publications one catch-up may replay.
+    pub max_recovery_bytes: usize,
 }
 
 /// A presence member as one subscriber sees it: one user, any number of sockets.
@@ -55,6 +57,8 @@ struct Subscription {
     me: Option<ClientInfo>,
     /// Presence members by user id.
     members: HashMap<String, Member>,
+    /// Events carry `herald_offset` (the catch-up extension).
+    positions: bool,
 }
 
 /// See the module docs.
@@ -256,12 +260,14 @@ impl PusherConn {
             }
         }
         let internal = self.ctx.app.internal(&channel);
+        let since = data.herald_since.as_ref();
+        let positions = data.herald_positions || since.is_some();
         let prepared = self
             .ctx
             .hub
-            .prepare_subscription(&internal, self.key, &self.out, None, &self.ctx.namespace)
+            .prepare_subscription(&internal, self.key, &self.out, since, &self.ctx.namespace)
             .await;
-        let result = match prepared {
+        let mut result = match prepared {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(channel = %internal, cause = %e, "pusher subscribe failed");
@@ -269,15 +275,39 @@ impl PusherConn {
             }
         };
         let mut members = HashMap::new();
-        let succeeded = match &me {
+        let mut succeeded = match &me {
             Some(who) => {
                 members = self.join_presence(&internal, who).await;
                 presence_data(&members)
             }
-            None => "{}".to_owned(),
+            None => serde_json::json!({}),
         };
-        self.out
-            .push(wire::subscription_succeeded(&channel, &succeeded));
+        if positions {
+            let mut budget = self.ctx.max_recovery_bytes;
+            result.charge(&mut budget);
+            succeeded["herald"] = serde_json::json!({
+                "epoch": result.position.epoch,
+                "offset": result.position.offset,
+                "recoverable": result.recoverable,
+                "recovered": result.recovered,
+            });
+        }
+        self.out.push(wire::subscription_succeeded(
+            &channel,
+            &succeeded.to_string(),
+        ));
+        for p in &result.publications {
+            let envelope = wire::envelope_of(p.data_raw());
+            if envelope.exclude != Some(&*self.socket_id) {
+                self.out.push(wire::event(
+                    envelope.event,
+                    &channel,
+                    envelope.data,
+                    envelope.user_id,
+                    Some(p.offset),
+                ));
+            }
+        }
         self.ctx.hub.activate(&internal, self.key, &result.position);
         let presence = me.is_some();
         if let Some(hooks) = &self.ctx.webhooks {
@@ -306,6 +336,7 @@ impl PusherConn {
                 kind,
                 me,
                 members,
+                positions,
             },
         );
         if presence {
@@ -508,11 +539,13 @@ impl PusherConn {
             if envelope.exclude == Some(&*self.socket_id) {
                 return None;
             }
+            let positions = self.channels.get(channel).is_some_and(|s| s.positions);
             return Some(wire::event(
                 envelope.event,
                 channel,
                 envelope.data,
                 envelope.user_id,
+                positions.then_some(p.offset),
             ));
         }
         let (joined, change) = match (push.join, push.leave) {
@@ -572,7 +605,12 @@ impl PusherConn {
                 .prepare_subscription(&channel, self.key, &self.out, None, &self.ctx.namespace)
                 .await
             {
-                Ok(result) => self.ctx.hub.activate(&channel, self.key, &result.position),
+                Ok(result) => {
+                    if self.channels.get(&name).is_some_and(|s| s.positions) {
+                        self.out.push(wire::reset(&name, &result.position));
+                    }
+                    self.ctx.hub.activate(&channel, self.key, &result.position)
+                }
                 Err(e) => {
                     tracing::warn!(channel, cause = %e, "pusher channel not rejoined");
                     self.leave(&name).await;
@@ -591,8 +629,8 @@ impl PusherConn {
     }
 }
 
-/// `{"presence": {"ids", "hash", "count"}}` as JSON text.
-fn presence_data(members: &HashMap<String, Member>) -> String {
+/// `{"presence": {"ids", "hash", "count"}}`.
+fn presence_data(members: &HashMap<String, Member>) -> serde_json::Value {
     let ids: Vec<&str> = members.keys().map(String::as_str).collect();
     let hash: serde_json::Map<String, serde_json::Value> = members
         .iter()
@@ -605,5 +643,5 @@ fn presence_data(members: &HashMap<String, Member>) -> String {
             (id.clone(), info)
         })
         .collect();
-    serde_json::json!({"presence": {"ids": ids, "hash": hash, "count": members.len()}}).to_string()
+    serde_json::json!({"presence": {"ids": ids, "hash": hash, "count": members.len()}})
 }

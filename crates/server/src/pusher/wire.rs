@@ -42,6 +42,12 @@ pub struct SubscribeData {
     /// Presence member data, a JSON string `{"user_id", "user_info"?}`.
     #[serde(default)]
     pub channel_data: Option<String>,
+    /// Extension: recover what was published after this position (implies `herald_positions`).
+    #[serde(default)]
+    pub herald_since: Option<herald_protocol::StreamPosition>,
+    /// Extension: tag this channel's events with `herald_offset`.
+    #[serde(default)]
+    pub herald_positions: bool,
 }
 
 /// `pusher:unsubscribe` data.
@@ -130,6 +136,8 @@ struct Event<'a, D: Serialize + ?Sized> {
     data: &'a D,
     #[serde(skip_serializing_if = "Option::is_none")]
     user_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    herald_offset: Option<u64>,
 }
 
 fn encode<D: Serialize + ?Sized>(
@@ -138,11 +146,22 @@ fn encode<D: Serialize + ?Sized>(
     data: &D,
     user_id: Option<&str>,
 ) -> Bytes {
+    encode_at(event, channel, data, user_id, None)
+}
+
+fn encode_at<D: Serialize + ?Sized>(
+    event: &str,
+    channel: Option<&str>,
+    data: &D,
+    user_id: Option<&str>,
+    herald_offset: Option<u64>,
+) -> Bytes {
     let frame = Event {
         event,
         channel,
         data,
         user_id,
+        herald_offset,
     };
     Bytes::from(serde_json::to_vec(&frame).expect("event serializes"))
 }
@@ -196,9 +215,21 @@ pub fn subscription_error(channel: &str, kind: &str, message: &str, status: u16)
     encode("pusher:subscription_error", Some(channel), &data, None)
 }
 
-/// An event on a channel.
-pub fn event(name: &str, channel: &str, data: &RawValue, user_id: Option<&str>) -> Bytes {
-    encode(name, Some(channel), data, user_id)
+/// An event on a channel; `herald_offset` (the extension) is the publication's offset.
+pub fn event(
+    name: &str,
+    channel: &str,
+    data: &RawValue,
+    user_id: Option<&str>,
+    herald_offset: Option<u64>,
+) -> Bytes {
+    encode_at(name, Some(channel), data, user_id, herald_offset)
+}
+
+/// `herald:reset` (the extension): the channel's stream could not be followed; it goes on from
+/// `{epoch, offset}` and what came between is lost.
+pub fn reset(channel: &str, position: &herald_protocol::StreamPosition) -> Bytes {
+    encode("herald:reset", Some(channel), position, None)
 }
 
 /// `pusher_internal:member_added`.
@@ -243,6 +274,8 @@ pub struct HubPublication<'a> {
     /// The Herald channel.
     #[serde(borrow)]
     pub channel: &'a str,
+    /// The offset in the channel's stream.
+    pub offset: u64,
     /// The publication data.
     #[serde(borrow)]
     pub data: &'a RawValue,

@@ -218,8 +218,20 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
             .clone()
             .filter(|_| !pusher_app.config.webhooks.is_empty()),
         app: pusher_app,
+        max_recovery_bytes: limits.max_recovery_bytes,
     };
     let mut conn = PusherConn::open(ctx, out.clone(), settings.activity_timeout_s);
+    // The node-wide limit counts Herald and Pusher connections alike.
+    if limits.max_connections > 0 && app.ctx.hub.connection_count() > limits.max_connections {
+        out.drain();
+        let refusal = close(
+            4100,
+            "Over capacity: the node's connection limit is reached",
+        );
+        finish(&mut ws, Vec::new(), &refusal, write_timeout(&app)).await;
+        Box::pin(conn.end()).await;
+        return;
+    }
     let mut draining = app.draining.clone();
     let activity = app.pusher.activity_timeout();
     let pong_timeout = Duration::from_secs(config.pong_timeout_s.max(1));
