@@ -345,7 +345,11 @@ async fn channels(
     let subscription_count = wants(info, "subscription_count");
     let mut map = serde_json::Map::new();
     for (internal, subscribers) in app.ctx.hub.channels() {
-        let Some(name) = pusher_app.external(&internal) else {
+        // Users' own channels are not listed (as with Pusher).
+        let Some(name) = pusher_app
+            .external(&internal)
+            .filter(|n| !n.starts_with('#'))
+        else {
             continue;
         };
         if prefix.is_some_and(|p| !name.starts_with(p)) {

@@ -84,9 +84,13 @@ impl PusherConn {
             rand::random_range(1..1_000_000_000u64),
             rand::random_range(1..1_000_000_000u64)
         ));
-        let key = ctx
-            .hub
-            .register(socket_id.clone(), Arc::from(""), out.clone());
+        // Until it signs in, the connection's user is the app's empty user (`pusher:ID:`), which
+        // no Herald token and no other app can name.
+        let key = ctx.hub.register(
+            socket_id.clone(),
+            Arc::from(ctx.app.internal("")),
+            out.clone(),
+        );
         out.push(wire::connection_established(&socket_id, activity_timeout_s));
         let rate = ctx.client_events_per_second;
         PusherConn {
@@ -310,7 +314,13 @@ impl PusherConn {
         }
         self.ctx.hub.activate(&internal, self.key, &result.position);
         let presence = me.is_some();
-        if let Some(hooks) = &self.ctx.webhooks {
+        // A user's own channel is private plumbing: no occupancy webhooks for it.
+        let hooks = self
+            .ctx
+            .webhooks
+            .as_ref()
+            .filter(|_| kind != ChannelKind::User);
+        if let Some(hooks) = hooks {
             hooks.subscribed(&self.ctx.app, &internal);
             let first_socket = me
                 .as_ref()
@@ -420,8 +430,10 @@ impl PusherConn {
             return false;
         };
         self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
-        if let Some(hooks) = &self.ctx.webhooks {
-            hooks.unsubscribed(&self.ctx.app, &sub.internal);
+        if let Some(hooks) = self.ctx.webhooks.as_ref() {
+            if sub.kind != ChannelKind::User {
+                hooks.unsubscribed(&self.ctx.app, &sub.internal);
+            }
         }
         if let Some(who) = &sub.me {
             let broker = self.ctx.hub.broker();
