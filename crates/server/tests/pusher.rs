@@ -435,3 +435,111 @@ async fn a_silent_client_is_pinged_then_closed_with_4201() {
     assert_eq!(e["data"]["code"], 4201);
     assert_eq!(c.closed().await.code, Some(4201));
 }
+
+/// A webhook receiver: answers 200 and hands over each request's JSON body.
+async fn webhook_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&raw).to_string();
+                    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() < length {
+                        continue;
+                    }
+                    let signature = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("x-pusher-signature: "))
+                        .unwrap_or_default()
+                        .to_owned();
+                    let ok = herald_server::pusher::auth::verify("app-secret", body, &signature);
+                    let _ = tx.send(
+                        json!({"valid": ok, "body": serde_json::from_str::<Value>(body).unwrap()}),
+                    );
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// Webhook event names (and channels) received within `wait`.
+async fn webhooks(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+    wait: Duration,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(Some(hook)) = tokio::time::timeout(wait, rx.recv()).await {
+        assert_eq!(hook["valid"], true, "signed: {hook}");
+        for e in hook["body"]["events"].as_array().unwrap() {
+            names.push(format!(
+                "{} {}",
+                e["name"].as_str().unwrap(),
+                e["channel"].as_str().unwrap()
+            ));
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn occupancy_webhooks_are_per_cluster_not_per_node() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let url = redis.url();
+    let (hook_url, mut hooks) = webhook_receiver().await;
+    let mut env = APP.to_vec();
+    env.push(("HERALD_BROKER_URL", &url));
+    env.push(("HERALD_PUSHER_APP_WEBHOOK_URL", &hook_url));
+    let a = Node::start(&["--dev"], &env).await;
+    let b = Node::start(&["--dev"], &env).await;
+    let wait = Duration::from_millis(600);
+
+    let (mut on_a, _) = connected(&a).await;
+    send(&mut on_a, "pusher:subscribe", json!({"channel": "room"})).await;
+    expect(&mut on_a, "pusher_internal:subscription_succeeded").await;
+    assert_eq!(webhooks(&mut hooks, wait).await, ["channel_occupied room"]);
+
+    let (mut on_b, _) = connected(&b).await;
+    send(&mut on_b, "pusher:subscribe", json!({"channel": "room"})).await;
+    expect(&mut on_b, "pusher_internal:subscription_succeeded").await;
+    assert!(
+        webhooks(&mut hooks, wait).await.is_empty(),
+        "already occupied"
+    );
+
+    send(&mut on_a, "pusher:unsubscribe", json!({"channel": "room"})).await;
+    assert!(
+        webhooks(&mut hooks, wait).await.is_empty(),
+        "still occupied on B"
+    );
+    drop(on_b); // the last subscriber goes away with its connection
+    assert_eq!(webhooks(&mut hooks, wait).await, ["channel_vacated room"]);
+}

@@ -142,7 +142,7 @@ impl PusherConn {
             }
             "pusher:signin" => {
                 return match wire::parse_data::<SigninData>(message.data.as_deref()) {
-                    Some(data) => self.signin(data),
+                    Some(data) => self.signin(data).await,
                     None => Some((4009, "pusher:signin needs auth and user_data".into())),
                 }
             }
@@ -155,7 +155,7 @@ impl PusherConn {
     /// `pusher:signin`: check the signature over `socket_id::user::user_data`, then the
     /// connection is reachable as the user (`terminate_connections`) and may subscribe to the
     /// user's channel (`sendToUser`).
-    fn signin(&mut self, data: SigninData) -> Option<Refusal> {
+    async fn signin(&mut self, data: SigninData) -> Option<Refusal> {
         let config = &self.ctx.app.config;
         if !user_authenticated(
             &config.key,
@@ -173,7 +173,13 @@ impl PusherConn {
         self.ctx
             .hub
             .set_user(&self.socket_id, Arc::from(self.ctx.app.internal(&user)));
-        self.user = Some(user);
+        if let Some(previous) = self.user.replace(user) {
+            // Signed in again as someone else: the previous user's channel is not theirs.
+            if self.user.as_deref() != Some(previous.as_str()) {
+                self.leave(&format!("{USER_CHANNEL_PREFIX}{previous}"))
+                    .await;
+            }
+        }
         self.out.push(wire::signin_success(&data.user_data));
         None
     }
