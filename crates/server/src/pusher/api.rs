@@ -203,10 +203,7 @@ struct EventBody {
     channel: Option<String>,
     #[serde(default)]
     socket_id: Option<String>,
-    /// Attributes to return (`info`); accepted and not answered.
-    #[serde(default)]
-    #[allow(dead_code)]
-    info: Option<String>,
+    // Other fields (`info`: attributes to return) are accepted and not answered.
 }
 
 #[derive(Deserialize)]
