@@ -1,7 +1,7 @@
 //! The Pusher endpoint with raw WebSocket frames: bad input gets Pusher's documented errors and
 //! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
 //! client and a Pusher client share an app's channel through the `pusher` namespace; two nodes on
-//! Redis deliver events and presence across nodes.
+//! Redis or NATS deliver events and presence across nodes and report occupancy once per cluster.
 
 mod common;
 
@@ -253,9 +253,18 @@ async fn signed(node: &Node, method: &str, path: &str, body: Option<Value>) -> (
 #[tokio::test]
 async fn two_nodes_on_redis_share_events_and_presence() {
     let redis = herald_testkit::redis::RedisServer::start();
-    let url = redis.url();
+    two_nodes_share_events_and_presence(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn two_nodes_on_nats_share_events_and_presence() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    two_nodes_share_events_and_presence(&nats.url()).await;
+}
+
+async fn two_nodes_share_events_and_presence(url: &str) {
     let mut env = APP.to_vec();
-    env.push(("HERALD_BROKER_URL", &url));
+    env.push(("HERALD_BROKER_URL", url));
     let a = Node::start(&["--dev"], &env).await;
     let b = Node::start(&["--dev"], &env).await;
 
@@ -511,12 +520,21 @@ async fn webhooks(
 }
 
 #[tokio::test]
-async fn occupancy_webhooks_are_per_cluster_not_per_node() {
+async fn occupancy_webhooks_are_per_cluster_not_per_node_on_redis() {
     let redis = herald_testkit::redis::RedisServer::start();
-    let url = redis.url();
+    occupancy_webhooks_are_per_cluster(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn occupancy_webhooks_are_per_cluster_not_per_node_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    occupancy_webhooks_are_per_cluster(&nats.url()).await;
+}
+
+async fn occupancy_webhooks_are_per_cluster(url: &str) {
     let (hook_url, mut hooks) = webhook_receiver().await;
     let mut env = APP.to_vec();
-    env.push(("HERALD_BROKER_URL", &url));
+    env.push(("HERALD_BROKER_URL", url));
     env.push(("HERALD_PUSHER_APP_WEBHOOK_URL", &hook_url));
     let a = Node::start(&["--dev"], &env).await;
     let b = Node::start(&["--dev"], &env).await;
