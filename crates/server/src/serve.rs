@@ -105,6 +105,9 @@ pub async fn run(
         std::env::var(k).ok()
     })?;
     pusher.start_webhooks(&hub);
+    if !pusher.is_empty() {
+        tracing::info!(apps = ?pusher.ids(), "Pusher protocol on /app/{{key}} and /apps/{{id}}/");
+    }
     let ctx = Arc::new(NodeContext {
         hub: hub.clone(),
         namespaces,

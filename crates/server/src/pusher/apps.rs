@@ -218,6 +218,13 @@ impl Apps {
         self.by_id.is_empty()
     }
 
+    /// The app ids, sorted (for the startup log; keys and secrets are never logged).
+    pub fn ids(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = self.by_id.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// How long a client may stay silent before the server pings it.
     pub fn activity_timeout(&self) -> Duration {
         Duration::from_secs(self.settings.activity_timeout_s)
