@@ -14,6 +14,7 @@ use herald_core::namespace::Namespaces;
 use herald_core::Hub;
 use serde::{Deserialize, Deserializer};
 
+use super::shared::SharedFrames;
 use super::webhooks::{WebhookConfig, Webhooks};
 
 /// The Herald namespace that holds every Pusher channel.
@@ -103,6 +104,8 @@ pub struct Apps {
     pub namespace: Arc<NamespaceConfig>,
     /// The webhook sender, once started, when some app has webhooks.
     pub webhooks: Option<Arc<Webhooks>>,
+    /// Publications translated for Pusher clients, shared by the connections.
+    pub frames: Arc<SharedFrames>,
 }
 
 impl Apps {
@@ -193,6 +196,7 @@ impl Apps {
             settings,
             namespace,
             webhooks: None,
+            frames: Arc::default(),
         })
     }
 

@@ -18,6 +18,7 @@ use serde_json::value::RawValue;
 
 use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
 use super::auth::{channel_authorized, user_authenticated};
+use super::shared::SharedFrames;
 use super::webhooks::Webhooks;
 use super::wire::{
     self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
@@ -42,6 +43,8 @@ pub struct ConnContext {
     pub webhooks: Option<Arc<Webhooks>>,
     /// Bytes of publications one catch-up may replay.
     pub max_recovery_bytes: usize,
+    /// Publications translated once for every Pusher subscriber.
+    pub frames: Arc<SharedFrames>,
 }
 
 /// A presence member as one subscriber sees it: one user, any number of sockets.
@@ -550,22 +553,21 @@ impl PusherConn {
         if frame.starts_with(wire::OWN_FRAME_PREFIX) {
             return Some(frame);
         }
-        let push: wire::HubPush<'_> = serde_json::from_slice(&frame).ok()?;
-        if let Some(p) = push.publication {
-            let channel = self.ctx.app.external(p.channel)?;
-            let envelope = wire::envelope_of(p.data);
-            if envelope.exclude == Some(&*self.socket_id) {
+        if frame.starts_with(b"{\"pub\":") {
+            let event = self.ctx.frames.publication(&frame, &self.ctx.app)?;
+            if event.exclude.as_deref() == Some(&*self.socket_id) {
                 return None;
             }
-            let positions = self.channels.get(channel).is_some_and(|s| s.positions);
-            return Some(wire::event(
-                envelope.event,
-                channel,
-                envelope.data,
-                envelope.user_id,
-                positions.then_some(p.offset),
-            ));
+            let positions = self
+                .channels
+                .get(&event.channel)
+                .is_some_and(|s| s.positions);
+            return Some(match positions {
+                true => event.positioned.clone(),
+                false => event.plain.clone(),
+            });
         }
+        let push: wire::HubPush<'_> = serde_json::from_slice(&frame).ok()?;
         let (joined, change) = match (push.join, push.leave) {
             (Some(j), _) => (true, j),
             (None, Some(l)) => (false, l),

@@ -7,6 +7,7 @@
 //! - [`auth`]: channel authorization and HTTP request signatures.
 //! - [`wire`]: protocol messages and the envelope a Pusher event travels in.
 //! - [`conn`]: one connection's subscriptions, presence and client events.
+//! - [`shared`]: each publication translated into a Pusher event once for all its subscribers.
 //! - [`ws`]: the WebSocket endpoint `/app/{key}`.
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
 //! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
@@ -17,6 +18,7 @@ pub mod api;
 pub mod apps;
 pub mod auth;
 pub mod conn;
+pub mod shared;
 pub mod webhooks;
 pub mod wire;
 pub mod ws;

@@ -219,6 +219,7 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
             .filter(|_| !pusher_app.config.webhooks.is_empty()),
         app: pusher_app,
         max_recovery_bytes: limits.max_recovery_bytes,
+        frames: app.pusher.frames.clone(),
     };
     let mut conn = PusherConn::open(ctx, out.clone(), settings.activity_timeout_s);
     // The node-wide limit counts Herald and Pusher connections alike.
