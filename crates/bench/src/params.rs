@@ -112,6 +112,13 @@ pub struct Params {
     /// Channel name prefix; a random suffix keeps runs apart in the server's history.
     #[arg(long, default_value = "bench")]
     pub prefix: String,
+    /// Speak the Pusher protocol (docs/pusher.md) instead of Herald's: `--ws` URLs are
+    /// `/app/{key}?protocol=7` endpoints, `--prefix` must name the app's Herald channels
+    /// (`pusher:{app_id}:bench`), publications go out wrapped as the Pusher event `bench`, and
+    /// clients subscribe with the catch-up extension for offsets and recovery.
+    #[arg(long)]
+    #[serde(default)]
+    pub pusher: bool,
 }
 
 impl Params {

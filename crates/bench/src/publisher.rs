@@ -127,11 +127,15 @@ pub async fn run(
             .map(|t| Client::new(t.clone(), Some(&p.api_key)))
             .collect();
         let payload = p.payload;
+        let pusher = p.pusher;
         lanes.push(tokio::spawn(async move {
             loop {
                 let job = { rx.lock().await.recv().await };
                 let Some(job) = job else { break };
-                let data = make_data(job.sched_ns, job.seq, payload);
+                let mut data = make_data(job.sched_ns, job.seq, payload);
+                if pusher {
+                    data = crate::wire::pusher_envelope(&data);
+                }
                 if scenario == Scenario::Fanin {
                     let body = format!("{{\"channels\":{all_channels},\"data\":{data}}}");
                     let r = clients[0]

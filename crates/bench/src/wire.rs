@@ -23,6 +23,74 @@ pub fn make_data(sched_ns: u64, seq: u64, size: usize) -> String {
     s
 }
 
+/// The Pusher event name publications go out as in `--pusher` mode.
+pub const PUSHER_EVENT: &str = "bench";
+
+/// The answer to the server's `pusher:ping`.
+pub const PUSHER_PONG: &str = r#"{"event":"pusher:pong","data":{}}"#;
+
+/// `--pusher`: the publication data that a Pusher client receives as event [`PUSHER_EVENT`] with
+/// our payload as its (string) data (the envelope of docs/pusher.md).
+pub fn pusher_envelope(data: &str) -> String {
+    serde_json::json!({"event": PUSHER_EVENT, "data": data}).to_string()
+}
+
+/// The Pusher channel of the Herald channel `pusher:{app_id}:{name}`.
+pub fn pusher_channel(channel: &str) -> &str {
+    channel.splitn(3, ':').nth(2).unwrap_or(channel)
+}
+
+/// `pusher:subscribe` with the catch-up extension: positions, and `herald_since` after a drop.
+pub fn pusher_subscribe(channel: &str, since: Option<&Since>) -> String {
+    let mut data = serde_json::json!({"channel": channel, "herald_positions": true});
+    if let Some(s) = since {
+        data["herald_since"] = serde_json::json!({"epoch": s.epoch, "offset": s.offset});
+    }
+    serde_json::json!({"event": "pusher:subscribe", "data": data}).to_string()
+}
+
+/// A Pusher message (`--pusher`): one per WebSocket message.
+#[derive(Debug, Deserialize)]
+pub struct PusherIncoming<'a> {
+    /// Event name.
+    #[serde(borrow)]
+    pub event: std::borrow::Cow<'a, str>,
+    /// Channel, for channel events.
+    #[serde(borrow, default)]
+    pub channel: Option<std::borrow::Cow<'a, str>>,
+    /// Event data: for our events and `subscription_succeeded` a JSON string.
+    #[serde(default)]
+    pub data: Option<Box<RawValue>>,
+    /// The publication's offset (catch-up extension).
+    #[serde(default)]
+    pub herald_offset: Option<u64>,
+}
+
+impl PusherIncoming<'_> {
+    /// Our payload, from an event whose data is the payload's JSON text.
+    pub fn payload(&self) -> Data {
+        self.data
+            .as_ref()
+            .and_then(|d| serde_json::from_str::<String>(d.get()).ok())
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// The extension's part of `pusher_internal:subscription_succeeded` data.
+#[derive(Debug, Default, Deserialize)]
+pub struct PusherPosition {
+    /// Stream epoch.
+    #[serde(default)]
+    pub epoch: String,
+    /// Newest offset at subscribe time.
+    #[serde(default)]
+    pub offset: u64,
+    /// With `herald_since`: whether every missed event follows.
+    #[serde(default)]
+    pub recovered: Option<bool>,
+}
+
 /// Where a subscription resumes from (`since`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Since {
@@ -165,6 +233,26 @@ mod tests {
         assert_eq!(d.len(), 64);
         let v: Data = serde_json::from_str(&d).unwrap();
         assert_eq!((v.t, v.s), (1_763_712_000_123_456_789, 42));
+    }
+
+    #[test]
+    fn pusher_messages() {
+        let env = pusher_envelope(&make_data(5, 1, 32));
+        let v: serde_json::Value = serde_json::from_str(&env).unwrap();
+        assert_eq!(v["event"], PUSHER_EVENT);
+        let frame = serde_json::json!({"event": "bench", "channel": "bench0", "data": v["data"], "herald_offset": 3}).to_string();
+        let m: PusherIncoming<'_> = serde_json::from_str(&frame).unwrap();
+        assert_eq!(
+            (m.herald_offset, m.payload().t, m.payload().s),
+            (Some(3), 5, 1)
+        );
+        assert_eq!(pusher_channel("pusher:app:bench0"), "bench0");
+        let since = Since {
+            epoch: "e".into(),
+            offset: 2,
+        };
+        assert!(pusher_subscribe("bench0", Some(&since))
+            .contains(r#""herald_since":{"epoch":"e","offset":2}"#));
     }
 
     #[test]

@@ -570,7 +570,7 @@ async fn connect_retrying(
         let timeout = Duration::from_secs_f64(ctx.p.connect_timeout);
         let res = match tokio::time::timeout(
             timeout,
-            connect_once(ctx.shard.source, addr, url, channel, since),
+            connect_once(ctx.shard.source, addr, url, channel, since, ctx.p.pusher),
         )
         .await
         {
@@ -624,6 +624,7 @@ async fn connect_once(
     url: &str,
     channel: &str,
     since: Option<&Since>,
+    pusher: bool,
 ) -> Result<(Ws, Reply), String> {
     let sock = TcpSocket::new_v4().map_err(|e| io_kind(&e))?;
     sock.bind(SocketAddr::new(source.into(), 0))
@@ -637,6 +638,9 @@ async fn connect_once(
         .connect_on(tcp)
         .await
         .map_err(|e| format!("websocket handshake: {e}"))?;
+    if pusher {
+        return pusher_subscribe(ws, channel, since).await;
+    }
     ws.send(Message::text(wire::connect_cmd(&[(channel, since)])))
         .await
         .map_err(|e| format!("send connect: {e}"))?;
@@ -699,6 +703,71 @@ async fn connect_once(
     }
 }
 
+/// `--pusher`: after `pusher:connection_established`, subscribe with the catch-up extension and
+/// wait for `subscription_succeeded`. Recovered events follow it as ordinary events.
+async fn pusher_subscribe(
+    mut ws: Ws,
+    channel: &str,
+    since: Option<&Since>,
+) -> Result<(Ws, Reply), String> {
+    let name = wire::pusher_channel(channel);
+    let mut subscribed = false;
+    loop {
+        let msg = match ws.next().await {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return Err(format!("closed before subscription_succeeded: {e}")),
+            None => return Err("closed before subscription_succeeded".into()),
+        };
+        if msg.is_close() {
+            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
+            return Err(format!("closed with {code} before subscription_succeeded"));
+        }
+        let Some(text) = msg.as_text() else { continue };
+        let inc: wire::PusherIncoming<'_> =
+            serde_json::from_str(text).map_err(|e| format!("bad message: {e}"))?;
+        match inc.event.as_ref() {
+            "pusher:connection_established" if !subscribed => {
+                ws.send(Message::text(wire::pusher_subscribe(name, since)))
+                    .await
+                    .map_err(|e| format!("send subscribe: {e}"))?;
+                subscribed = true;
+            }
+            "pusher_internal:subscription_succeeded" if inc.channel.as_deref() == Some(name) => {
+                #[derive(serde::Deserialize)]
+                struct Succeeded {
+                    #[serde(default)]
+                    herald: wire::PusherPosition,
+                }
+                let data: String = inc
+                    .data
+                    .as_ref()
+                    .and_then(|d| serde_json::from_str(d.get()).ok())
+                    .unwrap_or_default();
+                let s: Succeeded = serde_json::from_str(&data)
+                    .map_err(|e| format!("bad subscription_succeeded: {e}"))?;
+                return Ok((
+                    ws,
+                    Reply {
+                        epoch: s.herald.epoch,
+                        offset: s.herald.offset,
+                        recovered: s.herald.recovered,
+                        publications: Vec::new(),
+                        rest: None,
+                    },
+                ));
+            }
+            "pusher:subscription_error" | "pusher:error" => {
+                return Err(format!(
+                    "{}: {}",
+                    inc.event,
+                    inc.data.map(|d| d.get().to_string()).unwrap_or_default()
+                ))
+            }
+            _ => {}
+        }
+    }
+}
+
 /// Receives until the connection ends; returns why to reconnect, or `None` to stop.
 async fn receive(
     ctx: &Ctx,
@@ -709,9 +778,14 @@ async fn receive(
     first: Option<String>,
     live_from: u64,
 ) -> Option<Why> {
+    let pong = if ctx.p.pusher {
+        wire::PUSHER_PONG
+    } else {
+        "{}"
+    };
     if let Some(text) = first {
         if on_frame(ctx, &text, channel, acct, live_from)
-            && ws.send(Message::text("{}")).await.is_err()
+            && ws.send(Message::text(pong)).await.is_err()
         {
             ctx.shared().counters.server_closes += 1;
             return Some(Why::Broken);
@@ -745,7 +819,7 @@ async fn receive(
                     return Some(Why::Broken);
                 }
                 let Some(text) = msg.as_text() else { continue };
-                if on_frame(ctx, text, channel, acct, live_from) && ws.send(Message::text("{}")).await.is_err() {
+                if on_frame(ctx, text, channel, acct, live_from) && ws.send(Message::text(pong)).await.is_err() {
                     ctx.shared().counters.server_closes += 1;
                     return Some(Why::Broken);
                 }
@@ -793,6 +867,9 @@ async fn receive(
 
 /// Handles one text frame; true if it held a ping to answer.
 fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount, live_from: u64) -> bool {
+    if ctx.p.pusher {
+        return on_pusher_message(ctx, text, channel, acct, live_from);
+    }
     let now = now_ns();
     let mut ping = false;
     let mut s = ctx.shared();
@@ -833,4 +910,48 @@ fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount, live_fr
         }
     }
     ping
+}
+
+/// `--pusher`: one message (Pusher sends one per WebSocket message); true if it was a ping.
+fn on_pusher_message(
+    ctx: &Ctx,
+    text: &str,
+    channel: &str,
+    acct: &mut SubAccount,
+    live_from: u64,
+) -> bool {
+    let now = now_ns();
+    let mut s = ctx.shared();
+    let Ok(inc) = serde_json::from_str::<wire::PusherIncoming<'_>>(text) else {
+        s.counters.parse_errors += 1;
+        return false;
+    };
+    match inc.event.as_ref() {
+        "pusher:ping" => {
+            s.counters.pings += 1;
+            return true;
+        }
+        "pusher:error" => s.counters.error_replies += 1,
+        "herald:reset" => s.counters.unsub_pushes += 1,
+        wire::PUSHER_EVENT => {
+            if inc.channel.as_deref() != Some(wire::pusher_channel(channel)) {
+                return false;
+            }
+            let Some(offset) = inc.herald_offset else {
+                s.counters.parse_errors += 1;
+                return false;
+            };
+            ctx.deliveries.fetch_add(1, Relaxed);
+            match acct.on_pub(offset) {
+                Seen::Duplicate | Seen::Stale => {}
+                _ => {
+                    ctx.unique.fetch_add(1, Relaxed);
+                    let data = inc.payload();
+                    count_delivery(ctx, &mut s, now, data.t, data.s, data.t >= live_from);
+                }
+            }
+        }
+        _ => {}
+    }
+    false
 }

@@ -95,6 +95,9 @@ pub struct Config {
     /// Proxy hooks: the application's backend decides connects, subscriptions, publications and
     /// answers `rpc` over HTTP (see docs/proxy.md).
     pub proxy: ProxyConfig,
+    /// Pusher Channels compatibility (`[pusher]`, `[[pusher.apps]]`; see docs/pusher.md), read by
+    /// the server as it is.
+    pub pusher: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -135,6 +138,7 @@ impl Default for Config {
             redis: None,
             nats: None,
             proxy: ProxyConfig::default(),
+            pusher: None,
         }
     }
 }

@@ -307,6 +307,24 @@ impl Hub {
         }
     }
 
+    /// Change the user a registered connection is reachable by (a Pusher connection signs in
+    /// after it connected).
+    pub fn set_user(&self, client: &str, user: Arc<str>) {
+        let mut reg = self.shared.registry.lock().expect("registry lock");
+        let Some(entry) = reg.clients.get_mut(client) else {
+            return;
+        };
+        let old = std::mem::replace(&mut entry.user, user.clone());
+        let client: Arc<str> = Arc::from(client);
+        if let Some(list) = reg.users.get_mut(&old) {
+            list.retain(|c| *c != client);
+            if list.is_empty() {
+                reg.users.remove(&old);
+            }
+        }
+        reg.users.entry(user).or_default().push(client);
+    }
+
     /// Number of registered connections.
     pub fn connection_count(&self) -> usize {
         self.shared

@@ -1,4 +1,5 @@
-//! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, and the demo page.
+//! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page, and the Pusher
+//! endpoints `/app/{key}` and `/apps/{id}/…`.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -42,6 +43,8 @@ pub struct App {
     pub emulated_connections: AtomicUsize,
     /// The emulated connections' inboxes, by session id.
     pub emulated: crate::emulation::Sessions,
+    /// Pusher apps (none configured: `/app/*` closes with 4001, `/apps/*` answers 404).
+    pub pusher: crate::pusher::Apps,
 }
 
 impl App {
@@ -151,6 +154,23 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
         (_, p) if p.starts_with("/api/") => api::handle(app, req).await,
+        (&Method::GET, p) if p.starts_with("/app/") => {
+            let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+            if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
+                app.ctx.hub.metrics().handshakes_refused.inc();
+                let mut r = api::error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    ErrorCode::TooManyRequests,
+                    "too many WebSocket handshakes from this address",
+                );
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            } else {
+                crate::pusher::ws::upgrade(app, req)
+            }
+        }
+        (_, p) if p.starts_with("/apps/") => crate::pusher::api::handle(app, req).await,
         (&Method::GET, "/") if app.ctx.config.demo => {
             text(StatusCode::OK, "text/html; charset=utf-8", DEMO_HTML)
         }

@@ -21,6 +21,7 @@
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
 //! - [`proxy`]: proxy hooks: the HTTP client calling the application's backend, and the
 //!   headers and cookies forwarded to it.
+//! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
 
 pub mod api;
 pub mod brokers;
@@ -30,6 +31,7 @@ pub mod http;
 pub mod jwks;
 mod liveness;
 pub mod proxy;
+pub mod pusher;
 pub mod serve;
 pub mod settings;
 pub mod tls;

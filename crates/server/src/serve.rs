@@ -106,9 +106,17 @@ pub async fn run(
         false => None,
     };
     let config = Arc::new(config);
+    let namespaces = Namespaces::from_config(&config);
+    let mut pusher = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
+        std::env::var(k).ok()
+    })?;
+    pusher.start_webhooks(&hub);
+    if !pusher.is_empty() {
+        tracing::info!(apps = ?pusher.ids(), "Pusher protocol on /app/{{key}} and /apps/{{id}}/");
+    }
     let ctx = Arc::new(NodeContext {
         hub: hub.clone(),
-        namespaces: Namespaces::from_config(&config),
+        namespaces,
         verifier,
         config: config.clone(),
         proxy,
@@ -128,6 +136,7 @@ pub async fn run(
         ndjson_connections: AtomicUsize::new(0),
         emulated_connections: AtomicUsize::new(0),
         emulated: crate::emulation::Sessions::default(),
+        pusher,
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };

@@ -1,0 +1,475 @@
+//! The Pusher HTTP API under `/apps/{id}/`: signed requests (see [`super::auth`]), events,
+//! batches and channel queries. Errors are plain text with Pusher's statuses: 400 bad request,
+//! 401 bad signature or stale timestamp, 404 unknown app or path, 413 oversized event.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use herald_broker::{ControlMessage, PublishOptions};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::Deserialize;
+use serde_json::json;
+use serde_json::value::RawValue;
+
+use super::apps::{valid_channel, ChannelKind, PusherApp};
+use super::auth::check_request;
+use super::wire::Envelope;
+use crate::http::{App, HttpResponse};
+
+/// Channels one event may go to.
+const MAX_EVENT_CHANNELS: usize = 100;
+/// Events in one batch.
+const MAX_BATCH: usize = 10;
+/// Longest event name.
+const MAX_EVENT_NAME: usize = 200;
+/// The close code `terminate_connections` ends connections with (Pusher's "unauthorized").
+const TERMINATED: u16 = 4009;
+
+/// A refused request: status and plain-text message.
+#[derive(Debug)]
+struct Refused(StatusCode, String);
+
+fn refused(status: StatusCode, message: impl Into<String>) -> Refused {
+    Refused(status, message.into())
+}
+
+fn text(status: StatusCode, body: String) -> HttpResponse {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn ok(body: serde_json::Value) -> Result<HttpResponse, Refused> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(r)
+}
+
+/// Handle a request under `/apps/`.
+pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+    match dispatch(app, req).await {
+        Ok(r) => r,
+        Err(Refused(status, message)) => text(status, message),
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, Refused> {
+    let path = req.uri().path().to_owned();
+    let rest = path.strip_prefix("/apps/").unwrap_or("");
+    let (id, route) = rest.split_once('/').unwrap_or((rest, ""));
+    let Some(pusher_app) = app.pusher.by_id(id).cloned() else {
+        return Err(refused(StatusCode::NOT_FOUND, format!("Unknown app {id}")));
+    };
+    let method = req.method().clone();
+    let query: Vec<(String, String)> = req
+        .uri()
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    let body = read_body(&app, req).await?;
+    let config = &pusher_app.config;
+    check_request(
+        &config.key,
+        &config.secret,
+        method.as_str(),
+        &path,
+        &query,
+        &body,
+        unix_now(),
+    )
+    .map_err(|e| refused(StatusCode::UNAUTHORIZED, e.0))?;
+    let param = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let segments: Vec<&str> = route.split('/').collect();
+    match (&method, segments.as_slice()) {
+        (&Method::POST, ["events"]) => {
+            let event: EventBody = parse(&body)?;
+            let channels = event.channels()?;
+            let max = app.pusher.settings.max_event_bytes;
+            publish(&app, &pusher_app, &event.event(&channels, max)?).await?;
+            ok(json!({}))
+        }
+        (&Method::POST, ["batch_events"]) => {
+            let batch: BatchBody = parse(&body)?;
+            if batch.batch.len() > MAX_BATCH {
+                return Err(refused(
+                    StatusCode::BAD_REQUEST,
+                    format!("Batch too large: at most {MAX_BATCH} events"),
+                ));
+            }
+            let mut events = Vec::with_capacity(batch.batch.len());
+            for e in &batch.batch {
+                let channels = e.channels()?;
+                if channels.len() != 1 {
+                    return Err(refused(
+                        StatusCode::BAD_REQUEST,
+                        "Each batch event names one channel",
+                    ));
+                }
+                events.push(e.event(&channels, app.pusher.settings.max_event_bytes)?);
+            }
+            for e in &events {
+                publish(&app, &pusher_app, e).await?;
+            }
+            ok(json!({ "batch": events.iter().map(|_| json!({})).collect::<Vec<_>>() }))
+        }
+        (&Method::GET, ["channels"]) => {
+            channels(&app, &pusher_app, param("filter_by_prefix"), param("info")).await
+        }
+        (&Method::GET, ["channels", name]) => channel(&app, &pusher_app, name, param("info")).await,
+        (&Method::GET, ["channels", name, "users"]) => users(&app, &pusher_app, name).await,
+        (&Method::POST, ["users", user, "terminate_connections"]) => {
+            terminate(&app, &pusher_app, user).await
+        }
+        (
+            _,
+            ["events"]
+            | ["batch_events"]
+            | ["channels"]
+            | ["channels", _]
+            | ["channels", _, "users"]
+            | ["users", _, "terminate_connections"],
+        ) => Err(refused(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+        )),
+        _ => Err(refused(
+            StatusCode::NOT_FOUND,
+            format!("No such endpoint {path}"),
+        )),
+    }
+}
+
+async fn read_body(app: &App, req: Request<Incoming>) -> Result<Bytes, Refused> {
+    let limits = &app.ctx.config.limits;
+    let limit = limits.max_api_body_bytes;
+    let read = tokio::time::timeout(
+        Duration::from_millis(limits.handshake_timeout_ms),
+        Limited::new(req.into_body(), limit).collect(),
+    );
+    match read.await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(refused(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Request body over {limit} bytes"),
+        )),
+        Ok(Err(_)) => Err(refused(
+            StatusCode::BAD_REQUEST,
+            "The body could not be read",
+        )),
+        Err(_) => Err(refused(
+            StatusCode::REQUEST_TIMEOUT,
+            "The body did not arrive in time",
+        )),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Refused> {
+    serde_json::from_slice(body)
+        .map_err(|e| refused(StatusCode::BAD_REQUEST, format!("Invalid JSON body: {e}")))
+}
+
+/// One event of `/events` or of a batch.
+#[derive(Deserialize)]
+struct EventBody {
+    name: String,
+    data: Box<RawValue>,
+    #[serde(default)]
+    channels: Option<Vec<String>>,
+    #[serde(default)]
+    channel: Option<String>,
+    #[serde(default)]
+    socket_id: Option<String>,
+    // Other fields (`info`: attributes to return) are accepted and not answered.
+}
+
+#[derive(Deserialize)]
+struct BatchBody {
+    batch: Vec<EventBody>,
+}
+
+/// An event checked and ready to publish.
+struct Checked {
+    channels: Vec<String>,
+    envelope: Bytes,
+}
+
+impl EventBody {
+    fn channels(&self) -> Result<Vec<String>, Refused> {
+        let channels: Vec<String> = match (&self.channels, &self.channel) {
+            (Some(list), None) => list.clone(),
+            (None, Some(one)) => vec![one.clone()],
+            _ => {
+                return Err(refused(
+                    StatusCode::BAD_REQUEST,
+                    "Give either channels or channel",
+                ))
+            }
+        };
+        if channels.is_empty() || channels.len() > MAX_EVENT_CHANNELS {
+            return Err(refused(
+                StatusCode::BAD_REQUEST,
+                format!("An event goes to 1 to {MAX_EVENT_CHANNELS} channels"),
+            ));
+        }
+        if let Some(bad) = channels.iter().find(|c| !valid_channel(c)) {
+            return Err(refused(
+                StatusCode::BAD_REQUEST,
+                format!("Invalid channel name {bad:?}"),
+            ));
+        }
+        Ok(channels)
+    }
+
+    fn event(&self, channels: &[String], max_data_bytes: usize) -> Result<Checked, Refused> {
+        if self.name.is_empty() || self.name.len() > MAX_EVENT_NAME {
+            return Err(refused(
+                StatusCode::BAD_REQUEST,
+                format!("Event names are 1 to {MAX_EVENT_NAME} characters"),
+            ));
+        }
+        if let Some(socket_id) = &self.socket_id {
+            if !valid_socket_id(socket_id) {
+                return Err(refused(StatusCode::BAD_REQUEST, "Invalid socket_id"));
+            }
+        }
+        // Pusher's `data` is a string; other JSON is accepted as the string of its text.
+        let text: String =
+            serde_json::from_str(self.data.get()).unwrap_or_else(|_| self.data.get().to_owned());
+        if text.len() > max_data_bytes {
+            return Err(refused(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Event data is over {max_data_bytes} bytes"),
+            ));
+        }
+        let data = serde_json::value::to_raw_value(&text).expect("a string is JSON");
+        let envelope = Envelope {
+            event: &self.name,
+            data: &data,
+            user_id: None,
+            exclude: self.socket_id.as_deref(),
+        }
+        .to_bytes();
+        Ok(Checked {
+            channels: channels.to_vec(),
+            envelope,
+        })
+    }
+}
+
+/// `digits.digits`, as this server and Pusher hand them out.
+fn valid_socket_id(s: &str) -> bool {
+    s.split_once('.').is_some_and(|(a, b)| {
+        !a.is_empty()
+            && !b.is_empty()
+            && a.bytes().all(|c| c.is_ascii_digit())
+            && b.bytes().all(|c| c.is_ascii_digit())
+    })
+}
+
+async fn publish(app: &App, pusher_app: &PusherApp, event: &Checked) -> Result<(), Refused> {
+    let opts = PublishOptions {
+        stream: app.pusher.namespace.stream_options(),
+        idempotency_key: None,
+    };
+    for channel in &event.channels {
+        let internal = pusher_app.internal(channel);
+        app.ctx
+            .hub
+            .publish(&internal, event.envelope.clone(), None, &opts)
+            .await
+            .map_err(|e| {
+                tracing::warn!(channel = %internal, cause = %e, "pusher event not published");
+                refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+            })?;
+    }
+    Ok(())
+}
+
+/// Distinct user ids of a presence channel (cluster-wide, from the broker).
+async fn user_ids(app: &App, internal: &str) -> Result<Vec<String>, Refused> {
+    let clients = app.ctx.hub.broker().presence(internal).await.map_err(|e| {
+        tracing::warn!(channel = %internal, cause = %e, "presence not read");
+        refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+    })?;
+    let mut seen = HashSet::new();
+    Ok(clients
+        .into_iter()
+        .filter_map(|c| seen.insert(c.user.clone()).then_some(c.user))
+        .collect())
+}
+
+fn wants(info: Option<&str>, attribute: &str) -> bool {
+    info.is_some_and(|i| i.split(',').any(|a| a.trim() == attribute))
+}
+
+async fn channels(
+    app: &App,
+    pusher_app: &PusherApp,
+    prefix: Option<&str>,
+    info: Option<&str>,
+) -> Result<HttpResponse, Refused> {
+    let user_count = wants(info, "user_count");
+    if user_count && !prefix.is_some_and(|p| p.starts_with("presence-")) {
+        return Err(refused(
+            StatusCode::BAD_REQUEST,
+            "info=user_count needs filter_by_prefix=presence-",
+        ));
+    }
+    let subscription_count = wants(info, "subscription_count");
+    let mut map = serde_json::Map::new();
+    for (internal, subscribers) in app.ctx.hub.channels() {
+        // Users' own channels are not listed (as with Pusher).
+        let Some(name) = pusher_app
+            .external(&internal)
+            .filter(|n| !n.starts_with('#'))
+        else {
+            continue;
+        };
+        if prefix.is_some_and(|p| !name.starts_with(p)) {
+            continue;
+        }
+        let mut attributes = serde_json::Map::new();
+        if user_count {
+            attributes.insert(
+                "user_count".into(),
+                json!(user_ids(app, &internal).await?.len()),
+            );
+        }
+        if subscription_count {
+            attributes.insert("subscription_count".into(), json!(subscribers));
+        }
+        map.insert(name.to_owned(), attributes.into());
+    }
+    ok(json!({ "channels": map }))
+}
+
+async fn channel(
+    app: &App,
+    pusher_app: &PusherApp,
+    name: &str,
+    info: Option<&str>,
+) -> Result<HttpResponse, Refused> {
+    if !valid_channel(name) {
+        return Err(refused(StatusCode::BAD_REQUEST, "Invalid channel name"));
+    }
+    let presence = ChannelKind::of(name) == ChannelKind::Presence;
+    if wants(info, "user_count") && !presence {
+        return Err(refused(
+            StatusCode::BAD_REQUEST,
+            "info=user_count is only for presence channels",
+        ));
+    }
+    let internal = pusher_app.internal(name);
+    let subscribers = app
+        .ctx
+        .hub
+        .channels()
+        .into_iter()
+        .find(|(c, _)| *c == internal)
+        .map_or(0, |(_, n)| n);
+    let mut body = serde_json::Map::new();
+    let users = match presence {
+        true => Some(user_ids(app, &internal).await?.len()),
+        false => None,
+    };
+    let occupied = subscribers > 0 || users.is_some_and(|n| n > 0);
+    body.insert("occupied".into(), json!(occupied));
+    if let (true, Some(n)) = (wants(info, "user_count"), users) {
+        body.insert("user_count".into(), json!(n));
+    }
+    if wants(info, "subscription_count") {
+        body.insert("subscription_count".into(), json!(subscribers));
+    }
+    ok(body.into())
+}
+
+async fn users(app: &App, pusher_app: &PusherApp, name: &str) -> Result<HttpResponse, Refused> {
+    if !valid_channel(name) || ChannelKind::of(name) != ChannelKind::Presence {
+        return Err(refused(
+            StatusCode::BAD_REQUEST,
+            "Users are listed for presence channels only",
+        ));
+    }
+    let ids = user_ids(app, &pusher_app.internal(name)).await?;
+    let users: Vec<_> = ids.iter().map(|id| json!({ "id": id })).collect();
+    ok(json!({ "users": users }))
+}
+
+/// Close every connection signed in as `user`, on every node (close code 4009).
+async fn terminate(app: &App, pusher_app: &PusherApp, user: &str) -> Result<HttpResponse, Refused> {
+    if user.is_empty() {
+        return Err(refused(StatusCode::BAD_REQUEST, "Missing user id"));
+    }
+    let message = ControlMessage::Disconnect {
+        user: Some(pusher_app.internal(user)),
+        client: None,
+        code: TERMINATED,
+    };
+    app.ctx
+        .hub
+        .broker()
+        .publish_control(&message)
+        .await
+        .map_err(|e| {
+            tracing::warn!(cause = %e, "terminate_connections not published");
+            refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+        })?;
+    ok(json!({}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_ids() {
+        assert!(valid_socket_id("123.456"));
+        assert!(!valid_socket_id("123."));
+        assert!(!valid_socket_id("abc.1"));
+        assert!(!valid_socket_id("1"));
+    }
+
+    #[test]
+    fn event_data_stays_a_string_and_socket_is_excluded() {
+        let body: EventBody = serde_json::from_str(
+            r#"{"name":"e","data":"{\"a\":1}","channel":"c","socket_id":"1.2"}"#,
+        )
+        .unwrap();
+        let channels = body.channels().unwrap();
+        let checked = body.event(&channels, 100).unwrap();
+        assert!(body.event(&channels, 3).is_err(), "over the data limit");
+        let v: serde_json::Value = serde_json::from_slice(&checked.envelope).unwrap();
+        assert_eq!(
+            v,
+            json!({"event": "e", "data": "{\"a\":1}", "exclude": "1.2"})
+        );
+        let both: EventBody =
+            serde_json::from_str(r#"{"name":"e","data":"x","channel":"c","channels":["d"]}"#)
+                .unwrap();
+        assert!(both.channels().is_err());
+    }
+}

@@ -1,0 +1,346 @@
+//! Pusher apps from the configuration, and how their channels map onto Herald channels.
+//!
+//! Every Pusher channel `X` of app `ID` is the Herald channel `pusher:ID:X`: apps never see each
+//! other's channels, and Herald-protocol clients reach them only through a `pusher` namespace.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use herald_core::config::NamespaceConfig;
+use herald_core::namespace::Namespaces;
+use herald_core::Hub;
+use serde::{Deserialize, Deserializer};
+
+use super::shared::SharedFrames;
+use super::webhooks::{WebhookConfig, Webhooks};
+
+/// The Herald namespace that holds every Pusher channel.
+pub const NAMESPACE: &str = "pusher";
+/// Longest Pusher channel name (Pusher's own limit).
+pub const MAX_CHANNEL_LEN: usize = 164;
+
+/// One `[[pusher.apps]]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// App id: the `/apps/{id}/…` HTTP API path and the channel mapping.
+    #[serde(deserialize_with = "text")]
+    pub id: String,
+    /// Public key: the WebSocket path `/app/{key}` and `auth_key` of signed requests.
+    #[serde(deserialize_with = "text")]
+    pub key: String,
+    /// Secret that signs channel authorizations and HTTP API requests.
+    #[serde(deserialize_with = "text")]
+    pub secret: String,
+    /// Let clients send `client-*` events on private and presence channels.
+    #[serde(default)]
+    pub enable_client_events: bool,
+    /// Connections this app may hold on this node (0: no limit); beyond it 4100.
+    #[serde(default)]
+    pub max_connections: usize,
+    /// Where webhooks go.
+    #[serde(default)]
+    pub webhooks: Vec<WebhookConfig>,
+}
+
+/// The `[pusher]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PusherConfig {
+    /// The apps.
+    pub apps: Vec<AppConfig>,
+    /// Seconds of client silence before the server pings (`activity_timeout` in the handshake).
+    pub activity_timeout_s: u64,
+    /// Client events a connection may send per second (burst: twice as many); beyond, 4301.
+    pub client_events_per_second: u32,
+    /// Largest event `data`, from the HTTP API or a client, in bytes (413 / 4301 beyond).
+    pub max_event_bytes: usize,
+}
+
+impl Default for PusherConfig {
+    fn default() -> Self {
+        PusherConfig {
+            apps: Vec::new(),
+            activity_timeout_s: 120,
+            client_events_per_second: 10,
+            max_event_bytes: 10 * 1024,
+        }
+    }
+}
+
+/// An app at run time.
+pub struct PusherApp {
+    /// Its configuration.
+    pub config: AppConfig,
+    /// `pusher:ID:`, the prefix of its Herald channels.
+    pub prefix: String,
+    /// Its open connections on this node.
+    pub connections: AtomicUsize,
+}
+
+impl PusherApp {
+    /// The Herald channel of Pusher channel `channel`.
+    pub fn internal(&self, channel: &str) -> String {
+        format!("{}{channel}", self.prefix)
+    }
+
+    /// The Pusher channel of a Herald channel of this app.
+    pub fn external<'a>(&self, internal: &'a str) -> Option<&'a str> {
+        internal.strip_prefix(&self.prefix)
+    }
+}
+
+/// Every app, by key and by id, and the settings they share.
+pub struct Apps {
+    by_key: HashMap<String, Arc<PusherApp>>,
+    by_id: HashMap<String, Arc<PusherApp>>,
+    /// Shared settings.
+    pub settings: PusherConfig,
+    /// Stream options of Pusher channels: the `pusher` namespace when configured (so Herald
+    /// clients can reach the channels), else the namespace defaults.
+    pub namespace: Arc<NamespaceConfig>,
+    /// The webhook sender, once started, when some app has webhooks.
+    pub webhooks: Option<Arc<Webhooks>>,
+    /// Publications translated for Pusher clients, shared by the connections.
+    pub frames: Arc<SharedFrames>,
+}
+
+impl Apps {
+    /// Build from `[pusher]` (the raw config value) and `HERALD_PUSHER_APP_*` variables read
+    /// through `env`.
+    pub fn load(
+        raw: Option<&serde_json::Value>,
+        namespaces: &Namespaces,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Apps> {
+        let mut settings: PusherConfig = match raw {
+            Some(v) => serde_json::from_value(v.clone()).context("invalid [pusher] section")?,
+            None => PusherConfig::default(),
+        };
+        if let Some(id) = env("HERALD_PUSHER_APP_ID") {
+            let (Some(key), Some(secret)) = (
+                env("HERALD_PUSHER_APP_KEY"),
+                env("HERALD_PUSHER_APP_SECRET"),
+            ) else {
+                bail!(
+                    "HERALD_PUSHER_APP_ID needs HERALD_PUSHER_APP_KEY and HERALD_PUSHER_APP_SECRET"
+                );
+            };
+            let flag = env("HERALD_PUSHER_APP_ENABLE_CLIENT_EVENTS").unwrap_or_default();
+            let max = env("HERALD_PUSHER_APP_MAX_CONNECTIONS").unwrap_or_default();
+            let webhooks = env("HERALD_PUSHER_APP_WEBHOOK_URL")
+                .filter(|u| !u.is_empty())
+                .map(|url| WebhookConfig {
+                    url,
+                    event_types: Vec::new(),
+                })
+                .into_iter()
+                .collect();
+            settings.apps.push(AppConfig {
+                id,
+                key,
+                secret,
+                enable_client_events: matches!(flag.as_str(), "true" | "1" | "yes"),
+                max_connections: if max.is_empty() {
+                    0
+                } else {
+                    max.parse()
+                        .context("HERALD_PUSHER_APP_MAX_CONNECTIONS must be a number")?
+                },
+                webhooks,
+            });
+        }
+        let mut by_key = HashMap::new();
+        let mut by_id = HashMap::new();
+        for config in &settings.apps {
+            let id_ok = !config.id.is_empty()
+                && config.id.len() <= 64
+                && config
+                    .id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            if !id_ok {
+                bail!("pusher app id {:?}: 1 to 64 of [A-Za-z0-9_.-]", config.id);
+            }
+            if config.key.is_empty() || config.secret.is_empty() {
+                bail!("pusher app {:?} needs a key and a secret", config.id);
+            }
+            let app = Arc::new(PusherApp {
+                config: config.clone(),
+                prefix: format!("{NAMESPACE}:{}:", config.id),
+                connections: AtomicUsize::new(0),
+            });
+            if by_key.insert(config.key.clone(), app.clone()).is_some() {
+                bail!("two pusher apps share the key {:?}", config.key);
+            }
+            if by_id.insert(config.id.clone(), app).is_some() {
+                bail!("two pusher apps share the id {:?}", config.id);
+            }
+        }
+        if settings.activity_timeout_s == 0 {
+            bail!("pusher.activity_timeout_s must be at least 1");
+        }
+        let namespace = match namespaces.resolve(&format!("{NAMESPACE}:x")) {
+            Ok(ns) => ns.clone(),
+            Err(_) => Arc::new(NamespaceConfig {
+                name: NAMESPACE.into(),
+                ..NamespaceConfig::default()
+            }),
+        };
+        Ok(Apps {
+            by_key,
+            by_id,
+            settings,
+            namespace,
+            webhooks: None,
+            frames: Arc::default(),
+        })
+    }
+
+    /// Start sending webhooks, if any app has some.
+    pub fn start_webhooks(&mut self, hub: &Hub) {
+        if self.by_id.values().any(|a| !a.config.webhooks.is_empty()) {
+            self.webhooks = Some(Webhooks::start(hub.clone()));
+        }
+    }
+
+    /// The app with this key.
+    pub fn by_key(&self, key: &str) -> Option<&Arc<PusherApp>> {
+        self.by_key.get(key)
+    }
+
+    /// The app with this id.
+    pub fn by_id(&self, id: &str) -> Option<&Arc<PusherApp>> {
+        self.by_id.get(id)
+    }
+
+    /// Whether any app is configured.
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+
+    /// The app ids, sorted (for the startup log; keys and secrets are never logged).
+    pub fn ids(&self) -> Vec<&str> {
+        let mut ids: Vec<&str> = self.by_id.keys().map(String::as_str).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// How long a client may stay silent before the server pings it.
+    pub fn activity_timeout(&self) -> Duration {
+        Duration::from_secs(self.settings.activity_timeout_s)
+    }
+}
+
+/// The channel of events for one signed-in user (`sendToUser`): this prefix and the user id.
+pub const USER_CHANNEL_PREFIX: &str = "#server-to-user-";
+
+/// Pusher's channel alphabet `[A-Za-z0-9_\-=@,.;]`, 1 to 164 bytes; or a user's channel.
+pub fn valid_channel(name: &str) -> bool {
+    let rest = name.strip_prefix(USER_CHANNEL_PREFIX).unwrap_or(name);
+    !rest.is_empty()
+        && name.len() <= MAX_CHANNEL_LEN
+        && rest
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-=@,.;".contains(&b))
+}
+
+/// What a channel's name makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelKind {
+    /// Anyone may subscribe.
+    Public,
+    /// `private-` (and `private-encrypted-`): needs a signed authorization.
+    Private,
+    /// `presence-`: signed authorization with `channel_data`; members are tracked.
+    Presence,
+    /// `#server-to-user-ID`: only the connection signed in as user ID.
+    User,
+}
+
+impl ChannelKind {
+    /// The kind of `channel`.
+    pub fn of(channel: &str) -> ChannelKind {
+        if channel.starts_with(USER_CHANNEL_PREFIX) {
+            ChannelKind::User
+        } else if channel.starts_with("presence-") {
+            ChannelKind::Presence
+        } else if channel.starts_with("private-") {
+            ChannelKind::Private
+        } else {
+            ChannelKind::Public
+        }
+    }
+}
+
+/// App ids and keys written as numbers in TOML (`id = 12345`) are read as text.
+fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Text {
+        Str(String),
+        Num(serde_json::Number),
+    }
+    Ok(match Text::deserialize(d)? {
+        Text::Str(s) => s,
+        Text::Num(n) => n.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use herald_core::Config;
+
+    fn namespaces() -> Namespaces {
+        Namespaces::from_config(&Config::default())
+    }
+
+    #[test]
+    fn apps_from_config_and_env() {
+        let raw = serde_json::json!({"apps": [{"id": 1, "key": "k1", "secret": "s1", "enable_client_events": true}]});
+        let env = |k: &str| match k {
+            "HERALD_PUSHER_APP_ID" => Some("two".to_owned()),
+            "HERALD_PUSHER_APP_KEY" => Some("k2".to_owned()),
+            "HERALD_PUSHER_APP_SECRET" => Some("s2".to_owned()),
+            _ => None,
+        };
+        let apps = Apps::load(Some(&raw), &namespaces(), env).unwrap();
+        let one = apps.by_key("k1").unwrap();
+        assert_eq!(one.config.id, "1");
+        assert!(one.config.enable_client_events);
+        assert_eq!(one.internal("chat"), "pusher:1:chat");
+        assert_eq!(one.external("pusher:1:chat"), Some("chat"));
+        assert_eq!(one.external("pusher:10:chat"), None);
+        assert_eq!(apps.by_id("two").unwrap().config.secret, "s2");
+        assert_eq!(apps.namespace.history_size, 100);
+    }
+
+    #[test]
+    fn bad_apps_are_refused() {
+        let dup = serde_json::json!({"apps": [{"id": "a", "key": "k", "secret": "s"}, {"id": "b", "key": "k", "secret": "s"}]});
+        assert!(Apps::load(Some(&dup), &namespaces(), |_| None).is_err());
+        let colon = serde_json::json!({"apps": [{"id": "a:b", "key": "k", "secret": "s"}]});
+        assert!(Apps::load(Some(&colon), &namespaces(), |_| None).is_err());
+        let half = |k: &str| (k == "HERALD_PUSHER_APP_ID").then(|| "x".to_owned());
+        assert!(Apps::load(None, &namespaces(), half).is_err());
+    }
+
+    #[test]
+    fn channel_names_and_kinds() {
+        assert!(valid_channel("private-chat.room;1"));
+        assert!(!valid_channel("a b"));
+        assert!(!valid_channel(""));
+        assert!(!valid_channel(&"x".repeat(165)));
+        assert_eq!(ChannelKind::of("presence-x"), ChannelKind::Presence);
+        assert_eq!(ChannelKind::of("private-encrypted-x"), ChannelKind::Private);
+        assert_eq!(ChannelKind::of("news"), ChannelKind::Public);
+        assert!(valid_channel("#server-to-user-42"));
+        assert!(!valid_channel("#server-to-user-"));
+        assert!(!valid_channel("#other"));
+        assert_eq!(ChannelKind::of("#server-to-user-42"), ChannelKind::User);
+    }
+}

@@ -1,0 +1,667 @@
+//! One Pusher connection's protocol state: its subscriptions (through the hub, as every Herald
+//! connection's), presence members, client events, and the translation of hub pushes into
+//! Pusher events. The WebSocket task in [`super::ws`] drives it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use herald_broker::PublishOptions;
+use herald_core::config::NamespaceConfig;
+use herald_core::hub::ConnKey;
+use herald_core::outbound::Control;
+use herald_core::rate::TokenBucket;
+use herald_core::{Hub, Outbound};
+use herald_protocol::ClientInfo;
+use serde_json::value::RawValue;
+
+use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
+use super::auth::{channel_authorized, user_authenticated};
+use super::shared::SharedFrames;
+use super::webhooks::Webhooks;
+use super::wire::{
+    self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
+    UserData,
+};
+
+/// What the connection shares with the node.
+pub struct ConnContext {
+    /// The hub.
+    pub hub: Hub,
+    /// The connection's app.
+    pub app: Arc<PusherApp>,
+    /// Stream options of Pusher channels.
+    pub namespace: Arc<NamespaceConfig>,
+    /// Channels one connection may join.
+    pub max_channels: usize,
+    /// Largest event data.
+    pub max_event_bytes: usize,
+    /// Client events per second.
+    pub client_events_per_second: u32,
+    /// The webhook sender, when the app has webhooks.
+    pub webhooks: Option<Arc<Webhooks>>,
+    /// Bytes of publications one catch-up may replay.
+    pub max_recovery_bytes: usize,
+    /// Publications translated once for every Pusher subscriber.
+    pub frames: Arc<SharedFrames>,
+}
+
+/// A presence member as one subscriber sees it: one user, any number of sockets.
+struct Member {
+    info: Option<Box<RawValue>>,
+    sockets: Vec<Box<str>>,
+}
+
+struct Subscription {
+    internal: String,
+    kind: ChannelKind,
+    /// This connection as a presence member.
+    me: Option<ClientInfo>,
+    /// Presence members by user id.
+    members: HashMap<String, Member>,
+    /// Events carry `herald_offset` (the catch-up extension).
+    positions: bool,
+}
+
+/// See the module docs.
+pub struct PusherConn {
+    ctx: ConnContext,
+    out: Arc<Outbound>,
+    key: ConnKey,
+    socket_id: Arc<str>,
+    channels: HashMap<String, Subscription>,
+    client_events: TokenBucket,
+    /// The user this connection signed in as (`pusher:signin`).
+    user: Option<String>,
+}
+
+/// A refusal that ends the connection: Pusher close code and message.
+pub type Refusal = (u16, String);
+
+impl PusherConn {
+    /// Register a new connection with the hub and queue `pusher:connection_established`.
+    pub fn open(ctx: ConnContext, out: Arc<Outbound>, activity_timeout_s: u64) -> Self {
+        let socket_id: Arc<str> = Arc::from(format!(
+            "{}.{}",
+            rand::random_range(1..1_000_000_000u64),
+            rand::random_range(1..1_000_000_000u64)
+        ));
+        // Until it signs in, the connection's user is the app's empty user (`pusher:ID:`), which
+        // no Herald token and no other app can name.
+        let key = ctx.hub.register(
+            socket_id.clone(),
+            Arc::from(ctx.app.internal("")),
+            out.clone(),
+        );
+        out.push(wire::connection_established(&socket_id, activity_timeout_s));
+        let rate = ctx.client_events_per_second;
+        PusherConn {
+            ctx,
+            out,
+            key,
+            socket_id,
+            channels: HashMap::new(),
+            client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
+            user: None,
+        }
+    }
+
+    fn error(&self, code: Option<u16>, message: &str) {
+        self.out.push(wire::error(code, message));
+    }
+
+    /// Handle one text message from the client. Bad input gets `pusher:error` and changes
+    /// nothing else; only a failed sign-in ends the connection (4009, as Pusher does).
+    pub async fn handle(&mut self, text: &str) -> Option<Refusal> {
+        let message: ClientMessage = match serde_json::from_str(text) {
+            Ok(m) => m,
+            Err(_) => {
+                self.error(
+                    None,
+                    "Invalid message: expected a JSON object with an \"event\"",
+                );
+                return None;
+            }
+        };
+        match message.event.as_str() {
+            "pusher:ping" => {
+                self.out.push(wire::pong());
+            }
+            "pusher:pong" => {}
+            "pusher:subscribe" => {
+                match wire::parse_data::<SubscribeData>(message.data.as_deref()) {
+                    Some(data) => self.subscribe(data).await,
+                    None => self.error(None, "pusher:subscribe needs data {\"channel\": …}"),
+                }
+            }
+            "pusher:unsubscribe" => {
+                match wire::parse_data::<UnsubscribeData>(message.data.as_deref()) {
+                    Some(data) => {
+                        self.leave(&data.channel).await;
+                    }
+                    None => self.error(None, "pusher:unsubscribe needs data {\"channel\": …}"),
+                }
+            }
+            "pusher:signin" => {
+                return match wire::parse_data::<SigninData>(message.data.as_deref()) {
+                    Some(data) => self.signin(data).await,
+                    None => Some((4009, "pusher:signin needs auth and user_data".into())),
+                }
+            }
+            name if name.starts_with("client-") => self.client_event(message).await,
+            name => self.error(None, &format!("Unsupported event {name:?}")),
+        }
+        None
+    }
+
+    /// `pusher:signin`: check the signature over `socket_id::user::user_data`, then the
+    /// connection is reachable as the user (`terminate_connections`) and may subscribe to the
+    /// user's channel (`sendToUser`).
+    async fn signin(&mut self, data: SigninData) -> Option<Refusal> {
+        let config = &self.ctx.app.config;
+        if !user_authenticated(
+            &config.key,
+            &config.secret,
+            &self.socket_id,
+            &data.user_data,
+            &data.auth,
+        ) {
+            return Some((4009, "Invalid signature for pusher:signin".into()));
+        }
+        let user = match serde_json::from_str::<UserData>(&data.user_data) {
+            Ok(u) if !u.id.is_empty() => u.id,
+            _ => return Some((4009, "user_data must be JSON with a string id".into())),
+        };
+        self.ctx
+            .hub
+            .set_user(&self.socket_id, Arc::from(self.ctx.app.internal(&user)));
+        if let Some(previous) = self.user.replace(user) {
+            // Signed in again as someone else: the previous user's channel is not theirs.
+            if self.user.as_deref() != Some(previous.as_str()) {
+                self.leave(&format!("{USER_CHANNEL_PREFIX}{previous}"))
+                    .await;
+            }
+        }
+        self.out.push(wire::signin_success(&data.user_data));
+        None
+    }
+
+    fn refuse(&self, channel: &str, kind: &str, message: &str, status: u16) {
+        self.out
+            .push(wire::subscription_error(channel, kind, message, status));
+    }
+
+    async fn subscribe(&mut self, data: SubscribeData) {
+        let channel = data.channel;
+        if !valid_channel(&channel) {
+            return self.refuse(
+                &channel,
+                "InvalidChannel",
+                "Channel names are 1 to 164 of [A-Za-z0-9_-=@,.;]",
+                400,
+            );
+        }
+        if self.channels.contains_key(&channel) {
+            return; // already subscribed: nothing changes
+        }
+        if self.channels.len() >= self.ctx.max_channels {
+            return self.refuse(
+                &channel,
+                "LimitReached",
+                "Too many channels on this connection",
+                400,
+            );
+        }
+        let kind = ChannelKind::of(&channel);
+        let mut me = None;
+        if kind == ChannelKind::User {
+            let id = &channel[USER_CHANNEL_PREFIX.len()..];
+            if self.user.as_deref() != Some(id) {
+                return self.refuse(
+                    &channel,
+                    "AuthError",
+                    "Only the connection signed in as this user may subscribe",
+                    403,
+                );
+            }
+        } else if kind != ChannelKind::Public {
+            // Signed with `channel_data` whenever it is given (the server SDKs include it for
+            // any channel); presence channels need it.
+            let channel_data = data.channel_data.as_deref();
+            if kind == ChannelKind::Presence && channel_data.is_none() {
+                return self.refuse(
+                    &channel,
+                    "AuthError",
+                    "Presence channels need channel_data",
+                    401,
+                );
+            }
+            let config = &self.ctx.app.config;
+            let authorized = channel_authorized(
+                &config.key,
+                &config.secret,
+                &self.socket_id,
+                &channel,
+                channel_data,
+                data.auth.as_deref().unwrap_or(""),
+            );
+            if !authorized {
+                return self.refuse(
+                    &channel,
+                    "AuthError",
+                    "Invalid signature: the connection is unauthorized for this channel",
+                    401,
+                );
+            }
+            if let (ChannelKind::Presence, Some(raw)) = (kind, channel_data) {
+                let parsed: Option<ChannelData> = serde_json::from_str(raw).ok();
+                let Some((user, info)) = parsed.and_then(|d| Some((d.user_id()?, d.user_info)))
+                else {
+                    return self.refuse(
+                        &channel,
+                        "AuthError",
+                        "channel_data must be JSON with a user_id",
+                        400,
+                    );
+                };
+                me = Some(ClientInfo {
+                    user,
+                    client: self.socket_id.to_string(),
+                    info,
+                });
+            }
+        }
+        let internal = self.ctx.app.internal(&channel);
+        let since = data.herald_since.as_ref();
+        let positions = data.herald_positions || since.is_some();
+        let prepared = self
+            .ctx
+            .hub
+            .prepare_subscription(&internal, self.key, &self.out, since, &self.ctx.namespace)
+            .await;
+        let mut result = match prepared {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(channel = %internal, cause = %e, "pusher subscribe failed");
+                return self.refuse(&channel, "ServerError", "Temporarily unavailable", 503);
+            }
+        };
+        let mut members = HashMap::new();
+        let mut succeeded = match &me {
+            Some(who) => {
+                members = self.join_presence(&internal, who).await;
+                presence_data(&members)
+            }
+            None => serde_json::json!({}),
+        };
+        if positions {
+            let mut budget = self.ctx.max_recovery_bytes;
+            result.charge(&mut budget);
+            succeeded["herald"] = serde_json::json!({
+                "epoch": result.position.epoch,
+                "offset": result.position.offset,
+                "recoverable": result.recoverable,
+                "recovered": result.recovered,
+            });
+        }
+        self.out.push(wire::subscription_succeeded(
+            &channel,
+            &succeeded.to_string(),
+        ));
+        for p in &result.publications {
+            let envelope = wire::envelope_of(p.data_raw());
+            if envelope.exclude != Some(&*self.socket_id) {
+                self.out.push(wire::event(
+                    envelope.event,
+                    &channel,
+                    envelope.data,
+                    envelope.user_id,
+                    Some(p.offset),
+                ));
+            }
+        }
+        self.ctx.hub.activate(&internal, self.key, &result.position);
+        let presence = me.is_some();
+        // A user's own channel is private plumbing: no occupancy webhooks for it.
+        let hooks = self
+            .ctx
+            .webhooks
+            .as_ref()
+            .filter(|_| kind != ChannelKind::User);
+        if let Some(hooks) = hooks {
+            hooks.subscribed(&self.ctx.app, &internal);
+            let first_socket = me
+                .as_ref()
+                .and_then(|who| members.get(&who.user))
+                .is_some_and(|m| m.sockets.len() == 1);
+            if let (Some(who), true) = (&me, first_socket) {
+                hooks.event(
+                    &self.ctx.app,
+                    serde_json::json!({"name": "member_added", "channel": channel, "user_id": who.user}),
+                );
+            }
+        }
+        if let Some(who) = &me {
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.publish_presence_change(&internal, true, who).await {
+                tracing::warn!(channel = %internal, cause = %e, "member_added not published");
+            }
+        }
+        self.channels.insert(
+            channel.clone(),
+            Subscription {
+                internal,
+                kind,
+                me,
+                members,
+                positions,
+            },
+        );
+        if presence {
+            self.reconcile_members(&channel).await;
+        }
+    }
+
+    /// Joins and leaves published between the member list read and going live never reach this
+    /// connection: read the list again now that it is live and announce the difference. Changes
+    /// queued since are deduplicated by socket in [`Self::translate`].
+    async fn reconcile_members(&mut self, channel: &str) {
+        let Some(sub) = self.channels.get(channel) else {
+            return;
+        };
+        let Ok(now) = self.ctx.hub.broker().presence(&sub.internal).await else {
+            return;
+        };
+        let Some(sub) = self.channels.get_mut(channel) else {
+            return;
+        };
+        let mut current: HashMap<&str, Vec<&ClientInfo>> = HashMap::new();
+        for c in &now {
+            current.entry(c.user.as_str()).or_default().push(c);
+        }
+        let gone: Vec<String> = sub
+            .members
+            .keys()
+            .filter(|user| !current.contains_key(user.as_str()))
+            .filter(|user| sub.me.as_ref().is_none_or(|me| me.user != **user))
+            .cloned()
+            .collect();
+        for user in gone {
+            sub.members.remove(&user);
+            self.out.push(wire::member_removed(channel, &user));
+        }
+        for (user, clients) in current {
+            if sub.members.contains_key(user) {
+                continue;
+            }
+            sub.members.insert(
+                user.to_owned(),
+                Member {
+                    info: clients[0].info.clone(),
+                    sockets: clients.iter().map(|c| c.client.as_str().into()).collect(),
+                },
+            );
+            self.out.push(wire::member_added(
+                channel,
+                user,
+                clients[0].info.as_deref(),
+            ));
+        }
+    }
+
+    /// Record this connection as a member and read the members (itself included).
+    async fn join_presence(&self, internal: &str, who: &ClientInfo) -> HashMap<String, Member> {
+        let broker = self.ctx.hub.broker();
+        if let Err(e) = broker.add_presence(internal, who).await {
+            tracing::warn!(channel = %internal, cause = %e, "presence not recorded");
+        }
+        let clients = broker.presence(internal).await.unwrap_or_else(|e| {
+            tracing::warn!(channel = %internal, cause = %e, "presence not read");
+            Vec::new()
+        });
+        let mut members: HashMap<String, Member> = HashMap::new();
+        for c in clients.iter().chain(std::iter::once(who)) {
+            let member = members.entry(c.user.clone()).or_insert_with(|| Member {
+                info: c.info.clone(),
+                sockets: Vec::new(),
+            });
+            if !member.sockets.iter().any(|s| **s == *c.client) {
+                member.sockets.push(c.client.as_str().into());
+            }
+        }
+        members
+    }
+
+    /// Leave a channel: hub, presence and `member_removed` for the others.
+    async fn leave(&mut self, channel: &str) -> bool {
+        let Some(sub) = self.channels.remove(channel) else {
+            return false;
+        };
+        self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
+        if let Some(hooks) = self.ctx.webhooks.as_ref() {
+            if sub.kind != ChannelKind::User {
+                hooks.unsubscribed(&self.ctx.app, &sub.internal);
+            }
+        }
+        if let Some(who) = &sub.me {
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.remove_presence(&sub.internal, &who.client).await {
+                tracing::warn!(channel = %sub.internal, cause = %e, "presence not removed");
+            }
+            if let Err(e) = broker
+                .publish_presence_change(&sub.internal, false, who)
+                .await
+            {
+                tracing::warn!(channel = %sub.internal, cause = %e, "member_removed not published");
+            }
+            if let Some(hooks) = &self.ctx.webhooks {
+                // The user's last socket anywhere in the cluster?
+                let gone = broker
+                    .presence(&sub.internal)
+                    .await
+                    .is_ok_and(|all| all.iter().all(|c| c.user != who.user));
+                if gone {
+                    hooks.event(
+                        &self.ctx.app,
+                        serde_json::json!({"name": "member_removed", "channel": channel, "user_id": who.user}),
+                    );
+                }
+            }
+        }
+        true
+    }
+
+    async fn client_event(&mut self, message: ClientMessage) {
+        if !self.ctx.app.config.enable_client_events {
+            return self.error(
+                None,
+                "To send client events, enable client events for the app (enable_client_events)",
+            );
+        }
+        let Some(channel) = message.channel.as_deref() else {
+            return self.error(None, "Client events need a channel");
+        };
+        let Some(sub) = self.channels.get(channel) else {
+            return self.error(
+                None,
+                &format!("Client event on {channel:?}, which this connection is not subscribed to"),
+            );
+        };
+        if !matches!(sub.kind, ChannelKind::Private | ChannelKind::Presence) {
+            return self.error(
+                None,
+                "Client events are only allowed on private and presence channels",
+            );
+        }
+        if !self.client_events.try_take(Instant::now()) {
+            return self.error(Some(4301), "Client event rejected due to rate limit");
+        }
+        let null = RawValue::from_string("null".into()).expect("null is JSON");
+        let data = message.data.as_deref().unwrap_or(&null);
+        if data.get().len() > self.ctx.max_event_bytes {
+            return self.error(
+                None,
+                &format!(
+                    "Client event data is over {} bytes",
+                    self.ctx.max_event_bytes
+                ),
+            );
+        }
+        let envelope = Envelope {
+            event: &message.event,
+            data,
+            user_id: sub.me.as_ref().map(|m| m.user.as_str()),
+            exclude: Some(&self.socket_id),
+        };
+        let opts = PublishOptions {
+            stream: self.ctx.namespace.stream_options(),
+            idempotency_key: None,
+        };
+        if let Some(hooks) = &self.ctx.webhooks {
+            // Pusher's webhook carries the data as a string.
+            let text = serde_json::from_str::<String>(data.get())
+                .unwrap_or_else(|_| data.get().to_owned());
+            let mut event = serde_json::json!({
+                "name": "client_event",
+                "channel": channel,
+                "event": message.event,
+                "data": text,
+                "socket_id": &*self.socket_id,
+            });
+            if let Some(me) = &sub.me {
+                event["user_id"] = serde_json::Value::from(me.user.as_str());
+            }
+            hooks.event(&self.ctx.app, event);
+        }
+        let internal = sub.internal.clone();
+        if let Err(e) = self
+            .ctx
+            .hub
+            .publish(&internal, envelope.to_bytes(), None, &opts)
+            .await
+        {
+            tracing::warn!(channel = %internal, cause = %e, "client event not published");
+            self.error(None, "Client event not delivered: temporarily unavailable");
+        }
+    }
+
+    /// Turn a queued frame into what the Pusher client receives: this connection's own frames
+    /// as they are, hub publications as events, presence changes as `member_added` /
+    /// `member_removed` when a user's first socket joins or last socket leaves. `None`: nothing.
+    pub fn translate(&mut self, frame: Bytes) -> Option<Bytes> {
+        if frame.starts_with(wire::OWN_FRAME_PREFIX) {
+            return Some(frame);
+        }
+        if frame.starts_with(b"{\"pub\":") {
+            let event = self.ctx.frames.publication(&frame, &self.ctx.app)?;
+            if event.exclude.as_deref() == Some(&*self.socket_id) {
+                return None;
+            }
+            let positions = self
+                .channels
+                .get(&event.channel)
+                .is_some_and(|s| s.positions);
+            return Some(match positions {
+                true => event.positioned.clone(),
+                false => event.plain.clone(),
+            });
+        }
+        let push: wire::HubPush<'_> = serde_json::from_slice(&frame).ok()?;
+        let (joined, change) = match (push.join, push.leave) {
+            (Some(j), _) => (true, j),
+            (None, Some(l)) => (false, l),
+            (None, None) => return None,
+        };
+        let channel = self.ctx.app.external(change.channel)?;
+        let sub = self.channels.get_mut(channel)?;
+        sub.me.as_ref()?;
+        let who = change.info;
+        if *who.client == *self.socket_id {
+            return None;
+        }
+        if joined {
+            let member = sub
+                .members
+                .entry(who.user.to_string())
+                .or_insert_with(|| Member {
+                    info: who.info.map(|i| i.to_owned()),
+                    sockets: Vec::new(),
+                });
+            if member.sockets.iter().any(|s| **s == *who.client) {
+                return None;
+            }
+            member.sockets.push(who.client.as_ref().into());
+            (member.sockets.len() == 1).then(|| wire::member_added(channel, &who.user, who.info))
+        } else {
+            let member = sub.members.get_mut(who.user.as_ref())?;
+            let before = member.sockets.len();
+            member.sockets.retain(|s| **s != *who.client);
+            if member.sockets.len() == before || !member.sockets.is_empty() {
+                return None;
+            }
+            sub.members.remove(who.user.as_ref());
+            Some(wire::member_removed(channel, &who.user))
+        }
+    }
+
+    /// Act on work from the hub: a channel whose continuity the node lost is joined again at
+    /// the stream's current position (stock Pusher clients have no way to recover a gap).
+    pub async fn handle_controls(&mut self, controls: Vec<Control>) {
+        for control in controls {
+            let Control::Lost { channel, .. } = control else {
+                continue; // Herald API subscribe/unsubscribe: not for Pusher connections
+            };
+            let Some(name) = self.ctx.app.external(&channel).map(str::to_owned) else {
+                continue;
+            };
+            if !self.channels.contains_key(&name) {
+                continue;
+            }
+            self.ctx.hub.unsubscribe(&channel, self.key).await;
+            match self
+                .ctx
+                .hub
+                .prepare_subscription(&channel, self.key, &self.out, None, &self.ctx.namespace)
+                .await
+            {
+                Ok(result) => {
+                    if self.channels.get(&name).is_some_and(|s| s.positions) {
+                        self.out.push(wire::reset(&name, &result.position));
+                    }
+                    self.ctx.hub.activate(&channel, self.key, &result.position)
+                }
+                Err(e) => {
+                    tracing::warn!(channel, cause = %e, "pusher channel not rejoined");
+                    self.leave(&name).await;
+                }
+            }
+        }
+    }
+
+    /// The connection is gone: leave every channel and forget it.
+    pub async fn end(mut self) {
+        let channels: Vec<String> = self.channels.keys().cloned().collect();
+        for channel in channels {
+            self.leave(&channel).await;
+        }
+        self.ctx.hub.unregister(&self.socket_id);
+    }
+}
+
+/// `{"presence": {"ids", "hash", "count"}}`.
+fn presence_data(members: &HashMap<String, Member>) -> serde_json::Value {
+    let ids: Vec<&str> = members.keys().map(String::as_str).collect();
+    let hash: serde_json::Map<String, serde_json::Value> = members
+        .iter()
+        .map(|(id, m)| {
+            let info = m
+                .info
+                .as_deref()
+                .and_then(|i| serde_json::from_str(i.get()).ok())
+                .unwrap_or(serde_json::Value::Null);
+            (id.clone(), info)
+        })
+        .collect();
+    serde_json::json!({"presence": {"ids": ids, "hash": hash, "count": members.len()}})
+}

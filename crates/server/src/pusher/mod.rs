@@ -1,0 +1,26 @@
+//! Pusher Channels protocol 7 on Herald's hub: Pusher clients (pusher-js, Laravel Echo, the
+//! mobile SDKs) and Pusher server SDKs work against a Herald node, single or multi-node.
+//!
+//! # Layout
+//! - [`apps`]: `[[pusher.apps]]` and `HERALD_PUSHER_APP_*`, and the channel mapping: Pusher
+//!   channel `X` of app `ID` is the Herald channel `pusher:ID:X`.
+//! - [`auth`]: channel authorization and HTTP request signatures.
+//! - [`wire`]: protocol messages and the envelope a Pusher event travels in.
+//! - [`conn`]: one connection's subscriptions, presence and client events.
+//! - [`shared`]: each publication translated into a Pusher event once for all its subscribers.
+//! - [`ws`]: the WebSocket endpoint `/app/{key}`.
+//! - [`api`]: the HTTP API `/apps/{id}/…`.
+//! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
+//!
+//! docs/pusher.md describes what is supported and how it differs from hosted Pusher.
+
+pub mod api;
+pub mod apps;
+pub mod auth;
+pub mod conn;
+pub mod shared;
+pub mod webhooks;
+pub mod wire;
+pub mod ws;
+
+pub use apps::Apps;

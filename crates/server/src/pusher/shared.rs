@@ -1,0 +1,149 @@
+//! Pusher events translated once per publication, not once per subscriber.
+//!
+//! The hub encodes a publication once and pushes the same bytes (one allocation) to every
+//! subscriber. The first Pusher connection to translate them stores the result under the
+//! allocation's address; the others find it there. An entry keeps the source bytes alive, so the
+//! address cannot be reused by another frame while the entry exists: a hit is always the same
+//! publication.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+
+use super::apps::PusherApp;
+use super::wire;
+
+/// Slots in the cache: publications in flight at once that still hit (older ones are translated
+/// again, which is only slower). Bounds the memory the cache holds to this many frames.
+const SLOTS: usize = 256;
+
+/// A publication as Pusher clients receive it.
+pub struct Translated {
+    /// The Pusher channel.
+    pub channel: String,
+    /// The socket that must not receive it.
+    pub exclude: Option<String>,
+    /// The event frame.
+    pub plain: Bytes,
+    /// The event frame with `herald_offset` (the catch-up extension).
+    pub positioned: Bytes,
+}
+
+/// A cached translation and the source bytes it is kept under (and keeps alive).
+type Slot = Mutex<Option<(Bytes, Arc<Translated>)>>;
+
+/// See the module docs.
+pub struct SharedFrames {
+    slots: Box<[Slot]>,
+}
+
+impl Default for SharedFrames {
+    fn default() -> Self {
+        SharedFrames {
+            slots: (0..SLOTS).map(|_| Mutex::new(None)).collect(),
+        }
+    }
+}
+
+impl SharedFrames {
+    /// The Pusher event of a hub publication frame (`{"pub": …}`) of `app`'s channels; `None`
+    /// for anything else.
+    pub fn publication(&self, frame: &Bytes, app: &PusherApp) -> Option<Arc<Translated>> {
+        let address = frame.as_ptr() as usize;
+        let slot = &self.slots[(address >> 4) % SLOTS];
+        {
+            let cached = slot.lock().expect("frames lock");
+            if let Some((source, translated)) = cached.as_ref() {
+                if source.as_ptr() as usize == address && source.len() == frame.len() {
+                    return Some(translated.clone());
+                }
+            }
+        }
+        let translated = Arc::new(translate(frame, app)?);
+        *slot.lock().expect("frames lock") = Some((frame.clone(), translated.clone()));
+        Some(translated)
+    }
+}
+
+fn translate(frame: &[u8], app: &PusherApp) -> Option<Translated> {
+    let push: wire::HubPush<'_> = serde_json::from_slice(frame).ok()?;
+    let p = push.publication?;
+    let channel = app.external(p.channel)?;
+    let envelope = wire::envelope_of(p.data);
+    let event = |offset| {
+        wire::event(
+            envelope.event,
+            channel,
+            envelope.data,
+            envelope.user_id,
+            offset,
+        )
+    };
+    Some(Translated {
+        channel: channel.to_owned(),
+        exclude: envelope.exclude.map(str::to_owned),
+        plain: event(None),
+        positioned: event(Some(p.offset)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pusher::apps::{AppConfig, PusherApp};
+    use herald_protocol::encode::push_publication;
+    use herald_protocol::Publication;
+
+    fn app() -> PusherApp {
+        PusherApp {
+            config: AppConfig {
+                id: "7".into(),
+                key: "k".into(),
+                secret: "s".into(),
+                enable_client_events: false,
+                max_connections: 0,
+                webhooks: Vec::new(),
+            },
+            prefix: "pusher:7:".into(),
+            connections: Default::default(),
+        }
+    }
+
+    fn frame(channel: &str, offset: u64, data: &str) -> Bytes {
+        let p = Publication {
+            offset,
+            data: Bytes::copy_from_slice(data.as_bytes()),
+            info: None,
+        };
+        push_publication(channel, &p)
+    }
+
+    #[test]
+    fn one_translation_per_publication() {
+        let frames = SharedFrames::default();
+        let app = app();
+        let a = frame(
+            "pusher:7:news",
+            3,
+            r#"{"event":"e","data":"x","exclude":"1.2"}"#,
+        );
+        let first = frames.publication(&a, &app).unwrap();
+        let again = frames.publication(&a.clone(), &app).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "the same bytes hit the cache");
+        assert_eq!(first.channel, "news");
+        assert_eq!(first.exclude.as_deref(), Some("1.2"));
+        let v: serde_json::Value = serde_json::from_slice(&first.positioned).unwrap();
+        assert_eq!(v["herald_offset"], 3);
+        // Equal content in another allocation is translated on its own (and equally).
+        let b = frame(
+            "pusher:7:news",
+            3,
+            r#"{"event":"e","data":"x","exclude":"1.2"}"#,
+        );
+        let other = frames.publication(&b, &app).unwrap();
+        assert_eq!(other.plain, first.plain);
+        assert!(frames
+            .publication(&frame("pusher:8:news", 1, "1"), &app)
+            .is_none());
+    }
+}

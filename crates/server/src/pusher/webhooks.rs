@@ -1,0 +1,244 @@
+//! Webhooks: `channel_occupied`, `channel_vacated`, `member_added`, `member_removed` and
+//! `client_event`, batched per app, signed (`X-Pusher-Key`, `X-Pusher-Signature` = hex
+//! HMAC-SHA256 of the body with the app secret) and retried with back-off.
+//!
+//! Occupancy is decided for the cluster, not the node: a node's first local subscriber to a
+//! channel records the node in a broker presence set of its own (`pusher-occupancy:` and the
+//! Herald channel), and `channel_occupied` is sent when no other node was there; the node's last
+//! subscriber leaving removes it, and `channel_vacated` is sent when the set is empty. Two nodes
+//! racing on the same channel may both report; no transition goes unreported.
+//! `member_added`/`member_removed` are decided from the cluster-wide presence list.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use herald_core::Hub;
+use herald_protocol::ClientInfo;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::apps::PusherApp;
+use super::auth::sign;
+
+/// One `webhooks` entry of an app.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookConfig {
+    /// Where batches are POSTed.
+    pub url: String,
+    /// Event names sent there; empty: all of them.
+    #[serde(default)]
+    pub event_types: Vec<String>,
+}
+
+/// Events gathered into one request at most this long after the first.
+const BATCH_WINDOW: Duration = Duration::from_millis(50);
+/// Events in one request at most.
+const MAX_BATCH: usize = 100;
+/// Deliveries tried at most, 1 s apart doubling.
+const ATTEMPTS: u32 = 5;
+/// A delivery that takes longer fails (and is retried).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+enum Hook {
+    /// The node's first local subscriber joined (or its last left) a channel.
+    Occupancy {
+        app: Arc<PusherApp>,
+        internal: String,
+        occupied: bool,
+    },
+    /// A ready event.
+    Event { app: Arc<PusherApp>, event: Value },
+}
+
+/// The node's webhook sender. See the module docs.
+pub struct Webhooks {
+    queue: mpsc::UnboundedSender<Hook>,
+    /// Local subscribers per Herald channel of apps with webhooks.
+    local: Mutex<HashMap<String, usize>>,
+}
+
+impl Webhooks {
+    /// Start the sender: one task that batches, resolves occupancy and spawns deliveries.
+    pub fn start(hub: Hub) -> Arc<Webhooks> {
+        let (queue, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(rx, hub));
+        Arc::new(Webhooks {
+            queue,
+            local: Mutex::default(),
+        })
+    }
+
+    /// A Pusher subscription to `internal` began on this node.
+    pub fn subscribed(&self, app: &Arc<PusherApp>, internal: &str) {
+        let mut local = self.local.lock().expect("webhooks lock");
+        let n = local.entry(internal.to_owned()).or_default();
+        *n += 1;
+        if *n == 1 {
+            // Sent under the lock: the worker sees a channel's transitions in order.
+            let _ = self.queue.send(Hook::Occupancy {
+                app: app.clone(),
+                internal: internal.to_owned(),
+                occupied: true,
+            });
+        }
+    }
+
+    /// A Pusher subscription to `internal` ended on this node.
+    pub fn unsubscribed(&self, app: &Arc<PusherApp>, internal: &str) {
+        let mut local = self.local.lock().expect("webhooks lock");
+        let Some(n) = local.get_mut(internal) else {
+            return;
+        };
+        *n -= 1;
+        if *n == 0 {
+            local.remove(internal);
+            let _ = self.queue.send(Hook::Occupancy {
+                app: app.clone(),
+                internal: internal.to_owned(),
+                occupied: false,
+            });
+        }
+    }
+
+    /// Queue an event (`{"name", …}`) for the app's webhooks.
+    pub fn event(&self, app: &Arc<PusherApp>, event: Value) {
+        let _ = self.queue.send(Hook::Event {
+            app: app.clone(),
+            event,
+        });
+    }
+}
+
+fn unix_ms() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0)
+}
+
+async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
+    let client = reqwest::Client::new();
+    let node = ClientInfo {
+        user: String::new(),
+        client: hub.node_name().to_owned(),
+        info: None,
+    };
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        let deadline = Instant::now() + BATCH_WINDOW;
+        while batch.len() < MAX_BATCH {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(hook)) => batch.push(hook),
+                _ => break,
+            }
+        }
+        let mut per_app: HashMap<String, (Arc<PusherApp>, Vec<Value>)> = HashMap::new();
+        for hook in batch {
+            let (app, event) = match hook {
+                Hook::Event { app, event } => (app, Some(event)),
+                Hook::Occupancy {
+                    app,
+                    internal,
+                    occupied,
+                } => {
+                    let event = occupancy(&hub, &node, &app, &internal, occupied).await;
+                    (app, event)
+                }
+            };
+            if let Some(event) = event {
+                per_app
+                    .entry(app.config.id.clone())
+                    .or_insert_with(|| (app.clone(), Vec::new()))
+                    .1
+                    .push(event);
+            }
+        }
+        for (app, events) in per_app.into_values() {
+            for hook in &app.config.webhooks {
+                let wanted: Vec<&Value> = events
+                    .iter()
+                    .filter(|e| {
+                        hook.event_types.is_empty()
+                            || hook
+                                .event_types
+                                .iter()
+                                .any(|t| e["name"].as_str() == Some(t))
+                    })
+                    .collect();
+                if wanted.is_empty() {
+                    continue;
+                }
+                let body = json!({"time_ms": unix_ms() as u64, "events": wanted}).to_string();
+                tokio::spawn(deliver(
+                    client.clone(),
+                    hook.url.clone(),
+                    app.config.key.clone(),
+                    sign(&app.config.secret, &body),
+                    body,
+                ));
+            }
+        }
+    }
+}
+
+/// Record or clear this node in the channel's occupancy set; the cluster-wide transition, if any.
+async fn occupancy(
+    hub: &Hub,
+    node: &ClientInfo,
+    app: &PusherApp,
+    internal: &str,
+    occupied: bool,
+) -> Option<Value> {
+    let set = format!("pusher-occupancy:{internal}");
+    let broker = hub.broker();
+    let channel = app.external(internal)?;
+    let transition = if occupied {
+        let before = broker.presence(&set).await.ok()?;
+        broker.add_presence(&set, node).await.ok()?;
+        before.iter().all(|n| n.client == node.client)
+    } else {
+        broker.remove_presence(&set, &node.client).await.ok()?;
+        broker.presence(&set).await.ok()?.is_empty()
+    };
+    let name = if occupied {
+        "channel_occupied"
+    } else {
+        "channel_vacated"
+    };
+    transition.then(|| json!({"name": name, "channel": channel}))
+}
+
+async fn deliver(
+    client: reqwest::Client,
+    url: String,
+    key: String,
+    signature: String,
+    body: String,
+) {
+    let mut delay = Duration::from_secs(1);
+    for attempt in 1..=ATTEMPTS {
+        let sent = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("x-pusher-key", &key)
+            .header("x-pusher-signature", &signature)
+            .body(body.clone())
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await;
+        match sent {
+            Ok(r) if r.status().is_success() => return,
+            Ok(r) => tracing::warn!(url, status = %r.status(), attempt, "webhook refused"),
+            Err(e) => tracing::warn!(url, cause = %e, attempt, "webhook not delivered"),
+        }
+        if attempt < ATTEMPTS {
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+    tracing::error!(url, "webhook dropped after {ATTEMPTS} attempts");
+}

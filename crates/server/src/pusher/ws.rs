@@ -1,0 +1,349 @@
+//! The Pusher WebSocket endpoint `/app/{key}`: the upgrade, then one task per connection that
+//! reads client messages, writes queued events (one Pusher message per WebSocket message, as
+//! Pusher clients expect), pings a silent client, and closes with Pusher's codes:
+//! 4001 unknown app, 4007/4008 protocol version, 4100 over capacity or too slow a reader,
+//! 4200 node draining (reconnect now), 4201 no pong, 4009 failed sign-in or closed by the
+//! server API (`terminate_connections`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use herald_core::outbound::CloseRequest;
+use herald_core::Outbound;
+use herald_protocol::{CloseCode, ErrorCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::upgrade::Upgraded;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::time::{sleep_until, timeout, Instant};
+use tokio_websockets::{Message, Payload, WebSocketStream};
+
+use super::apps::PusherApp;
+use super::conn::{ConnContext, PusherConn};
+use super::wire;
+use crate::api;
+use crate::guard::{origin_listed, IpSlot};
+use crate::http::{App, HttpResponse};
+
+const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+/// Why a Pusher connection ends: a protocol close code and message.
+struct Close {
+    code: u16,
+    message: String,
+}
+
+fn close(code: u16, message: impl Into<String>) -> Close {
+    Close {
+        code,
+        message: message.into(),
+    }
+}
+
+/// A close the hub or the Herald API asked for, in Pusher's codes.
+fn from_request(req: &CloseRequest) -> Close {
+    match req.code {
+        CloseCode::SLOW_CONSUMER => close(4100, "Over capacity: the connection fell behind"),
+        CloseCode::SHUTDOWN => close(4200, "Server is draining: reconnect"),
+        _ => close(4009, req.reason.clone()),
+    }
+}
+
+/// Answer the upgrade of `/app/{key}` and spawn the connection's task. Refusals that Pusher
+/// clients must see (unknown app, protocol version) complete the upgrade and close with the
+/// code; malformed upgrades get an HTTP error.
+pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+    let headers = req.headers();
+    let has = |name: header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|v| v.trim().eq_ignore_ascii_case(token))
+    };
+    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "expected a WebSocket upgrade",
+        );
+    }
+    let allowed = &app.ctx.config.allowed_origins;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !allowed.is_empty() && !origin_listed(allowed, origin) {
+            return api::error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "origin not allowed (allowed_origins)",
+            );
+        }
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(|v| v.as_bytes())
+        != Some(b"13")
+    {
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "Sec-WebSocket-Version must be 13",
+        );
+    }
+    let Some(ws_key) = headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .map(|k| k.as_bytes().to_vec())
+    else {
+        return api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "missing Sec-WebSocket-Key",
+        );
+    };
+    let key = req
+        .uri()
+        .path()
+        .strip_prefix("/app/")
+        .unwrap_or("")
+        .to_owned();
+    let protocol = req.uri().query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "protocol")
+            .map(|(_, v)| v.into_owned())
+    });
+    let pusher_app = app.pusher.by_key(&key).cloned();
+    let refusal = match (&pusher_app, protocol.as_deref()) {
+        (None, _) => Some(close(4001, format!("App key {key} does not exist"))),
+        (_, None) => Some(close(4008, "No protocol version supplied")),
+        (_, Some(p)) if !matches!(p.parse::<u32>(), Ok(5..=7)) => {
+            Some(close(4007, format!("Unsupported protocol version {p}")))
+        }
+        _ if *app.draining.borrow() => Some(close(4200, "Server is draining: reconnect")),
+        _ => None,
+    };
+
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(&ws_key);
+    sha.update(WS_GUID.as_bytes());
+    use base64::Engine;
+    let accept = base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes());
+
+    let max_frame = app.ctx.config.limits.max_frame_bytes;
+    let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
+    tokio::spawn(async move {
+        let _ip_slot = ip_slot;
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => {
+                let limits = tokio_websockets::Limits::default()
+                    .max_payload_len(Some(max_frame.saturating_mul(16)));
+                let mut ws = tokio_websockets::ServerBuilder::new()
+                    .limits(limits)
+                    .serve(TokioIo::new(upgraded));
+                match (refusal, pusher_app) {
+                    (None, Some(pusher_app)) => run(app, pusher_app, ws).await,
+                    (refusal, _) => {
+                        let refusal = refusal.unwrap_or_else(|| close(4001, "unknown app"));
+                        let limit = write_timeout(&app);
+                        finish(&mut ws, Vec::new(), &refusal, limit).await;
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(cause = %e, "pusher upgrade failed"),
+        }
+    });
+
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = response.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(
+        header::SEC_WEBSOCKET_ACCEPT,
+        HeaderValue::from_str(&accept).expect("base64 is a header value"),
+    );
+    response
+}
+
+/// Counts the connection (node-wide and per app) while it lives.
+struct Counted(Arc<App>, Arc<PusherApp>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.ws_connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.ctx.hub.metrics().connections.dec();
+        self.1.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn write_timeout(app: &App) -> Duration {
+    Duration::from_millis(app.ctx.config.limits.write_timeout_ms)
+}
+
+/// The connection's task (heavy awaits boxed, as in the Herald WebSocket task, so that an idle
+/// connection's future stays small).
+async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
+    app.ws_connections.fetch_add(1, Ordering::Relaxed);
+    let metrics = app.ctx.hub.metrics().clone();
+    metrics.connections.inc();
+    metrics.connections_accepted.inc();
+    let open = pusher_app.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let _counted = Counted(app.clone(), pusher_app.clone());
+    let max = pusher_app.config.max_connections;
+    if max > 0 && open > max {
+        let refusal = close(4100, "Over capacity: the app's connection limit is reached");
+        finish(&mut ws, Vec::new(), &refusal, write_timeout(&app)).await;
+        return;
+    }
+    let config = app.ctx.config.clone();
+    let limits = &config.limits;
+    let settings = &app.pusher.settings;
+    let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
+    let ctx = ConnContext {
+        hub: app.ctx.hub.clone(),
+        namespace: app.pusher.namespace.clone(),
+        max_channels: limits.max_channels_per_connection,
+        max_event_bytes: settings.max_event_bytes,
+        client_events_per_second: settings.client_events_per_second,
+        webhooks: app
+            .pusher
+            .webhooks
+            .clone()
+            .filter(|_| !pusher_app.config.webhooks.is_empty()),
+        app: pusher_app,
+        max_recovery_bytes: limits.max_recovery_bytes,
+        frames: app.pusher.frames.clone(),
+    };
+    let mut conn = PusherConn::open(ctx, out.clone(), settings.activity_timeout_s);
+    // The node-wide limit counts Herald and Pusher connections alike.
+    if limits.max_connections > 0 && app.ctx.hub.connection_count() > limits.max_connections {
+        out.drain();
+        let refusal = close(
+            4100,
+            "Over capacity: the node's connection limit is reached",
+        );
+        finish(&mut ws, Vec::new(), &refusal, write_timeout(&app)).await;
+        Box::pin(conn.end()).await;
+        return;
+    }
+    let mut draining = app.draining.clone();
+    let activity = app.pusher.activity_timeout();
+    let pong_timeout = Duration::from_secs(config.pong_timeout_s.max(1));
+    let mut last_heard = Instant::now();
+    let mut pong_due: Option<Instant> = None;
+
+    let ended = loop {
+        let deadline = pong_due.unwrap_or(last_heard + activity);
+        tokio::select! {
+            biased;
+            _ = out.ready() => {
+                let drained = out.drain();
+                if !drained.controls.is_empty() {
+                    Box::pin(conn.handle_controls(drained.controls)).await;
+                }
+                let frames: Vec<Bytes> = drained.frames.into_iter().filter_map(|f| conn.translate(f)).collect();
+                if let Some(req) = drained.close {
+                    if req.code == CloseCode::SLOW_CONSUMER {
+                        metrics.slow_consumers.inc();
+                    }
+                    break Some((frames, from_request(&req)));
+                }
+                if Box::pin(write_frames(&mut ws, frames, write_timeout(&app))).await.is_err() {
+                    break None;
+                }
+            }
+            incoming = ws.next() => {
+                let message = match incoming {
+                    Some(Ok(m)) => m,
+                    Some(Err(_)) | None => break None,
+                };
+                if message.is_close() {
+                    break None;
+                }
+                last_heard = Instant::now();
+                pong_due = None;
+                if message.is_ping() || message.is_pong() {
+                    continue;
+                }
+                let Some(text) = message.as_text() else {
+                    out.push(wire::error(None, "Binary messages are not part of the protocol"));
+                    continue;
+                };
+                if text.len() > limits.max_frame_bytes {
+                    out.push(wire::error(None, "Message too large"));
+                    continue;
+                }
+                if let Some((code, why)) = Box::pin(conn.handle(text)).await {
+                    let frames = out.drain().frames.into_iter().filter_map(|f| conn.translate(f)).collect();
+                    break Some((frames, close(code, why)));
+                }
+            }
+            _ = sleep_until(deadline) => {
+                let now = Instant::now();
+                if pong_due.is_some_and(|due| due <= now) {
+                    break Some((Vec::new(), close(4201, "Pong reply not received")));
+                }
+                out.push(wire::ping());
+                pong_due = Some(now + pong_timeout);
+            }
+            changed = draining.changed() => {
+                if changed.is_ok() && *draining.borrow() {
+                    out.close(CloseRequest { code: CloseCode::SHUTDOWN, reason: "server shutdown".into(), after_ms: None });
+                }
+            }
+        }
+    };
+    if let Some((frames, why)) = ended {
+        Box::pin(finish(&mut ws, frames, &why, write_timeout(&app))).await;
+    }
+    Box::pin(conn.end()).await;
+}
+
+/// Write frames, one WebSocket message each, then one flush.
+async fn write_frames(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
+    if frames.is_empty() {
+        return Ok(());
+    }
+    let write = async {
+        for frame in frames {
+            ws.feed(Message::text(Payload::from(frame))).await?;
+        }
+        ws.flush().await
+    };
+    match timeout(limit, write).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(()),
+    }
+}
+
+/// Send what is queued, `pusher:error` with the code, and the close frame with the same code;
+/// wait briefly for the peer's close.
+async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, why: &Close, limit: Duration) {
+    frames.push(wire::error(Some(why.code), &why.message));
+    if write_frames(ws, frames, limit).await.is_err() {
+        return;
+    }
+    let code = tokio_websockets::CloseCode::try_from(why.code)
+        .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
+    let mut reason = why.message.clone();
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    if timeout(limit, ws.send(Message::close(Some(code), &reason)))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let _ = timeout(Duration::from_secs(1), async {
+        while ws.next().await.is_some() {}
+    })
+    .await;
+}

@@ -1,0 +1,563 @@
+//! The Pusher endpoint with raw WebSocket frames: bad input gets Pusher's documented errors and
+//! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
+//! client and a Pusher client share an app's channel through the `pusher` namespace; two nodes on
+//! Redis or NATS deliver events and presence across nodes and report occupancy once per cluster.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config_file, Client, Node};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+
+const APP: [(&str, &str); 3] = [
+    ("HERALD_PUSHER_APP_ID", "7"),
+    ("HERALD_PUSHER_APP_KEY", "app-key"),
+    ("HERALD_PUSHER_APP_SECRET", "app-secret"),
+];
+
+async fn open(node: &Node, path_and_query: &str) -> Client {
+    let tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
+    let url = format!("ws://{}{path_and_query}", node.addr);
+    Client::open_on(Box::new(tcp), &url, &[])
+        .await
+        .expect("ws handshake")
+}
+
+/// A connected Pusher client: returns it and its socket id.
+async fn connected(node: &Node) -> (Client, String) {
+    let mut c = open(node, "/app/app-key?protocol=7&client=raw&version=1").await;
+    let m = c.next().await;
+    assert_eq!(m["event"], "pusher:connection_established", "{m}");
+    let data: Value = serde_json::from_str(m["data"].as_str().expect("data is a string")).unwrap();
+    assert_eq!(data["activity_timeout"], 120);
+    let socket_id = data["socket_id"].as_str().unwrap().to_owned();
+    (c, socket_id)
+}
+
+async fn send(c: &mut Client, event: &str, data: Value) {
+    c.send_raw(&json!({"event": event, "data": data}).to_string())
+        .await;
+}
+
+/// The next message, which must be `event`.
+async fn expect(c: &mut Client, event: &str) -> Value {
+    let m = c.next().await;
+    assert_eq!(m["event"], event, "expected {event}, got {m}");
+    m
+}
+
+#[tokio::test]
+async fn bad_input_gets_pusher_errors_and_the_connection_carries_on() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let (mut c, _) = connected(&node).await;
+
+    c.send_raw("{not json").await;
+    let e = expect(&mut c, "pusher:error").await;
+    assert!(e["data"]["message"].as_str().unwrap().contains("Invalid"));
+
+    send(&mut c, "pusher:teleport", json!({})).await;
+    expect(&mut c, "pusher:error").await;
+
+    send(&mut c, "pusher:subscribe", json!("no channel here")).await;
+    expect(&mut c, "pusher:error").await;
+
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "presence-room", "auth": "app-key:00"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["channel"], "presence-room");
+    assert_eq!(e["data"]["status"], 401);
+    assert!(e["data"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("channel_data"));
+
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "private-x", "auth": "app-key:deadbeef"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["type"], "AuthError");
+
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "bad channel"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["status"], 400);
+
+    // A client event on a channel it is not subscribed to, and on a public one.
+    c.send_raw(&json!({"event": "client-x", "channel": "news", "data": {}}).to_string())
+        .await;
+    expect(&mut c, "pusher:error").await;
+
+    // A user's channel needs a sign-in as that user.
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "#server-to-user-carol"}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["status"], 403);
+
+    // Still fine: ping, subscribe.
+    send(&mut c, "pusher:ping", json!({})).await;
+    expect(&mut c, "pusher:pong").await;
+    send(&mut c, "pusher:subscribe", json!({"channel": "news"})).await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    assert_eq!(ok["channel"], "news");
+    assert_eq!(ok["data"], "{}", "data is a JSON string");
+    assert!(c.try_next(Duration::from_millis(200)).await.is_none());
+}
+
+/// The `pusher:error` sent before the close, and the close code.
+async fn refused(node: &Node, path: &str) -> (Value, u16) {
+    let mut c = open(node, path).await;
+    let e = expect(&mut c, "pusher:error").await;
+    let closed = c.closed().await;
+    (e["data"].clone(), closed.code.expect("a close frame"))
+}
+
+#[tokio::test]
+async fn handshake_refusals_close_with_pusher_codes() {
+    let config = config_file(
+        "herald.toml",
+        "[[pusher.apps]]\nid = \"one\"\nkey = \"one-key\"\nsecret = \"s\"\nmax_connections = 1\n",
+    );
+    let node = Node::start(&["--dev", "--config", &config], &[]).await;
+    let (data, code) = refused(&node, "/app/nobody?protocol=7").await;
+    assert_eq!((data["code"].as_u64(), code), (Some(4001), 4001), "{data}");
+    let (_, code) = refused(&node, "/app/one-key").await;
+    assert_eq!(code, 4008, "no protocol version");
+    let (_, code) = refused(&node, "/app/one-key?protocol=3").await;
+    assert_eq!(code, 4007, "unsupported protocol version");
+
+    let mut first = open(&node, "/app/one-key?protocol=7").await;
+    expect(&mut first, "pusher:connection_established").await;
+    let (data, code) = refused(&node, "/app/one-key?protocol=7").await;
+    assert_eq!(code, 4100, "over capacity: {data}");
+
+    // Draining tells clients to reconnect at once (4200).
+    node.sigterm();
+    let e = expect(&mut first, "pusher:error").await;
+    assert_eq!(e["data"]["code"], 4200);
+    assert_eq!(first.closed().await.code, Some(4200));
+}
+
+#[tokio::test]
+async fn herald_clients_share_the_channel_through_the_pusher_namespace() {
+    let config = config_file(
+        "herald.toml",
+        "[[namespaces]]\nname = \"pusher\"\nsubscribe = \"anonymous\"\n",
+    );
+    let node = Node::start(&["--dev", "--config", &config], &APP).await;
+    let (mut p, socket_id) = connected(&node).await;
+    send(&mut p, "pusher:subscribe", json!({"channel": "news"})).await;
+    expect(&mut p, "pusher_internal:subscription_succeeded").await;
+    let mut h = node.connected(&["pusher:7:news"]).await;
+
+    // An envelope from the Herald API is a Pusher event; other data arrives as herald:publication.
+    node.publish(
+        "pusher:7:news",
+        json!({"event": "headline", "data": "{\"t\":1}"}),
+    )
+    .await;
+    let m = expect(&mut p, "headline").await;
+    assert_eq!(
+        (m["channel"].as_str(), m["data"].as_str()),
+        (Some("news"), Some("{\"t\":1}"))
+    );
+    node.publish("pusher:7:news", json!({"text": "hi"})).await;
+    let m = expect(&mut p, "herald:publication").await;
+    assert_eq!(m["data"], json!({"text": "hi"}));
+
+    // The Herald client sees both, and an event excluded for the Pusher socket reaches it only.
+    node.publish(
+        "pusher:7:news",
+        json!({"event": "x", "data": "d", "exclude": socket_id}),
+    )
+    .await;
+    for _ in 0..3 {
+        h.push("pub").await;
+    }
+    assert!(p.try_next(Duration::from_millis(300)).await.is_none());
+}
+
+#[tokio::test]
+async fn client_events_are_rate_limited_with_4301() {
+    let mut env = APP.to_vec();
+    env.push(("HERALD_PUSHER_APP_ENABLE_CLIENT_EVENTS", "true"));
+    let node = Node::start(&["--dev"], &env).await;
+    let (mut c, socket_id) = connected(&node).await;
+    let sig = herald_server::pusher::auth::sign("app-secret", &format!("{socket_id}:private-chat"));
+    let auth = format!("app-key:{sig}");
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "private-chat", "auth": auth}),
+    )
+    .await;
+    expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    // The default allows 10 a second with a burst of 20: 40 at once cannot all pass.
+    for n in 0..40 {
+        c.send_raw(
+            &json!({"event": "client-n", "channel": "private-chat", "data": {"n": n}}).to_string(),
+        )
+        .await;
+    }
+    let mut limited = 0;
+    while let Some(m) = c.try_next(Duration::from_millis(500)).await {
+        assert_eq!(
+            m["event"], "pusher:error",
+            "the sender gets nothing else: {m}"
+        );
+        assert_eq!(m["data"]["code"], 4301);
+        limited += 1;
+    }
+    assert!((10..=25).contains(&limited), "{limited} refused");
+}
+
+/// A signed Pusher HTTP API call (as the server SDKs sign them).
+async fn signed(node: &Node, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    use herald_server::pusher::auth::{md5_hex, sign};
+    let body = body.map(|b| b.to_string());
+    let mut params = vec![
+        ("auth_key".to_owned(), "app-key".to_owned()),
+        ("auth_timestamp".to_owned(), common::now().to_string()),
+        ("auth_version".to_owned(), "1.0".to_owned()),
+    ];
+    if let Some(b) = &body {
+        params.push(("body_md5".to_owned(), md5_hex(b.as_bytes())));
+    }
+    params.sort();
+    let query = params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    let signature = sign("app-secret", &format!("{method}\n{path}\n{query}"));
+    let url = format!("{path}?{query}&auth_signature={signature}");
+    node.http(method, &url, body, None).await
+}
+
+#[tokio::test]
+async fn two_nodes_on_redis_share_events_and_presence() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    two_nodes_share_events_and_presence(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn two_nodes_on_nats_share_events_and_presence() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    two_nodes_share_events_and_presence(&nats.url()).await;
+}
+
+async fn two_nodes_share_events_and_presence(url: &str) {
+    let mut env = APP.to_vec();
+    env.push(("HERALD_BROKER_URL", url));
+    let a = Node::start(&["--dev"], &env).await;
+    let b = Node::start(&["--dev"], &env).await;
+
+    let (mut on_a, socket_a) = connected(&a).await;
+    let alice = r#"{"user_id":"alice"}"#;
+    let sig = herald_server::pusher::auth::sign(
+        "app-secret",
+        &format!("{socket_a}:presence-room:{alice}"),
+    );
+    let auth = format!("app-key:{sig}");
+    send(
+        &mut on_a,
+        "pusher:subscribe",
+        json!({"channel": "presence-room", "auth": auth, "channel_data": alice}),
+    )
+    .await;
+    expect(&mut on_a, "pusher_internal:subscription_succeeded").await;
+
+    // Bob joins on node B: alice, on node A, sees him.
+    let (mut on_b, socket_b) = connected(&b).await;
+    let bob = r#"{"user_id":"bob","user_info":{"name":"Bob"}}"#;
+    let sig =
+        herald_server::pusher::auth::sign("app-secret", &format!("{socket_b}:presence-room:{bob}"));
+    let auth = format!("app-key:{sig}");
+    send(
+        &mut on_b,
+        "pusher:subscribe",
+        json!({"channel": "presence-room", "auth": auth, "channel_data": bob}),
+    )
+    .await;
+    let ok = expect(&mut on_b, "pusher_internal:subscription_succeeded").await;
+    let members: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert_eq!(members["presence"]["count"], 2, "{members}");
+    let added = expect(&mut on_a, "pusher_internal:member_added").await;
+    let added: Value = serde_json::from_str(added["data"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        added,
+        json!({"user_id": "bob", "user_info": {"name": "Bob"}})
+    );
+
+    // An event triggered through node B reaches the subscriber on node A.
+    let (status, _) = signed(
+        &b,
+        "POST",
+        "/apps/7/events",
+        Some(json!({"name": "hello", "channel": "presence-room", "data": "{}"})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let m = expect(&mut on_a, "hello").await;
+    assert_eq!(m["channel"], "presence-room");
+    expect(&mut on_b, "hello").await;
+
+    // Users are cluster-wide, asked on either node.
+    let (status, users) = signed(&a, "GET", "/apps/7/channels/presence-room/users", None).await;
+    assert_eq!(status, 200);
+    let mut ids: Vec<&str> = users["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u["id"].as_str().unwrap())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["alice", "bob"]);
+
+    send(
+        &mut on_b,
+        "pusher:unsubscribe",
+        json!({"channel": "presence-room"}),
+    )
+    .await;
+    let removed = expect(&mut on_a, "pusher_internal:member_removed").await;
+    assert_eq!(removed["data"], r#"{"user_id":"bob"}"#);
+}
+
+#[tokio::test]
+async fn catch_up_extension_replays_what_a_reconnecting_client_missed() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let trigger =
+        |n: u64| json!({"name": "tick", "channel": "ticker", "data": format!("{{\"n\":{n}}}")});
+    let (mut c, _) = connected(&node).await;
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "ticker", "herald_positions": true}),
+    )
+    .await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    let epoch = data["herald"]["epoch"].as_str().unwrap().to_owned();
+    assert_eq!(data["herald"]["offset"], 0);
+    assert_eq!(
+        signed(&node, "POST", "/apps/7/events", Some(trigger(1)))
+            .await
+            .0,
+        200
+    );
+    let m = expect(&mut c, "tick").await;
+    assert_eq!(m["herald_offset"], 1);
+    drop(c);
+
+    // Published while the client was away.
+    for n in 2..=3 {
+        assert_eq!(
+            signed(&node, "POST", "/apps/7/events", Some(trigger(n)))
+                .await
+                .0,
+            200
+        );
+    }
+    let (mut c, _) = connected(&node).await;
+    let since = json!({"epoch": epoch, "offset": 1});
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "ticker", "herald_since": since}),
+    )
+    .await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["herald"]["recovered"], true, "{data}");
+    for n in 2..=3 {
+        let m = expect(&mut c, "tick").await;
+        assert_eq!(m["herald_offset"], n);
+        assert_eq!(m["data"], format!("{{\"n\":{n}}}"));
+    }
+    assert_eq!(
+        signed(&node, "POST", "/apps/7/events", Some(trigger(4)))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(expect(&mut c, "tick").await["herald_offset"], 4);
+
+    // A stock subscription sees no extension fields; an unknown epoch cannot be recovered.
+    let (mut plain, _) = connected(&node).await;
+    send(&mut plain, "pusher:subscribe", json!({"channel": "ticker"})).await;
+    assert_eq!(
+        expect(&mut plain, "pusher_internal:subscription_succeeded").await["data"],
+        "{}"
+    );
+    let stale = json!({"epoch": "not-the-epoch", "offset": 1});
+    send(
+        &mut c,
+        "pusher:subscribe",
+        json!({"channel": "ticker2", "herald_since": stale}),
+    )
+    .await;
+    let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["herald"]["recovered"], false, "{data}");
+    assert_eq!(
+        signed(&node, "POST", "/apps/7/events", Some(trigger(5)))
+            .await
+            .0,
+        200
+    );
+    let m = expect(&mut plain, "tick").await;
+    assert!(m.get("herald_offset").is_none(), "{m}");
+}
+
+#[tokio::test]
+async fn a_silent_client_is_pinged_then_closed_with_4201() {
+    let config = config_file(
+        "herald.toml",
+        "pong_timeout_s = 1\n[pusher]\nactivity_timeout_s = 1\n",
+    );
+    let node = Node::start(&["--dev", "--config", &config], &APP).await;
+    let mut c = open(&node, "/app/app-key?protocol=7").await;
+    let m = expect(&mut c, "pusher:connection_established").await;
+    let data: Value = serde_json::from_str(m["data"].as_str().unwrap()).unwrap();
+    assert_eq!(data["activity_timeout"], 1);
+    expect(&mut c, "pusher:ping").await;
+    send(&mut c, "pusher:pong", json!({})).await;
+    expect(&mut c, "pusher:ping").await; // answered: pinged again after the next silence
+    let e = expect(&mut c, "pusher:error").await;
+    assert_eq!(e["data"]["code"], 4201);
+    assert_eq!(c.closed().await.code, Some(4201));
+}
+
+/// A webhook receiver: answers 200 and hands over each request's JSON body.
+async fn webhook_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&raw).to_string();
+                    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() < length {
+                        continue;
+                    }
+                    let signature = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("x-pusher-signature: "))
+                        .unwrap_or_default()
+                        .to_owned();
+                    let ok = herald_server::pusher::auth::verify("app-secret", body, &signature);
+                    let _ = tx.send(
+                        json!({"valid": ok, "body": serde_json::from_str::<Value>(body).unwrap()}),
+                    );
+                    let _ = stream
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (url, rx)
+}
+
+/// Webhook event names (and channels) received within `wait`.
+async fn webhooks(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+    wait: Duration,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(Some(hook)) = tokio::time::timeout(wait, rx.recv()).await {
+        assert_eq!(hook["valid"], true, "signed: {hook}");
+        for e in hook["body"]["events"].as_array().unwrap() {
+            names.push(format!(
+                "{} {}",
+                e["name"].as_str().unwrap(),
+                e["channel"].as_str().unwrap()
+            ));
+        }
+    }
+    names
+}
+
+#[tokio::test]
+async fn occupancy_webhooks_are_per_cluster_not_per_node_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    occupancy_webhooks_are_per_cluster(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn occupancy_webhooks_are_per_cluster_not_per_node_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    occupancy_webhooks_are_per_cluster(&nats.url()).await;
+}
+
+async fn occupancy_webhooks_are_per_cluster(url: &str) {
+    let (hook_url, mut hooks) = webhook_receiver().await;
+    let mut env = APP.to_vec();
+    env.push(("HERALD_BROKER_URL", url));
+    env.push(("HERALD_PUSHER_APP_WEBHOOK_URL", &hook_url));
+    let a = Node::start(&["--dev"], &env).await;
+    let b = Node::start(&["--dev"], &env).await;
+    let wait = Duration::from_millis(600);
+
+    let (mut on_a, _) = connected(&a).await;
+    send(&mut on_a, "pusher:subscribe", json!({"channel": "room"})).await;
+    expect(&mut on_a, "pusher_internal:subscription_succeeded").await;
+    assert_eq!(webhooks(&mut hooks, wait).await, ["channel_occupied room"]);
+
+    let (mut on_b, _) = connected(&b).await;
+    send(&mut on_b, "pusher:subscribe", json!({"channel": "room"})).await;
+    expect(&mut on_b, "pusher_internal:subscription_succeeded").await;
+    assert!(
+        webhooks(&mut hooks, wait).await.is_empty(),
+        "already occupied"
+    );
+
+    send(&mut on_a, "pusher:unsubscribe", json!({"channel": "room"})).await;
+    assert!(
+        webhooks(&mut hooks, wait).await.is_empty(),
+        "still occupied on B"
+    );
+    drop(on_b); // the last subscriber goes away with its connection
+    assert_eq!(webhooks(&mut hooks, wait).await, ["channel_vacated room"]);
+}
