@@ -40,12 +40,20 @@ fn pub_line(offset: u64) -> String {
     )
 }
 
+/// When the test tells the worker to finish.
+enum Finish {
+    /// A fixed time after the worker is ready.
+    After(Duration),
+    /// After the fake server published its last publication, and a moment more.
+    Settled(tokio::sync::watch::Receiver<bool>),
+}
+
 /// Runs one in-process worker over `n` connections and returns its result.
 async fn run_worker(
     p: Params,
     scenario: Scenario,
     n: usize,
-    before_finish: Duration,
+    before_finish: Finish,
     expect: Expected,
 ) -> WorkerResult {
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -70,7 +78,16 @@ async fn run_worker(
                 assert_eq!((connected, failed), (n as u64, 0));
                 if !finish_sent {
                     finish_sent = true;
-                    tokio::time::sleep(before_finish).await;
+                    match &before_finish {
+                        Finish::After(d) => tokio::time::sleep(*d).await,
+                        Finish::Settled(published) => {
+                            // The fake server's timer runs late on a busy machine: wait for its
+                            // last publication, then for dropped clients to come back and recover.
+                            let mut published = published.clone();
+                            let _ = published.wait_for(|done| *done).await;
+                            tokio::time::sleep(Duration::from_millis(800)).await;
+                        }
+                    }
                     let mut m = BTreeMap::new();
                     m.insert("t0".to_string(), expect.clone());
                     cmd_tx.send(Command::Finish { expect: m }).unwrap();
@@ -140,7 +157,7 @@ async fn counts_drops_duplicates_reordering_and_gaps() {
         params(&url, &["--drain", "1"]),
         Scenario::Broadcast,
         n,
-        Duration::from_millis(300),
+        Finish::After(Duration::from_millis(300)),
         expect,
     )
     .await;
@@ -163,7 +180,11 @@ async fn counts_drops_duplicates_reordering_and_gaps() {
 
 /// A server with history: it publishes offset 1, 2, 3 … every 10 ms to every live connection and
 /// honours `since`; with `off_by_one` its recovery also resends the `since` offset itself.
-async fn history_server(off_by_one: bool, stop_at: u64) -> String {
+async fn history_server(
+    off_by_one: bool,
+    stop_at: u64,
+) -> (String, tokio::sync::watch::Receiver<bool>) {
+    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let log: Arc<Mutex<(Vec<String>, broadcast::Sender<String>)>> =
@@ -177,6 +198,7 @@ async fn history_server(off_by_one: bool, stop_at: u64) -> String {
             g.0.push(line.clone());
             let _ = g.1.send(line);
         }
+        let _ = done_tx.send(true);
     });
     tokio::spawn(async move {
         loop {
@@ -229,12 +251,12 @@ async fn history_server(off_by_one: bool, stop_at: u64) -> String {
             });
         }
     });
-    format!("ws://{addr}/ws")
+    (format!("ws://{addr}/ws"), done_rx)
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn jitter_clients_drop_and_recover_everything() {
-    let url = history_server(false, 150).await;
+    let (url, published) = history_server(false, 150).await;
     let p = params(
         &url,
         &["--drop-every", "0.2", "0.4", "--offline", "0.1", "0.2"],
@@ -245,7 +267,7 @@ async fn jitter_clients_drop_and_recover_everything() {
         last: 150,
         count: 150,
     };
-    let r = run_worker(p, Scenario::Jitter, 4, Duration::from_millis(1700), expect).await;
+    let r = run_worker(p, Scenario::Jitter, 4, Finish::Settled(published), expect).await;
     let d = &r.delivery;
     assert!(
         r.counters.client_drops >= 4,
@@ -272,7 +294,7 @@ async fn jitter_clients_drop_and_recover_everything() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn off_by_one_recovery_shows_up_as_duplicates() {
-    let url = history_server(true, 120).await;
+    let (url, published) = history_server(true, 120).await;
     let p = params(
         &url,
         &["--drop-every", "0.2", "0.3", "--offline", "0.1", "0.1"],
@@ -283,7 +305,7 @@ async fn off_by_one_recovery_shows_up_as_duplicates() {
         last: 120,
         count: 120,
     };
-    let r = run_worker(p, Scenario::Jitter, 2, Duration::from_millis(1400), expect).await;
+    let r = run_worker(p, Scenario::Jitter, 2, Finish::Settled(published), expect).await;
     assert!(r.counters.recovered >= 2);
     assert_eq!(
         r.delivery.counts.duplicates, r.counters.recovered,
