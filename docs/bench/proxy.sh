@@ -12,7 +12,7 @@ D=docs/bench
 P=docs/bench/prio.sh
 N=${N:-10000}
 tmp=$(mktemp -d)
-trap 'kill $(cat $tmp/pids 2>/dev/null) 2>/dev/null; rm -rf $tmp; exit 0' EXIT
+trap 'kill $(cat $tmp/pids 2>/dev/null) 2>/dev/null || true; rm -rf $tmp' EXIT
 
 backend() { # delay_ms -> port (the backend keeps running until exit)
     $T/herald-proxy-bench backend --delay-ms "$1" > $tmp/backend-$1 &

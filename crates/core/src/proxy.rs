@@ -14,6 +14,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::metrics::Metrics;
+
 /// Which hook a call is for; the server maps each to its configured URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
@@ -257,15 +259,30 @@ pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
     }
 }
 
-/// Call `hook` with `body` and read its answer.
+/// Call `hook` with `body` and read its answer, counted in `metrics`.
 pub(crate) async fn ask<T: DeserializeOwned>(
     proxy: &dyn Proxy,
     hook: Hook,
     body: &impl Serialize,
+    metrics: &Metrics,
 ) -> Result<Answer<T>, ProxyError> {
     let bytes = serde_json::to_vec(body).expect("proxy requests serialize");
-    let answer = proxy.call(hook, bytes).await?;
-    parse_answer(&answer)
+    let started = std::time::Instant::now();
+    metrics.proxy_calls.inc();
+    let answer = proxy.call(hook, bytes).await.and_then(|a| parse_answer(&a));
+    metrics
+        .proxy_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match &answer {
+        Err(ProxyError::Unavailable(_)) => {
+            metrics.proxy_unavailable.inc();
+        }
+        Err(ProxyError::BadAnswer(_)) => {
+            metrics.proxy_bad_answers.inc();
+        }
+        Ok(_) => {}
+    }
+    answer
 }
 
 #[cfg(test)]

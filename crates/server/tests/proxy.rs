@@ -219,6 +219,9 @@ async fn backend_failures_become_documented_errors_never_hangs() {
             started.elapsed()
         );
     }
+    assert_eq!(node.metric("herald_proxy_calls_total").await, 5.0);
+    assert_eq!(node.metric("herald_proxy_unavailable_total").await, 1.0);
+    assert_eq!(node.metric("herald_proxy_bad_answers_total").await, 4.0);
     // Nobody listens: connection refused is retryable too.
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
