@@ -244,16 +244,41 @@ pub(crate) fn parse_answer<T: DeserializeOwned>(body: &[u8]) -> Result<Answer<T>
     }
 }
 
+/// Whether a failure may be logged at warn/error level now: at most one line a second, so that a
+/// backend outage failing thousands of connects does not flood the log (the rest go to debug;
+/// the metrics count every failure).
+fn loud_now() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_SECOND.load(Ordering::Relaxed);
+    last != now
+        && LAST_SECOND
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// What a failed call becomes for the client: unavailable is retryable (112); anything else is
 /// an internal error whose cause only the log sees.
 pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
+    let loud = loud_now();
     match e {
         ProxyError::Unavailable(cause) => {
-            tracing::warn!(hook = hook.name(), %cause, "proxy call failed");
+            if loud {
+                tracing::warn!(hook = hook.name(), %cause, "proxy call failed");
+            } else {
+                tracing::debug!(hook = hook.name(), %cause, "proxy call failed");
+            }
             ErrorCode::BackendUnavailable.into()
         }
         ProxyError::BadAnswer(cause) => {
-            tracing::error!(hook = hook.name(), %cause, "proxy answer refused");
+            if loud {
+                tracing::error!(hook = hook.name(), %cause, "proxy answer refused");
+            } else {
+                tracing::debug!(hook = hook.name(), %cause, "proxy answer refused");
+            }
             ErrorCode::Internal.into()
         }
     }
