@@ -538,7 +538,7 @@ async fn server_side_subscriptions_from_token_proxy_and_personal_channel_recover
 }
 
 #[tokio::test]
-async fn the_stream_transport_goes_through_the_connect_proxy_too() {
+async fn the_stream_and_sse_transports_go_through_the_connect_proxy_too() {
     let backend = Backend::start().await;
     let (node, _cfg) = node(&backend, 2000).await;
     let out = Command::new("curl")
@@ -565,6 +565,28 @@ async fn the_stream_transport_goes_through_the_connect_proxy_too() {
     );
     assert!(
         first["connect"]["subs"]["news"]["epoch"].is_string(),
+        "{text}"
+    );
+
+    // Server-Sent Events: the same, with the data in the `connected` event.
+    let out = Command::new("curl")
+        .args(["-sN", "--max-time", "1"])
+        .arg(format!("http://{}/connection/sse?channel=news", node.addr))
+        .args(["-H", "Cookie: sessionid=dave"])
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let connected = text
+        .split("\n\n")
+        .find(|block| block.contains("event: connected"))
+        .and_then(|block| block.lines().find_map(|l| l.strip_prefix("data: ")))
+        .unwrap_or_else(|| panic!("no connected event in {text}"));
+    let connected: Value = serde_json::from_str(connected).unwrap();
+    assert_eq!(connected["data"]["transport"], "sse", "{text}");
+    assert_eq!(
+        connected["data"]["cookies"],
+        json!({"sessionid": "dave"}),
         "{text}"
     );
 }
