@@ -61,7 +61,7 @@ struct Connected {
     /// When subscriptions granted by an expiring subscription token end, unless `sub_refresh`
     /// extends them.
     sub_expires: HashMap<String, Instant>,
-    /// Authenticated by the connect proxy: the refresh hook extends it before it expires.
+    /// Authenticated by the connect proxy: at its expiry the refresh hook may extend it.
     proxied: bool,
     /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
     proxied_subs: HashSet<String>,
