@@ -255,7 +255,20 @@ async fn run(app: Arc<App>, mut ws: Ws, meta: Option<ClientMeta>) {
                     break Some((Vec::new(), close_request(CloseCode::MESSAGE_TOO_LARGE, "message too large")));
                 }
                 let was_connected = session.is_connected();
-                if let Some(req) = Box::pin(dispatch(&mut session, text)).await {
+                let outcome = if was_connected {
+                    Box::pin(dispatch_writing(&mut session, &mut ws, &out, text, write_timeout(&app))).await
+                } else {
+                    // `connect` is answered as a whole: the connection limit below may still
+                    // refuse it, and then none of its frames go out.
+                    Dispatched { close: Box::pin(dispatch(&mut session, text)).await, write_failed: false }
+                };
+                if outcome.write_failed {
+                    if out.drain().close.is_some_and(|r| r.code == CloseCode::SLOW_CONSUMER) {
+                        metrics.slow_consumers.inc();
+                    }
+                    break None;
+                }
+                if let Some(req) = outcome.close {
                     break Some((out.drain().frames, req));
                 }
                 // The limit counts connections that completed `connect` (the hub's registry),
@@ -329,6 +342,45 @@ async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
         }
     }
     None
+}
+
+/// How [`dispatch_writing`] ended.
+struct Dispatched {
+    /// The connection must close.
+    close: Option<CloseRequest>,
+    /// A write failed meanwhile (the client stopped reading): drop the connection.
+    write_failed: bool,
+}
+
+/// [`dispatch`], while writing what is queued for the connection meanwhile: a command waiting for
+/// the application's backend (a proxy hook) must not hold back the connection's publications.
+/// Controls and a close request wait in the queue until the command is done (they need the
+/// session, which the command holds); the main loop is woken for them afterwards.
+async fn dispatch_writing(
+    session: &mut Session,
+    ws: &mut Ws,
+    out: &Outbound,
+    text: &str,
+    limit: Duration,
+) -> Dispatched {
+    let mut write_failed = false;
+    let dispatching = dispatch(session, text);
+    tokio::pin!(dispatching);
+    let close = loop {
+        tokio::select! {
+            biased;
+            close = &mut dispatching => break close,
+            _ = out.ready(), if !write_failed => {
+                let frames = out.drain_frames();
+                write_failed = write_batch(ws, frames, limit).await.is_err();
+            }
+        }
+    };
+    out.wake();
+    Dispatched {
+        close,
+        write_failed,
+    }
 }
 
 /// Write queued frames: one frame as it is (its bytes are shared with other subscribers),

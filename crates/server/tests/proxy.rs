@@ -382,8 +382,12 @@ async fn rpc_is_answered_by_the_backend_and_slow_calls_hold_up_nobody_else() {
         "{r}"
     );
 
-    // A call that takes the backend 1.5 s does not delay another connection's calls.
+    // A call that takes the backend 2 s does not delay another connection's calls, nor the
+    // publications of its own connection.
+    let r = alice.call("subscribe", json!({"channel": "news"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
     let slow_id = alice.send("rpc", json!({"method": "slow"})).await;
+    let slow_sent = Instant::now();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     let mut bob = logged_in(&node, "bob").await;
@@ -393,6 +397,14 @@ async fn rpc_is_answered_by_the_backend_and_slow_calls_hold_up_nobody_else() {
         started.elapsed() < Duration::from_millis(1000),
         "bob waited {:?} behind alice's slow call",
         started.elapsed()
+    );
+    node.publish("news", json!("during the call")).await;
+    let m = alice.next().await;
+    assert_eq!(m["pub"]["data"], "during the call", "{m}");
+    assert!(
+        slow_sent.elapsed() < Duration::from_millis(1800),
+        "the publication waited for the 2 s call: {:?}",
+        slow_sent.elapsed()
     );
     let r = alice.reply(slow_id).await;
     assert_eq!(r["rpc"]["data"]["method"], "slow", "{r}");
