@@ -12,7 +12,7 @@ D=docs/bench
 P=docs/bench/prio.sh
 N=${N:-10000}
 tmp=$(mktemp -d)
-trap 'kill $(cat $tmp/pids 2>/dev/null) 2>/dev/null; rm -rf $tmp' EXIT
+trap 'kill $(cat $tmp/pids 2>/dev/null) 2>/dev/null || true; rm -rf $tmp' EXIT
 
 backend() { # delay_ms -> port (the backend keeps running until exit)
     $T/herald-proxy-bench backend --delay-ms "$1" > $tmp/backend-$1 &
@@ -28,26 +28,29 @@ config() { # connect_url publish_url -> config file
     cat $D/bench.toml > $f
     printf '\n[proxy]\nconnect_url = "%s"\npublish_url = "%s"\ntimeout_ms = 3000\n' "$1" "$2" >> $f
     printf '\n[[namespaces]]\nname = "proxied"\nsubscribe = "anonymous"\npublish = true\npublish_proxy = true\nhistory_size = 1000\n' >> $f
+    # The publish probe sends thousands of commands on one connection.
+    printf '\n[limits]\ncommands_per_second = 1000000\ncommand_burst = 1000000\n' >> $f
     echo $f
 }
 with_proxy=$(config "http://127.0.0.1:$slow/connect" "http://127.0.0.1:$fast/publish")
 
 echo "== idle, connect proxy answering in 5 ms" >&2
-$P $T/herald-bench idle -n $N -d 5 --json $D/proxy-connect-5ms.json \
+$P $T/herald-bench idle -n $N -d 5 --self-check --json $D/proxy-connect-5ms.json \
     --server-cmd "$T/herald serve --config $with_proxy --port 8000" > $D/proxy-connect-5ms.txt
 echo "== idle, no proxy (same conditions)" >&2
-$P $T/herald-bench idle -n $N -d 5 --json $D/proxy-connect-none.json \
+$P $T/herald-bench idle -n $N -d 5 --self-check --json $D/proxy-connect-none.json \
     --server-cmd "$T/herald serve --config $D/bench.toml --port 8000" > $D/proxy-connect-none.txt
 
 latency() { # config name
-    HERALD_API_KEY=benchkey $P $T/herald serve --config "$1" --port 8000 > /dev/null 2>&1 &
+    HERALD_API_KEY=benchkey $T/herald serve --config "$1" --port 8000 > /dev/null 2>&1 &
     pid=$!
+    echo $pid >> $tmp/pids
     while ! curl -sf http://127.0.0.1:8000/health > /dev/null; do sleep 0.1; done
     {
-        $T/herald-proxy-bench publish-latency --channel plain -n 5000
-        $T/herald-proxy-bench publish-latency --channel proxied:x -n 5000
-        $T/herald-proxy-bench publish-latency --channel plain -n 5000
-        $T/herald-proxy-bench publish-latency --channel proxied:x -n 5000
+        for round in 1 2; do
+            $P $T/herald-proxy-bench publish-latency --channel plain -n 5000
+            $P $T/herald-proxy-bench publish-latency --channel proxied:x -n 5000
+        done
     } > $D/$2.txt
     kill $pid; wait $pid 2>/dev/null || true
 }

@@ -538,6 +538,14 @@ var Subscription = class {
   get _hasOwnToken() {
     return this.token !== void 0 || this.opts.getToken !== void 0;
   }
+  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
+  get _sentAlone() {
+    return this._hasOwnToken || this.opts.data !== void 0;
+  }
+  /** @internal The `data` option, for the subscribe command. */
+  get _data() {
+    return this.opts.data;
+  }
   /** @internal Whether a fresh token can be fetched. */
   get _canFetchToken() {
     return this.opts.getToken !== void 0;
@@ -597,14 +605,16 @@ var Subscription = class {
         offset: result.offset
       });
     }
-    this.call(this.opts.onSubscribed, {
+    const subscribed = {
       channel: this.channel,
       epoch: String(result.epoch),
       offset: result.offset,
       recoverable: result.recoverable !== false,
       recovered: outcome.recovered,
       resubscribed
-    });
+    };
+    if (result.data !== void 0) subscribed.data = result.data;
+    this.call(this.opts.onSubscribed, subscribed);
     for (const w of this.waiters.splice(0)) w.resolve();
     for (const pub of outcome.publications) {
       if (this._state !== "subscribed") return false;
@@ -977,7 +987,7 @@ var Herald = class extends Emitter {
     const subs = {};
     const included = [];
     for (const sub of this.subs.values()) {
-      if (sub._hasOwnToken) continue;
+      if (sub._sentAlone) continue;
       const since = sub._tracker.since();
       sub._state = "subscribing";
       sub._sentSince = since;
@@ -1264,6 +1274,7 @@ var Herald = class extends Emitter {
     const params = { channel: sub.channel };
     if (since) params.since = since;
     if (sub._token !== void 0) params.token = sub._token;
+    if (sub._data !== void 0) params.data = sub._data;
     this.request("subscribe", params, (err, result) => {
       sub._inflight = false;
       if (this.subs.get(sub.channel) !== sub) return;

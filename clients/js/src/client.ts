@@ -422,8 +422,9 @@ export class Herald extends Emitter<HeraldEvents> {
     const subs: Record<string, { since?: StreamPosition }> = {};
     const included: Subscription<never>[] = [];
     for (const sub of this.subs.values()) {
-      // Subscriptions with their own token cannot go in `connect.subs`; they are sent one by one.
-      if (sub._hasOwnToken) continue;
+      // Subscriptions with their own token or data cannot go in `connect.subs`; they are sent one
+      // by one.
+      if (sub._sentAlone) continue;
       const since = sub._tracker.since();
       sub._state = 'subscribing';
       sub._sentSince = since;
@@ -740,6 +741,7 @@ export class Herald extends Emitter<HeraldEvents> {
     const params: Record<string, unknown> = { channel: sub.channel };
     if (since) params.since = since;
     if (sub._token !== undefined) params.token = sub._token;
+    if (sub._data !== undefined) params.data = sub._data;
     this.request('subscribe', params, (err, result) => {
       sub._inflight = false;
       if (this.subs.get(sub.channel) !== sub) return; // unsubscribed meanwhile

@@ -50,6 +50,8 @@ export interface SubscribedContext {
   recovered: boolean;
   /** True for every subscribe after the first one (reconnects, resyncs). */
   resubscribed: boolean;
+  /** What the server's subscribe proxy (the application's backend) returned, if anything. */
+  data?: unknown;
 }
 
 export interface UnsubscribedContext {
@@ -68,6 +70,11 @@ export interface SubscribeOptions<T = unknown> {
   since?: StreamPosition;
   /** Subscription token (JWT) for channels that need one. */
   token?: string;
+  /**
+   * Sent with every `subscribe` of this channel: the server's subscribe proxy passes it to the
+   * application's backend (docs/proxy.md).
+   */
+  data?: unknown;
   /**
    * Called for a subscription token: before subscribing (when `token` is not given), before the
    * token expires (the SDK then sends `sub_refresh`), and after the server ended the subscription
@@ -157,6 +164,16 @@ export class Subscription<T = unknown> {
     return this.token !== undefined || this.opts.getToken !== undefined;
   }
 
+  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
+  get _sentAlone(): boolean {
+    return this._hasOwnToken || this.opts.data !== undefined;
+  }
+
+  /** @internal The `data` option, for the subscribe command. */
+  get _data(): unknown {
+    return this.opts.data;
+  }
+
   /** @internal Whether a fresh token can be fetched. */
   get _canFetchToken(): boolean {
     return this.opts.getToken !== undefined;
@@ -224,14 +241,16 @@ export class Subscription<T = unknown> {
         offset: result.offset,
       });
     }
-    this.call(this.opts.onSubscribed, {
+    const subscribed: SubscribedContext = {
       channel: this.channel,
       epoch: String(result.epoch),
       offset: result.offset,
       recoverable: result.recoverable !== false,
       recovered: outcome.recovered,
       resubscribed,
-    });
+    };
+    if (result.data !== undefined) subscribed.data = result.data;
+    this.call(this.opts.onSubscribed, subscribed);
     for (const w of this.waiters.splice(0)) w.resolve();
     for (const pub of outcome.publications) {
       // A callback may have unsubscribed us half-way through the batch.

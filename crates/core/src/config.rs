@@ -341,7 +341,7 @@ pub struct ProxyConfig {
     pub connect_url: String,
     /// Also call the connect proxy when the client brings a token (the token is then ignored).
     pub connect_always: bool,
-    /// Called before a proxy-authenticated connection expires, to extend it.
+    /// Called when a proxy-authenticated connection reaches its expiry, to extend it.
     pub refresh_url: String,
     /// Called for subscriptions in namespaces with `subscribe_proxy = true`.
     pub subscribe_url: String,

@@ -47,6 +47,14 @@ pub struct Metrics {
     pub tail_gaps: Counter,
     /// Seconds a publish took at the broker.
     pub publish_seconds: Histogram,
+    /// Calls to the application's backend (proxy hooks).
+    pub proxy_calls: Counter,
+    /// Proxy calls that found the backend down or too slow (error 112 to the client).
+    pub proxy_unavailable: Counter,
+    /// Proxy answers refused: not 200, too large, or malformed (error 100 to the client).
+    pub proxy_bad_answers: Counter,
+    /// Seconds a proxy call took, answer read.
+    pub proxy_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -143,6 +151,26 @@ impl Metrics {
                 "tail_gaps",
                 "Gaps at a channel's tail found by the periodic tail check",
                 Counter::default()
+            ),
+            proxy_calls: reg!(
+                "proxy_calls",
+                "Calls to the application's backend (proxy hooks)",
+                Counter::default()
+            ),
+            proxy_unavailable: reg!(
+                "proxy_unavailable",
+                "Proxy calls that found the backend down or slower than proxy.timeout_ms",
+                Counter::default()
+            ),
+            proxy_bad_answers: reg!(
+                "proxy_bad_answers",
+                "Proxy answers refused: not 200, too large, or malformed",
+                Counter::default()
+            ),
+            proxy_seconds: reg!(
+                "proxy_seconds",
+                "Seconds a proxy call took",
+                Histogram::new(exponential_buckets(0.0005, 2.0, 14))
             ),
             publish_seconds: reg!(
                 "publish_seconds",

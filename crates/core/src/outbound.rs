@@ -133,6 +133,21 @@ impl Outbound {
         self.notify.notified().await;
     }
 
+    /// Take the queued frames only, leaving controls and a close request for the next
+    /// [`drain`](Self::drain): for a connection task whose session is busy with a command (a
+    /// proxy call), which can write but not act on controls. Call [`wake`](Self::wake) after.
+    pub fn drain_frames(&self) -> Vec<Bytes> {
+        let mut state = self.state.lock().expect("outbound lock");
+        state.bytes = 0;
+        std::mem::take(&mut state.frames).into()
+    }
+
+    /// Wake the connection task, so that it drains what [`drain_frames`](Self::drain_frames)
+    /// left behind.
+    pub fn wake(&self) {
+        self.notify.notify_one();
+    }
+
     /// Take everything queued.
     pub fn drain(&self) -> Drained {
         let mut state = self.state.lock().expect("outbound lock");
@@ -190,6 +205,23 @@ mod tests {
             ]
         );
         assert!(q.push(Bytes::from_static(b"0123456789")));
+    }
+
+    #[tokio::test]
+    async fn drain_frames_leaves_controls_and_close() {
+        let q = Outbound::new(100);
+        q.push(Bytes::from_static(b"a"));
+        q.control(Control::Subscribe("c".into()));
+        assert_eq!(q.drain_frames(), vec![Bytes::from_static(b"a")]);
+        q.close(CloseRequest {
+            code: CloseCode::SHUTDOWN,
+            reason: "bye".into(),
+            after_ms: None,
+        });
+        let d = q.drain();
+        assert!(d.frames.is_empty());
+        assert_eq!(d.controls, vec![Control::Subscribe("c".into())]);
+        assert_eq!(d.close.unwrap().code, CloseCode::SHUTDOWN);
     }
 
     #[tokio::test]

@@ -14,6 +14,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::metrics::Metrics;
+
 /// Which hook a call is for; the server maps each to its configured URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hook {
@@ -242,30 +244,70 @@ pub(crate) fn parse_answer<T: DeserializeOwned>(body: &[u8]) -> Result<Answer<T>
     }
 }
 
+/// Whether a failure may be logged at warn/error level now: at most one line a second, so that a
+/// backend outage failing thousands of connects does not flood the log (the rest go to debug;
+/// the metrics count every failure).
+fn loud_now() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_SECOND.load(Ordering::Relaxed);
+    last != now
+        && LAST_SECOND
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
 /// What a failed call becomes for the client: unavailable is retryable (112); anything else is
 /// an internal error whose cause only the log sees.
 pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
+    let loud = loud_now();
     match e {
         ProxyError::Unavailable(cause) => {
-            tracing::warn!(hook = hook.name(), %cause, "proxy call failed");
+            if loud {
+                tracing::warn!(hook = hook.name(), %cause, "proxy call failed");
+            } else {
+                tracing::debug!(hook = hook.name(), %cause, "proxy call failed");
+            }
             ErrorCode::BackendUnavailable.into()
         }
         ProxyError::BadAnswer(cause) => {
-            tracing::error!(hook = hook.name(), %cause, "proxy answer refused");
+            if loud {
+                tracing::error!(hook = hook.name(), %cause, "proxy answer refused");
+            } else {
+                tracing::debug!(hook = hook.name(), %cause, "proxy answer refused");
+            }
             ErrorCode::Internal.into()
         }
     }
 }
 
-/// Call `hook` with `body` and read its answer.
+/// Call `hook` with `body` and read its answer, counted in `metrics`.
 pub(crate) async fn ask<T: DeserializeOwned>(
     proxy: &dyn Proxy,
     hook: Hook,
     body: &impl Serialize,
+    metrics: &Metrics,
 ) -> Result<Answer<T>, ProxyError> {
     let bytes = serde_json::to_vec(body).expect("proxy requests serialize");
-    let answer = proxy.call(hook, bytes).await?;
-    parse_answer(&answer)
+    let started = std::time::Instant::now();
+    metrics.proxy_calls.inc();
+    let answer = proxy.call(hook, bytes).await.and_then(|a| parse_answer(&a));
+    metrics
+        .proxy_seconds
+        .observe(started.elapsed().as_secs_f64());
+    match &answer {
+        Err(ProxyError::Unavailable(_)) => {
+            metrics.proxy_unavailable.inc();
+        }
+        Err(ProxyError::BadAnswer(_)) => {
+            metrics.proxy_bad_answers.inc();
+        }
+        Ok(_) => {}
+    }
+    answer
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@ struct Connected {
     /// When subscriptions granted by an expiring subscription token end, unless `sub_refresh`
     /// extends them.
     sub_expires: HashMap<String, Instant>,
-    /// Authenticated by the connect proxy: the refresh hook extends it before it expires.
+    /// Authenticated by the connect proxy: at its expiry the refresh hook may extend it.
     proxied: bool,
     /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
     proxied_subs: HashSet<String>,
@@ -271,7 +271,7 @@ impl Session {
             method,
             data,
         };
-        match ask::<T>(proxy, hook, &body).await {
+        match ask::<T>(proxy, hook, &body, self.ctx.hub.metrics()).await {
             Ok(Answer::Result(r)) => Ok(r),
             Ok(Answer::Error(refusal)) => Err(refusal),
             Err(e) => Err(failure(hook, e)),
@@ -491,27 +491,33 @@ impl Session {
                     version: params.version.as_deref(),
                     data: params.data.as_deref(),
                 };
-                let result =
-                    match ask::<ProxyConnectResult>(proxy.as_ref(), Hook::Connect, &body).await {
-                        Ok(Answer::Result(r)) => r,
-                        Ok(Answer::Error(refusal)) => {
-                            return self.refuse(id, refusal).or_else(|| {
-                                Some(close(
-                                    CloseCode::REFUSED_BY_BACKEND,
-                                    "connection refused by the application",
-                                ))
-                            })
-                        }
-                        Err(e) => {
-                            let unavailable = matches!(e, crate::proxy::ProxyError::Unavailable(_));
-                            self.refuse(id, failure(Hook::Connect, e));
-                            let reason = match unavailable {
-                                true => "backend unavailable",
-                                false => "backend error",
-                            };
-                            return Some(close(CloseCode::BACKEND_ERROR, reason));
-                        }
-                    };
+                let result = match ask::<ProxyConnectResult>(
+                    proxy.as_ref(),
+                    Hook::Connect,
+                    &body,
+                    self.ctx.hub.metrics(),
+                )
+                .await
+                {
+                    Ok(Answer::Result(r)) => r,
+                    Ok(Answer::Error(refusal)) => {
+                        return self.refuse(id, refusal).or_else(|| {
+                            Some(close(
+                                CloseCode::REFUSED_BY_BACKEND,
+                                "connection refused by the application",
+                            ))
+                        })
+                    }
+                    Err(e) => {
+                        let unavailable = matches!(e, crate::proxy::ProxyError::Unavailable(_));
+                        self.refuse(id, failure(Hook::Connect, e));
+                        let reason = match unavailable {
+                            true => "backend unavailable",
+                            false => "backend error",
+                        };
+                        return Some(close(CloseCode::BACKEND_ERROR, reason));
+                    }
+                };
                 let auth = Authenticated {
                     user: result.user,
                     info: result.info,

@@ -236,6 +236,31 @@ mod tests {
     }
 
     #[test]
+    fn proxy_keys_come_from_the_file_and_the_environment() {
+        #[allow(clippy::result_large_err)]
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "herald.toml",
+                "[proxy]\nrpc_url = \"http://app/rpc\"\ncookies = [\"sessionid\"]\n\
+                 [[namespaces]]\nname = \"room\"\nsubscribe_proxy = true\n",
+            )?;
+            jail.set_env("HERALD_PROXY__SUBSCRIBE_URL", "http://app/subscribe");
+            jail.set_env("HERALD_PROXY__TIMEOUT_MS", "250");
+            let c = load(&Overrides {
+                config: Some("herald.toml".into()),
+                ..Overrides::default()
+            })
+            .expect("loads");
+            assert_eq!(c.proxy.rpc_url, "http://app/rpc");
+            assert_eq!(c.proxy.subscribe_url, "http://app/subscribe");
+            assert_eq!(c.proxy.timeout_ms, 250);
+            assert_eq!(c.proxy.cookies, ["sessionid"]);
+            assert!(c.namespaces[0].subscribe_proxy);
+            Ok(())
+        });
+    }
+
+    #[test]
     fn unknown_keys_and_public_dev_are_refused() {
         #[allow(clippy::result_large_err)]
         figment::Jail::expect_with(|jail| {

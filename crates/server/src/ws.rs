@@ -243,7 +243,21 @@ async fn run(app: Arc<App>, mut ws: Ws, meta: Option<ClientMeta>) {
                 if text.len() > limits.max_frame_bytes {
                     break Some((Vec::new(), close_request(CloseCode::MESSAGE_TOO_LARGE, "message too large")));
                 }
-                if let Some(close) = Box::pin(handle_text(&app, &mut session, &out, text)).await {
+                let close = if session.is_connected() {
+                    let outcome = Box::pin(dispatch_writing(&mut session, &mut ws, &out, text, write_timeout(&app))).await;
+                    if outcome.write_failed {
+                        if out.drain().close.is_some_and(|r| r.code == CloseCode::SLOW_CONSUMER) {
+                            metrics.slow_consumers.inc();
+                        }
+                        break None;
+                    }
+                    outcome.close.map(|req| (out.drain().frames, req))
+                } else {
+                    // `connect` is answered as a whole: the connection limit may still refuse
+                    // it, and then none of its frames go out.
+                    Box::pin(handle_text(&app, &mut session, &out, text)).await
+                };
+                if let Some(close) = close {
                     break Some(close);
                 }
             }
@@ -318,6 +332,45 @@ async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
         }
     }
     None
+}
+
+/// How [`dispatch_writing`] ended.
+struct Dispatched {
+    /// The connection must close.
+    close: Option<CloseRequest>,
+    /// A write failed meanwhile (the client stopped reading): drop the connection.
+    write_failed: bool,
+}
+
+/// [`dispatch`], while writing what is queued for the connection meanwhile: a command waiting for
+/// the application's backend (a proxy hook) must not hold back the connection's publications.
+/// Controls and a close request wait in the queue until the command is done (they need the
+/// session, which the command holds); the main loop is woken for them afterwards.
+async fn dispatch_writing(
+    session: &mut Session,
+    ws: &mut Ws,
+    out: &Outbound,
+    text: &str,
+    limit: Duration,
+) -> Dispatched {
+    let mut write_failed = false;
+    let dispatching = dispatch(session, text);
+    tokio::pin!(dispatching);
+    let close = loop {
+        tokio::select! {
+            biased;
+            close = &mut dispatching => break close,
+            _ = out.ready(), if !write_failed => {
+                let frames = out.drain_frames();
+                write_failed = write_batch(ws, frames, limit).await.is_err();
+            }
+        }
+    };
+    out.wake();
+    Dispatched {
+        close,
+        write_failed,
+    }
 }
 
 /// Write queued frames: one frame as it is (its bytes are shared with other subscribers),

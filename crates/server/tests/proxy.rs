@@ -219,6 +219,9 @@ async fn backend_failures_become_documented_errors_never_hangs() {
             started.elapsed()
         );
     }
+    assert_eq!(node.metric("herald_proxy_calls_total").await, 5.0);
+    assert_eq!(node.metric("herald_proxy_unavailable_total").await, 1.0);
+    assert_eq!(node.metric("herald_proxy_bad_answers_total").await, 4.0);
     // Nobody listens: connection refused is retryable too.
     let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -379,8 +382,12 @@ async fn rpc_is_answered_by_the_backend_and_slow_calls_hold_up_nobody_else() {
         "{r}"
     );
 
-    // A call that takes the backend 1.5 s does not delay another connection's calls.
+    // A call that takes the backend 2 s does not delay another connection's calls, nor the
+    // publications of its own connection.
+    let r = alice.call("subscribe", json!({"channel": "news"})).await;
+    assert!(r["subscribe"].is_object(), "{r}");
     let slow_id = alice.send("rpc", json!({"method": "slow"})).await;
+    let slow_sent = Instant::now();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     let mut bob = logged_in(&node, "bob").await;
@@ -390,6 +397,14 @@ async fn rpc_is_answered_by_the_backend_and_slow_calls_hold_up_nobody_else() {
         started.elapsed() < Duration::from_millis(1000),
         "bob waited {:?} behind alice's slow call",
         started.elapsed()
+    );
+    node.publish("news", json!("during the call")).await;
+    let m = alice.next().await;
+    assert_eq!(m["pub"]["data"], "during the call", "{m}");
+    assert!(
+        slow_sent.elapsed() < Duration::from_millis(1800),
+        "the publication waited for the 2 s call: {:?}",
+        slow_sent.elapsed()
     );
     let r = alice.reply(slow_id).await;
     assert_eq!(r["rpc"]["data"]["method"], "slow", "{r}");
@@ -535,7 +550,7 @@ async fn server_side_subscriptions_from_token_proxy_and_personal_channel_recover
 }
 
 #[tokio::test]
-async fn the_stream_transport_goes_through_the_connect_proxy_too() {
+async fn the_stream_and_sse_transports_go_through_the_connect_proxy_too() {
     let backend = Backend::start().await;
     let (node, _cfg) = node(&backend, 2000).await;
     let out = Command::new("curl")
@@ -562,6 +577,28 @@ async fn the_stream_transport_goes_through_the_connect_proxy_too() {
     );
     assert!(
         first["connect"]["subs"]["news"]["epoch"].is_string(),
+        "{text}"
+    );
+
+    // Server-Sent Events: the same, with the data in the `connected` event.
+    let out = Command::new("curl")
+        .args(["-sN", "--max-time", "1"])
+        .arg(format!("http://{}/connection/sse?channel=news", node.addr))
+        .args(["-H", "Cookie: sessionid=dave"])
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let connected = text
+        .split("\n\n")
+        .find(|block| block.contains("event: connected"))
+        .and_then(|block| block.lines().find_map(|l| l.strip_prefix("data: ")))
+        .unwrap_or_else(|| panic!("no connected event in {text}"));
+    let connected: Value = serde_json::from_str(connected).unwrap();
+    assert_eq!(connected["data"]["transport"], "sse", "{text}");
+    assert_eq!(
+        connected["data"]["cookies"],
+        json!({"sessionid": "dave"}),
         "{text}"
     );
 }

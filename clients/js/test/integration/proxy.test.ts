@@ -1,6 +1,7 @@
 // Proxy hooks through the SDK, against the real server and a real application backend (the Python
 // one the server's own tests use): a session cookie on the WebSocket upgrade authenticates through
-// the connect proxy, `rpc()` is answered by the backend, and the user's server-side personal
+// the connect proxy, `rpc()` is answered by the backend, the subscribe proxy sees a subscription's
+// `data` and answers with its own, and the user's server-side personal
 // channel is recovered with `since` after the connection is really cut.
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -55,11 +56,16 @@ beforeAll(async () => {
       '[proxy]',
       `connect_url = ${url('connect')}`,
       `rpc_url = ${url('rpc')}`,
+      `subscribe_url = ${url('subscribe')}`,
       'cookies = ["sessionid"]',
       '[[namespaces]]',
       'name = "user"',
       'subscribe = "token"',
       'history_size = 100',
+      '[[namespaces]]',
+      'name = "room"',
+      'subscribe = "token"',
+      'subscribe_proxy = true',
     ].join('\n'),
   );
   server = await HeraldServer.start(inject('heraldBin'), { args: ['--config', config] });
@@ -94,6 +100,15 @@ describe('proxy hooks', () => {
     expect(failed).toBeInstanceOf(ReplyError);
     expect((failed as ReplyError).code).toBe(1500);
     expect((failed as ReplyError).message).toBe('no such thing');
+
+    // The subscribe proxy gets the subscription's data and answers with its own.
+    let subscribedData: unknown;
+    const room = client.subscribe('room:lobby', { data: { pin: 7 }, onSubscribed: (c) => (subscribedData = c.data) });
+    await room.ready();
+    expect(subscribedData).toEqual({ channel: 'room:lobby', user: 'alice', data: { pin: 7 } });
+    const denied = client.subscribe('room:deny-me');
+    const refusal = await denied.ready().catch((e: unknown) => e);
+    expect((refusal as ReplyError).code).toBe(1403);
     client.disconnect();
   });
 

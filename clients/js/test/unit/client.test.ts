@@ -690,6 +690,62 @@ describe('server-side subscriptions', () => {
     ]);
   });
 
+  it('asks for them with since after a reconnect and delivers what was missed once, in order', async () => {
+    const h = client();
+    const events: string[] = [];
+    h.on('subscribed', (c) => events.push(`subscribed:${c.channel}:${c.recovered}`));
+    h.on('publication', (p) => events.push(`pub:${p.channel}:${p.offset}`));
+    h.connect();
+    await flush();
+    let s = FakeSocket.last();
+    s.accept({ subs: { 'user:ann': { epoch: 'U', offset: 5, recoverable: true } } });
+    s.push({ pub: { channel: 'user:ann', offset: 6, data: 0 } });
+    s.push({ pub: { channel: 'user:ann', offset: 6, data: 0 } }); // a duplicate: dropped
+    s.serverClose(1006);
+    await vi.advanceTimersByTimeAsync(8000);
+    s = FakeSocket.last();
+    s.open();
+    expect(s.cmd('connect').params.subs).toEqual({ 'user:ann': { since: { epoch: 'U', offset: 6 } } });
+    s.accept({
+      subs: {
+        'user:ann': {
+          epoch: 'U',
+          offset: 8,
+          recoverable: true,
+          recovered: true,
+          publications: [
+            { offset: 7, data: 0 },
+            { offset: 8, data: 0 },
+          ],
+        },
+      },
+    });
+    s.push({ pub: { channel: 'user:ann', offset: 8, data: 0 } }); // already recovered: dropped
+    s.push({ pub: { channel: 'user:ann', offset: 9, data: 0 } });
+    expect(events).toEqual([
+      'subscribed:user:ann:undefined',
+      'pub:user:ann:6',
+      'subscribed:user:ann:true',
+      'pub:user:ann:7',
+      'pub:user:ann:8',
+      'pub:user:ann:9',
+    ]);
+  });
+
+  it('sends the data option in connect and reports the connect proxy data', async () => {
+    let n = 0;
+    const h = client({ data: () => ({ attempt: ++n }) });
+    let data: unknown;
+    h.on('connected', (c) => (data = c.data));
+    h.connect();
+    await flush();
+    const s = FakeSocket.last();
+    s.open();
+    expect(s.cmd('connect').params.data).toEqual({ attempt: 1 });
+    s.accept({ data: { name: 'Ann' } });
+    expect(data).toEqual({ name: 'Ann' });
+  });
+
   it('does not report publications of a channel it just unsubscribed from', async () => {
     const h = client();
     const seen: string[] = [];

@@ -69,6 +69,9 @@ struct Connected<'a> {
     node: &'a str,
     #[serde(default, borrow)]
     subs: std::collections::HashMap<String, &'a RawValue>,
+    /// The connect proxy's data for the client.
+    #[serde(borrow)]
+    data: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -122,7 +125,10 @@ impl Encoder {
         else {
             return;
         };
-        let info = serde_json::json!({"client": reply.client, "node": reply.node});
+        let mut info = serde_json::json!({"client": reply.client, "node": reply.node});
+        if let Some(data) = reply.data {
+            info["data"] = serde_json::from_str(data.get()).unwrap_or_default();
+        }
         event(out, "connected", &info.to_string());
         for i in 0..self.channels.len() {
             let channel = self.channels[i].clone();
