@@ -8,6 +8,7 @@
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
 //! - [`http`]: request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page.
 //! - [`api`]: the HTTP API handlers.
+//! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
 //! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close;
 //!   it also enforces `limits.max_connections` (counted over connections that completed
 //!   `connect`, so sockets that never authenticate cannot lock others out).
@@ -27,6 +28,7 @@ pub mod api;
 pub mod brokers;
 pub mod emulation;
 pub mod guard;
+mod handshake;
 pub mod http;
 pub mod jwks;
 mod liveness;

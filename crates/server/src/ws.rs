@@ -18,77 +18,30 @@ use herald_core::{Outbound, Session};
 use herald_protocol::command::parse_frame;
 use herald_protocol::encode::push_disconnect;
 use herald_protocol::{CloseCode, ErrorCode, SUBPROTOCOL};
-use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{self, HeaderValue};
-use hyper::upgrade::Upgraded;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::header;
+use hyper::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout};
-use tokio_websockets::{Message, Payload, WebSocketStream};
+use tokio_websockets::{Message, Payload};
 
 use crate::api;
-use crate::guard::{origin_listed, IpSlot, PeerAddr};
+use crate::guard::{IpSlot, PeerAddr};
 use crate::http::{App, HttpResponse};
 use crate::liveness::Liveness;
 
 /// Largest batch of newline-joined frames in one WebSocket message.
 const BATCH_BYTES: usize = 64 * 1024;
-const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 
-type Ws = WebSocketStream<TokioIo<Upgraded>>;
+use crate::handshake::{self, Ws};
 
 /// Answer the upgrade request and spawn the connection's task.
 pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+    let accept = match handshake::accept_key(&app, req.headers()) {
+        Ok(accept) => accept,
+        Err(refused) => return *refused,
+    };
     let headers = req.headers();
-    let has = |name: header::HeaderName, token: &str| {
-        headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|v| v.trim().eq_ignore_ascii_case(token))
-    };
-    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
-        return api::error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            "expected a WebSocket upgrade",
-        );
-    }
-    let allowed = &app.ctx.config.allowed_origins;
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or("");
-        if !allowed.is_empty() && !origin_listed(allowed, origin) {
-            return api::error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied,
-                "origin not allowed (allowed_origins)",
-            );
-        }
-    }
-    if headers
-        .get(header::SEC_WEBSOCKET_VERSION)
-        .map(|v| v.as_bytes())
-        != Some(b"13")
-    {
-        return api::error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            "Sec-WebSocket-Version must be 13",
-        );
-    }
-    let Some(key) = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .map(|k| k.as_bytes().to_vec())
-    else {
-        return api::error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            "missing Sec-WebSocket-Key",
-        );
-    };
     let protocols: Vec<String> = headers
         .get_all(header::SEC_WEBSOCKET_PROTOCOL)
         .iter()
@@ -116,12 +69,6 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
         );
     }
 
-    let mut sha = sha1_smol::Sha1::new();
-    sha.update(&key);
-    sha.update(WS_GUID.as_bytes());
-    use base64::Engine;
-    let accept = base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes());
-
     let max_frame = app.ctx.config.limits.max_frame_bytes;
     let meta = app.ctx.config.proxy.enabled().then(|| {
         let ip = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
@@ -131,33 +78,12 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
     tokio::spawn(async move {
         let _ip_slot = ip_slot;
         match hyper::upgrade::on(req).await {
-            Ok(upgraded) => {
-                // The codec's own limit sits far above ours so that our check (close 4503) runs
-                // first; only absurd frames hit the codec's limit (close 1009).
-                let limits = tokio_websockets::Limits::default()
-                    .max_payload_len(Some(max_frame.saturating_mul(16)));
-                let ws = tokio_websockets::ServerBuilder::new()
-                    .limits(limits)
-                    .serve(TokioIo::new(upgraded));
-                run(app, ws, meta).await;
-            }
+            Ok(upgraded) => run(app, handshake::serve(upgraded, max_frame), meta).await,
             Err(e) => tracing::debug!(cause = %e, "upgrade failed"),
         }
     });
 
-    let mut response = Response::new(Full::new(Bytes::new()));
-    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = response.headers_mut();
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(
-        header::SEC_WEBSOCKET_ACCEPT,
-        HeaderValue::from_str(&accept).expect("base64 is a header value"),
-    );
-    if let Some(p) = subprotocol {
-        h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
-    }
-    response
+    handshake::switching_protocols(&accept, subprotocol)
 }
 
 /// Counts the connection while it lives.

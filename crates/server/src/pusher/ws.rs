@@ -13,26 +13,19 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_core::outbound::CloseRequest;
 use herald_core::Outbound;
-use herald_protocol::{CloseCode, ErrorCode};
-use http_body_util::Full;
+use herald_protocol::CloseCode;
 use hyper::body::Incoming;
-use hyper::header::{self, HeaderValue};
-use hyper::upgrade::Upgraded;
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::Request;
 use tokio::time::{sleep_until, timeout, Instant};
-use tokio_websockets::{Message, Payload, WebSocketStream};
+use tokio_websockets::{Message, Payload};
 
 use super::apps::PusherApp;
 use super::conn::{ConnContext, PusherConn};
 use super::wire;
-use crate::api;
-use crate::guard::{origin_listed, IpSlot};
+use crate::guard::IpSlot;
 use crate::http::{App, HttpResponse};
 
-const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
-
-type Ws = WebSocketStream<TokioIo<Upgraded>>;
+use crate::handshake::{self, Ws};
 
 /// Why a Pusher connection ends: a protocol close code and message.
 struct Close {
@@ -60,53 +53,9 @@ fn from_request(req: &CloseRequest) -> Close {
 /// clients must see (unknown app, protocol version) complete the upgrade and close with the
 /// code; malformed upgrades get an HTTP error.
 pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
-    let headers = req.headers();
-    let has = |name: header::HeaderName, token: &str| {
-        headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .any(|v| v.trim().eq_ignore_ascii_case(token))
-    };
-    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
-        return api::error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            "expected a WebSocket upgrade",
-        );
-    }
-    let allowed = &app.ctx.config.allowed_origins;
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or("");
-        if !allowed.is_empty() && !origin_listed(allowed, origin) {
-            return api::error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied,
-                "origin not allowed (allowed_origins)",
-            );
-        }
-    }
-    if headers
-        .get(header::SEC_WEBSOCKET_VERSION)
-        .map(|v| v.as_bytes())
-        != Some(b"13")
-    {
-        return api::error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            "Sec-WebSocket-Version must be 13",
-        );
-    }
-    let Some(ws_key) = headers
-        .get(header::SEC_WEBSOCKET_KEY)
-        .map(|k| k.as_bytes().to_vec())
-    else {
-        return api::error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            "missing Sec-WebSocket-Key",
-        );
+    let accept = match handshake::accept_key(&app, req.headers()) {
+        Ok(accept) => accept,
+        Err(refused) => return *refused,
     };
     let key = req
         .uri()
@@ -130,23 +79,13 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
         _ => None,
     };
 
-    let mut sha = sha1_smol::Sha1::new();
-    sha.update(&ws_key);
-    sha.update(WS_GUID.as_bytes());
-    use base64::Engine;
-    let accept = base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes());
-
     let max_frame = app.ctx.config.limits.max_frame_bytes;
     let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
     tokio::spawn(async move {
         let _ip_slot = ip_slot;
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
-                let limits = tokio_websockets::Limits::default()
-                    .max_payload_len(Some(max_frame.saturating_mul(16)));
-                let mut ws = tokio_websockets::ServerBuilder::new()
-                    .limits(limits)
-                    .serve(TokioIo::new(upgraded));
+                let mut ws = handshake::serve(upgraded, max_frame);
                 match (refusal, pusher_app) {
                     (None, Some(pusher_app)) => run(app, pusher_app, ws).await,
                     (refusal, _) => {
@@ -160,16 +99,7 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
         }
     });
 
-    let mut response = Response::new(Full::new(Bytes::new()));
-    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
-    let h = response.headers_mut();
-    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
-    h.insert(
-        header::SEC_WEBSOCKET_ACCEPT,
-        HeaderValue::from_str(&accept).expect("base64 is a header value"),
-    );
-    response
+    handshake::switching_protocols(&accept, None)
 }
 
 /// Counts the connection (node-wide and per app) while it lives.

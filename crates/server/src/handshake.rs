@@ -1,0 +1,103 @@
+//! The WebSocket opening handshake both WebSocket endpoints share (`/ws` for Herald's protocol,
+//! `/app/{key}` for Pusher's): the checks every upgrade passes, the `101` answer, and the codec
+//! the upgraded socket is served with.
+
+use bytes::Bytes;
+use herald_protocol::ErrorCode;
+use http_body_util::Full;
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::upgrade::Upgraded;
+use hyper::{Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio_websockets::WebSocketStream;
+
+use crate::api;
+use crate::guard::origin_listed;
+use crate::http::{App, HttpResponse};
+
+const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// An upgraded WebSocket.
+pub(crate) type Ws = WebSocketStream<TokioIo<Upgraded>>;
+
+/// Check an upgrade request (upgrade headers, an allowed `Origin`, version 13, a key): the
+/// `Sec-WebSocket-Accept` value to answer with, or the HTTP error that refuses it.
+pub(crate) fn accept_key(app: &App, headers: &HeaderMap) -> Result<String, Box<HttpResponse>> {
+    let has = |name: header::HeaderName, token: &str| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|v| v.trim().eq_ignore_ascii_case(token))
+    };
+    if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
+        return Err(Box::new(api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "expected a WebSocket upgrade",
+        )));
+    }
+    let allowed = &app.ctx.config.allowed_origins;
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let origin = origin.to_str().unwrap_or("");
+        if !allowed.is_empty() && !origin_listed(allowed, origin) {
+            return Err(Box::new(api::error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "origin not allowed (allowed_origins)",
+            )));
+        }
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .map(|v| v.as_bytes())
+        != Some(b"13")
+    {
+        return Err(Box::new(api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "Sec-WebSocket-Version must be 13",
+        )));
+    }
+    let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY) else {
+        return Err(Box::new(api::error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "missing Sec-WebSocket-Key",
+        )));
+    };
+    let mut sha = sha1_smol::Sha1::new();
+    sha.update(key.as_bytes());
+    sha.update(WS_GUID.as_bytes());
+    use base64::Engine;
+    Ok(base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes()))
+}
+
+/// The `101 Switching Protocols` answer.
+pub(crate) fn switching_protocols(accept: &str, subprotocol: Option<&'static str>) -> HttpResponse {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = response.headers_mut();
+    h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    h.insert(header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    h.insert(
+        header::SEC_WEBSOCKET_ACCEPT,
+        HeaderValue::from_str(accept).expect("base64 is a header value"),
+    );
+    if let Some(p) = subprotocol {
+        h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
+    }
+    response
+}
+
+/// Serve an upgraded connection. The codec's own frame limit sits far above
+/// `limits.max_frame_bytes` so that the connection's check (close 4503) runs first; only absurd
+/// frames hit the codec's limit (close 1009).
+pub(crate) fn serve(upgraded: Upgraded, max_frame: usize) -> Ws {
+    let limits =
+        tokio_websockets::Limits::default().max_payload_len(Some(max_frame.saturating_mul(16)));
+    tokio_websockets::ServerBuilder::new()
+        .limits(limits)
+        .serve(TokioIo::new(upgraded))
+}
