@@ -485,6 +485,8 @@ describe('the Pusher HTTP API', () => {
 
   it('answers 413 to oversized data and 400 to a bad body', async () => {
     await expect(backend().trigger('news', 'big', 'x'.repeat(11 * 1024))).rejects.toMatchObject({ status: 413 });
-    await expect(backend().post({ path: '/events', body: { name: 'x' } as unknown as string })).rejects.toMatchObject({ status: 400 });
+    await expect(backend().post({ path: '/events', body: { name: 'x' } as unknown as string })).rejects.toMatchObject({
+      status: 400,
+    });
   });
 });
