@@ -412,6 +412,26 @@ impl Hub {
         let top = position.offset;
         match std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top }) {
             Mode::Pending(waiting) => {
+                // What the channel delivered after this subscriber became pending is contiguous
+                // and ends at the baseline. If it does not reach down to the reply's position
+                // (the reply is older than publications delivered before that), the subscriber
+                // would miss the ones in between: tell it (4003) instead; it recovers with
+                // `since` from history.
+                let next = waiting
+                    .iter()
+                    .map(|p| p.offset)
+                    .find(|o| *o > top)
+                    .or(ch.last_offset.map(|l| l + 1));
+                if next.is_some_and(|next| next > top + 1) {
+                    sub.mode = Mode::Lost;
+                    sub.out.control(Control::Lost {
+                        channel: channel.to_owned(),
+                        reason: "insufficient state: the reply is older than what was delivered"
+                            .into(),
+                    });
+                    self.shared.metrics.continuity_lost.inc();
+                    return;
+                }
                 for p in waiting.iter().filter(|p| p.offset > top) {
                     sub.out.push(push_publication(channel, p));
                 }
@@ -426,7 +446,20 @@ impl Hub {
             ch.epoch = Some(position.epoch.clone());
             ch.last_offset = Some(top);
             ch.active = true;
-            for (epoch, p) in std::mem::take(&mut ch.early) {
+            let early = std::mem::take(&mut ch.early);
+            // Other pending subscribers may hold older replies than this baseline: they keep the
+            // held publications at or below it too (the rest reach them through delivery).
+            for (other, sub) in ch.subscribers.iter_mut() {
+                if let (true, Mode::Pending(waiting)) = (*other != key, &mut sub.mode) {
+                    waiting.extend(
+                        early
+                            .iter()
+                            .filter(|(e, p)| *e == position.epoch && p.offset <= top)
+                            .map(|(_, p)| p.clone()),
+                    );
+                }
+            }
+            for (epoch, p) in early {
                 self.deliver_to(channel, ch, &epoch, p);
             }
         }
@@ -1093,6 +1126,73 @@ mod tests {
         hub.activate("ch", key, &pos);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(offsets(&out), vec![3, 4], "the hole at 3 is caught up");
+    }
+
+    /// Two subscribers pending on a channel without a baseline; the newer reply activates
+    /// first and sets the baseline. The older one must still get everything after its own
+    /// reply position, from the publications held meanwhile.
+    #[tokio::test]
+    async fn an_older_reply_activated_after_a_newer_one_misses_nothing() {
+        let hub = hub().await;
+        publish(&hub, "ch", 10).await;
+        let (a_out, b_out) = (
+            Arc::new(Outbound::new(1 << 20)),
+            Arc::new(Outbound::new(1 << 20)),
+        );
+        let a = hub.register("a".into(), "u".into(), a_out.clone());
+        let b = hub.register("b".into(), "u".into(), b_out.clone());
+        let a_pos = hub
+            .prepare_subscription("ch", a, &a_out, None, &ns())
+            .await
+            .unwrap()
+            .position;
+        publish(&hub, "ch", 2).await; // 11 and 12 are held: no baseline yet
+        let b_pos = hub
+            .prepare_subscription("ch", b, &b_out, None, &ns())
+            .await
+            .unwrap()
+            .position;
+        assert_eq!((a_pos.offset, b_pos.offset), (10, 12));
+        publish(&hub, "ch", 1).await; // 13
+        hub.activate("ch", b, &b_pos);
+        hub.activate("ch", a, &a_pos);
+        assert_eq!(offsets(&b_out), vec![13]);
+        assert_eq!(offsets(&a_out), vec![11, 12, 13]);
+        publish(&hub, "ch", 1).await;
+        assert_eq!(offsets(&a_out), vec![14]);
+        assert!(lost(&a_out).is_empty());
+    }
+
+    /// A reply older than what the channel already delivered before the subscriber was pending
+    /// cannot be completed from what the hub holds: the subscriber is told (4003), not left
+    /// with a hole.
+    #[tokio::test]
+    async fn a_reply_older_than_the_baseline_is_told_not_left_with_a_hole() {
+        let hub = hub().await;
+        let (_, first) = subscribed(&hub, "ch", "first").await;
+        publish(&hub, "ch", 12).await;
+        assert_eq!(offsets(&first).len(), 12);
+        let out = Arc::new(Outbound::new(1 << 20));
+        let key = hub.register("late".into(), "u".into(), out.clone());
+        hub.prepare_subscription("ch", key, &out, None, &ns())
+            .await
+            .unwrap();
+        // As if its history read had been stale: position 10 while 11 and 12 went out before.
+        let stale = hub
+            .broker()
+            .history("ch", &HistoryQuery::default(), &ns().stream_options())
+            .await
+            .unwrap()
+            .position;
+        let stale = StreamPosition {
+            epoch: stale.epoch,
+            offset: 10,
+        };
+        hub.activate("ch", key, &stale);
+        assert_eq!(lost(&out), vec!["ch".to_string()]);
+        publish(&hub, "ch", 1).await;
+        assert!(offsets(&out).is_empty(), "nothing after the hole");
+        assert_eq!(offsets(&first), vec![13]);
     }
 
     #[tokio::test(start_paused = true)]
