@@ -225,8 +225,13 @@ pub struct Limits {
     pub write_timeout_ms: u64,
     /// Largest HTTP API request body (413 beyond).
     pub max_api_body_bytes: usize,
-    /// Channels in one `/api/broadcast`.
+    /// Channels in one `/api/broadcast` (or one consumer's broadcast); more is error 106.
     pub max_broadcast_channels: usize,
+    /// Largest `/api/broadcast` request body (413 beyond): room for `max_broadcast_channels`
+    /// channel names besides the data.
+    pub max_broadcast_body_bytes: usize,
+    /// Publications of one broadcast in flight at once.
+    pub broadcast_concurrency: usize,
     /// Open TCP connections per client IP (WebSocket and HTTP alike); 0 means no limit. Beyond
     /// it a new connection is closed at once.
     pub max_connections_per_ip: usize,
@@ -252,7 +257,9 @@ impl Default for Limits {
             outbound_queue_bytes: 1024 * 1024,
             write_timeout_ms: 10_000,
             max_api_body_bytes: 1024 * 1024,
-            max_broadcast_channels: 10_000,
+            max_broadcast_channels: 100_000,
+            max_broadcast_body_bytes: 8 * 1024 * 1024,
+            broadcast_concurrency: 256,
             max_recovery_bytes: 4 * 1024 * 1024,
             max_connections_per_ip: 0,
             handshakes_per_ip_per_s: 0,

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishOptions};
+use herald_broker::{BrokerError, ControlMessage, HistoryQuery};
 use herald_core::namespace::NamespaceError;
-use herald_core::session::{check_data_depth, history_body, PresenceReply};
+use herald_core::session::{history_body, PresenceReply};
 use herald_protocol::command::json_error_reason;
 use herald_protocol::{CloseCode, CommandError, ErrorCode, StreamPosition};
 use http_body_util::{BodyExt, Limited};
@@ -17,13 +17,14 @@ use hyper::{header, Method, Request, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
-use serde_json::value::RawValue;
 
 use crate::guard::origin_listed;
 use crate::http::{json, App, HttpResponse};
+use crate::publishing::{self, Command};
 
 /// An API error: what went wrong ([`ErrorCode`], which says whose fault it is and whether a
 /// retry can help), the HTTP status it is answered with, and a message for the caller.
+#[derive(Debug, Clone)]
 pub struct ApiError {
     status: StatusCode,
     code: ErrorCode,
@@ -45,7 +46,36 @@ impl ApiError {
             message: message.into(),
         }
     }
+
+    /// What went wrong.
+    pub fn error_code(&self) -> ErrorCode {
+        self.code
+    }
+
+    /// The message for the caller.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Whether the same request can succeed later (the broker or the backend was unavailable,
+    /// or a rate limit): a consumer retries these and gives up on the others.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.code,
+            ErrorCode::TemporarilyUnavailable
+                | ErrorCode::BackendUnavailable
+                | ErrorCode::TooManyRequests
+        )
+    }
 }
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.code.as_u16())
+    }
+}
+
+impl std::error::Error for ApiError {}
 
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
@@ -65,24 +95,6 @@ impl From<CommandError> for ApiError {
     fn from(e: CommandError) -> Self {
         ApiError::code(e.code, e.message)
     }
-}
-
-/// The longest idempotency key accepted.
-const MAX_IDEMPOTENCY_KEY: usize = 128;
-
-/// Idempotency keys travel as broker headers and key names: 1 to 128 printable ASCII characters
-/// without spaces (error 107 otherwise).
-fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
-    if key.is_empty()
-        || key.len() > MAX_IDEMPOTENCY_KEY
-        || !key.bytes().all(|b| b.is_ascii_graphic())
-    {
-        return Err(ApiError::code(
-            ErrorCode::BadRequest,
-            format!("idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters without spaces"),
-        ));
-    }
-    Ok(())
 }
 
 impl From<NamespaceError> for ApiError {
@@ -162,8 +174,14 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
     match (method, path.as_str()) {
         (Method::GET, "channels") => Ok(channels(&app)),
         (Method::GET, "info") => Ok(json!({ "nodes": app.ctx.hub.nodes() })),
-        (Method::POST, "publish") => publish(&app, body(&app, req).await?).await,
-        (Method::POST, "broadcast") => broadcast(&app, body(&app, req).await?).await,
+        (Method::POST, "publish") => {
+            let limit = app.ctx.config.limits.max_api_body_bytes;
+            publish(&app, &raw_body(&app, req, limit).await?).await
+        }
+        (Method::POST, "broadcast") => {
+            let limit = app.ctx.config.limits.max_broadcast_body_bytes;
+            broadcast(&app, &raw_body(&app, req, limit).await?).await
+        }
         (Method::POST, "history") => history(&app, body(&app, req).await?).await,
         (Method::POST, "presence") => presence(&app, body(&app, req).await?).await,
         (Method::POST, "subscribe") => user_channel(&app, body(&app, req).await?, true).await,
@@ -215,8 +233,18 @@ fn authorize(app: &App, req: &Request<Incoming>) -> Result<(), ApiError> {
 }
 
 async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<T, ApiError> {
+    let bytes = raw_body(app, req, app.ctx.config.limits.max_api_body_bytes).await?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::code(
+            ErrorCode::BadRequest,
+            format!("bad JSON body: {}", json_error_reason(&e)),
+        )
+    })
+}
+
+/// The request body, at most `limit` bytes (413 beyond), cut off if it trickles in.
+async fn raw_body(app: &App, req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
     let limits = &app.ctx.config.limits;
-    let limit = limits.max_api_body_bytes;
     // A body that trickles in is cut off like a slow handshake.
     let read = tokio::time::timeout(
         Duration::from_millis(limits.handshake_timeout_ms),
@@ -244,72 +272,33 @@ async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<
             ))
         }
     };
-    serde_json::from_slice(&bytes).map_err(|e| {
-        ApiError::code(
-            ErrorCode::BadRequest,
-            format!("bad JSON body: {}", json_error_reason(&e)),
-        )
-    })
+    Ok(bytes)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PublishBody {
-    channel: String,
-    data: Box<RawValue>,
-    idempotency_key: Option<String>,
-}
-
-async fn publish_one(
-    app: &App,
-    channel: &str,
-    data: Bytes,
-    idempotency_key: Option<String>,
-) -> Result<StreamPosition, ApiError> {
-    let ns = app.ctx.namespaces.resolve(channel)?;
-    let opts = PublishOptions {
-        stream: ns.stream_options(),
-        idempotency_key,
-    };
-    let position = app.ctx.hub.publish(channel, data, None, &opts).await?;
-    Ok(position)
-}
-
-async fn publish(app: &App, b: PublishBody) -> ApiResult {
-    check_data_depth(b.data.get())?;
-    if let Some(key) = &b.idempotency_key {
-        check_idempotency_key(key)?;
-    }
-    let data = Bytes::copy_from_slice(b.data.get().as_bytes());
-    let position = publish_one(app, &b.channel, data, b.idempotency_key).await?;
+async fn publish(app: &App, body: &[u8]) -> ApiResult {
+    let cmd = Command::parse("publish", body)?;
+    let mut done = publishing::execute(&app.ctx, &cmd, None).await?;
+    let position = done.results.pop().expect("one result per channel")?;
     Ok(json!(position))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BroadcastBody {
-    channels: Vec<String>,
-    data: Box<RawValue>,
-}
-
-async fn broadcast(app: &App, b: BroadcastBody) -> ApiResult {
-    let max = app.ctx.config.limits.max_broadcast_channels;
-    if b.channels.len() > max {
-        return Err(ApiError::code(
-            ErrorCode::LimitExceeded,
-            format!("at most {max} channels per broadcast"),
-        ));
-    }
-    check_data_depth(b.data.get())?;
-    let data = Bytes::copy_from_slice(b.data.get().as_bytes());
-    let mut results = Vec::with_capacity(b.channels.len());
-    for channel in &b.channels {
-        results.push(match publish_one(app, channel, data.clone(), None).await {
+/// Each channel's position or error, in the request's order; `published` and `failed` count
+/// them. Partial failure still answers 200: retrying with the same `idempotency_key` publishes
+/// the failed channels and no other twice.
+async fn broadcast(app: &App, body: &[u8]) -> ApiResult {
+    let cmd = Command::parse("broadcast", body)?;
+    let done = publishing::execute(&app.ctx, &cmd, None).await?;
+    let published = done.published();
+    let failed = done.results.len() - published;
+    let results: Vec<serde_json::Value> = done
+        .results
+        .into_iter()
+        .map(|r| match r {
             Ok(position) => json!(position),
             Err(e) => json!({"error": {"code": e.code.as_u16(), "message": e.message}}),
-        });
-    }
-    Ok(json!({ "results": results }))
+        })
+        .collect();
+    Ok(json!({ "results": results, "published": published, "failed": failed }))
 }
 
 #[derive(Deserialize)]

@@ -8,6 +8,8 @@
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
 //! - [`http`]: request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page.
 //! - [`api`]: the HTTP API handlers.
+//! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
+//!   with one idempotency key (the API and the outbox and Kafka consumers share it).
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
 //! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close;
 //!   it also enforces `limits.max_connections` (counted over connections that completed
@@ -33,6 +35,7 @@ pub mod http;
 pub mod jwks;
 mod liveness;
 pub mod proxy;
+pub mod publishing;
 pub mod pusher;
 pub mod serve;
 pub mod settings;

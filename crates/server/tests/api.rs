@@ -154,7 +154,41 @@ async fn broadcast_reports_each_channel() {
     let (status, r) = node
         .api("/api/broadcast", Some(json!({"channels": [], "data": 1})))
         .await;
-    assert_eq!((status, r), (200, json!({"results": []})));
+    assert_eq!(
+        (status, r),
+        (200, json!({"results": [], "published": 0, "failed": 0}))
+    );
+}
+
+#[tokio::test]
+async fn a_broadcast_retried_with_its_key_publishes_each_channel_once() {
+    let node = node().await;
+    let (mut a, _) = user(&node, "alice", &["k1"]).await;
+    let body = json!({"channels": ["k1", "k2", "ghost:x"], "data": "hi", "idempotency_key": "m-1"});
+    let (status, first) = node.api("/api/broadcast", Some(body.clone())).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        (&first["published"], &first["failed"]),
+        (&json!(2), &json!(1))
+    );
+    // The retry answers the same positions and publishes nothing new.
+    let (status, again) = node.api("/api/broadcast", Some(body)).await;
+    assert_eq!((status, &again), (200, &first));
+    node.publish("k1", json!("after")).await;
+    assert_eq!(next_pub(&mut a).await["data"], "hi");
+    assert_eq!(
+        next_pub(&mut a).await["data"],
+        "after",
+        "the retry delivered twice"
+    );
+    // A bad key is refused whole.
+    let (status, r) = node
+        .api(
+            "/api/broadcast",
+            Some(json!({"channels": ["k1"], "data": 1, "idempotency_key": ""})),
+        )
+        .await;
+    assert_eq!((status, &r["error"]["code"]), (400, &json!(107)), "{r}");
 }
 
 #[tokio::test]

@@ -1,0 +1,331 @@
+//! Publish and broadcast commands in the HTTP API's shape, run against the hub.
+//!
+//! `/api/publish` and `/api/broadcast` use this, and so do the consumers that take the same
+//! commands from a PostgreSQL outbox or a Kafka topic. A broadcast publishes to its channels
+//! concurrently (at most `limits.broadcast_concurrency` at once, so a Redis Cluster or several
+//! NATS stream leaders work in parallel), reports each channel's outcome, and carries one
+//! idempotency key to every channel's publication: brokers remember keys per channel, so a
+//! retry with the same key completes the channels that failed and publishes the others no
+//! second time.
+
+use bytes::Bytes;
+use futures_util::stream::FuturesOrdered;
+use futures_util::StreamExt;
+use herald_broker::PublishOptions;
+use herald_core::session::{check_data_depth, NodeContext};
+use herald_protocol::command::json_error_reason;
+use herald_protocol::{ErrorCode, StreamPosition};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::api::ApiError;
+
+/// The longest idempotency key accepted.
+const MAX_IDEMPOTENCY_KEY: usize = 128;
+
+/// A publish or broadcast command.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Publish `data` to one channel.
+    Publish {
+        /// The channel.
+        channel: String,
+        /// The publication's data (JSON text).
+        data: Bytes,
+        /// The caller's own idempotency key, if the payload carried one.
+        idempotency_key: Option<String>,
+    },
+    /// Publish the same `data` to many channels.
+    Broadcast {
+        /// The channels, in the caller's order (results come back in it).
+        channels: Vec<String>,
+        /// The publication's data (JSON text).
+        data: Bytes,
+        /// The caller's own idempotency key, if the payload carried one.
+        idempotency_key: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublishBody {
+    channel: String,
+    data: Box<RawValue>,
+    idempotency_key: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BroadcastBody {
+    channels: Vec<String>,
+    data: Box<RawValue>,
+    idempotency_key: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope<'a> {
+    method: String,
+    #[serde(borrow)]
+    payload: &'a RawValue,
+}
+
+impl Command {
+    /// A command from its method (`publish` or `broadcast`) and its payload, the HTTP API's
+    /// request body for that method.
+    pub fn parse(method: &str, payload: &[u8]) -> Result<Command, ApiError> {
+        match method {
+            "publish" => {
+                let b: PublishBody = from_json(payload)?;
+                check(b.data.get(), b.idempotency_key.as_deref())?;
+                Ok(Command::Publish {
+                    channel: b.channel,
+                    data: Bytes::copy_from_slice(b.data.get().as_bytes()),
+                    idempotency_key: b.idempotency_key,
+                })
+            }
+            "broadcast" => {
+                let b: BroadcastBody = from_json(payload)?;
+                check(b.data.get(), b.idempotency_key.as_deref())?;
+                Ok(Command::Broadcast {
+                    channels: b.channels,
+                    data: Bytes::copy_from_slice(b.data.get().as_bytes()),
+                    idempotency_key: b.idempotency_key,
+                })
+            }
+            other => Err(ApiError::code(
+                ErrorCode::UnknownMethod,
+                format!("unknown method {other:?} (publish or broadcast)"),
+            )),
+        }
+    }
+
+    /// A command from `{"method": "publish" | "broadcast", "payload": {…}}`, the shape a Kafka
+    /// record's value has.
+    pub fn parse_envelope(value: &[u8]) -> Result<Command, ApiError> {
+        let e: Envelope<'_> = from_json(value)?;
+        Command::parse(&e.method, e.payload.get().as_bytes())
+    }
+
+    /// The command's channels.
+    pub fn channels(&self) -> &[String] {
+        match self {
+            Command::Publish { channel, .. } => std::slice::from_ref(channel),
+            Command::Broadcast { channels, .. } => channels,
+        }
+    }
+
+    fn data(&self) -> &Bytes {
+        match self {
+            Command::Publish { data, .. } | Command::Broadcast { data, .. } => data,
+        }
+    }
+
+    fn own_key(&self) -> Option<&str> {
+        match self {
+            Command::Publish {
+                idempotency_key, ..
+            }
+            | Command::Broadcast {
+                idempotency_key, ..
+            } => idempotency_key.as_deref(),
+        }
+    }
+}
+
+fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::code(
+            ErrorCode::BadRequest,
+            format!("bad JSON body: {}", json_error_reason(&e)),
+        )
+    })
+}
+
+fn check(data: &str, key: Option<&str>) -> Result<(), ApiError> {
+    check_data_depth(data)?;
+    if let Some(key) = key {
+        check_idempotency_key(key)?;
+    }
+    Ok(())
+}
+
+/// Idempotency keys travel as broker headers and key names: 1 to 128 printable ASCII characters
+/// without spaces (error 107 otherwise).
+pub fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty()
+        || key.len() > MAX_IDEMPOTENCY_KEY
+        || !key.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return Err(ApiError::code(
+            ErrorCode::BadRequest,
+            format!("idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters without spaces"),
+        ));
+    }
+    Ok(())
+}
+
+/// What running a command did, channel by channel.
+#[derive(Default)]
+pub struct Executed {
+    /// Each channel's outcome, in the command's order: its publication's position (the earlier
+    /// one where the idempotency key was seen before) or the error.
+    pub results: Vec<Result<StreamPosition, ApiError>>,
+}
+
+impl Executed {
+    /// Channels published (or found published before under the same key).
+    pub fn published(&self) -> usize {
+        self.results.iter().filter(|r| r.is_ok()).count()
+    }
+
+    /// The channels that failed, with their errors.
+    pub fn failed<'a>(
+        &'a self,
+        cmd: &'a Command,
+    ) -> impl Iterator<Item = (&'a str, &'a ApiError)> + 'a {
+        cmd.channels()
+            .iter()
+            .zip(&self.results)
+            .filter_map(|(c, r)| r.as_ref().err().map(|e| (c.as_str(), e)))
+    }
+
+    /// Some channel failed with an error a retry can cure (the broker was unavailable): run
+    /// the command again with the same idempotency key.
+    pub fn retryable(&self) -> bool {
+        self.results
+            .iter()
+            .any(|r| r.as_ref().is_err_and(ApiError::is_retryable))
+    }
+}
+
+/// Run `cmd`. Each publication carries the command's own idempotency key, or else `key` (a
+/// consumer's row or record id). A broadcast over `limits.max_broadcast_channels` is refused
+/// whole (error 106); otherwise each channel succeeds or fails on its own.
+pub async fn execute(
+    ctx: &NodeContext,
+    cmd: &Command,
+    key: Option<&str>,
+) -> Result<Executed, ApiError> {
+    let limits = &ctx.config.limits;
+    let max = limits.max_broadcast_channels;
+    if cmd.channels().len() > max {
+        return Err(ApiError::code(
+            ErrorCode::LimitExceeded,
+            format!("at most {max} channels per broadcast"),
+        ));
+    }
+    if let Some(key) = key {
+        check_idempotency_key(key)?;
+    }
+    let key = cmd.own_key().or(key);
+    let data = cmd.data();
+    let results = match cmd {
+        Command::Publish { channel, .. } => {
+            vec![publish_one(ctx, channel, data.clone(), key).await]
+        }
+        Command::Broadcast { channels, .. } => {
+            broadcast(ctx, channels, data, key, limits.broadcast_concurrency).await
+        }
+    };
+    Ok(Executed { results })
+}
+
+/// Publish to each channel, up to `concurrency` at once, results in the channels' order.
+// A hand-kept `FuturesOrdered` rather than `stream::iter(..).map(..).buffered(..)`: the closure
+// in the latter makes the server's connection future fail the `Send` check (a known
+// higher-ranked lifetime limit of the compiler).
+async fn broadcast(
+    ctx: &NodeContext,
+    channels: &[String],
+    data: &Bytes,
+    key: Option<&str>,
+    concurrency: usize,
+) -> Vec<Result<StreamPosition, ApiError>> {
+    let mut results = Vec::with_capacity(channels.len());
+    let mut in_flight = FuturesOrdered::new();
+    let mut next = channels.iter();
+    loop {
+        while in_flight.len() < concurrency.max(1) {
+            let Some(channel) = next.next() else { break };
+            in_flight.push_back(publish_one(ctx, channel, data.clone(), key));
+        }
+        match in_flight.next().await {
+            Some(result) => results.push(result),
+            None => return results,
+        }
+    }
+}
+
+/// Publish to one channel of a configured namespace.
+pub async fn publish_one(
+    ctx: &NodeContext,
+    channel: &str,
+    data: Bytes,
+    key: Option<&str>,
+) -> Result<StreamPosition, ApiError> {
+    let ns = ctx.namespaces.resolve(channel)?;
+    let opts = PublishOptions {
+        stream: ns.stream_options(),
+        idempotency_key: key.map(str::to_owned),
+    };
+    Ok(ctx.hub.publish(channel, data, None, &opts).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_publish_and_broadcast_payloads() {
+        let c = Command::parse("publish", br#"{"channel":"a","data":{"x":1}}"#).unwrap();
+        assert_eq!(c.channels(), ["a"]);
+        assert_eq!(c.data().as_ref(), br#"{"x":1}"#);
+        let c = Command::parse(
+            "broadcast",
+            br#"{"channels":["a","b"],"data":1,"idempotency_key":"k"}"#,
+        )
+        .unwrap();
+        assert_eq!(c.channels(), ["a", "b"]);
+        assert_eq!(c.own_key(), Some("k"));
+    }
+
+    #[test]
+    fn parses_an_envelope() {
+        let c =
+            Command::parse_envelope(br#"{"method":"publish","payload":{"channel":"a","data":2}}"#)
+                .unwrap();
+        assert_eq!(c.channels(), ["a"]);
+    }
+
+    #[test]
+    fn refuses_what_is_not_a_command() {
+        let code = |r: Result<Command, ApiError>| r.unwrap_err().error_code();
+        assert_eq!(
+            code(Command::parse("delete", b"{}")),
+            ErrorCode::UnknownMethod
+        );
+        assert_eq!(code(Command::parse("publish", b"{")), ErrorCode::BadRequest);
+        assert_eq!(
+            code(Command::parse("publish", br#"{"channel":"a"}"#)),
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            code(Command::parse(
+                "publish",
+                br#"{"channel":"a","data":1,"idempotency_key":"a b"}"#
+            )),
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            code(Command::parse_envelope(br#"{"method":"publish"}"#)),
+            ErrorCode::BadRequest
+        );
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        let body = format!(r#"{{"channel":"a","data":{deep}}}"#);
+        assert_eq!(
+            code(Command::parse("publish", body.as_bytes())),
+            ErrorCode::BadRequest
+        );
+    }
+}
