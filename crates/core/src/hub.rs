@@ -128,12 +128,43 @@ type ChannelMap = HashMap<Arc<str>, Channel>;
 struct ClientEntry {
     user: Arc<str>,
     out: Arc<Outbound>,
+    /// Where the client stands in its user's list, so that forgetting it is O(1): every
+    /// anonymous connection shares the user "", and a storm of 19,000 disconnects scanning that
+    /// list was quadratic, holding the registry lock that new connections wait on.
+    slot: usize,
 }
 
 #[derive(Default)]
 struct Registry {
     clients: HashMap<Arc<str>, ClientEntry>,
     users: HashMap<Arc<str>, Vec<Arc<str>>>,
+}
+
+impl Registry {
+    /// Append `client` to `user`'s list; returns its slot.
+    fn add_to_user(&mut self, user: &Arc<str>, client: Arc<str>) -> usize {
+        let list = self.users.entry(user.clone()).or_default();
+        list.push(client);
+        list.len() - 1
+    }
+
+    /// Take the client at `slot` out of `user`'s list, moving the last one into its place.
+    fn remove_from_user(&mut self, user: &Arc<str>, slot: usize) {
+        let Some(list) = self.users.get_mut(user) else {
+            return;
+        };
+        if slot >= list.len() {
+            return;
+        }
+        list.swap_remove(slot);
+        if let Some(moved) = list.get(slot).cloned() {
+            if let Some(e) = self.clients.get_mut(&moved) {
+                e.slot = slot;
+            }
+        } else if list.is_empty() {
+            self.users.remove(user);
+        }
+    }
 }
 
 struct Shared {
@@ -286,11 +317,8 @@ impl Hub {
     pub fn register(&self, client: Arc<str>, user: Arc<str>, out: Arc<Outbound>) -> ConnKey {
         let key = ConnKey(self.shared.next_key.fetch_add(1, Ordering::Relaxed));
         let mut reg = self.shared.registry.lock().expect("registry lock");
-        reg.users
-            .entry(user.clone())
-            .or_default()
-            .push(client.clone());
-        reg.clients.insert(client, ClientEntry { user, out });
+        let slot = reg.add_to_user(&user, client.clone());
+        reg.clients.insert(client, ClientEntry { user, out, slot });
         key
     }
 
@@ -298,12 +326,7 @@ impl Hub {
     pub fn unregister(&self, client: &str) {
         let mut reg = self.shared.registry.lock().expect("registry lock");
         if let Some(entry) = reg.clients.remove(client) {
-            if let Some(list) = reg.users.get_mut(&entry.user) {
-                list.retain(|c| &**c != client);
-                if list.is_empty() {
-                    reg.users.remove(&entry.user);
-                }
-            }
+            reg.remove_from_user(&entry.user, entry.slot);
         }
     }
 
@@ -311,18 +334,16 @@ impl Hub {
     /// after it connected).
     pub fn set_user(&self, client: &str, user: Arc<str>) {
         let mut reg = self.shared.registry.lock().expect("registry lock");
-        let Some(entry) = reg.clients.get_mut(client) else {
+        let Some((key, entry)) = reg.clients.get_key_value(client) else {
             return;
         };
-        let old = std::mem::replace(&mut entry.user, user.clone());
-        let client: Arc<str> = Arc::from(client);
-        if let Some(list) = reg.users.get_mut(&old) {
-            list.retain(|c| *c != client);
-            if list.is_empty() {
-                reg.users.remove(&old);
-            }
+        let (client, old, old_slot) = (key.clone(), entry.user.clone(), entry.slot);
+        reg.remove_from_user(&old, old_slot);
+        let slot = reg.add_to_user(&user, client.clone());
+        if let Some(e) = reg.clients.get_mut(&client) {
+            e.user = user;
+            e.slot = slot;
         }
-        reg.users.entry(user).or_default().push(client);
     }
 
     /// Number of registered connections.
@@ -998,6 +1019,36 @@ mod tests {
                 .await
                 .unwrap();
         }
+    }
+
+    #[tokio::test]
+    async fn the_registry_finds_each_users_connections_after_removals_and_moves() {
+        let hub = hub().await;
+        let outs: Vec<Arc<Outbound>> = (0..5).map(|_| Arc::new(Outbound::new(1 << 10))).collect();
+        for (i, out) in outs.iter().enumerate() {
+            hub.register(format!("c{i}").into(), "".into(), out.clone());
+        }
+        let found = |user: &str| {
+            let mut v: Vec<usize> = hub
+                .find(Some(user), None)
+                .iter()
+                .map(|o| outs.iter().position(|x| Arc::ptr_eq(x, o)).unwrap())
+                .collect();
+            v.sort_unstable();
+            v
+        };
+        hub.unregister("c1");
+        hub.unregister("c0");
+        assert_eq!(found(""), [2, 3, 4]);
+        hub.set_user("c3", "alice".into());
+        assert_eq!((found(""), found("alice")), (vec![2, 4], vec![3]));
+        hub.unregister("c4");
+        hub.unregister("c2");
+        assert_eq!(found(""), Vec::<usize>::new());
+        hub.set_user("c3", "".into());
+        assert_eq!((found(""), found("alice")), (vec![3], vec![]));
+        hub.unregister("c3");
+        assert_eq!(hub.shared.registry.lock().unwrap().users.len(), 0);
     }
 
     #[tokio::test]
