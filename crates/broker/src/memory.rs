@@ -125,15 +125,15 @@ fn live_stream<'a>(
     opts: &StreamOptions,
     now: Instant,
 ) -> &'a mut Stream {
-    let expired = streams
+    // One lookup and no key allocation for a live stream (the common case: a broadcast to
+    // 100,000 channels goes through here 100,000 times).
+    let live = streams
         .get(channel)
-        .is_some_and(|s| now.duration_since(s.last_publish) >= opts.meta_ttl);
-    if expired {
-        streams.remove(channel);
+        .is_some_and(|s| now.duration_since(s.last_publish) < opts.meta_ttl);
+    if !live {
+        streams.insert(channel.to_owned(), Stream::new(now));
     }
-    streams
-        .entry(channel.to_owned())
-        .or_insert_with(|| Stream::new(now))
+    streams.get_mut(channel).expect("inserted above if absent")
 }
 
 #[async_trait]
