@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use crate::flights::Flights;
 use bytes::Bytes;
 use herald_broker::{
     BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, PublishOptions,
@@ -98,12 +99,17 @@ struct Channel {
     active: bool,
     /// The broker's position when the last tail check found it ahead of the baseline.
     tail_ahead: Option<StreamPosition>,
+    /// Moves on with every publication that reaches the channel; unique per incarnation of the
+    /// channel on this node (its base comes from [`Shared::incarnations`]). Subscribers that
+    /// registered at the same generation may share a history read (see [`crate::flights`]).
+    generation: u64,
     opts: StreamOptions,
 }
 
 impl Channel {
-    fn new(opts: StreamOptions) -> Self {
+    fn new(opts: StreamOptions, generation: u64) -> Self {
         Channel {
+            generation,
             subscribers: HashMap::new(),
             epoch: None,
             last_offset: None,
@@ -179,6 +185,10 @@ struct Shared {
     next_key: AtomicU64,
     /// The shard the tail check sweeps next.
     sweep: AtomicU64,
+    /// Channel incarnations created so far; each starts its generation at this << 32.
+    incarnations: AtomicU64,
+    /// History reads in flight, shared by subscribers asking the same at the same generation.
+    flights: Flights,
 }
 
 /// Cheap-to-clone handle to the hub.
@@ -236,6 +246,8 @@ impl Hub {
                 nodes: Mutex::default(),
                 next_key: AtomicU64::new(1),
                 sweep: AtomicU64::new(0),
+                incarnations: AtomicU64::new(0),
+                flights: Flights::default(),
             }),
         }
     }
@@ -370,16 +382,17 @@ impl Hub {
         ns: &NamespaceConfig,
     ) -> Result<SubscribeResult, BrokerError> {
         let opts = ns.stream_options();
-        {
+        let generation = {
             let _transition = self.shared.transitions[stripe(channel, TRANSITION_STRIPES)]
                 .lock()
                 .await;
-            let first = {
+            let (first, generation) = {
                 let mut shard = self.shard(channel).lock().expect("hub lock");
                 let first = !shard.contains_key(channel);
-                let ch = shard
-                    .entry(Arc::from(channel))
-                    .or_insert_with(|| Channel::new(opts.clone()));
+                let ch = shard.entry(Arc::from(channel)).or_insert_with(|| {
+                    let incarnation = self.shared.incarnations.fetch_add(1, Ordering::Relaxed);
+                    Channel::new(opts.clone(), incarnation << 32)
+                });
                 ch.subscribers.insert(
                     key,
                     Subscriber {
@@ -387,7 +400,7 @@ impl Hub {
                         mode: Mode::Pending(Vec::new()),
                     },
                 );
-                first
+                (first, ch.generation)
             };
             if first {
                 self.shared.metrics.channels.inc();
@@ -397,13 +410,22 @@ impl Hub {
                     return Err(e);
                 }
             }
-        }
+            generation
+        };
         self.shared.metrics.subscriptions.inc();
         let query = HistoryQuery {
             since: since.cloned(),
             limit: if since.is_some() { None } else { Some(0) },
         };
-        let history = match self.shared.broker.history(channel, &query, &opts).await {
+        let (history, shared) = self
+            .shared
+            .flights
+            .history(&self.shared.broker, channel, &query, &opts, generation)
+            .await;
+        if shared {
+            self.shared.metrics.history_reads_shared.inc();
+        }
+        let history = match history {
             Ok(h) => h,
             Err(e) => {
                 self.unsubscribe(channel, key).await;
@@ -545,6 +567,7 @@ impl Hub {
     /// Deliver to a channel whose shard lock is held: buffer during a catch-up, start one on a
     /// gap.
     fn deliver_to(&self, channel: &str, ch: &mut Channel, epoch: &str, publication: Publication) {
+        ch.generation += 1;
         if let Some(waiting) = &mut ch.catchup {
             waiting.push(publication);
             return;

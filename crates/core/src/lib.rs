@@ -9,6 +9,7 @@
 //! - [`auth`]: JWT verification of connection and subscription tokens.
 //! - [`namespace`]: channel names, namespaces and subscribe permissions.
 //! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
+//! - `flights`: subscribers asking the broker the same history question at once share one read.
 //! - [`outbound`]: a connection's bounded outbound queue.
 //! - [`proxy`]: proxy hooks, the application backend deciding per event over HTTP.
 //! - [`recovery`]: the all-or-nothing recovery decision.
@@ -18,6 +19,7 @@
 
 pub mod auth;
 pub mod config;
+mod flights;
 pub mod hub;
 pub mod metrics;
 pub mod namespace;

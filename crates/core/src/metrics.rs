@@ -39,6 +39,8 @@ pub struct Metrics {
     pub recovery_failed: Counter,
     /// Recoveries answered `recovered: false` because the reply's byte budget was spent.
     pub recovery_over_budget: Counter,
+    /// Subscriptions whose history read was shared with another subscriber's read in flight.
+    pub history_reads_shared: Counter,
     /// Gap or reconnect catch-ups from history.
     pub catchups: Counter,
     /// Subscriptions ended with `unsub` 4003 because the node lost the channel's continuity.
@@ -130,6 +132,11 @@ impl Metrics {
             recovery_failed: reg!(
                 "recovery_failed",
                 "Subscriptions that could not recover",
+                Counter::default()
+            ),
+            history_reads_shared: reg!(
+                "history_reads_shared",
+                "Subscriptions whose history read was shared with another one in flight (same channel, since and generation)",
                 Counter::default()
             ),
             recovery_over_budget: reg!(
