@@ -36,7 +36,7 @@ const BATCH_BYTES: usize = 64 * 1024;
 use crate::handshake::{self, Ws};
 
 /// Answer the upgrade request and spawn the connection's task.
-pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     let accept = match handshake::accept_key(&app, req.headers()) {
         Ok(accept) => accept,
         Err(refused) => return *refused,
@@ -81,9 +81,12 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
         ))
     });
     let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
+    // Only the upgrade itself travels into the task, not the request: the task's size is
+    // memory every idle connection keeps.
+    let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let _ip_slot = ip_slot;
-        match hyper::upgrade::on(req).await {
+        match on_upgrade.await {
             Ok(upgraded) => run(app, handshake::serve(upgraded, max_frame), meta).await,
             Err(e) => tracing::debug!(cause = %e, "upgrade failed"),
         }

@@ -22,6 +22,19 @@ const PATHS: &[&str] = &[
     "/api/info",
 ];
 
+/// Bodies each endpoint accepts as they are: one case in ten sends one, so both kinds of answer
+/// always come up (with only edited seeds, a 200 was rare enough to miss in a run).
+const VALID: &[(&str, &str)] = &[
+    (
+        "/api/publish",
+        r#"{"channel":"c","data":{"a":1},"idempotency_key":"k1"}"#,
+    ),
+    ("/api/broadcast", r#"{"channels":["a","b"],"data":[1,2]}"#),
+    ("/api/history", r#"{"channel":"c","limit":5}"#),
+    ("/api/subscribe", r#"{"user":"u","channel":"c"}"#),
+    ("/api/disconnect", r#"{"user":"u"}"#),
+];
+
 const SEEDS: &[&str] = &[
     r#"{"channel":"c","data":{"a":1},"idempotency_key":"k1"}"#,
     r#"{"channels":["a","b"],"data":[1,2]}"#,
@@ -51,6 +64,13 @@ fn body() -> impl Strategy<Value = String> {
     ]
 }
 
+fn case() -> impl Strategy<Value = (&'static str, String)> {
+    prop_oneof![
+        9 => (select(PATHS), body()),
+        1 => select(VALID).prop_map(|(path, body)| (path, body.to_owned())),
+    ]
+}
+
 #[test]
 fn random_api_bodies_get_a_clear_answer() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -66,7 +86,7 @@ fn random_api_bodies_get_a_clear_answer() {
     });
     let seen = std::sync::Mutex::new(std::collections::BTreeSet::new());
     runner
-        .run(&(select(PATHS), body()), |(path, body)| {
+        .run(&case(), |(path, body)| {
             let (status, reply) =
                 rt.block_on(node.http("POST", path, Some(body.clone()), Some(API_KEY)));
             seen.lock().unwrap().insert(status);

@@ -52,7 +52,7 @@ fn from_request(req: &CloseRequest) -> Close {
 /// Answer the upgrade of `/app/{key}` and spawn the connection's task. Refusals that Pusher
 /// clients must see (unknown app, protocol version) complete the upgrade and close with the
 /// code; malformed upgrades get an HTTP error.
-pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
+pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     let accept = match handshake::accept_key(&app, req.headers()) {
         Ok(accept) => accept,
         Err(refused) => return *refused,
@@ -81,9 +81,12 @@ pub fn upgrade(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
 
     let max_frame = app.ctx.config.limits.max_frame_bytes;
     let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
+    // Only the upgrade travels into the task, not the request (the task's size is memory every
+    // idle connection keeps).
+    let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
         let _ip_slot = ip_slot;
-        match hyper::upgrade::on(req).await {
+        match on_upgrade.await {
             Ok(upgraded) => {
                 let mut ws = handshake::serve(upgraded, max_frame);
                 match (refusal, pusher_app) {
