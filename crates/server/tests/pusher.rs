@@ -1,7 +1,8 @@
 //! The Pusher endpoint with raw WebSocket frames: bad input gets Pusher's documented errors and
 //! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
 //! client and a Pusher client share an app's channel through the `pusher` namespace; two nodes on
-//! Redis or NATS deliver events and presence across nodes and report occupancy once per cluster.
+//! Redis or NATS deliver events and presence across nodes and report occupancy and members once
+//! per cluster; a refused webhook is retried.
 
 mod common;
 
@@ -447,13 +448,25 @@ async fn a_silent_client_is_pinged_then_closed_with_4201() {
 
 /// A webhook receiver: answers 200 and hands over each request's JSON body.
 async fn webhook_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    refusing_webhook_receiver(0).await
+}
+
+/// A webhook receiver that answers the first `refuse` requests with 500 and the rest with 200;
+/// it hands over every request as `{valid, body, status}`.
+async fn refusing_webhook_receiver(
+    refuse: usize,
+) -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let seen = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             let tx = tx.clone();
+            let seen = seen.clone();
             tokio::spawn(async move {
                 let mut raw = Vec::new();
                 let mut buf = [0u8; 4096];
@@ -484,14 +497,20 @@ async fn webhook_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Val
                         .unwrap_or_default()
                         .to_owned();
                     let ok = herald_server::pusher::auth::verify("app-secret", body, &signature);
-                    let _ = tx.send(
-                        json!({"valid": ok, "body": serde_json::from_str::<Value>(body).unwrap()}),
+                    let status = if seen.fetch_add(1, Ordering::SeqCst) < refuse {
+                        500
+                    } else {
+                        200
+                    };
+                    let _ = tx.send(json!({
+                        "valid": ok,
+                        "body": serde_json::from_str::<Value>(body).unwrap(),
+                        "status": status,
+                    }));
+                    let answer = format!(
+                        "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
                     );
-                    let _ = stream
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        )
-                        .await;
+                    let _ = stream.write_all(answer.as_bytes()).await;
                     return;
                 }
             });
@@ -560,4 +579,125 @@ async fn occupancy_webhooks_are_per_cluster(url: &str) {
     );
     drop(on_b); // the last subscriber goes away with its connection
     assert_eq!(webhooks(&mut hooks, wait).await, ["channel_vacated room"]);
+}
+
+#[tokio::test]
+async fn a_refused_webhook_is_retried_with_the_same_signed_body() {
+    let (hook_url, mut hooks) = refusing_webhook_receiver(1).await;
+    let mut env = APP.to_vec();
+    env.push(("HERALD_PUSHER_APP_WEBHOOK_URL", &hook_url));
+    let node = Node::start(&["--dev"], &env).await;
+    let (mut c, _) = connected(&node).await;
+    send(&mut c, "pusher:subscribe", json!({"channel": "room"})).await;
+    expect(&mut c, "pusher_internal:subscription_succeeded").await;
+
+    let wait = Duration::from_secs(5);
+    let first = tokio::time::timeout(wait, hooks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first["status"], 500, "{first}");
+    let sent_at = std::time::Instant::now();
+    let retry = tokio::time::timeout(wait, hooks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(retry["status"], 200, "{retry}");
+    assert_eq!(retry["valid"], true);
+    assert_eq!(
+        retry["body"], first["body"],
+        "the same batch, the same signature"
+    );
+    assert_eq!(retry["body"]["events"][0]["name"], "channel_occupied");
+    // The first retry waits its backoff (1 s), not a busy loop.
+    assert!(
+        sent_at.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        sent_at.elapsed()
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1500), hooks.recv())
+            .await
+            .is_err(),
+        "delivered once, not again"
+    );
+}
+
+/// Subscribe a presence member `user` on `c` (socket `socket`).
+async fn join_presence(c: &mut Client, socket: &str, channel: &str, user: &str) {
+    let data = json!({"user_id": user}).to_string();
+    let sig =
+        herald_server::pusher::auth::sign("app-secret", &format!("{socket}:{channel}:{data}"));
+    send(
+        c,
+        "pusher:subscribe",
+        json!({"channel": channel, "auth": format!("app-key:{sig}"), "channel_data": data}),
+    )
+    .await;
+    expect(c, "pusher_internal:subscription_succeeded").await;
+}
+
+#[tokio::test]
+async fn member_webhooks_are_per_cluster_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let redis_url = redis.url();
+    let (hook_url, mut hooks) = webhook_receiver().await;
+    let mut env = APP.to_vec();
+    env.push(("HERALD_BROKER_URL", &redis_url));
+    env.push(("HERALD_PUSHER_APP_WEBHOOK_URL", &hook_url));
+    let a = Node::start(&["--dev"], &env).await;
+    let b = Node::start(&["--dev"], &env).await;
+    let wait = Duration::from_millis(600);
+    let room = "presence-room";
+
+    // Alice's first socket anywhere: she is added (and the channel occupied).
+    let (mut alice_a, socket) = connected(&a).await;
+    join_presence(&mut alice_a, &socket, room, "alice").await;
+    let mut got = webhooks(&mut hooks, wait).await;
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "channel_occupied presence-room",
+            "member_added presence-room"
+        ]
+    );
+
+    // Her second socket, on the other node: she is already a member of the cluster's channel.
+    let (mut alice_b, socket) = connected(&b).await;
+    join_presence(&mut alice_b, &socket, room, "alice").await;
+    assert!(
+        webhooks(&mut hooks, wait).await.is_empty(),
+        "alice already a member"
+    );
+
+    // Bob joins on B and leaves: added, then removed.
+    let (mut bob_b, socket) = connected(&b).await;
+    join_presence(&mut bob_b, &socket, room, "bob").await;
+    assert_eq!(
+        webhooks(&mut hooks, wait).await,
+        ["member_added presence-room"]
+    );
+    send(&mut bob_b, "pusher:unsubscribe", json!({"channel": room})).await;
+    assert_eq!(
+        webhooks(&mut hooks, wait).await,
+        ["member_removed presence-room"]
+    );
+
+    // Alice leaves A: her socket on B keeps her a member. Leaving B removes her for good.
+    send(&mut alice_a, "pusher:unsubscribe", json!({"channel": room})).await;
+    assert!(
+        webhooks(&mut hooks, wait).await.is_empty(),
+        "alice still on B"
+    );
+    send(&mut alice_b, "pusher:unsubscribe", json!({"channel": room})).await;
+    let mut got = webhooks(&mut hooks, wait).await;
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "channel_vacated presence-room",
+            "member_removed presence-room"
+        ]
+    );
 }
