@@ -19,6 +19,8 @@ targets=(
   "herald-broker-nats --lib codec::tests::fuzz"       # NATS message and stream codec
   "herald-server --lib uni::event_id::tests::fuzz"    # SSE Last-Event-ID
   "herald-server --test fuzz_api"                     # HTTP API bodies, real binary
+  "herald-server --test fuzz_pusher"                  # Pusher client frames, real binary
+  "herald-core --lib proxy::tests::fuzz"              # proxy hook answers
 )
 
 cargo test --workspace --no-run --quiet || exit 1

@@ -354,4 +354,60 @@ mod tests {
             );
         }
     }
+
+    /// Fuzz harness (property-based): any body a backend may send is read as an answer or
+    /// refused as unusable, never a panic, and no code outside the documented ranges reaches a
+    /// client. `scripts/fuzz.sh` runs it with more cases.
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+        use proptest::sample::{select, Index};
+
+        const SEEDS: &[&str] = &[
+            r#"{"result": {"user": "u", "info": {"n": 1}, "expire_at": 4000000000, "data": [1], "channels": ["a", "b"]}}"#,
+            r#"{"result": {"expired": false, "expire_at": 1, "info": null}}"#,
+            r#"{"result": {"data": {"x": 1}, "expire_at": 5}}"#,
+            r#"{"error": {"code": 1403, "message": "no"}}"#,
+            r#"{"disconnect": {"code": 4601, "reason": "bye"}}"#,
+        ];
+
+        fn body() -> impl Strategy<Value = Vec<u8>> {
+            let edit = (any::<Index>(), any::<u8>(), any::<bool>());
+            prop_oneof![
+                any::<Vec<u8>>(),
+                (select(SEEDS), prop::collection::vec(edit, 0..6)).prop_map(|(seed, edits)| {
+                    let mut b = seed.as_bytes().to_vec();
+                    for (at, byte, insert) in edits {
+                        let i = at.index(b.len() + 1);
+                        if insert {
+                            b.insert(i, byte);
+                        } else if i < b.len() {
+                            b[i] = byte;
+                        }
+                    }
+                    b
+                }),
+            ]
+        }
+
+        fn codes_in_range<T>(answer: &Result<Answer<T>, ProxyError>) -> bool {
+            match answer {
+                Ok(Answer::Error(Refusal::App { code, .. })) => APP_ERROR_CODES.contains(code),
+                Ok(Answer::Error(Refusal::Close { code, .. })) => (4000..=4999).contains(&code.0),
+                Ok(_) => true,
+                Err(ProxyError::BadAnswer(why)) => why.len() < 400,
+                Err(_) => false,
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn any_body_is_an_answer_or_unusable(body in body()) {
+                prop_assert!(codes_in_range(&parse_answer::<ConnectResult>(&body)));
+                prop_assert!(codes_in_range(&parse_answer::<RefreshResult>(&body)));
+                prop_assert!(codes_in_range(&parse_answer::<SubscribeResult>(&body)));
+                prop_assert!(codes_in_range(&parse_answer::<DataResult>(&body)));
+            }
+        }
+    }
 }

@@ -266,6 +266,12 @@ impl Client {
             .expect("send");
     }
 
+    /// Send a text frame; false when the connection is already gone (fuzzing sends into
+    /// connections the server may have closed).
+    pub(crate) async fn try_send_raw(&mut self, text: &str) -> bool {
+        self.ws.send(Message::text(text.to_owned())).await.is_ok()
+    }
+
     /// Send a command; returns its id.
     pub(crate) async fn send(&mut self, method: &str, params: Value) -> u64 {
         let id = self.next_id;
