@@ -35,6 +35,8 @@ export type {
 export { ClientCode, CloseCode, ErrorCode, UnsubCode } from './codes.js';
 export { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';
 export { Backoff } from './backoff.js';
+export { withPusherCatchUp } from './pusher-catch-up.js';
+export type { PusherLike } from './pusher-catch-up.js';
 export type { BackoffOptions } from './backoff.js';
 export { setDefaultWebSocket } from './transport.js';
 export type { WebSocketConstructor, WebSocketLike } from './transport.js';

@@ -21,6 +21,7 @@ let appPort: number;
 let server: HeraldServer;
 let context: BrowserContext;
 let profile: string;
+let configDir: string | undefined;
 
 beforeAll(async () => {
   const heraldPort = await freePort();
@@ -34,7 +35,8 @@ beforeAll(async () => {
   });
   appPort = Number(line.replace('listening ', ''));
   // The example's own config, pointed at this run's app port.
-  const config = join(mkdtempSync(join(tmpdir(), 'herald-example-')), 'herald.toml');
+  configDir = mkdtempSync(join(tmpdir(), 'herald-example-'));
+  const config = join(configDir, 'herald.toml');
   const toml = readFileSync(join(exampleDir, 'herald.toml'), 'utf8').replaceAll(
     '127.0.0.1:8080',
     `127.0.0.1:${appPort}`,
@@ -54,6 +56,7 @@ afterAll(async () => {
   await server?.stop();
   app?.kill();
   if (profile) rmSync(profile, { recursive: true, force: true });
+  if (configDir) rmSync(configDir, { recursive: true, force: true });
 });
 
 async function signIn(page: Page, name: string): Promise<void> {

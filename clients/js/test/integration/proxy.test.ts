@@ -4,7 +4,7 @@
 // `data` and answers with its own, and the user's server-side personal
 // channel is recovered with `since` after the connection is really cut.
 import { type ChildProcess, spawn } from 'node:child_process';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -44,11 +44,14 @@ function withCookie(cookie: string): WebSocketConstructor {
   } as unknown as WebSocketConstructor;
 }
 
+let configDir: string | undefined;
+
 beforeAll(async () => {
   const b = await startBackend();
   backend = b.child;
   const url = (hook: string) => JSON.stringify(`http://127.0.0.1:${b.port}/${hook}`);
-  const config = join(mkdtempSync(join(tmpdir(), 'herald-sdk-')), 'herald.toml');
+  configDir = mkdtempSync(join(tmpdir(), 'herald-sdk-'));
+  const config = join(configDir, 'herald.toml');
   writeFileSync(
     config,
     [
@@ -73,6 +76,7 @@ beforeAll(async () => {
 afterAll(async () => {
   await server?.stop();
   backend?.kill();
+  if (configDir) rmSync(configDir, { recursive: true, force: true });
 });
 
 describe('proxy hooks', () => {

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import PusherServer from 'pusher';
 import Pusher from 'pusher-js';
 import { afterAll, afterEach, beforeAll, describe, expect, inject, it } from 'vitest';
+import { withPusherCatchUp } from '../../src/node.js';
 import { freePort, HeraldServer, waitFor } from '../support/server.js';
 
 const OPEN = { id: 'app-open', key: 'key-open', secret: 'secret-open' };
@@ -326,46 +327,9 @@ describe('user authentication', () => {
   });
 });
 
-/**
- * A small pusher-js plugin for Herald's catch-up extension: subscriptions ask for positions, and
- * after a reconnect for what was published since the last event handled. pusher-js drops unknown
- * top-level fields when it decodes a message, so positions are read from the raw transport.
- */
-function withCatchUp(p: Pusher): Pusher {
-  type Position = { epoch: string; offset: number };
-  type Raw = { event?: string; channel?: string; data?: unknown; herald_offset?: number };
-  type Transport = { bind: (event: string, f: (m: { data: string }) => void) => void };
-  const positions = new Map<string, Position>();
-  const send = p.send_event.bind(p);
-  p.send_event = (name: string, data: Record<string, unknown>, channel?: string) => {
-    if (name === 'pusher:subscribe') {
-      const since = positions.get(data.channel as string);
-      data = since ? { ...data, herald_since: since } : { ...data, herald_positions: true };
-    }
-    return send(name, data, channel);
-  };
-  p.connection.bind('connected', () => {
-    const transport = (p.connection as unknown as { connection: { transport: Transport } }).connection.transport;
-    transport.bind('message', (m) => {
-      const msg = JSON.parse(m.data) as Raw;
-      if (!msg.channel) return;
-      if (msg.event === 'pusher_internal:subscription_succeeded' && typeof msg.data === 'string') {
-        const herald = (JSON.parse(msg.data) as { herald?: Position & { recovered?: boolean } }).herald;
-        const known = positions.get(msg.channel);
-        // Keep the position when everything since it was recovered; otherwise start over.
-        if (herald && !(known && herald.recovered)) positions.set(msg.channel, herald);
-      } else if (typeof msg.herald_offset === 'number') {
-        const known = positions.get(msg.channel);
-        if (known) known.offset = msg.herald_offset;
-      }
-    });
-  });
-  return p;
-}
-
 describe('catch-up extension with pusher-js', () => {
   it('a client that reconnects gets what it missed, once, in order', async () => {
-    const c = withCatchUp(client());
+    const c = withPusherCatchUp(client());
     const got: number[] = [];
     const { channel, ready } = subscribed(c, 'feed');
     channel.bind('item', (d: { n: number }) => got.push(d.n));

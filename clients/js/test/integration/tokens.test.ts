@@ -2,7 +2,7 @@
 // keeps one connection alive past the first token's lifetime, and after a 4004 close the client
 // fetches a new token and reconnects. Subscription tokens the same way: `sub_refresh` before expiry,
 // a fresh token after the server ends the subscription with unsub 4004.
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
@@ -12,10 +12,12 @@ import { HeraldServer, sleep, waitFor } from '../support/server.js';
 
 const SECRET = 'test-secret-0123456789';
 let server: HeraldServer;
+let configDir: string | undefined;
 
 beforeAll(async () => {
   // `priv:` channels need a subscription token.
-  const config = join(mkdtempSync(join(tmpdir(), 'herald-sdk-')), 'herald.toml');
+  configDir = mkdtempSync(join(tmpdir(), 'herald-sdk-'));
+  const config = join(configDir, 'herald.toml');
   writeFileSync(config, '[[namespaces]]\nname = "priv"\nsubscribe = "token"\n');
   server = await HeraldServer.start(inject('heraldBin'), {
     env: { HERALD_TOKEN_HMAC_SECRET: SECRET },
@@ -24,6 +26,7 @@ beforeAll(async () => {
 });
 afterAll(async () => {
   await server?.stop();
+  if (configDir) rmSync(configDir, { recursive: true, force: true });
 });
 
 const token = (sub: string, ttlSec: number) =>
