@@ -15,7 +15,7 @@ export PROPTEST_CASES="${PROPTEST_CASES:-100000000}"
 targets=(
   "herald-protocol --test fuzz"                       # client protocol parser
   "herald-core --lib auth::tests::fuzz"               # JWT parsing and verification
-  "herald-broker-redis --lib keys::tests::fuzz"       # Redis pub/sub message codec
+  "herald-broker-redis --lib codec::tests::fuzz"      # Redis pub/sub message codec
   "herald-broker-nats --lib codec::tests::fuzz"       # NATS message and stream codec
   "herald-server --lib uni::event_id::tests::fuzz"    # SSE Last-Event-ID
   "herald-server --test fuzz_api"                     # HTTP API bodies, real binary

@@ -36,9 +36,10 @@
 //! - `receive`: per-channel subscription tasks, control messages, reconnect and slow-consumer
 //!   catch-ups, stream recreation watch.
 //! - `presence`: presence records, their refresh and expiry.
+//! - `topology`: connecting (options, credentials, TLS) and the streams' set-up at connect.
 //! - `streams`: creating and growing the JetStream streams.
 //! - `codec`: how publications are laid out in a NATS message.
-//! - [`subject`]: channel names ↔ subject tokens.
+//! - [`names`]: channel names ↔ subject tokens, and every subject the broker uses.
 //! - `metrics`: counters for `/metrics`.
 
 mod broker;
@@ -46,11 +47,12 @@ mod codec;
 pub mod config;
 mod history;
 mod metrics;
+pub mod names;
 mod presence;
 mod publish;
 mod receive;
 mod streams;
-pub mod subject;
+mod topology;
 
 use std::sync::Arc;
 

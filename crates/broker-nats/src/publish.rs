@@ -57,8 +57,8 @@ use tracing::warn;
 use crate::broker::Inner;
 use crate::codec::{decode_publications, encode_publications, Stored, MSG_ID};
 use crate::metrics::inc;
+use crate::names::escape;
 use crate::streams::Kind;
-use crate::subject::escape;
 
 /// Channels whose state is kept; beyond this, idle entries are dropped.
 const MAX_CHANNELS: usize = 65_536;

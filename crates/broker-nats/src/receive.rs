@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use async_nats::{Event, Message, Subscriber};
 use futures_util::StreamExt;
-use herald_broker::{BrokerError, ControlMessage};
+use herald_broker::{Backoff, BrokerError, ControlMessage};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -295,7 +295,7 @@ impl SlowConsumerGate {
 /// then let the hub catch up every hosted channel from history and re-store presence.
 async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
     inner.tails.clear();
-    let mut pause = Duration::from_millis(50);
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         if *shutdown.borrow() {
             return;
@@ -315,8 +315,7 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
             Ok(()) => break,
             Err(err) => {
                 debug!(cause = %err, "JetStream not ready after reconnect; retrying");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     }

@@ -21,7 +21,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use tracing::{info, warn};
 
 use crate::config::{NatsConfig, Storage};
-use crate::subject::Subjects;
+use crate::names::Subjects;
 
 /// Which stream a channel's publications go to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

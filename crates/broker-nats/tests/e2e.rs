@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use herald_broker_nats::subject::unescape;
+use herald_broker_nats::names::unescape;
 use herald_testkit::multinode::{self, BrokerProcess};
 use herald_testkit::nats::NatsServer;
 

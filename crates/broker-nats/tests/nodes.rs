@@ -291,7 +291,7 @@ async fn longer_history_than_the_stream_default_grows_the_stream() {
     // then up to 3 appended: 5 to 8 kept, not 23.
     let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
     let stream = js.get_stream("HERALD").await.unwrap();
-    let subject = format!("herald.h.{}", herald_broker_nats::subject::escape(&short));
+    let subject = format!("herald.h.{}", herald_broker_nats::names::escape(&short));
     let deadline = Instant::now() + Duration::from_secs(3);
     loop {
         let mut counts = stream.info_with_subjects(&subject).await.unwrap();

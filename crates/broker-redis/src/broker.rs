@@ -14,11 +14,11 @@ use herald_protocol::{ClientInfo, StreamPosition};
 use redis::RedisError;
 
 use crate::config::RedisConfig;
-use crate::keys::{self, Names};
 use crate::link::{self, Commands, Conn};
 use crate::metrics::Metrics;
+use crate::names::{self, Names};
 use crate::presence::{self, LocalPresence};
-use crate::subscriber::{Dispatch, Subscriber};
+use crate::receive::{Dispatch, Subscriber};
 use crate::topology;
 
 /// The Broker on Redis. Build it with [`crate::connect`] or [`crate::connect_with`].
@@ -61,7 +61,7 @@ impl Inner {
     /// The standalone shard that owns `channel` (always 0 on a Cluster, which routes by slot).
     pub(crate) fn shard(&self, channel: &str) -> usize {
         match &self.commands {
-            Commands::Shards(links) => keys::shard_of(channel, links.len()),
+            Commands::Shards(links) => names::shard_of(channel, links.len()),
             Commands::Cluster(_) => 0,
         }
     }

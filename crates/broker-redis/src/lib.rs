@@ -21,28 +21,30 @@
 //!
 //! # Layout
 //! - [`config`]: [`RedisConfig`], the `[redis]` table and the URL forms.
-//! - `keys`: key and pub/sub names (hash-tagged per channel), message encoding, slots and shards.
+//! - `names`: key and pub/sub names (hash-tagged per channel), slots and shards.
+//! - `codec`: how publications and presence changes are laid out in a pub/sub message.
 //! - `scripts`: the Lua scripts for publish, history and presence.
 //! - `link`: command connections that fail fast and reconnect in the background.
 //! - `topology`: connecting to standalone shards, a Sentinel-managed master or a Cluster.
 //! - `publish`: the atomic publish script; presence changes and control messages.
 //! - `history`: the history script and its reply.
 //! - `presence`: presence entries, their expiry and this node's refresh.
-//! - `subscriber`: subscription connections, batching, resubscribe and catch-up after a loss
+//! - `receive`: subscription connections, batching, resubscribe and catch-up after a loss
 //!   (the receiving side).
 //! - `broker`: [`RedisBroker`], shared state, routing the `Broker` trait's calls.
 //! - `metrics`: the `herald_broker_*` Prometheus lines.
 
 mod broker;
+mod codec;
 pub mod config;
 mod history;
-mod keys;
 mod link;
 mod metrics;
+mod names;
 mod presence;
 mod publish;
+mod receive;
 mod scripts;
-mod subscriber;
 mod topology;
 
 pub use broker::RedisBroker;

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use herald_broker::BrokerError;
+use herald_broker::{Backoff, BrokerError};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster_async::ClusterConnection;
 use redis::{
@@ -168,35 +168,13 @@ impl Connector {
     }
 }
 
-/// Backoff between reconnect attempts: doubles from `min` to `max`, ±25 % jitter.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(cfg: &RedisConfig) -> Self {
-        let min = Duration::from_millis(cfg.reconnect_min_ms.max(1));
-        let max = Duration::from_millis(cfg.reconnect_max_ms).max(min);
-        Backoff {
-            min,
-            max,
-            next: min,
-        }
-    }
-
-    /// The next delay.
-    pub(crate) fn next_delay(&mut self) -> Duration {
-        let base = self.next;
-        self.next = (self.next * 2).min(self.max);
-        base.mul_f64(0.75 + rand::random::<f64>() * 0.5)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.min;
-    }
+/// Backoff between reconnect attempts: from `reconnect_min_ms` doubling to `reconnect_max_ms`,
+/// ±25 % jitter.
+pub(crate) fn backoff(cfg: &RedisConfig) -> Backoff {
+    Backoff::new(
+        Duration::from_millis(cfg.reconnect_min_ms),
+        Duration::from_millis(cfg.reconnect_max_ms),
+    )
 }
 
 /// The command connection to one standalone server. While the server is unreachable, commands
@@ -223,7 +201,7 @@ impl Link {
         let link = Arc::new(Link {
             connector,
             config,
-            backoff: Backoff::new(cfg),
+            backoff: backoff(cfg),
             conn: Mutex::new(None),
             generation: AtomicU64::new(0),
             reconnecting: AtomicBool::new(true),
@@ -370,7 +348,7 @@ impl Probe {
 /// Where commands go: standalone shards (one [`Link`] each) or a Cluster connection that routes
 /// by slot and follows `MOVED` itself.
 pub(crate) enum Commands {
-    /// One or more standalone servers; a channel lives on `keys::shard_of(channel, n)`.
+    /// One or more standalone servers; a channel lives on `names::shard_of(channel, n)`.
     Shards(Vec<Arc<Link>>),
     /// A Redis Cluster.
     Cluster(ClusterConnection),

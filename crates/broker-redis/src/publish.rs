@@ -10,7 +10,7 @@ use herald_broker::{new_epoch, BrokerError, ControlMessage, PublishOptions};
 use herald_protocol::{ClientInfo, StreamPosition};
 
 use crate::broker::Inner;
-use crate::{keys, scripts};
+use crate::{codec, scripts};
 
 /// How long an idempotency key is remembered (as in the memory broker).
 const IDEMPOTENCY_TTL_S: u64 = 300;
@@ -85,7 +85,7 @@ impl Inner {
         joined: bool,
         who: &ClientInfo,
     ) -> Result<(), BrokerError> {
-        let payload = keys::encode_presence(joined, who);
+        let payload = codec::encode_presence(joined, who);
         let pubsub = self.names.pubsub(channel);
         self.publish_raw(self.shard(channel), pubsub, payload).await
     }

@@ -5,16 +5,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use herald_broker::{BrokerError, Watermarks};
+use herald_broker::{Backoff, BrokerError, Watermarks};
 use redis::cluster::ClusterClientBuilder;
 use redis::{AsyncConnectionConfig, ProtocolVersion};
 
 use crate::broker::Inner;
 use crate::config::{RedisConfig, Topology};
-use crate::keys::Names;
-use crate::link::{self, Backoff, Commands, Connector, Link, Probe};
+use crate::link::{self, Commands, Connector, Link, Probe};
 use crate::metrics::Metrics;
-use crate::subscriber::{self, Backend, Dispatch, Subscriber};
+use crate::names::Names;
+use crate::receive::{self, Backend, Dispatch, Subscriber};
 
 /// Connect to the servers `cfg` names, as node `node`. Fails if Redis cannot be reached now.
 pub(crate) async fn connect(cfg: RedisConfig, node: &str) -> Result<Inner, BrokerError> {
@@ -27,7 +27,7 @@ pub(crate) async fn connect(cfg: RedisConfig, node: &str) -> Result<Inner, Broke
         metrics: metrics.clone(),
         watermarks: Watermarks::new(),
     });
-    let backoff = Backoff::new(&cfg);
+    let backoff = link::backoff(&cfg);
     let health = Duration::from_millis(cfg.health_check_ms.max(100));
     let client_name = format!(
         "herald-{}-sub",
@@ -75,7 +75,7 @@ pub(crate) async fn connect(cfg: RedisConfig, node: &str) -> Result<Inner, Broke
                 .map_err(|e| {
                     BrokerError::unavailable(format!("redis cluster: {e}")).caused_by(e)
                 })?;
-            let (push, signal_tx, signals) = subscriber::cluster_push_sender(dispatch.clone());
+            let (push, signal_tx, signals) = receive::cluster_push_sender(dispatch.clone());
             let sub = cluster_builder(&seeds, &cfg)?
                 .use_protocol(ProtocolVersion::RESP3)
                 .push_sender(push)

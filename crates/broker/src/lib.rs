@@ -9,8 +9,10 @@
 //! - [`Broker`] and [`BrokerHandler`]: the trait a broker implements and the callbacks it calls.
 //! - [`memory`]: the in-memory broker (single node).
 //! - [`conformance`]: one test suite, written against the trait, that every broker runs.
+//! - [`backoff`]: retry pacing (doubling delays with jitter) for every retry loop.
 //! - [`watermark`]: the newest position a node saw per channel, to catch a broker that rolled back.
 
+pub mod backoff;
 pub mod conformance;
 pub mod memory;
 pub mod watermark;
@@ -23,6 +25,7 @@ use bytes::Bytes;
 use herald_protocol::{ClientInfo, Publication, StreamPosition};
 use serde::{Deserialize, Serialize};
 
+pub use backoff::Backoff;
 pub use memory::MemoryBroker;
 pub use watermark::Watermarks;
 

@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 use crate::flights::Flights;
 use bytes::Bytes;
 use herald_broker::{
-    BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, PublishOptions,
+    Backoff, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, PublishOptions,
     SharedBroker, StreamOptions,
 };
 use herald_protocol::encode::{push_presence_change, push_publication};
@@ -652,18 +652,17 @@ impl Hub {
             };
             // A broker that just came back may still be re-establishing its command link: retry
             // "unavailable" for a few seconds before telling clients to recover themselves.
-            let mut delay = CATCHUP_RETRY_FIRST;
+            let mut backoff = Backoff::new(CATCHUP_RETRY_FIRST, CATCHUP_RETRY_LAST).exact();
             let history = loop {
-                match hub.shared.broker.history(&channel, &query, &opts).await {
-                    Err(BrokerError::Unavailable { message: why, .. })
-                        if delay <= CATCHUP_RETRY_LAST =>
-                    {
+                let read = hub.shared.broker.history(&channel, &query, &opts).await;
+                if let Err(BrokerError::Unavailable { message: why, .. }) = &read {
+                    if let Some(delay) = backoff.next_delay_until_max() {
                         tracing::debug!(channel, why, "catch-up read unavailable; retrying");
                         tokio::time::sleep(delay).await;
-                        delay *= 2;
+                        continue;
                     }
-                    other => break other,
                 }
+                break read;
             };
             hub.finish_catchup(&channel, history);
         });

@@ -12,7 +12,6 @@ use common::{Client, Node};
 use proptest::prelude::*;
 use proptest::sample::{select, Index};
 use proptest::test_runner::{Config, TestRunner};
-use serde_json::Value;
 use tokio::net::TcpStream;
 
 const APP: [(&str, &str); 4] = [
@@ -115,24 +114,25 @@ fn random_pusher_frames_get_a_clear_answer() {
         failure_persistence: None,
         ..Config::default()
     });
-    let client = std::sync::Mutex::new(None::<Client>);
+    // The connection carries over from case to case while it stays open.
+    let client = std::cell::RefCell::new(None::<Client>);
     let (carried_on, closed) = (
         std::sync::atomic::AtomicUsize::new(0),
         std::sync::atomic::AtomicUsize::new(0),
     );
     runner
         .run(&frame(), |frame| {
+            let mut taken = client.borrow_mut().take();
             let outcome = rt.block_on(async {
-                let mut slot = client.lock().unwrap();
-                if slot.is_none() {
-                    *slot = Some(connected(&node).await);
-                }
-                let outcome = probe(slot.as_mut().unwrap(), &frame).await;
-                if !matches!(outcome, Ok(Outcome::CarriesOn)) {
-                    *slot = None;
-                }
-                outcome
+                let c = match taken.as_mut() {
+                    Some(c) => c,
+                    None => taken.insert(connected(&node).await),
+                };
+                probe(c, &frame).await
             });
+            if matches!(outcome, Ok(Outcome::CarriesOn)) {
+                *client.borrow_mut() = taken;
+            }
             match outcome {
                 Ok(Outcome::CarriesOn) => {
                     carried_on.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

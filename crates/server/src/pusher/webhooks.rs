@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use herald_broker::Backoff;
 use herald_core::Hub;
 use herald_protocol::ClientInfo;
 use serde::Deserialize;
@@ -219,7 +220,8 @@ async fn deliver(
     signature: String,
     body: String,
 ) {
-    let mut delay = Duration::from_secs(1);
+    // 1, 2, 4, 8 s between the attempts.
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(8)).exact();
     for attempt in 1..=ATTEMPTS {
         let sent = client
             .post(&url)
@@ -236,8 +238,7 @@ async fn deliver(
             Err(e) => tracing::warn!(url, cause = %e, attempt, "webhook not delivered"),
         }
         if attempt < ATTEMPTS {
-            tokio::time::sleep(delay).await;
-            delay *= 2;
+            tokio::time::sleep(backoff.next_delay()).await;
         }
     }
     tracing::error!(url, "webhook dropped after {ATTEMPTS} attempts");

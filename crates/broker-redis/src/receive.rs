@@ -18,15 +18,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{stream, StreamExt};
-use herald_broker::{BrokerError, BrokerHandler, ControlMessage, Watermarks};
+use herald_broker::{Backoff, BrokerError, BrokerHandler, ControlMessage, Watermarks};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, PushInfo, PushKind, RedisError, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::keys::{self, Envelope, Names};
-use crate::link::{broker_error, is_connection_error, Backoff, Connector, Probe};
+use crate::codec::{self, Envelope};
+use crate::link::{broker_error, is_connection_error, Connector, Probe};
 use crate::metrics::Metrics;
+use crate::names::{self, Names};
 
 /// Concurrent `SSUBSCRIBE` commands in flight on a Cluster (one per slot).
 const CLUSTER_PARALLELISM: usize = 64;
@@ -81,7 +82,7 @@ impl Dispatch {
             self.metrics.received_invalid.fetch_add(1, Relaxed);
             return;
         };
-        match keys::decode(Bytes::from(payload)) {
+        match codec::decode(Bytes::from(payload)) {
             Some(Envelope::Publication { epoch, publication }) => {
                 self.metrics.received_publications.fetch_add(1, Relaxed);
                 self.watermarks.observe(channel, &epoch, publication.offset);
@@ -229,7 +230,7 @@ where
 {
     let mut groups: HashMap<u16, Vec<String>> = HashMap::new();
     for ch in &channels {
-        groups.entry(keys::slot(ch)).or_default().push(ch.clone());
+        groups.entry(names::slot(ch)).or_default().push(ch.clone());
     }
     let outcomes: HashMap<u16, Result<(), RedisError>> = stream::iter(groups)
         .map(|(slot, group)| {
@@ -241,7 +242,7 @@ where
         .await;
     channels
         .iter()
-        .map(|ch| outcomes[&keys::slot(ch)].clone())
+        .map(|ch| outcomes[&names::slot(ch)].clone())
         .collect()
 }
 

@@ -1,13 +1,9 @@
-//! Redis names of a channel's keys and pub/sub channel, the messages carried on pub/sub, and the
-//! slot and shard a channel lives on.
+//! Redis names of a channel's keys and pub/sub channel, and the slot and shard a channel lives on.
 //!
 //! Every name of a channel holds the channel in a hash tag, `herald:{chat:room1}:h`, so that on a
 //! Cluster its history, its metadata, its presence and its sharded pub/sub channel share one slot:
 //! the publish script touches them atomically on the shard that owns the slot, and `SPUBLISH` keeps
 //! the message on that shard. Channel names cannot contain `{` or `}` (docs/protocol.md).
-
-use bytes::Bytes;
-use herald_protocol::{ClientInfo, Publication};
 
 /// The Redis names of one deployment (one `key_prefix`).
 #[derive(Debug, Clone)]
@@ -67,72 +63,6 @@ impl Names {
             .strip_prefix(self.prefix.as_str())?
             .strip_prefix(":{")?
             .strip_suffix("}:p")
-    }
-}
-
-/// A message received on a channel's pub/sub channel.
-#[derive(Debug, PartialEq)]
-pub(crate) enum Envelope {
-    /// A publication with the stream's epoch.
-    Publication {
-        epoch: String,
-        publication: Publication,
-    },
-    /// A client joined (`true`) or left.
-    Presence { joined: bool, who: ClientInfo },
-}
-
-/// Encode a presence change: `j <ClientInfo JSON>` or `l <ClientInfo JSON>`.
-pub(crate) fn encode_presence(joined: bool, who: &ClientInfo) -> Vec<u8> {
-    let mut out = if joined {
-        b"j ".to_vec()
-    } else {
-        b"l ".to_vec()
-    };
-    serde_json::to_writer(&mut out, who).expect("ClientInfo serializes");
-    out
-}
-
-/// Decode what the publish script or [`encode_presence`] sent.
-///
-/// # Format
-/// ```text
-/// p <epoch> <offset> <info length> <info JSON><data JSON>
-/// p 9f3ac2e1d0b4a577 42 0 {"text":"hi"}
-/// j {"user":"alice","client":"c1"}
-/// ```
-/// The publication's data is the bytes after the info, exactly as published.
-pub(crate) fn decode(payload: Bytes) -> Option<Envelope> {
-    match payload.first()? {
-        b'p' => {
-            let mut fields = payload.splitn(5, |b| *b == b' ');
-            fields.next()?;
-            let epoch = std::str::from_utf8(fields.next()?).ok()?.to_owned();
-            let offset: u64 = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
-            let info_len: usize = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
-            let rest_len = fields.next()?.len();
-            let rest_start = payload.len() - rest_len;
-            if info_len > rest_len {
-                return None;
-            }
-            let info = match info_len {
-                0 => None,
-                n => Some(serde_json::from_slice(&payload[rest_start..rest_start + n]).ok()?),
-            };
-            let data = payload.slice(rest_start + info_len..);
-            Some(Envelope::Publication {
-                epoch,
-                publication: Publication { offset, data, info },
-            })
-        }
-        b'j' | b'l' => {
-            let who = serde_json::from_slice(payload.get(2..)?).ok()?;
-            Some(Envelope::Presence {
-                joined: payload[0] == b'j',
-                who,
-            })
-        }
-        _ => None,
     }
 }
 
@@ -209,35 +139,6 @@ mod tests {
     }
 
     #[test]
-    fn publication_roundtrip() {
-        let info = r#"{"user":"u","client":"c"}"#;
-        let msg = format!("p abc 7 {} {info}{{\"x\": [1, 2]}}", info.len());
-        let Some(Envelope::Publication { epoch, publication }) = decode(Bytes::from(msg)) else {
-            panic!("not decoded");
-        };
-        assert_eq!(epoch, "abc");
-        assert_eq!(publication.offset, 7);
-        assert_eq!(&publication.data[..], br#"{"x": [1, 2]}"#);
-        assert_eq!(publication.info.unwrap().client, "c");
-        let bare = decode(Bytes::from_static(b"p e 1 0 \"a b\"")).unwrap();
-        assert!(matches!(bare, Envelope::Publication { publication, .. }
-            if publication.info.is_none() && &publication.data[..] == b"\"a b\""));
-        assert!(decode(Bytes::from_static(b"p e x 0 1")).is_none());
-        assert!(decode(Bytes::from_static(b"p e 1 99 1")).is_none());
-    }
-
-    #[test]
-    fn presence_roundtrip() {
-        let who = ClientInfo {
-            user: "alice".into(),
-            client: "c1".into(),
-            info: None,
-        };
-        let got = decode(Bytes::from(encode_presence(false, &who))).unwrap();
-        assert_eq!(got, Envelope::Presence { joined: false, who });
-    }
-
-    #[test]
     fn shards_are_stable_and_spread() {
         let mut counts = [0usize; 4];
         for i in 0..4000 {
@@ -255,50 +156,5 @@ mod tests {
             })
             .count();
         assert!(moved < 1100, "{moved}");
-    }
-
-    // Fuzz harness (`scripts/fuzz.sh` runs it longer): whatever arrives on a Redis pub/sub
-    // channel (another program, a corrupted message) is decoded or dropped, never a panic.
-    mod fuzz {
-        use super::super::*;
-        use proptest::prelude::*;
-
-        fn edited(seed: Vec<u8>, edits: Vec<(prop::sample::Index, u8, bool)>) -> Vec<u8> {
-            let mut b = seed;
-            for (at, byte, insert) in edits {
-                let i = at.index(b.len() + 1);
-                if insert {
-                    b.insert(i, byte);
-                } else if i < b.len() {
-                    b[i] = byte;
-                }
-            }
-            b
-        }
-
-        proptest! {
-            #[test]
-            fn any_payload_is_decoded_or_dropped(payload in proptest::collection::vec(any::<u8>(), 0..300)) {
-                let _ = decode(Bytes::from(payload));
-            }
-
-            #[test]
-            fn edited_messages_are_decoded_or_dropped(
-                which in 0..3u8,
-                edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), any::<bool>()), 0..6),
-            ) {
-                let seed: Vec<u8> = match which {
-                    0 => br#"p 9f3ac2e1d0b4a577 42 29 {"user":"u","client":"c1"}{"text":"hi"}"#.to_vec(),
-                    1 => b"p 9f3ac2e1d0b4a577 7 0 [1,2]".to_vec(),
-                    _ => br#"j {"user":"alice","client":"c1","info":{"a":1}}"#.to_vec(),
-                };
-                let _ = decode(Bytes::from(edited(seed, edits)));
-            }
-
-            #[test]
-            fn header_fields_out_of_range(offset in any::<String>(), len in any::<String>(), rest in ".{0,40}") {
-                let _ = decode(Bytes::from(format!("p e {offset} {len} {rest}")));
-            }
-        }
     }
 }
