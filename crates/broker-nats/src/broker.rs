@@ -14,6 +14,7 @@ use herald_broker::{
     PublishOptions, StreamOptions, Watermarks,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
+use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 use crate::codec::encode_presence_change;
@@ -269,7 +270,7 @@ impl Broker for NatsBroker {
             .map_err(|e| BrokerError::unavailable(format!("control: {e}")).caused_by(e))
     }
 
-    fn metrics_text(&self) -> String {
-        self.inner.metrics.render()
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.inner.metrics.register(registry);
     }
 }

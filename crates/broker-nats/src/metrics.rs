@@ -1,208 +1,151 @@
-//! Counters of the NATS broker, rendered as Prometheus text (prefix `herald_broker_`). Names
-//! shared with the Redis broker mean the same thing, so one dashboard fits both; the rest are
-//! NATS-specific.
+//! The NATS broker's metrics (prefix `herald_broker_`), registered into the node's
+//! prometheus-client registry beside the hub's (`Broker::register_metrics`). Names shared with
+//! the Redis broker mean the same thing, so one dashboard fits both; the rest are NATS-specific.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds of the publish-time histogram, in seconds (the Redis broker's RTT buckets).
 const PUBLISH_BUCKETS: [f64; 12] = [
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0,
 ];
 
-/// Relaxed atomics: each counter is independent and read only for `/metrics`.
-#[derive(Default)]
+/// Each metric is independent and read only when scraped.
 pub(crate) struct Metrics {
-    pub(crate) published: AtomicU64,
-    pub(crate) publish_errors: AtomicU64,
+    pub(crate) published: Counter,
+    pub(crate) publish_errors: Counter,
     /// Messages stored: fewer than publications when queued ones were stored together.
-    pub(crate) stored_messages: AtomicU64,
+    pub(crate) stored_messages: Counter,
     /// Publishes that lost the race for the next offset to another publisher and retried.
-    pub(crate) publish_conflicts: AtomicU64,
-    pub(crate) publish_duplicates: AtomicU64,
-    /// Sum of successful publish times, in microseconds.
-    publish_micros: AtomicU64,
-    /// Successful publishes per `PUBLISH_BUCKETS` bucket (not cumulative; beyond the last: none).
-    publish_buckets: [AtomicU64; PUBLISH_BUCKETS.len()],
-    pub(crate) history_reads: AtomicU64,
-    pub(crate) history_errors: AtomicU64,
+    pub(crate) publish_conflicts: Counter,
+    pub(crate) publish_duplicates: Counter,
+    /// Successful publish times.
+    publish_seconds: Histogram,
+    pub(crate) history_reads: Counter,
+    pub(crate) history_errors: Counter,
     /// Publications handed to the hub.
-    pub(crate) received_publications: AtomicU64,
-    pub(crate) received_presence: AtomicU64,
-    pub(crate) received_control: AtomicU64,
+    pub(crate) received_publications: Counter,
+    pub(crate) received_presence: Counter,
+    pub(crate) received_control: Counter,
     /// Messages that were not ours or did not decode.
-    pub(crate) received_invalid: AtomicU64,
+    pub(crate) received_invalid: Counter,
     /// Channels this node holds a NATS subscription for.
-    pub(crate) subscribed_channels: AtomicI64,
-    pub(crate) connected: AtomicI64,
-    pub(crate) disconnects: AtomicU64,
-    pub(crate) reconnects: AtomicU64,
+    pub(crate) subscribed_channels: Gauge,
+    pub(crate) connected: Gauge,
+    pub(crate) disconnects: Counter,
+    pub(crate) reconnects: Counter,
     /// Channel subscriptions the client re-sent after reconnects.
-    pub(crate) resubscriptions: AtomicU64,
+    pub(crate) resubscriptions: Counter,
     /// Times the hub was asked to catch up (`on_reconnected`).
-    pub(crate) catchups: AtomicU64,
+    pub(crate) catchups: Counter,
     /// async-nats dropped messages for a subscription that could not keep up.
-    pub(crate) slow_consumer_events: AtomicU64,
-    pub(crate) presence_refresh_errors: AtomicU64,
+    pub(crate) slow_consumer_events: Counter,
+    pub(crate) presence_refresh_errors: Counter,
 }
 
-pub(crate) fn inc(counter: &AtomicU64) {
-    counter.fetch_add(1, Relaxed);
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            published: Counter::default(),
+            publish_errors: Counter::default(),
+            stored_messages: Counter::default(),
+            publish_conflicts: Counter::default(),
+            publish_duplicates: Counter::default(),
+            publish_seconds: Histogram::new(PUBLISH_BUCKETS),
+            history_reads: Counter::default(),
+            history_errors: Counter::default(),
+            received_publications: Counter::default(),
+            received_presence: Counter::default(),
+            received_control: Counter::default(),
+            received_invalid: Counter::default(),
+            subscribed_channels: Gauge::default(),
+            connected: Gauge::default(),
+            disconnects: Counter::default(),
+            reconnects: Counter::default(),
+            resubscriptions: Counter::default(),
+            catchups: Counter::default(),
+            slow_consumer_events: Counter::default(),
+            presence_refresh_errors: Counter::default(),
+        }
+    }
+}
+
+/// Count one event.
+pub(crate) fn inc(counter: &Counter) {
+    counter.inc();
 }
 
 impl Metrics {
     /// Record one successful publish, waiting for the channel's earlier publishes included.
     pub(crate) fn observe_publish(&self, took: Duration) {
-        let s = took.as_secs_f64();
-        if let Some(i) = PUBLISH_BUCKETS.iter().position(|b| s <= *b) {
-            self.publish_buckets[i].fetch_add(1, Relaxed);
-        }
+        self.publish_seconds.observe(took.as_secs_f64());
         inc(&self.published);
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        self.publish_micros.fetch_add(micros, Relaxed);
     }
 
-    /// Prometheus text exposition of every counter.
-    pub(crate) fn render(&self) -> String {
-        let mut out = String::with_capacity(4096);
-        let mut one = |name: &str, kind: &str, help: &str, value: String| {
-            let _ = writeln!(out, "# HELP herald_broker_{name} {help}");
-            let _ = writeln!(out, "# TYPE herald_broker_{name} {kind}");
-            let _ = writeln!(out, "herald_broker_{name} {value}");
-        };
-        let counters: [(&str, &str, &AtomicU64); 17] = [
-            (
-                "messages_published_total",
-                "Publications stored in JetStream by this node.",
-                &self.published,
-            ),
-            (
-                "publish_errors_total",
-                "Publishes that failed.",
-                &self.publish_errors,
-            ),
-            (
-                "nats_stored_messages_total",
-                "JetStream messages stored: fewer than publications when queued ones went together.",
-                &self.stored_messages,
-            ),
-            (
-                "publish_conflicts_total",
-                "Publishes retried because another publisher took the offset.",
-                &self.publish_conflicts,
-            ),
-            (
-                "publish_duplicates_total",
-                "Publishes answered from an earlier one with the same idempotency key.",
-                &self.publish_duplicates,
-            ),
-            (
-                "messages_received_total",
-                "Publications received from NATS and handed to the hub.",
-                &self.received_publications,
-            ),
-            (
-                "received_presence_total",
-                "Join/leave messages received from NATS.",
-                &self.received_presence,
-            ),
-            (
-                "received_control_total",
-                "Control messages received from NATS.",
-                &self.received_control,
-            ),
-            (
-                "received_invalid_total",
-                "Messages received that could not be decoded.",
-                &self.received_invalid,
-            ),
-            (
-                "history_reads_total",
-                "History reads from JetStream.",
-                &self.history_reads,
-            ),
-            (
-                "history_errors_total",
-                "History reads that failed.",
-                &self.history_errors,
-            ),
-            (
-                "disconnects_total",
-                "Connections to NATS lost.",
-                &self.disconnects,
-            ),
-            (
-                "reconnects_total",
-                "Connections to NATS restored after a loss.",
-                &self.reconnects,
-            ),
-            (
-                "resubscriptions_total",
-                "Channels subscribed again after a reconnect.",
-                &self.resubscriptions,
-            ),
-            (
-                "catchups_total",
-                "Catch-ups from history requested after a reconnect.",
-                &self.catchups,
-            ),
-            (
-                "nats_slow_consumer_total",
-                "Times the NATS client dropped messages for a subscription.",
-                &self.slow_consumer_events,
-            ),
-            (
-                "presence_refresh_errors_total",
-                "Presence records that could not be refreshed.",
-                &self.presence_refresh_errors,
-            ),
+    /// Register every metric under `herald_broker_`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("herald_broker");
+        let counters = [
+            ("messages_published", "Publications stored in JetStream by this node.", &self.published),
+            ("publish_errors", "Publishes that failed.", &self.publish_errors),
+            ("nats_stored_messages", "JetStream messages stored: fewer than publications when queued ones went together.", &self.stored_messages),
+            ("publish_conflicts", "Publishes retried because another publisher took the offset.", &self.publish_conflicts),
+            ("publish_duplicates", "Publishes answered from an earlier one with the same idempotency key.", &self.publish_duplicates),
+            ("messages_received", "Publications received from NATS and handed to the hub.", &self.received_publications),
+            ("received_presence", "Join/leave messages received from NATS.", &self.received_presence),
+            ("received_control", "Control messages received from NATS.", &self.received_control),
+            ("received_invalid", "Messages received that could not be decoded.", &self.received_invalid),
+            ("history_reads", "History reads from JetStream.", &self.history_reads),
+            ("history_errors", "History reads that failed.", &self.history_errors),
+            ("disconnects", "Connections to NATS lost.", &self.disconnects),
+            ("reconnects", "Connections to NATS restored after a loss.", &self.reconnects),
+            ("resubscriptions", "Channels subscribed again after a reconnect.", &self.resubscriptions),
+            ("catchups", "Catch-ups from history requested after a reconnect.", &self.catchups),
+            ("nats_slow_consumer", "Times the NATS client dropped messages for a subscription.", &self.slow_consumer_events),
+            ("presence_refresh_errors", "Presence records that could not be refreshed.", &self.presence_refresh_errors),
         ];
         for (name, help, counter) in counters {
-            one(name, "counter", help, counter.load(Relaxed).to_string());
+            r.register(name, help, counter.clone());
         }
-        one(
+        r.register(
             "subscribed_channels",
-            "gauge",
             "Channels this node is subscribed to in NATS.",
-            self.subscribed_channels.load(Relaxed).to_string(),
+            self.subscribed_channels.clone(),
         );
-        one(
+        r.register(
             "connected",
-            "gauge",
             "Whether the connection to NATS is up.",
-            self.connected.load(Relaxed).to_string(),
+            self.connected.clone(),
         );
-        let name = "herald_broker_nats_publish_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time to store a publication (JetStream ack included)."
+        r.register(
+            "nats_publish_seconds",
+            "Time to store a publication (JetStream ack included).",
+            self.publish_seconds.clone(),
         );
-        let _ = writeln!(out, "# TYPE {name} histogram");
-        let mut cumulative = 0;
-        for (bound, bucket) in PUBLISH_BUCKETS.iter().zip(&self.publish_buckets) {
-            cumulative += bucket.load(Relaxed);
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
-        }
-        let count = self.published.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let sum = self.publish_micros.load(Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum:.6}");
-        let _ = writeln!(out, "{name}_count {count}");
-        out
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::encoding::text::encode;
 
     #[test]
     fn renders_prometheus_lines() {
         let m = Metrics::default();
         m.observe_publish(Duration::from_micros(300));
-        let text = m.render();
-        assert!(text.contains("herald_broker_messages_published_total 1\n"));
+        let mut registry = Registry::default();
+        m.register(&mut registry);
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("herald_broker_messages_published_total 1\n"),
+            "{text}"
+        );
         assert!(text.contains("herald_broker_nats_publish_seconds_bucket{le=\"0.00025\"} 0\n"));
         assert!(text.contains("herald_broker_nats_publish_seconds_bucket{le=\"0.0005\"} 1\n"));
         assert!(text.contains("herald_broker_nats_publish_seconds_count 1\n"));

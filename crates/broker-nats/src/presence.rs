@@ -155,15 +155,9 @@ pub(crate) async fn run_refresher(inner: Arc<Inner>, mut shutdown: watch::Receiv
         if inner.ensure_connected().is_err() {
             continue;
         }
-        let before = inner
-            .metrics
-            .presence_refresh_errors
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let before = inner.metrics.presence_refresh_errors.get();
         refresh_all(&inner).await;
-        let after = inner
-            .metrics
-            .presence_refresh_errors
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let after = inner.metrics.presence_refresh_errors.get();
         if after > before {
             warn!(
                 failed = after - before,

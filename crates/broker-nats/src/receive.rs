@@ -64,10 +64,7 @@ pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &str) -> Result<(), B
         warn!(%channel, "subscribed twice; replacing the earlier subscription");
         stop_task(previous).await;
     } else {
-        inner
-            .metrics
-            .subscribed_channels
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        inner.metrics.subscribed_channels.inc();
     }
     Ok(())
 }
@@ -80,10 +77,7 @@ pub(crate) async fn unsubscribe(inner: &Inner, channel: &str) -> Result<(), Brok
         .expect("channels lock")
         .remove(channel);
     if let Some(entry) = entry {
-        inner
-            .metrics
-            .subscribed_channels
-            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        inner.metrics.subscribed_channels.dec();
         stop_task(entry).await;
     }
     Ok(())
@@ -320,10 +314,7 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
         }
     }
     let hosted = inner.channels.lock().expect("channels lock").len() as u64;
-    inner
-        .metrics
-        .resubscriptions
-        .fetch_add(hosted, std::sync::atomic::Ordering::Relaxed);
+    inner.metrics.resubscriptions.inc_by(hosted);
     inc(&inner.metrics.catchups);
     if let Some(handler) = inner.handler.get() {
         handler.on_reconnected();

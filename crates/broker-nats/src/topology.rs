@@ -2,7 +2,6 @@
 //! TLS), the connection to the configured servers, the JetStream context, and the streams Herald
 //! needs (created or grown before the broker is used).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +38,7 @@ pub(crate) async fn connect(
     let client = options.connect(addrs).await.map_err(|e| {
         BrokerError::unavailable(format!("connect to NATS {shown:?}: {e}")).caused_by(e)
     })?;
-    metrics.connected.store(1, Ordering::Relaxed);
+    metrics.connected.set(1);
     let mut js = match &config.jetstream_domain {
         Some(domain) => jetstream::with_domain(client.clone(), domain),
         None => jetstream::new(client.clone()),
@@ -70,9 +69,11 @@ async fn connect_options(
         })
         .event_callback(move |event| {
             match &event {
-                Event::Connected => metrics.connected.store(1, Ordering::Relaxed),
+                Event::Connected => {
+                    metrics.connected.set(1);
+                }
                 Event::Disconnected => {
-                    metrics.connected.store(0, Ordering::Relaxed);
+                    metrics.connected.set(0);
                     inc(&metrics.disconnects);
                 }
                 Event::SlowConsumer(_) => inc(&metrics.slow_consumer_events),

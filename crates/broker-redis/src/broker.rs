@@ -11,6 +11,7 @@ use herald_broker::{
     PublishOptions, SharedBroker, StreamOptions,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
+use prometheus_client::registry::Registry;
 use redis::RedisError;
 
 use crate::config::RedisConfig;
@@ -169,13 +170,13 @@ impl Broker for RedisBroker {
         self.inner.publish_control(message).await
     }
 
-    fn metrics_text(&self) -> String {
+    fn register_metrics(&self, registry: &mut Registry) {
         let inner = &self.inner;
         let mode = match (&inner.commands, inner.cluster) {
             (_, true) => "cluster",
             (Commands::Shards(l), _) if l.len() > 1 => "shards",
             _ => "standalone",
         };
-        inner.metrics.render(mode)
+        inner.metrics.register(registry, mode);
     }
 }

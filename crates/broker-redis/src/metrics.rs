@@ -1,9 +1,12 @@
-//! The broker's own counters, rendered as Prometheus text lines prefixed `herald_broker_`.
+//! The broker's own metrics (prefix `herald_broker_`), registered into the node's
+//! prometheus-client registry beside the hub's (`Broker::register_metrics`).
 //!
-//! Plain atomics: each is bumped once per publication or event, never per subscriber.
+//! Each is bumped once per publication or event, never per subscriber.
 
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 use std::time::Duration;
 
 /// Upper bounds of the round-trip histogram, in seconds.
@@ -11,150 +14,177 @@ const RTT_BUCKETS: [f64; 12] = [
     0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.0,
 ];
 
-/// Counters shared by the broker, its connections and its subscribers.
-#[derive(Default)]
+/// Metrics shared by the broker, its connections and its subscribers.
 pub(crate) struct Metrics {
     /// Publications stored and published (duplicates by idempotency key excluded).
-    pub(crate) published: AtomicU64,
+    pub(crate) published: Counter,
     /// Publishes that failed (Redis unreachable or an error).
-    pub(crate) publish_errors: AtomicU64,
+    pub(crate) publish_errors: Counter,
     /// Publication messages received from Redis pub/sub.
-    pub(crate) received_publications: AtomicU64,
+    pub(crate) received_publications: Counter,
     /// Presence-change messages received.
-    pub(crate) received_presence: AtomicU64,
+    pub(crate) received_presence: Counter,
     /// Control messages received.
-    pub(crate) received_control: AtomicU64,
+    pub(crate) received_control: Counter,
     /// Messages that could not be decoded (dropped).
-    pub(crate) received_invalid: AtomicU64,
+    pub(crate) received_invalid: Counter,
     /// Channels subscribed again after a reconnect.
-    pub(crate) resubscriptions: AtomicU64,
+    pub(crate) resubscriptions: Counter,
     /// Times a subscription connection was restored (then the hub catches up).
-    pub(crate) reconnects: AtomicU64,
+    pub(crate) reconnects: Counter,
     /// `on_reconnected` calls: catch-ups from history requested from the hub.
-    pub(crate) catchups: AtomicU64,
+    pub(crate) catchups: Counter,
     /// Channels this node is subscribed to now (the control channel excluded).
-    pub(crate) subscribed_channels: AtomicI64,
+    pub(crate) subscribed_channels: Gauge,
     /// Subscription connections that are down now.
-    pub(crate) disconnected: AtomicI64,
-    rtt_buckets: [AtomicU64; RTT_BUCKETS.len()],
-    rtt_count: AtomicU64,
-    rtt_sum_us: AtomicU64,
+    pub(crate) disconnected: Gauge,
+    /// Round trips of Redis commands.
+    rtt: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            published: Counter::default(),
+            publish_errors: Counter::default(),
+            received_publications: Counter::default(),
+            received_presence: Counter::default(),
+            received_control: Counter::default(),
+            received_invalid: Counter::default(),
+            resubscriptions: Counter::default(),
+            reconnects: Counter::default(),
+            catchups: Counter::default(),
+            subscribed_channels: Gauge::default(),
+            disconnected: Gauge::default(),
+            rtt: Histogram::new(RTT_BUCKETS),
+        }
+    }
+}
+
+/// `herald_broker_connected{mode}`: 1 while every subscription connection is up. Computed when
+/// scraped from the count of connections down.
+#[derive(Debug)]
+struct Connected(Gauge);
+
+impl prometheus_client::encoding::EncodeMetric for Connected {
+    fn encode(
+        &self,
+        encoder: prometheus_client::encoding::MetricEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let up = Gauge::<i64>::default();
+        up.set(i64::from(self.0.get() == 0));
+        up.encode(encoder)
+    }
+
+    fn metric_type(&self) -> prometheus_client::metrics::MetricType {
+        prometheus_client::metrics::MetricType::Gauge
+    }
 }
 
 impl Metrics {
     /// Record one command round trip.
     pub(crate) fn observe_rtt(&self, rtt: Duration) {
-        let s = rtt.as_secs_f64();
-        if let Some(i) = RTT_BUCKETS.iter().position(|b| s <= *b) {
-            self.rtt_buckets[i].fetch_add(1, Relaxed);
-        }
-        self.rtt_count.fetch_add(1, Relaxed);
-        self.rtt_sum_us.fetch_add(rtt.as_micros() as u64, Relaxed);
+        self.rtt.observe(rtt.as_secs_f64());
     }
 
-    /// Prometheus text exposition.
-    pub(crate) fn render(&self, mode: &str) -> String {
-        let mut out = String::new();
-        let mut counter = |name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP herald_broker_{name} {help}");
-            let _ = writeln!(out, "# TYPE herald_broker_{name} counter");
-            let _ = writeln!(out, "herald_broker_{name} {v}");
-        };
-        counter(
-            "messages_published_total",
-            "Publications stored in Redis and published.",
-            self.published.load(Relaxed),
-        );
-        counter(
-            "publish_errors_total",
-            "Publishes that failed.",
-            self.publish_errors.load(Relaxed),
-        );
-        counter(
-            "messages_received_total",
-            "Publication messages received from Redis pub/sub.",
-            self.received_publications.load(Relaxed),
-        );
-        counter(
-            "received_presence_total",
-            "Join/leave messages received from Redis pub/sub.",
-            self.received_presence.load(Relaxed),
-        );
-        counter(
-            "received_control_total",
-            "Control messages received from Redis pub/sub.",
-            self.received_control.load(Relaxed),
-        );
-        counter(
-            "received_invalid_total",
-            "Pub/sub messages that could not be decoded.",
-            self.received_invalid.load(Relaxed),
-        );
-        counter(
-            "resubscriptions_total",
-            "Channels subscribed again after a reconnect.",
-            self.resubscriptions.load(Relaxed),
-        );
-        counter(
-            "reconnects_total",
-            "Subscription connections restored after a loss.",
-            self.reconnects.load(Relaxed),
-        );
-        counter(
-            "catchups_total",
-            "Catch-ups from history requested after a reconnect.",
-            self.catchups.load(Relaxed),
-        );
-        let _ = writeln!(out, "# HELP herald_broker_subscribed_channels Channels this node is subscribed to in Redis.");
-        let _ = writeln!(out, "# TYPE herald_broker_subscribed_channels gauge");
-        let _ = writeln!(
-            out,
-            "herald_broker_subscribed_channels {}",
-            self.subscribed_channels.load(Relaxed)
-        );
-        let _ = writeln!(out, "# HELP herald_broker_connected Whether every Redis subscription connection is up ({mode}).");
-        let _ = writeln!(out, "# TYPE herald_broker_connected gauge");
-        let up = i64::from(self.disconnected.load(Relaxed) == 0);
-        let _ = writeln!(out, "herald_broker_connected{{mode=\"{mode}\"}} {up}");
-        let _ = writeln!(
-            out,
-            "# HELP herald_broker_redis_rtt_seconds Round-trip time of Redis commands."
-        );
-        let _ = writeln!(out, "# TYPE herald_broker_redis_rtt_seconds histogram");
-        let mut cumulative = 0;
-        for (bound, n) in RTT_BUCKETS.iter().zip(&self.rtt_buckets) {
-            cumulative += n.load(Relaxed);
-            let _ = writeln!(
-                out,
-                "herald_broker_redis_rtt_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
-            );
+    /// Register every metric under `herald_broker_`; `mode` labels `connected` (standalone,
+    /// sentinel, cluster, shards).
+    pub(crate) fn register(&self, registry: &mut Registry, mode: &str) {
+        let r = registry.sub_registry_with_prefix("herald_broker");
+        let counters = [
+            (
+                "messages_published",
+                "Publications stored in Redis and published.",
+                &self.published,
+            ),
+            (
+                "publish_errors",
+                "Publishes that failed.",
+                &self.publish_errors,
+            ),
+            (
+                "messages_received",
+                "Publication messages received from Redis pub/sub.",
+                &self.received_publications,
+            ),
+            (
+                "received_presence",
+                "Join/leave messages received from Redis pub/sub.",
+                &self.received_presence,
+            ),
+            (
+                "received_control",
+                "Control messages received from Redis pub/sub.",
+                &self.received_control,
+            ),
+            (
+                "received_invalid",
+                "Pub/sub messages that could not be decoded.",
+                &self.received_invalid,
+            ),
+            (
+                "resubscriptions",
+                "Channels subscribed again after a reconnect.",
+                &self.resubscriptions,
+            ),
+            (
+                "reconnects",
+                "Subscription connections restored after a loss.",
+                &self.reconnects,
+            ),
+            (
+                "catchups",
+                "Catch-ups from history requested after a reconnect.",
+                &self.catchups,
+            ),
+        ];
+        for (name, help, counter) in counters {
+            r.register(name, help, counter.clone());
         }
-        let count = self.rtt_count.load(Relaxed);
-        let _ = writeln!(
-            out,
-            "herald_broker_redis_rtt_seconds_bucket{{le=\"+Inf\"}} {count}"
+        r.register(
+            "subscribed_channels",
+            "Channels this node is subscribed to in Redis.",
+            self.subscribed_channels.clone(),
         );
-        let sum = self.rtt_sum_us.load(Relaxed) as f64 / 1e6;
-        let _ = writeln!(out, "herald_broker_redis_rtt_seconds_sum {sum}");
-        let _ = writeln!(out, "herald_broker_redis_rtt_seconds_count {count}");
-        out
+        r.register(
+            "redis_rtt_seconds",
+            "Round-trip time of Redis commands.",
+            self.rtt.clone(),
+        );
+        r.sub_registry_with_label(("mode".into(), mode.to_owned().into()))
+            .register(
+                "connected",
+                "Whether every Redis subscription connection is up.",
+                Connected(self.disconnected.clone()),
+            );
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prometheus_client::encoding::text::encode;
 
     #[test]
     fn renders_counters_and_histogram() {
         let m = Metrics::default();
-        m.published.fetch_add(3, Relaxed);
+        m.published.inc_by(3);
         m.observe_rtt(Duration::from_micros(300));
         m.observe_rtt(Duration::from_secs(5));
-        let text = m.render("standalone");
-        assert!(text.contains("herald_broker_messages_published_total 3\n"));
+        let mut registry = Registry::default();
+        m.register(&mut registry, "standalone");
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("herald_broker_messages_published_total 3\n"),
+            "{text}"
+        );
         assert!(text.contains("herald_broker_redis_rtt_seconds_bucket{le=\"0.0005\"} 1\n"));
         assert!(text.contains("herald_broker_redis_rtt_seconds_bucket{le=\"+Inf\"} 2\n"));
         assert!(text.contains("herald_broker_connected{mode=\"standalone\"} 1\n"));
+        m.disconnected.inc();
+        let mut text = String::new();
+        encode(&mut text, &registry).unwrap();
+        assert!(text.contains("herald_broker_connected{mode=\"standalone\"} 0\n"));
     }
 }

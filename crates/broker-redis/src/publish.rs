@@ -2,7 +2,6 @@
 //! idempotency keys and the rollback floor), and raw pub/sub payloads for presence changes and
 //! control messages.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -67,12 +66,12 @@ impl Inner {
             Ok((epoch, offset, duplicate)) => {
                 self.dispatch.watermarks.observe(channel, &epoch, offset);
                 if duplicate == 0 {
-                    self.metrics.published.fetch_add(1, Relaxed);
+                    self.metrics.published.inc();
                 }
                 Ok(StreamPosition { epoch, offset })
             }
             Err(e) => {
-                self.metrics.publish_errors.fetch_add(1, Relaxed);
+                self.metrics.publish_errors.inc();
                 Err(e)
             }
         }

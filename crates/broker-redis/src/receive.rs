@@ -12,7 +12,6 @@
 //! While it is down, `subscribe` fails at once with "unavailable" (never hangs).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -69,31 +68,31 @@ impl Dispatch {
         };
         let name = std::str::from_utf8(pubsub).unwrap_or("");
         if name == self.names.control {
-            self.metrics.received_control.fetch_add(1, Relaxed);
+            self.metrics.received_control.inc();
             match serde_json::from_slice::<ControlMessage>(&payload) {
                 Ok(message) => handler.on_control(message),
                 Err(_) => {
-                    self.metrics.received_invalid.fetch_add(1, Relaxed);
+                    self.metrics.received_invalid.inc();
                 }
             }
             return;
         }
         let Some(channel) = self.names.channel_of(name) else {
-            self.metrics.received_invalid.fetch_add(1, Relaxed);
+            self.metrics.received_invalid.inc();
             return;
         };
         match codec::decode(Bytes::from(payload)) {
             Some(Envelope::Publication { epoch, publication }) => {
-                self.metrics.received_publications.fetch_add(1, Relaxed);
+                self.metrics.received_publications.inc();
                 self.watermarks.observe(channel, &epoch, publication.offset);
                 handler.on_publication(channel, &epoch, publication);
             }
             Some(Envelope::Presence { joined, who }) => {
-                self.metrics.received_presence.fetch_add(1, Relaxed);
+                self.metrics.received_presence.inc();
                 handler.on_presence_change(channel, joined, who);
             }
             None => {
-                self.metrics.received_invalid.fetch_add(1, Relaxed);
+                self.metrics.received_invalid.inc();
                 tracing::warn!(channel, "undecodable message on redis pub/sub");
             }
         }
@@ -430,7 +429,7 @@ impl Actor {
     fn mark_down(&mut self) {
         if !self.needs_resync {
             self.needs_resync = true;
-            self.dispatch.metrics.disconnected.fetch_add(1, Relaxed);
+            self.dispatch.metrics.disconnected.inc();
         }
     }
 
@@ -516,10 +515,7 @@ impl Actor {
             match result {
                 Ok(()) => {
                     if !self.is_control(&c) {
-                        self.dispatch
-                            .metrics
-                            .subscribed_channels
-                            .fetch_add(1, Relaxed);
+                        self.dispatch.metrics.subscribed_channels.inc();
                     }
                     let _ = tx.send(Ok(()));
                 }
@@ -553,10 +549,7 @@ impl Actor {
     fn forget(&mut self, pubsub: &str) -> bool {
         let was = self.desired.remove(pubsub);
         if was && !self.is_control(pubsub) {
-            self.dispatch
-                .metrics
-                .subscribed_channels
-                .fetch_sub(1, Relaxed);
+            self.dispatch.metrics.subscribed_channels.dec();
         }
         was
     }
@@ -620,9 +613,9 @@ impl Actor {
             match self.try_resync().await {
                 Ok(n) => {
                     let m = &self.dispatch.metrics;
-                    m.resubscriptions.fetch_add(n as u64, Relaxed);
-                    m.reconnects.fetch_add(1, Relaxed);
-                    m.disconnected.fetch_sub(1, Relaxed);
+                    m.resubscriptions.inc_by(n as u64);
+                    m.reconnects.inc();
+                    m.disconnected.dec();
                     self.needs_resync = false;
                     self.backoff.reset();
                     tracing::info!(
@@ -630,7 +623,7 @@ impl Actor {
                         "redis subscriptions restored; catching up from history"
                     );
                     if let Some(handler) = self.dispatch.handler.get() {
-                        m.catchups.fetch_add(1, Relaxed);
+                        m.catchups.inc();
                         handler.on_reconnected();
                     }
                     return true;

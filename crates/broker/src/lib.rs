@@ -23,6 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_protocol::{ClientInfo, Publication, StreamPosition};
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 pub use backoff::Backoff;
@@ -259,9 +260,17 @@ pub trait Broker: Send + Sync + 'static {
     /// Send a control message to every node (this one included).
     async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError>;
 
-    /// Prometheus text lines about the broker itself (appended to `/metrics`).
+    /// Register the broker's own metrics into the node's registry (served on `/metrics`).
+    fn register_metrics(&self, _registry: &mut Registry) {}
+
+    /// The broker's own metrics alone, as Prometheus text (for tests and diagnostics).
     fn metrics_text(&self) -> String {
-        String::new()
+        let mut registry = Registry::default();
+        self.register_metrics(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .expect("writing to a String");
+        text
     }
 }
 

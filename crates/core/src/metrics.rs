@@ -188,6 +188,12 @@ impl Metrics {
         }
     }
 
+    /// The registry, for other parts of the node (the broker, consumers) to register their own
+    /// metrics into before the node starts.
+    pub fn registry_mut(&mut self) -> &mut Registry {
+        &mut self.registry
+    }
+
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -140,7 +140,6 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
         (&Method::GET, "/metrics") => {
             let ctx = &app.ctx;
             let mut body = ctx.hub.metrics().render();
-            body.push_str(&ctx.hub.broker().metrics_text());
             body.push_str(&format!(
                 "# HELP herald_ws_connections_open WebSocket connections open at the transport.\n# TYPE herald_ws_connections_open gauge\nherald_ws_connections_open {}\n",
                 app.ws_connections.load(Ordering::Relaxed)

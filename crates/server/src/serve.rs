@@ -96,7 +96,9 @@ pub async fn run(
     };
 
     let broker = crate::brokers::connect(&config).await?;
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    broker.register_metrics(metrics.registry_mut());
+    let metrics = Arc::new(metrics);
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
     let proxy: Option<Arc<dyn herald_core::proxy::Proxy>> = match config.proxy.enabled() {
