@@ -86,44 +86,108 @@ impl Metrics {
         inc(&self.published);
     }
 
-    /// Register every metric under `herald_broker_`.
+    /// Register every metric under `broker_` (the node's registry adds `herald_`).
     pub(crate) fn register(&self, registry: &mut Registry) {
-        let r = registry.sub_registry_with_prefix("herald_broker");
+        let r = registry.sub_registry_with_prefix("broker");
         let counters = [
-            ("messages_published", "Publications stored in JetStream by this node.", &self.published),
-            ("publish_errors", "Publishes that failed.", &self.publish_errors),
-            ("nats_stored_messages", "JetStream messages stored: fewer than publications when queued ones went together.", &self.stored_messages),
-            ("publish_conflicts", "Publishes retried because another publisher took the offset.", &self.publish_conflicts),
-            ("publish_duplicates", "Publishes answered from an earlier one with the same idempotency key.", &self.publish_duplicates),
-            ("messages_received", "Publications received from NATS and handed to the hub.", &self.received_publications),
-            ("received_presence", "Join/leave messages received from NATS.", &self.received_presence),
-            ("received_control", "Control messages received from NATS.", &self.received_control),
-            ("received_invalid", "Messages received that could not be decoded.", &self.received_invalid),
-            ("history_reads", "History reads from JetStream.", &self.history_reads),
-            ("history_errors", "History reads that failed.", &self.history_errors),
-            ("disconnects", "Connections to NATS lost.", &self.disconnects),
-            ("reconnects", "Connections to NATS restored after a loss.", &self.reconnects),
-            ("resubscriptions", "Channels subscribed again after a reconnect.", &self.resubscriptions),
-            ("catchups", "Catch-ups from history requested after a reconnect.", &self.catchups),
-            ("nats_slow_consumer", "Times the NATS client dropped messages for a subscription.", &self.slow_consumer_events),
-            ("presence_refresh_errors", "Presence records that could not be refreshed.", &self.presence_refresh_errors),
+            (
+                "messages_published",
+                "Publications stored in JetStream by this node",
+                &self.published,
+            ),
+            (
+                "publish_errors",
+                "Publishes that failed",
+                &self.publish_errors,
+            ),
+            (
+                "nats_stored_messages",
+                "JetStream messages stored: fewer than publications when queued ones went together",
+                &self.stored_messages,
+            ),
+            (
+                "publish_conflicts",
+                "Publishes retried because another publisher took the offset",
+                &self.publish_conflicts,
+            ),
+            (
+                "publish_duplicates",
+                "Publishes answered from an earlier one with the same idempotency key",
+                &self.publish_duplicates,
+            ),
+            (
+                "messages_received",
+                "Publications received from NATS and handed to the hub",
+                &self.received_publications,
+            ),
+            (
+                "received_presence",
+                "Join/leave messages received from NATS",
+                &self.received_presence,
+            ),
+            (
+                "received_control",
+                "Control messages received from NATS",
+                &self.received_control,
+            ),
+            (
+                "received_invalid",
+                "Messages received that could not be decoded",
+                &self.received_invalid,
+            ),
+            (
+                "history_reads",
+                "History reads from JetStream",
+                &self.history_reads,
+            ),
+            (
+                "history_errors",
+                "History reads that failed",
+                &self.history_errors,
+            ),
+            ("disconnects", "Connections to NATS lost", &self.disconnects),
+            (
+                "reconnects",
+                "Connections to NATS restored after a loss",
+                &self.reconnects,
+            ),
+            (
+                "resubscriptions",
+                "Channels subscribed again after a reconnect",
+                &self.resubscriptions,
+            ),
+            (
+                "catchups",
+                "Catch-ups from history requested after a reconnect",
+                &self.catchups,
+            ),
+            (
+                "nats_slow_consumer",
+                "Times the NATS client dropped messages for a subscription",
+                &self.slow_consumer_events,
+            ),
+            (
+                "presence_refresh_errors",
+                "Presence records that could not be refreshed",
+                &self.presence_refresh_errors,
+            ),
         ];
         for (name, help, counter) in counters {
             r.register(name, help, counter.clone());
         }
         r.register(
             "subscribed_channels",
-            "Channels this node is subscribed to in NATS.",
+            "Channels this node is subscribed to in NATS",
             self.subscribed_channels.clone(),
         );
         r.register(
             "connected",
-            "Whether the connection to NATS is up.",
+            "Whether the connection to NATS is up",
             self.connected.clone(),
         );
         r.register(
             "nats_publish_seconds",
-            "Time to store a publication (JetStream ack included).",
+            "Time to store a publication (JetStream ack included)",
             self.publish_seconds.clone(),
         );
     }
@@ -138,7 +202,7 @@ mod tests {
     fn renders_prometheus_lines() {
         let m = Metrics::default();
         m.observe_publish(Duration::from_micros(300));
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_prefix("herald");
         m.register(&mut registry);
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();

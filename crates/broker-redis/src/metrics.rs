@@ -87,54 +87,54 @@ impl Metrics {
         self.rtt.observe(rtt.as_secs_f64());
     }
 
-    /// Register every metric under `herald_broker_`; `mode` labels `connected` (standalone,
+    /// Register every metric under `broker_` (the node's registry adds `herald_`); `mode` labels `connected` (standalone,
     /// sentinel, cluster, shards).
     pub(crate) fn register(&self, registry: &mut Registry, mode: &str) {
-        let r = registry.sub_registry_with_prefix("herald_broker");
+        let r = registry.sub_registry_with_prefix("broker");
         let counters = [
             (
                 "messages_published",
-                "Publications stored in Redis and published.",
+                "Publications stored in Redis and published",
                 &self.published,
             ),
             (
                 "publish_errors",
-                "Publishes that failed.",
+                "Publishes that failed",
                 &self.publish_errors,
             ),
             (
                 "messages_received",
-                "Publication messages received from Redis pub/sub.",
+                "Publication messages received from Redis pub/sub",
                 &self.received_publications,
             ),
             (
                 "received_presence",
-                "Join/leave messages received from Redis pub/sub.",
+                "Join/leave messages received from Redis pub/sub",
                 &self.received_presence,
             ),
             (
                 "received_control",
-                "Control messages received from Redis pub/sub.",
+                "Control messages received from Redis pub/sub",
                 &self.received_control,
             ),
             (
                 "received_invalid",
-                "Pub/sub messages that could not be decoded.",
+                "Pub/sub messages that could not be decoded",
                 &self.received_invalid,
             ),
             (
                 "resubscriptions",
-                "Channels subscribed again after a reconnect.",
+                "Channels subscribed again after a reconnect",
                 &self.resubscriptions,
             ),
             (
                 "reconnects",
-                "Subscription connections restored after a loss.",
+                "Subscription connections restored after a loss",
                 &self.reconnects,
             ),
             (
                 "catchups",
-                "Catch-ups from history requested after a reconnect.",
+                "Catch-ups from history requested after a reconnect",
                 &self.catchups,
             ),
         ];
@@ -143,18 +143,18 @@ impl Metrics {
         }
         r.register(
             "subscribed_channels",
-            "Channels this node is subscribed to in Redis.",
+            "Channels this node is subscribed to in Redis",
             self.subscribed_channels.clone(),
         );
         r.register(
             "redis_rtt_seconds",
-            "Round-trip time of Redis commands.",
+            "Round-trip time of Redis commands",
             self.rtt.clone(),
         );
         r.sub_registry_with_label(("mode".into(), mode.to_owned().into()))
             .register(
                 "connected",
-                "Whether every Redis subscription connection is up.",
+                "Whether every Redis subscription connection is up",
                 Connected(self.disconnected.clone()),
             );
     }
@@ -171,7 +171,7 @@ mod tests {
         m.published.inc_by(3);
         m.observe_rtt(Duration::from_micros(300));
         m.observe_rtt(Duration::from_secs(5));
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_prefix("herald");
         m.register(&mut registry, "standalone");
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();

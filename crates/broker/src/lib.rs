@@ -260,12 +260,13 @@ pub trait Broker: Send + Sync + 'static {
     /// Send a control message to every node (this one included).
     async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError>;
 
-    /// Register the broker's own metrics into the node's registry (served on `/metrics`).
+    /// Register the broker's own metrics into the node's registry (prefix `herald`, served on
+    /// `/metrics`), under `broker_`.
     fn register_metrics(&self, _registry: &mut Registry) {}
 
     /// The broker's own metrics alone, as Prometheus text (for tests and diagnostics).
     fn metrics_text(&self) -> String {
-        let mut registry = Registry::default();
+        let mut registry = Registry::with_prefix("herald");
         self.register_metrics(&mut registry);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry)
