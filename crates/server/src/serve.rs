@@ -95,6 +95,7 @@ pub async fn run(
         _ => None,
     };
 
+    let consumers = crate::consumers::ConsumersConfig::from_config(&config)?;
     let broker = crate::brokers::connect(&config).await?;
     let metrics = Arc::new(Metrics::new());
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
@@ -121,6 +122,7 @@ pub async fn run(
         config: config.clone(),
         proxy,
     });
+    let consumers = crate::consumers::spawn_all(&ctx, &consumers);
     let (drain_tx, drain_rx) = watch::channel(false);
     let app = Arc::new(App {
         ctx,
@@ -188,6 +190,8 @@ pub async fn run(
     }
 
     drop(listener);
+    // No new publications from outside sources while the clients leave.
+    consumers.stop().await;
     let open = app.open_connections();
     tracing::info!(
         connections = open,
