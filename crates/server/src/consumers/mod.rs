@@ -131,16 +131,16 @@ mod tests {
             ConsumersConfig::from_config(&config).is_err()
         };
         assert!(refused(
-            r#"{"postgres": {"a": {"dsn": "x", "tabel": "t"}}}"#
+            r#"{"postgres": {"a": {"dsn": "host=h", "tabel": "t"}}}"#
         ));
         assert!(refused(
-            r#"{"postgres": {"a": {"dsn": "x", "table": "Bad-Name"}}}"#
+            r#"{"postgres": {"a": {"dsn": "host=h", "table": "Bad-Name"}}}"#
         ));
         assert!(refused(
-            r#"{"postgres": {"a": {"dsn": "x", "partitions": 0}}}"#
+            r#"{"postgres": {"a": {"dsn": "host=h", "partitions": 0}}}"#
         ));
         assert!(refused(r#"{"postgres": {"a": {"table": "t"}}}"#));
         assert!(refused(r#"{"rabbit": {}}"#));
-        assert!(!refused(r#"{"postgres": {"a": {"dsn": "x"}}}"#));
+        assert!(!refused(r#"{"postgres": {"a": {"dsn": "host=h"}}}"#));
     }
 }
