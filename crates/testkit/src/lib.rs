@@ -1,7 +1,8 @@
 //! # Test kit: real servers on free loopback ports
 //!
-//! Every integration test that needs Redis, a Redis Cluster, NATS or PostgreSQL starts its own server here
-//! and the server is killed when the handle drops. Nothing assumes a service is already running.
+//! Every integration test that needs Redis, a Redis Cluster, NATS or PostgreSQL starts its own
+//! server here and the server is killed when the handle drops. Nothing assumes a service is
+//! already running.
 //!
 //! # Layout
 //! - [`free_port`]: a free TCP port on 127.0.0.1.
