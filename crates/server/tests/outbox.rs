@@ -344,3 +344,51 @@ async fn malformed_rows_are_dead_lettered_and_the_partition_flows_on() {
         2.0
     );
 }
+
+/// (6) With the broker down, publishes fail with a retryable error: rows are retried with
+/// backoff, none is dead-lettered or deleted, and once the broker is back the partition's rows
+/// are published in order (read back from the channel's history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_wait_for_a_broker_that_is_down_and_keep_their_order() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    let mut redis = RedisServer::start();
+    let (node, _file) = node(&redis.url(), &pg, "batch_size = 10\npoll_interval_ms = 100").await;
+    redis.stop();
+    insert_rows(&pg, 1, 0, 30);
+    let retries = format!("herald_consumer_retries_total{LABELS}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.metric(&retries).await < 2.0 {
+        assert!(Instant::now() < deadline, "no retries while Redis is down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        count(&pg, TABLE),
+        30,
+        "nothing is deleted while the broker is down"
+    );
+    assert_eq!(
+        count(&pg, "herald_outbox_dead"),
+        0,
+        "nothing is dead-lettered"
+    );
+    redis.restart();
+    eventually(
+        "the outbox drains once Redis is back",
+        Duration::from_secs(30),
+        || count(&pg, TABLE) == 0,
+    )
+    .await;
+    let (status, history) = node
+        .api("/api/history", Some(serde_json::json!({"channel": "p0"})))
+        .await;
+    assert_eq!(status, 200, "{history}");
+    let ns: Vec<i64> = history["publications"]
+        .as_array()
+        .expect("publications")
+        .iter()
+        .map(|p| p["data"]["n"].as_i64().expect("n"))
+        .collect();
+    assert_eq!(ns, (0..30).collect::<Vec<i64>>());
+    assert_eq!(count(&pg, "herald_outbox_dead"), 0);
+}

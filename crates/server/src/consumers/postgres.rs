@@ -246,6 +246,14 @@ impl Shared {
     }
 }
 
+/// A PostgreSQL error with the server's message (`db error` alone says nothing).
+fn describe(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
 /// Aborts its tasks when dropped (the consumer's task was aborted on shutdown).
 struct AbortOnDrop(Vec<JoinHandle<()>>);
 
@@ -294,6 +302,17 @@ pub async fn run(
         names,
         stop,
     });
+    // Every series exists from the start, at 0, so dashboards and alerts see the consumer.
+    let metrics = shared.ctx.hub.metrics();
+    for family in [
+        &metrics.consumer_consumed,
+        &metrics.consumer_published,
+        &metrics.consumer_failed,
+        &metrics.consumer_retries,
+    ] {
+        family.get_or_create(&shared.labels);
+    }
+    metrics.consumer_lag.get_or_create(&shared.labels);
     if shared.config.create_table && !create_table(&shared).await {
         return;
     }
@@ -329,7 +348,7 @@ async fn create_table(shared: &Shared) -> bool {
         match result.await {
             Ok(()) => return true,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %e, "creating the outbox table failed; trying again")
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "creating the outbox table failed; trying again")
             }
         }
         if sleep_or_stop(&mut stop, backoff.next()).await {
@@ -380,7 +399,7 @@ async fn listen(shared: &Shared) {
         match listen_once(shared, &mut stop, &mut backoff).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %e, "outbox listener lost PostgreSQL; reconnecting")
+                tracing::warn!(consumer = %shared.name, cause = %format!("{e:#}"), "outbox listener lost PostgreSQL; reconnecting")
             }
         }
         if sleep_or_stop(&mut stop, backoff.next()).await {
@@ -460,7 +479,7 @@ async fn worker(shared: Arc<Shared>, w: usize) {
         let mut client = match connect_worker(&shared).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %e, "outbox worker cannot reach PostgreSQL; trying again");
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker cannot reach PostgreSQL; trying again");
                 if sleep_or_stop(&mut stop, backoff.next()).await {
                     return;
                 }
@@ -471,7 +490,7 @@ async fn worker(shared: Arc<Shared>, w: usize) {
         match drain(&shared, &mut client, &partitions, &mut retry, w).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %e, "outbox worker lost PostgreSQL; reconnecting")
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker lost PostgreSQL; reconnecting")
             }
         }
         if sleep_or_stop(&mut stop, backoff.next()).await {
