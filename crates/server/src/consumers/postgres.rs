@@ -310,9 +310,9 @@ pub async fn run(
         &metrics.consumer_failed,
         &metrics.consumer_retries,
     ] {
-        family.get_or_create(&shared.labels);
+        family.get_or_create(&shared.labels).inc_by(0);
     }
-    metrics.consumer_lag.get_or_create(&shared.labels);
+    metrics.consumer_lag.get_or_create(&shared.labels).set(0);
     if shared.config.create_table && !create_table(&shared).await {
         return;
     }
