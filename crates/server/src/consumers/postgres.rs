@@ -285,7 +285,7 @@ pub async fn run(
         pg.connect_timeout(Duration::from_secs(5));
     }
     if pg.get_application_name().is_none() {
-        pg.application_name(&format!("herald {}", ctx.config.node_name));
+        pg.application_name(format!("herald {}", ctx.config.node_name));
     }
     // A node that vanished without closing its socket keeps its batch locked until the server
     // notices: keepalives make that seconds, not hours.
