@@ -287,9 +287,11 @@ pub async fn run(
     if pg.get_application_name().is_none() {
         pg.application_name(format!("herald {}", ctx.config.node_name));
     }
-    // A node that vanished without closing its socket keeps its batch locked until the server
-    // notices: keepalives make that seconds, not hours.
-    pg.keepalives_idle(Duration::from_secs(10));
+    // A server that vanished without closing the socket (a machine or network loss) would
+    // leave a worker waiting for a reply for hours; probes find it out in about 25 s.
+    pg.keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3);
     let workers = config.worker_count();
     let shared = Arc::new(Shared {
         labels: consumer_labels(KIND, &name),
