@@ -153,6 +153,8 @@ impl PostgresServer {
             .args(["-c", "listen_addresses=127.0.0.1"])
             // Tests lose nothing to a process crash without fsync (the page cache survives).
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
+            // Several servers run at once in a test binary: keep each one small.
+            .args(["-c", "shared_buffers=16MB", "-c", "max_connections=50"])
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())

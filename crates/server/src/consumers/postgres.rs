@@ -481,7 +481,7 @@ async fn worker(shared: Arc<Shared>, w: usize) {
         let mut client = match connect_worker(&shared).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker cannot reach PostgreSQL; trying again");
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker could not connect and prepare its statements; trying again");
                 if sleep_or_stop(&mut stop, backoff.next()).await {
                     return;
                 }
