@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what it needs (Debian packages for Redis,
-# NATS and Chromium; Rust crates; npm packages), then runs the Rust tests (unit, integration
-# against the real binary, real Redis / Redis Cluster / NATS started on free loopback ports) and
-# the TypeScript SDK's unit, Node integration and headless-browser tests.
+# NATS, PostgreSQL and Chromium; Rust crates; npm packages), then runs the Rust tests (unit,
+# integration against the real binary, real Redis / Redis Cluster / NATS / PostgreSQL started on
+# free loopback ports) and the TypeScript SDK's unit, Node integration and headless-browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian installs nats-server in /usr/sbin, which a minimal PATH may lack.
@@ -13,6 +13,13 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
+# PostgreSQL for the outbox consumer's tests: Debian keeps initdb and pg_ctl in
+# /usr/lib/postgresql/<version>/bin, off PATH (herald-testkit looks there too).
+have_postgres() {
+  command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
+}
+have_postgres || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   SUDO=""

@@ -3,6 +3,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -57,6 +58,25 @@ pub struct Metrics {
     pub proxy_bad_answers: Counter,
     /// Seconds a proxy call took, answer read.
     pub proxy_seconds: Histogram,
+    /// Rows or records a consumer read from its source, by [`consumer_labels`] (read again after
+    /// a retry or a crash, so it may exceed `published + failed`).
+    pub consumer_consumed: Family<ConsumerLabels, Counter>,
+    /// Rows or records a consumer published to all their channels.
+    pub consumer_published: Family<ConsumerLabels, Counter>,
+    /// Rows or records a consumer could not publish and set aside (dead-lettered).
+    pub consumer_failed: Family<ConsumerLabels, Counter>,
+    /// Publishes a consumer will try again because the broker was unavailable.
+    pub consumer_retries: Family<ConsumerLabels, Counter>,
+    /// Rows or records waiting in a consumer's source.
+    pub consumer_lag: Family<ConsumerLabels, Gauge>,
+}
+
+/// The labels of a consumer's metrics: `kind` (`postgres`, …) and `consumer` (its name).
+pub type ConsumerLabels = Vec<(&'static str, String)>;
+
+/// The labels of consumer `name` of `kind`.
+pub fn consumer_labels(kind: &'static str, name: &str) -> ConsumerLabels {
+    vec![("kind", kind.to_owned()), ("consumer", name.to_owned())]
 }
 
 impl Default for Metrics {
@@ -183,6 +203,31 @@ impl Metrics {
                 "publish_seconds",
                 "Broker publish latency",
                 Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+            ),
+            consumer_consumed: reg!(
+                "consumer_consumed",
+                "Rows or records a consumer read from its source (again after a retry or crash)",
+                Family::default()
+            ),
+            consumer_published: reg!(
+                "consumer_published",
+                "Rows or records a consumer published to all their channels",
+                Family::default()
+            ),
+            consumer_failed: reg!(
+                "consumer_failed",
+                "Rows or records a consumer could not publish and set aside (dead-lettered)",
+                Family::default()
+            ),
+            consumer_retries: reg!(
+                "consumer_retries",
+                "Publishes a consumer will retry because the broker was unavailable",
+                Family::default()
+            ),
+            consumer_lag: reg!(
+                "consumer_lag",
+                "Rows or records waiting in a consumer's source",
+                Family::default()
             ),
             registry,
         }

@@ -25,9 +25,12 @@
 //! - [`proxy`]: proxy hooks: the HTTP client calling the application's backend, and the
 //!   headers and cookies forwarded to it.
 //! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
+//! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
+//!   transactional outbox; docs/consumers.md).
 
 pub mod api;
 pub mod brokers;
+pub mod consumers;
 pub mod emulation;
 pub mod guard;
 mod handshake;

@@ -95,6 +95,7 @@ pub async fn run(
         _ => None,
     };
 
+    let consumers = crate::consumers::ConsumersConfig::from_config(&config)?;
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
     broker.register_metrics(metrics.registry_mut());
@@ -123,6 +124,7 @@ pub async fn run(
         config: config.clone(),
         proxy,
     });
+    let consumers = crate::consumers::spawn_all(&ctx, &consumers);
     let (drain_tx, drain_rx) = watch::channel(false);
     let app = Arc::new(App {
         ctx,
@@ -190,6 +192,8 @@ pub async fn run(
     }
 
     drop(listener);
+    // No new publications from outside sources while the clients leave.
+    consumers.stop().await;
     let open = app.open_connections();
     tracing::info!(
         connections = open,

@@ -1,0 +1,763 @@
+//! The PostgreSQL transactional-outbox consumer.
+//!
+//! The application inserts `(method, payload, partition)` rows into an outbox table inside its
+//! own transaction; this module publishes them and deletes them. docs/consumers.md has the DDL
+//! ([`ddl`] prints the same text), the config and the delivery argument; in short:
+//!
+//! - Work is cut into partitions. A batch of a partition is one transaction that first takes the
+//!   partition's transaction-level advisory lock (`pg_try_advisory_xact_lock`), so at most one
+//!   transaction of any node handles a partition at a time, then takes the partition's oldest
+//!   rows `FOR UPDATE SKIP LOCKED` in id order, publishes them one after another, and deletes
+//!   the published ones before it commits. Order within a partition therefore holds across nodes.
+//! - Each publication carries the idempotency key `outbox:<table>:<id>` (or the payload's own
+//!   key). A batch that dies after publishing and before committing is rolled back; its rows are
+//!   taken again and the broker recognises their keys, so subscribers get each row once.
+//! - A row that cannot be published (bad JSON shape, unknown method, refused channel) is moved
+//!   to `<table>_dead` with the error in the same transaction; a retryable failure (broker down)
+//!   ends the batch at that row, which is tried again with backoff, the rows behind it waiting.
+//! - `LISTEN` on the table's channel (an insert trigger notifies the row's partition) wakes the
+//!   workers at once; they also poll every `poll_interval_ms`. Lost connections are reopened
+//!   with backoff.
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use herald_core::metrics::{consumer_labels, ConsumerLabels};
+use herald_core::NodeContext;
+use serde::Deserialize;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+
+use crate::publishing::{self, Command};
+
+/// The `kind` label of this consumer's metrics.
+const KIND: &str = "postgres";
+/// First wait after a failure (connection or retryable publish); doubled up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+/// Longest wait between two tries.
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Default number of worker connections per consumer (fewer when there are fewer partitions).
+const DEFAULT_CONNECTIONS: u32 = 4;
+/// Lag is measured this often at most (a `count(*)` over the table).
+const LAG_INTERVAL_MIN: Duration = Duration::from_secs(1);
+
+/// One `[consumers.postgres.NAME]` entry.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostgresConsumerConfig {
+    /// Connection string: `host=… user=… dbname=…` or `postgres://user:pass@host/db`
+    /// (without TLS).
+    pub dsn: String,
+    /// The outbox table, optionally schema-qualified (`app.outbox`); lower-case identifiers.
+    pub table: String,
+    /// Partitions `0..partitions`: rows of one partition are published in id order; different
+    /// partitions are drained in parallel. Must be the same on every node.
+    pub partitions: u32,
+    /// Rows taken per transaction.
+    pub batch_size: u32,
+    /// Workers also look for rows this often, should a notification be missed.
+    pub poll_interval_ms: u64,
+    /// Create the table, the dead-letter table and the notify trigger at start when missing.
+    pub create_table: bool,
+    /// Worker connections on this node (0: one per partition, at most 4).
+    pub connections: u32,
+}
+
+impl Default for PostgresConsumerConfig {
+    fn default() -> Self {
+        PostgresConsumerConfig {
+            dsn: String::new(),
+            table: "herald_outbox".into(),
+            partitions: 1,
+            batch_size: 100,
+            poll_interval_ms: 1000,
+            create_table: false,
+            connections: 0,
+        }
+    }
+}
+
+impl PostgresConsumerConfig {
+    /// Check what serde cannot (the DSN's syntax, the table name, the numbers).
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.dsn.trim().is_empty() {
+            bail!("dsn is required");
+        }
+        // The DSN may hold a password: the parser's message only, never the text.
+        tokio_postgres::Config::from_str(&self.dsn).context("dsn does not parse")?;
+        TableNames::new(&self.table)?;
+        if !(1..=4096).contains(&self.partitions) {
+            bail!("partitions must be within 1–4096");
+        }
+        if self.batch_size == 0 {
+            bail!("batch_size must be at least 1");
+        }
+        if self.poll_interval_ms < 10 {
+            bail!("poll_interval_ms must be at least 10");
+        }
+        Ok(())
+    }
+
+    fn worker_count(&self) -> u32 {
+        let wanted = match self.connections {
+            0 => DEFAULT_CONNECTIONS,
+            n => n,
+        };
+        wanted.min(self.partitions).max(1)
+    }
+}
+
+/// The SQL names derived from the table's name.
+#[derive(Debug, Clone)]
+struct TableNames {
+    /// The table as configured (`outbox` or `app.outbox`).
+    table: String,
+    /// `<table>_dead`.
+    dead: String,
+    /// `<table>_notify`, the trigger function.
+    function: String,
+    /// `<name>_notify`, the trigger (trigger names take no schema).
+    trigger: String,
+    /// `<name>_partition_id`, the index (index names take no schema).
+    index: String,
+}
+
+impl TableNames {
+    fn new(table: &str) -> anyhow::Result<TableNames> {
+        let ident = |s: &str| {
+            let mut bytes = s.bytes();
+            bytes
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+                && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        };
+        let (schema, name) = match table.split_once('.') {
+            Some((schema, name)) => (Some(schema), name),
+            None => (None, table),
+        };
+        // 63 bytes is PostgreSQL's identifier limit; the longest derived name adds 13.
+        if !ident(name) || !schema.is_none_or(ident) || name.len() > 50 || table.len() > 100 {
+            bail!(
+                "table {table:?}: lower-case letters, digits and _ (at most 50), optionally \
+                 after a schema and a dot"
+            );
+        }
+        Ok(TableNames {
+            table: table.to_owned(),
+            dead: format!("{table}_dead"),
+            function: format!("{table}_notify"),
+            trigger: format!("{name}_notify"),
+            index: format!("{name}_partition_id"),
+        })
+    }
+}
+
+/// The DDL of an outbox table, its dead-letter table and its notify trigger: what
+/// `create_table = true` runs, and what docs/consumers.md shows for `herald_outbox`.
+pub fn ddl(table: &str) -> anyhow::Result<String> {
+    let n = TableNames::new(table)?;
+    Ok(format!(
+        "CREATE TABLE IF NOT EXISTS {table} (
+    id         bigserial PRIMARY KEY,
+    method     text NOT NULL,
+    payload    jsonb NOT NULL,
+    partition  int NOT NULL DEFAULT 0,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS {index} ON {table} (partition, id);
+CREATE TABLE IF NOT EXISTS {dead} (
+    id         bigint PRIMARY KEY,
+    method     text,
+    payload    jsonb,
+    partition  int,
+    created_at timestamptz,
+    failed_at  timestamptz NOT NULL DEFAULT now(),
+    error      text NOT NULL
+);
+CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{table}', NEW.partition::text);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS {trigger} ON {table};
+CREATE TRIGGER {trigger} AFTER INSERT ON {table}
+    FOR EACH ROW EXECUTE FUNCTION {function}();
+",
+        table = n.table,
+        index = n.index,
+        dead = n.dead,
+        function = n.function,
+        trigger = n.trigger,
+    ))
+}
+
+/// What the workers and the listener of one consumer share.
+struct Shared {
+    ctx: Arc<NodeContext>,
+    name: String,
+    config: PostgresConsumerConfig,
+    pg: tokio_postgres::Config,
+    names: TableNames,
+    /// The first key of the partitions' advisory locks, `hashtext(lock_space)` in SQL; the
+    /// partition is the second.
+    lock_space: String,
+    labels: ConsumerLabels,
+    /// One per worker: rows may be waiting in one of its partitions.
+    wake: Vec<Notify>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn wake_all(&self) {
+        for w in &self.wake {
+            w.notify_one();
+        }
+    }
+
+    /// A notification's payload is the row's partition; anything else wakes every worker.
+    fn wake_partition(&self, payload: &str) {
+        match payload.trim().parse::<u32>() {
+            Ok(p) if p < self.config.partitions => {
+                self.wake[p as usize % self.wake.len()].notify_one()
+            }
+            _ => self.wake_all(),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
+        let (client, connection) = self.pg.connect(NoTls).await?;
+        let name = self.name.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(consumer = %name, cause = %e, "PostgreSQL connection ended");
+            }
+        });
+        Ok(client)
+    }
+}
+
+/// A PostgreSQL error with the server's message (`db error` alone says nothing).
+fn describe(e: &tokio_postgres::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
+}
+
+/// Aborts its tasks when dropped (the consumer's task was aborted on shutdown).
+struct AbortOnDrop(Vec<JoinHandle<()>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Run the consumer `name` until `stop` turns true: create the tables if configured, start the
+/// workers, and listen for notifications.
+pub async fn run(
+    ctx: Arc<NodeContext>,
+    name: String,
+    config: PostgresConsumerConfig,
+    stop: watch::Receiver<bool>,
+) {
+    // Both were checked when the config was loaded.
+    let (Ok(mut pg), Ok(names)) = (
+        tokio_postgres::Config::from_str(&config.dsn),
+        TableNames::new(&config.table),
+    ) else {
+        tracing::error!(consumer = %name, "invalid consumer config");
+        return;
+    };
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(Duration::from_secs(5));
+    }
+    if pg.get_application_name().is_none() {
+        pg.application_name(format!("herald {}", ctx.config.node_name));
+    }
+    // A server that vanished without closing the socket (a machine or network loss) would
+    // leave a worker waiting for a reply for hours; probes find it out in about 25 s.
+    pg.keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3);
+    let workers = config.worker_count();
+    let shared = Arc::new(Shared {
+        labels: consumer_labels(KIND, &name),
+        lock_space: format!("herald_outbox:{}", names.table),
+        wake: (0..workers).map(|_| Notify::new()).collect(),
+        ctx,
+        name,
+        config,
+        pg,
+        names,
+        stop,
+    });
+    // Every series exists from the start, at 0, so dashboards and alerts see the consumer.
+    let metrics = shared.ctx.hub.metrics();
+    for family in [
+        &metrics.consumer_consumed,
+        &metrics.consumer_published,
+        &metrics.consumer_failed,
+        &metrics.consumer_retries,
+    ] {
+        family.get_or_create(&shared.labels).inc_by(0);
+    }
+    metrics.consumer_lag.get_or_create(&shared.labels).set(0);
+    if shared.config.create_table && !create_table(&shared).await {
+        return;
+    }
+    let mut tasks = AbortOnDrop(
+        (0..workers as usize)
+            .map(|w| tokio::spawn(worker(shared.clone(), w)))
+            .collect(),
+    );
+    listen(&shared).await;
+    // Stopped: the workers finish the row in hand and commit.
+    for task in std::mem::take(&mut tasks.0) {
+        let _ = task.await;
+    }
+}
+
+/// Run the DDL, once, retrying until it succeeds; false when stopped first. Nodes starting
+/// together serialise on an advisory lock: `CREATE … IF NOT EXISTS` races otherwise.
+async fn create_table(shared: &Shared) -> bool {
+    let Ok(ddl) = ddl(&shared.names.table) else {
+        return false;
+    };
+    let script = format!(
+        "BEGIN;\nSELECT pg_advisory_xact_lock(hashtext('herald_outbox_ddl:{}'));\n{ddl}COMMIT;",
+        shared.names.table
+    );
+    let mut stop = shared.stop.clone();
+    let mut backoff = Backoff::default();
+    loop {
+        let result = async {
+            let client = shared.connect().await?;
+            client.batch_execute(&script).await
+        };
+        match result.await {
+            Ok(()) => return true,
+            Err(e) => {
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "creating the outbox table failed; trying again")
+            }
+        }
+        if sleep_or_stop(&mut stop, backoff.next()).await {
+            return false;
+        }
+    }
+}
+
+/// Doubling waits between tries.
+struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(BACKOFF_MIN)
+    }
+}
+
+impl Backoff {
+    /// The wait before the next try (randomised ±25% so nodes do not retry in step).
+    fn next(&mut self) -> Duration {
+        let wait = self.0.mul_f64(0.75 + rand::random::<f64>() * 0.5);
+        self.0 = (self.0 * 2).min(BACKOFF_MAX);
+        wait
+    }
+
+    fn reset(&mut self) {
+        self.0 = BACKOFF_MIN;
+    }
+}
+
+/// Sleep `d`; true when `stop` turned true (or its sender is gone) first.
+async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
+    if *stop.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => *stop.borrow(),
+        _ = stop.changed() => true,
+    }
+}
+
+/// Keep a `LISTEN` connection open (reconnecting with backoff) and turn notifications into
+/// wake-ups; measure the lag on the same connection. Returns when stopped.
+async fn listen(shared: &Shared) {
+    let mut stop = shared.stop.clone();
+    let mut backoff = Backoff::default();
+    loop {
+        match listen_once(shared, &mut stop, &mut backoff).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(consumer = %shared.name, cause = %format!("{e:#}"), "outbox listener lost PostgreSQL; reconnecting")
+            }
+        }
+        if sleep_or_stop(&mut stop, backoff.next()).await {
+            return;
+        }
+    }
+}
+
+async fn listen_once(
+    shared: &Shared,
+    stop: &mut watch::Receiver<bool>,
+    backoff: &mut Backoff,
+) -> anyhow::Result<()> {
+    let (client, mut connection) = shared.pg.connect(NoTls).await?;
+    let (notified, mut notifications) = mpsc::unbounded_channel();
+    // The connection object yields notifications only when polled for messages, so this task
+    // drives it; it ends (and the channel closes) when the connection does.
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = message {
+                if notified.send(n.payload().to_owned()).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let _driver = AbortOnDrop(vec![driver]);
+    client
+        .batch_execute(&format!("LISTEN \"{}\"", shared.names.table))
+        .await?;
+    backoff.reset();
+    // Rows may have come while nobody listened.
+    shared.wake_all();
+    let lag_sql = format!(
+        "SELECT count(*), count(*) FILTER (WHERE partition < 0 OR partition >= $1) FROM {}",
+        shared.names.table
+    );
+    let lag_stmt = client.prepare(&lag_sql).await?;
+    let partitions = shared.config.partitions as i32;
+    let mut lag_timer = tokio::time::interval(
+        Duration::from_millis(shared.config.poll_interval_ms).max(LAG_INTERVAL_MIN),
+    );
+    let mut stray_seen = 0;
+    loop {
+        tokio::select! {
+            n = notifications.recv() => match n {
+                Some(payload) => shared.wake_partition(&payload),
+                None => bail!("the connection closed"),
+            },
+            _ = lag_timer.tick() => {
+                let row = client.query_one(&lag_stmt, &[&partitions]).await?;
+                let (pending, stray): (i64, i64) = (row.get(0), row.get(1));
+                shared.ctx.hub.metrics().consumer_lag.get_or_create(&shared.labels).set(pending);
+                if stray != stray_seen && stray > 0 {
+                    tracing::warn!(consumer = %shared.name, rows = stray, partitions, "outbox rows with a partition outside 0..partitions wait for a node configured with more partitions");
+                }
+                stray_seen = stray;
+            }
+            _ = stop.changed() => return Ok(()),
+        }
+    }
+}
+
+/// One worker connection, draining partitions `w, w + workers, …` until stopped.
+async fn worker(shared: Arc<Shared>, w: usize) {
+    let step = shared.wake.len();
+    let partitions: Vec<i32> = (w..shared.config.partitions as usize)
+        .step_by(step)
+        .map(|p| p as i32)
+        .collect();
+    // Partitions waiting out a retryable failure: when to try again, and the backoff.
+    let mut retry: HashMap<i32, (Instant, Backoff)> = HashMap::new();
+    let mut stop = shared.stop.clone();
+    let mut backoff = Backoff::default();
+    loop {
+        let mut client = match connect_worker(&shared).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker could not connect and prepare its statements; trying again");
+                if sleep_or_stop(&mut stop, backoff.next()).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        backoff.reset();
+        match drain(&shared, &mut client, &partitions, &mut retry, w).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker lost PostgreSQL; reconnecting")
+            }
+        }
+        if sleep_or_stop(&mut stop, backoff.next()).await {
+            return;
+        }
+    }
+}
+
+/// A worker's connection and its prepared statements.
+struct WorkerConn {
+    client: Client,
+    lock: Statement,
+    take: Statement,
+    delete: Statement,
+    dead_letter: Statement,
+}
+
+async fn connect_worker(shared: &Shared) -> Result<WorkerConn, tokio_postgres::Error> {
+    let client = shared.connect().await?;
+    let t = &shared.names.table;
+    let lock = client
+        .prepare("SELECT pg_try_advisory_xact_lock(hashtext($1), $2)")
+        .await?;
+    let take = client
+        .prepare(&format!(
+            "SELECT id, method, payload::text FROM {t} WHERE partition = $1 \
+             ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
+        ))
+        .await?;
+    let delete = client
+        .prepare(&format!("DELETE FROM {t} WHERE id = ANY($1)"))
+        .await?;
+    let dead_letter = client
+        .prepare(&format!(
+            "WITH moved AS (DELETE FROM {t} WHERE id = $1 \
+                RETURNING id, method, payload, partition, created_at) \
+             INSERT INTO {dead} (id, method, payload, partition, created_at, error) \
+             SELECT id, method, payload, partition, created_at, $2 FROM moved",
+            dead = shared.names.dead
+        ))
+        .await?;
+    Ok(WorkerConn {
+        client,
+        lock,
+        take,
+        delete,
+        dead_letter,
+    })
+}
+
+/// What one batch of a partition came to.
+#[derive(Debug, PartialEq)]
+enum Batch {
+    /// The batch was full: more rows may wait.
+    Full,
+    /// Fewer rows than a batch (or none): the partition is drained for now.
+    Drained,
+    /// Another transaction (another node's) holds the partition.
+    Busy,
+    /// A row failed with a retryable error: it and the rows behind it wait.
+    Retry,
+}
+
+/// Drain this worker's partitions whenever woken or the poll interval passes, until stopped
+/// (`Ok`) or the connection fails (`Err`).
+async fn drain(
+    shared: &Shared,
+    conn: &mut WorkerConn,
+    partitions: &[i32],
+    retry: &mut HashMap<i32, (Instant, Backoff)>,
+    w: usize,
+) -> Result<(), tokio_postgres::Error> {
+    let poll = Duration::from_millis(shared.config.poll_interval_ms);
+    let mut stop = shared.stop.clone();
+    loop {
+        let mut more = false;
+        for &p in partitions {
+            if shared.stopped() {
+                return Ok(());
+            }
+            if retry.get(&p).is_some_and(|(at, _)| *at > Instant::now()) {
+                continue;
+            }
+            match batch(shared, conn, p).await? {
+                Batch::Full => {
+                    retry.remove(&p);
+                    more = true;
+                }
+                Batch::Drained => {
+                    retry.remove(&p);
+                }
+                Batch::Busy => {}
+                Batch::Retry => {
+                    let (at, backoff) = retry
+                        .entry(p)
+                        .or_insert_with(|| (Instant::now(), Backoff::default()));
+                    *at = Instant::now() + backoff.next();
+                }
+            }
+        }
+        if more {
+            continue;
+        }
+        let next_retry = retry.values().map(|(at, _)| *at).min();
+        let wake_at = next_retry.map_or(Instant::now() + poll, |at| at.min(Instant::now() + poll));
+        tokio::select! {
+            _ = shared.wake[w].notified() => {}
+            _ = tokio::time::sleep_until(wake_at) => {}
+            _ = stop.changed() => return Ok(()),
+        }
+    }
+}
+
+/// One transaction over partition `p`: lock it, take its oldest rows, publish them in order,
+/// delete what was published and dead-letter what cannot be, commit.
+async fn batch(
+    shared: &Shared,
+    conn: &mut WorkerConn,
+    p: i32,
+) -> Result<Batch, tokio_postgres::Error> {
+    let metrics = shared.ctx.hub.metrics();
+    let tx = conn.client.transaction().await?;
+    let locked: bool = tx
+        .query_one(&conn.lock, &[&shared.lock_space, &p])
+        .await?
+        .get(0);
+    if !locked {
+        tx.rollback().await?;
+        return Ok(Batch::Busy);
+    }
+    let limit = i64::from(shared.config.batch_size);
+    let rows = tx.query(&conn.take, &[&p, &limit]).await?;
+    let mut outcome = if rows.len() as i64 == limit {
+        Batch::Full
+    } else {
+        Batch::Drained
+    };
+    let mut published = Vec::new();
+    let mut failed = 0;
+    for row in &rows {
+        if shared.stopped() {
+            outcome = Batch::Drained;
+            break;
+        }
+        let id: i64 = row.get(0);
+        let method: Option<&str> = row.get(1);
+        let payload: Option<&str> = row.get(2);
+        metrics
+            .consumer_consumed
+            .get_or_create(&shared.labels)
+            .inc();
+        match publish_row(shared, id, method, payload).await {
+            Outcome::Published => published.push(id),
+            Outcome::Refused(error) => {
+                tracing::warn!(consumer = %shared.name, id, partition = p, %error, "outbox row moved to the dead-letter table");
+                tx.execute(&conn.dead_letter, &[&id, &error]).await?;
+                failed += 1;
+            }
+            Outcome::Retry(error) => {
+                tracing::warn!(consumer = %shared.name, id, partition = p, %error, "outbox row not published; trying again");
+                metrics.consumer_retries.get_or_create(&shared.labels).inc();
+                outcome = Batch::Retry;
+                break;
+            }
+        }
+    }
+    if !published.is_empty() {
+        tx.execute(&conn.delete, &[&published]).await?;
+    }
+    tx.commit().await?;
+    // Counted once committed: a batch rolled back publishes its rows again (same keys).
+    metrics
+        .consumer_published
+        .get_or_create(&shared.labels)
+        .inc_by(published.len() as u64);
+    metrics
+        .consumer_failed
+        .get_or_create(&shared.labels)
+        .inc_by(failed);
+    Ok(outcome)
+}
+
+/// What publishing one row came to.
+enum Outcome {
+    /// Published to every channel (or found published before under its key).
+    Published,
+    /// Never publishable as it is: the error, for the dead-letter table.
+    Refused(String),
+    /// A retry can succeed (the broker was unavailable).
+    Retry(String),
+}
+
+/// Publish one row under its idempotency key.
+async fn publish_row(
+    shared: &Shared,
+    id: i64,
+    method: Option<&str>,
+    payload: Option<&str>,
+) -> Outcome {
+    let (Some(method), Some(payload)) = (method, payload) else {
+        return Outcome::Refused("method or payload is NULL".into());
+    };
+    let cmd = match Command::parse(method, payload.as_bytes()) {
+        Ok(cmd) => cmd,
+        Err(e) => return Outcome::Refused(e.to_string()),
+    };
+    let key = format!("outbox:{}:{id}", shared.names.table);
+    let done = match publishing::execute(&shared.ctx, &cmd, Some(&key)).await {
+        Ok(done) => done,
+        Err(e) if e.is_retryable() => return Outcome::Retry(e.to_string()),
+        Err(e) => return Outcome::Refused(e.to_string()),
+    };
+    let failures: Vec<String> = done
+        .failed(&cmd)
+        .map(|(channel, e)| format!("{channel}: {e}"))
+        .collect();
+    match failures.is_empty() {
+        true => Outcome::Published,
+        false if done.retryable() => Outcome::Retry(failures.join("; ")),
+        false => Outcome::Refused(format!(
+            "{} of {} channels failed: {}",
+            failures.len(),
+            cmd.channels().len(),
+            failures.join("; ")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_checked_and_derived() {
+        let n = TableNames::new("app.outbox").unwrap();
+        assert_eq!(n.dead, "app.outbox_dead");
+        assert_eq!(n.function, "app.outbox_notify");
+        assert_eq!(n.trigger, "outbox_notify");
+        assert_eq!(n.index, "outbox_partition_id");
+        for bad in ["", "Outbox", "a-b", "1x", "a.b.c", "a.", ".a", "x\"; DROP"] {
+            assert!(TableNames::new(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(TableNames::new(&"a".repeat(51)).is_err());
+    }
+
+    #[test]
+    fn the_documented_ddl_is_the_one_herald_runs() {
+        let doc = include_str!("../../../../docs/consumers.md");
+        let ddl = ddl("herald_outbox").unwrap();
+        assert!(
+            doc.contains(&ddl),
+            "docs/consumers.md must show ddl(\"herald_outbox\") verbatim:\n{ddl}"
+        );
+    }
+
+    #[test]
+    fn workers_never_outnumber_partitions() {
+        let c = |partitions, connections| PostgresConsumerConfig {
+            partitions,
+            connections,
+            ..Default::default()
+        };
+        assert_eq!(c(1, 0).worker_count(), 1);
+        assert_eq!(c(16, 0).worker_count(), 4);
+        assert_eq!(c(16, 8).worker_count(), 8);
+        assert_eq!(c(2, 8).worker_count(), 2);
+    }
+}

@@ -1,0 +1,394 @@
+//! The PostgreSQL outbox consumer end to end: a real PostgreSQL (herald-testkit), the real
+//! `herald` binary, WebSocket subscribers. Each test checks what subscribers receive: every row
+//! exactly once, in id order within its partition.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{config_file, Client, ConfigFile, Node};
+use herald_server::consumers::postgres::ddl;
+use herald_testkit::postgres::PostgresServer;
+use herald_testkit::redis::RedisServer;
+use serde_json::Value;
+
+const TABLE: &str = "herald_outbox";
+/// The consumer's metric labels, as /metrics renders them.
+const LABELS: &str = r#"{kind="postgres",consumer="main"}"#;
+
+/// A node (`--dev`, so anonymous clients may subscribe) on `broker` with the `main` consumer;
+/// keep the config file as long as the node.
+async fn node(broker: &str, pg: &PostgresServer, consumer: &str) -> (Node, ConfigFile) {
+    let toml = format!(
+        "broker_url = \"{broker}\"\n[consumers.postgres.main]\ndsn = \"{}\"\n{consumer}\n",
+        pg.dsn()
+    );
+    let file = config_file("herald.toml", &toml);
+    let node = Node::start(&["--dev", "--config", &file], &[]).await;
+    (node, file)
+}
+
+/// A node on `broker` without consumers (for subscribers).
+async fn plain_node(broker: &str) -> (Node, ConfigFile) {
+    let file = config_file("herald.toml", &format!("broker_url = \"{broker}\"\n"));
+    let node = Node::start(&["--dev", "--config", &file], &[]).await;
+    (node, file)
+}
+
+fn create_outbox(pg: &PostgresServer) {
+    pg.psql(&ddl(TABLE).expect("ddl"));
+}
+
+/// Insert rows `n` in `from..to` for each of `partitions`, in that order (n outer), one
+/// transaction: each a publish of `{"n", "p"}` to channel `p<partition>`.
+fn insert_rows(pg: &PostgresServer, partitions: u32, from: u32, to: u32) {
+    pg.psql(&format!(
+        "DO $$ BEGIN
+           FOR n IN {from}..{last} LOOP
+             FOR p IN 0..{lastp} LOOP
+               INSERT INTO {TABLE} (method, payload, partition) VALUES ('publish',
+                 jsonb_build_object('channel', 'p' || p, 'data', jsonb_build_object('n', n, 'p', p)), p);
+             END LOOP;
+           END LOOP;
+         END $$",
+        last = to - 1,
+        lastp = partitions - 1
+    ));
+}
+
+fn count(pg: &PostgresServer, table: &str) -> usize {
+    pg.psql(&format!("SELECT count(*) FROM {table}"))
+        .parse()
+        .expect("count")
+}
+
+fn channels(partitions: u32) -> Vec<String> {
+    (0..partitions).map(|p| format!("p{p}")).collect()
+}
+
+async fn subscriber(node: &Node, partitions: u32) -> Client {
+    let chans = channels(partitions);
+    let refs: Vec<&str> = chans.iter().map(String::as_str).collect();
+    node.connected(&refs).await
+}
+
+/// Publications received: `n` by channel, in arrival order.
+#[derive(Default, Debug)]
+struct Received(BTreeMap<String, Vec<i64>>);
+
+impl Received {
+    fn total(&self) -> usize {
+        self.0.values().map(Vec::len).sum()
+    }
+
+    /// Read publications until `total` have come in all (panics when `within` passes first).
+    async fn until(&mut self, client: &mut Client, total: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while self.total() < total {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(m) = client.try_next(left).await else {
+                panic!(
+                    "{} of {total} publications within {within:?}: {:?}",
+                    self.total(),
+                    self.summary()
+                );
+            };
+            self.add(&m);
+        }
+    }
+
+    /// Read whatever comes within `quiet` of the last message.
+    async fn drain(&mut self, client: &mut Client, quiet: Duration) {
+        while let Some(m) = client.try_next(quiet).await {
+            self.add(&m);
+        }
+    }
+
+    fn add(&mut self, m: &Value) {
+        if let Some(p) = m.get("pub") {
+            let channel = p["channel"].as_str().expect("channel").to_owned();
+            let n = p["data"]["n"].as_i64().expect("n");
+            self.0.entry(channel).or_default().push(n);
+        }
+    }
+
+    fn summary(&self) -> BTreeMap<&str, usize> {
+        self.0.iter().map(|(c, v)| (c.as_str(), v.len())).collect()
+    }
+
+    /// Each of the `partitions` channels got exactly `0..per_partition`, in order.
+    fn assert_exactly_once_in_order(&self, partitions: u32, per_partition: i64) {
+        let want: Vec<i64> = (0..per_partition).collect();
+        for channel in channels(partitions) {
+            let got = self.0.get(&channel).cloned().unwrap_or_default();
+            if got != want {
+                let mut seen = std::collections::BTreeSet::new();
+                let dups: Vec<i64> = got.iter().filter(|n| !seen.insert(**n)).copied().collect();
+                let out_of_order = got.windows(2).filter(|w| w[0] >= w[1]).count();
+                panic!(
+                    "{channel}: {} publications for {per_partition} rows, duplicates {dups:?}, \
+                     {out_of_order} out of order; first 40: {:?}",
+                    got.len(),
+                    &got[..got.len().min(40)]
+                );
+            }
+        }
+    }
+}
+
+/// Wait until `check` holds (polling), panicking after `within`.
+async fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// (1) Rows reach a subscriber in order per partition, woken by NOTIFY (polling is set to a
+/// minute, so only the trigger can make it quick), from a table the node created itself; each
+/// row is deleted once published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_reach_subscribers_in_order_per_partition() {
+    let pg = PostgresServer::start();
+    let (node, _file) = node(
+        "memory",
+        &pg,
+        "partitions = 4\nbatch_size = 7\npoll_interval_ms = 60000\ncreate_table = true",
+    )
+    .await;
+    eventually(
+        "the node created the outbox",
+        Duration::from_secs(10),
+        || pg.psql("SELECT to_regclass('herald_outbox_dead') IS NOT NULL") == "t",
+    )
+    .await;
+    let mut sub = subscriber(&node, 4).await;
+    let mut got = Received::default();
+    // Several transactions, so each wakes the consumer on its own.
+    for (from, to) in [(0, 10), (10, 30), (30, 50)] {
+        insert_rows(&pg, 4, from, to);
+    }
+    got.until(&mut sub, 200, Duration::from_secs(10)).await;
+    got.drain(&mut sub, Duration::from_millis(300)).await;
+    got.assert_exactly_once_in_order(4, 50);
+    eventually("published rows are deleted", Duration::from_secs(5), || {
+        count(&pg, TABLE) == 0
+    })
+    .await;
+    assert_eq!(count(&pg, "herald_outbox_dead"), 0);
+    let published = format!("herald_consumer_published_total{LABELS}");
+    assert_eq!(node.metric(&published).await, 200.0);
+    assert_eq!(
+        node.metric(&format!("herald_consumer_failed_total{LABELS}"))
+            .await,
+        0.0
+    );
+}
+
+/// (2) Two nodes on one Redis drain one outbox: both do part of the work, and the subscriber
+/// (on a third node) gets every row once, in order within each partition. Small batches make
+/// the nodes take turns on the same partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_share_one_outbox_without_reordering_or_duplicates() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    let redis = RedisServer::start();
+    let consumer = "partitions = 4\nbatch_size = 3\npoll_interval_ms = 50";
+    let (a, _fa) = node(&redis.url(), &pg, consumer).await;
+    let (b, _fb) = node(&redis.url(), &pg, consumer).await;
+    let (watcher, _fw) = plain_node(&redis.url()).await;
+    let mut sub = subscriber(&watcher, 4).await;
+    let per_partition = 150;
+    insert_rows(&pg, 4, 0, per_partition);
+    let mut got = Received::default();
+    got.until(
+        &mut sub,
+        4 * per_partition as usize,
+        Duration::from_secs(30),
+    )
+    .await;
+    got.drain(&mut sub, Duration::from_millis(500)).await;
+    got.assert_exactly_once_in_order(4, i64::from(per_partition));
+    let published = format!("herald_consumer_published_total{LABELS}");
+    let (by_a, by_b) = (a.metric(&published).await, b.metric(&published).await);
+    assert_eq!(by_a + by_b, 4.0 * f64::from(per_partition));
+    assert!(
+        by_a > 0.0 && by_b > 0.0,
+        "both nodes publish: {by_a} and {by_b}"
+    );
+    assert_eq!(count(&pg, TABLE), 0);
+}
+
+/// (3) The consuming node is killed (SIGKILL) in the middle of a batch and started again: rows
+/// it had published but not yet deleted are taken again and recognised by their idempotency
+/// keys, so a subscriber on another node gets every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_killed_mid_batch_delivers_every_row_once_after_restart() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    let redis = RedisServer::start();
+    let (watcher, _fw) = plain_node(&redis.url()).await;
+    let mut sub = subscriber(&watcher, 2).await;
+    let per_partition = 1500;
+    insert_rows(&pg, 2, 0, per_partition);
+    let total = 2 * per_partition as usize;
+    // Large batches: the node spends nearly all its time inside one, publishing.
+    let consumer = "partitions = 2\nbatch_size = 400\npoll_interval_ms = 100";
+    let (mut node1, file) = node(&redis.url(), &pg, consumer).await;
+    let mut got = Received::default();
+    got.until(&mut sub, 300, Duration::from_secs(30)).await;
+    node1.child.start_kill().expect("SIGKILL");
+    node1.child.wait().await.expect("reaped");
+    got.drain(&mut sub, Duration::from_millis(500)).await;
+    // The killed node's open transaction is rolled back as its connections drop.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let left = count(&pg, TABLE);
+    assert!(
+        got.total() < total,
+        "killed before the end ({} of {total})",
+        got.total()
+    );
+    assert!(
+        got.total() + left > total,
+        "the kill interrupted a batch: {} received + {left} left of {total}",
+        got.total()
+    );
+    let node2 = Node::start(&["--dev", "--config", &file], &[]).await;
+    got.until(&mut sub, total, Duration::from_secs(30)).await;
+    got.drain(&mut sub, Duration::from_millis(500)).await;
+    got.assert_exactly_once_in_order(2, i64::from(per_partition));
+    eventually("the outbox is empty", Duration::from_secs(5), || {
+        count(&pg, TABLE) == 0
+    })
+    .await;
+    drop(node2);
+}
+
+/// (4) PostgreSQL is stopped (immediate shutdown, every connection cut) while the consumer
+/// drains a backlog, and started again: the consumer reconnects, finishes the backlog, and
+/// listens again (polling is a minute, so rows inserted afterwards arrive only by NOTIFY).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restarted_mid_stream_loses_nothing() {
+    let mut pg = PostgresServer::start();
+    create_outbox(&pg);
+    let (node, _file) = node(
+        "memory",
+        &pg,
+        "partitions = 2\nbatch_size = 1\npoll_interval_ms = 60000",
+    )
+    .await;
+    let mut sub = subscriber(&node, 2).await;
+    let mut got = Received::default();
+    insert_rows(&pg, 2, 0, 1000);
+    got.until(&mut sub, 100, Duration::from_secs(30)).await;
+    pg.restart();
+    assert!(
+        count(&pg, TABLE) > 0,
+        "the restart came before the end of the backlog"
+    );
+    got.until(&mut sub, 2000, Duration::from_secs(30)).await;
+    insert_rows(&pg, 2, 1000, 1100);
+    got.until(&mut sub, 2200, Duration::from_secs(10)).await;
+    got.drain(&mut sub, Duration::from_millis(300)).await;
+    got.assert_exactly_once_in_order(2, 1100);
+}
+
+/// (5) Rows that can never be published go to the dead-letter table with the error, are
+/// counted, and do not hold up the good rows behind them in the same partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_rows_are_dead_lettered_and_the_partition_flows_on() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    let (node, _file) = node("memory", &pg, "poll_interval_ms = 100").await;
+    let mut sub = subscriber(&node, 1).await;
+    pg.psql(&format!(
+        r#"INSERT INTO {TABLE} (method, payload) VALUES
+           ('publish', '{{"channel": "p0", "data": {{"n": 0}}}}'),
+           ('publish', '{{"chanel": "p0", "data": {{"n": -1}}}}'),
+           ('delete', '{{"channel": "p0", "data": {{"n": -2}}}}'),
+           ('publish', '{{"channel": "nope:x", "data": {{"n": -3}}}}'),
+           ('publish', '[1, 2]'),
+           ('broadcast', '{{"channels": ["p0", "bad channel"], "data": {{"n": 1}}}}'),
+           ('publish', '{{"channel": "p0", "data": {{"n": 2}}}}')"#
+    ));
+    let mut got = Received::default();
+    got.until(&mut sub, 3, Duration::from_secs(10)).await;
+    got.drain(&mut sub, Duration::from_millis(300)).await;
+    got.assert_exactly_once_in_order(1, 3);
+    eventually("the bad rows are set aside", Duration::from_secs(5), || {
+        count(&pg, TABLE) == 0
+    })
+    .await;
+    let dead =
+        pg.psql("SELECT id || ' ' || method || ' ' || error FROM herald_outbox_dead ORDER BY id");
+    let dead: Vec<&str> = dead.lines().collect();
+    assert_eq!(dead.len(), 5, "{dead:?}");
+    assert!(dead[0].starts_with("2 publish bad JSON body"), "{dead:?}");
+    assert!(dead[1].starts_with("3 delete unknown method"), "{dead:?}");
+    assert!(dead[2].contains("nope"), "{dead:?}");
+    assert!(dead[3].starts_with("5 publish bad JSON body"), "{dead:?}");
+    assert!(
+        dead[4].starts_with("6 broadcast 1 of 2 channels failed: bad channel"),
+        "{dead:?}"
+    );
+    assert_eq!(
+        node.metric(&format!("herald_consumer_failed_total{LABELS}"))
+            .await,
+        5.0
+    );
+    assert_eq!(
+        node.metric(&format!("herald_consumer_published_total{LABELS}"))
+            .await,
+        2.0
+    );
+}
+
+/// (6) With the broker down, publishes fail with a retryable error: rows are retried with
+/// backoff, none is dead-lettered or deleted, and once the broker is back the partition's rows
+/// are published in order (read back from the channel's history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_wait_for_a_broker_that_is_down_and_keep_their_order() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    let mut redis = RedisServer::start();
+    let (node, _file) = node(&redis.url(), &pg, "batch_size = 10\npoll_interval_ms = 100").await;
+    redis.stop();
+    insert_rows(&pg, 1, 0, 30);
+    let retries = format!("herald_consumer_retries_total{LABELS}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while node.metric(&retries).await < 2.0 {
+        assert!(Instant::now() < deadline, "no retries while Redis is down");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        count(&pg, TABLE),
+        30,
+        "nothing is deleted while the broker is down"
+    );
+    assert_eq!(
+        count(&pg, "herald_outbox_dead"),
+        0,
+        "nothing is dead-lettered"
+    );
+    redis.restart();
+    eventually(
+        "the outbox drains once Redis is back",
+        Duration::from_secs(30),
+        || count(&pg, TABLE) == 0,
+    )
+    .await;
+    let (status, history) = node
+        .api("/api/history", Some(serde_json::json!({"channel": "p0"})))
+        .await;
+    assert_eq!(status, 200, "{history}");
+    let ns: Vec<i64> = history["publications"]
+        .as_array()
+        .expect("publications")
+        .iter()
+        .map(|p| p["data"]["n"].as_i64().expect("n"))
+        .collect();
+    assert_eq!(ns, (0..30).collect::<Vec<i64>>());
+    assert_eq!(count(&pg, "herald_outbox_dead"), 0);
+}
