@@ -1,15 +1,18 @@
 //! # Test kit: real servers on free loopback ports
 //!
-//! Every integration test that needs Redis, a Redis Cluster or NATS starts its own server here
+//! Every integration test that needs Redis, a Redis Cluster, NATS or Kafka starts its own server here
 //! and the server is killed when the handle drops. Nothing assumes a service is already running.
 //!
 //! # Layout
 //! - [`free_port`]: a free TCP port on 127.0.0.1.
 //! - [`redis`]: standalone redis-server and a three-master Redis Cluster.
 //! - [`nats`]: nats-server with JetStream.
+//! - [`kafka`]: a single-node Apache Kafka 4.x (KRaft) broker, from jars that
+//!   `scripts/kafka-jars.sh` fetches from Maven Central.
 //! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
 //!   broker through [`multinode::BrokerProcess`].
 
+pub mod kafka;
 pub mod multinode;
 pub mod nats;
 pub mod redis;
