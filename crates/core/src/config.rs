@@ -98,6 +98,9 @@ pub struct Config {
     /// Pusher Channels compatibility (`[pusher]`, `[[pusher.apps]]`; see docs/pusher.md), read by
     /// the server as it is.
     pub pusher: Option<serde_json::Value>,
+    /// Consumers that take publish and broadcast commands from outside (`[consumers.kafka]`;
+    /// see docs/consumers-kafka.md), read by the server as they are.
+    pub consumers: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -139,6 +142,7 @@ impl Default for Config {
             nats: None,
             proxy: ProxyConfig::default(),
             pusher: None,
+            consumers: None,
         }
     }
 }

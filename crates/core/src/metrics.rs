@@ -3,6 +3,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -57,7 +58,22 @@ pub struct Metrics {
     pub proxy_bad_answers: Counter,
     /// Seconds a proxy call took, answer read.
     pub proxy_seconds: Histogram,
+    /// Kafka records taken from a topic, by `consumer`.
+    pub kafka_consumed: Family<Labels, Counter>,
+    /// Kafka records whose command published (on at least one channel), by `consumer`.
+    pub kafka_published: Family<Labels, Counter>,
+    /// Kafka records skipped in whole or in part, by `consumer` and `reason` (`malformed`: not a
+    /// command; `refused`: a channel or the command was refused, e.g. an unknown namespace).
+    pub kafka_failed: Family<Labels, Counter>,
+    /// Publish attempts of a Kafka record repeated after a retryable failure, by `consumer`.
+    pub kafka_retries: Family<Labels, Counter>,
+    /// Records of a partition not committed yet: high watermark − committed offset, by
+    /// `consumer`, `topic` and `partition` (refreshed every `stats_interval_ms`).
+    pub kafka_lag: Family<Labels, Gauge>,
 }
+
+/// A metric's label pairs, for the families with labels.
+pub type Labels = Vec<(String, String)>;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -183,6 +199,31 @@ impl Metrics {
                 "publish_seconds",
                 "Broker publish latency",
                 Histogram::new(exponential_buckets(0.00005, 2.0, 16))
+            ),
+            kafka_consumed: reg!(
+                "kafka_consumed",
+                "Kafka records taken from a topic",
+                Family::default()
+            ),
+            kafka_published: reg!(
+                "kafka_published",
+                "Kafka records whose command published",
+                Family::default()
+            ),
+            kafka_failed: reg!(
+                "kafka_failed",
+                "Kafka records skipped in whole or in part (malformed or refused)",
+                Family::default()
+            ),
+            kafka_retries: reg!(
+                "kafka_retries",
+                "Kafka record publishes repeated after a retryable failure",
+                Family::default()
+            ),
+            kafka_lag: reg!(
+                "kafka_lag",
+                "Kafka records not committed yet (high watermark - committed offset), per partition",
+                Family::default()
             ),
             registry,
         }

@@ -25,9 +25,11 @@
 //! - [`proxy`]: proxy hooks: the HTTP client calling the application's backend, and the
 //!   headers and cookies forwarded to it.
 //! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
+//! - [`consumers`]: commands taken from outside the API: Kafka topics (`[consumers.kafka]`).
 
 pub mod api;
 pub mod brokers;
+pub mod consumers;
 pub mod emulation;
 pub mod guard;
 mod handshake;

@@ -95,6 +95,8 @@ pub async fn run(
         _ => None,
     };
 
+    // Checked before anything connects: a bad section stops the node at once.
+    let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
     let broker = crate::brokers::connect(&config).await?;
     let metrics = Arc::new(Metrics::new());
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
@@ -122,6 +124,8 @@ pub async fn run(
         proxy,
     });
     let (drain_tx, drain_rx) = watch::channel(false);
+    // Consumers stop taking records when the node starts to drain.
+    let consumers = crate::consumers::Consumers::start(&consumers, &ctx, &drain_rx);
     let app = Arc::new(App {
         ctx,
         api_key,
@@ -201,6 +205,7 @@ pub async fn run(
     while app.open_connections() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
 }

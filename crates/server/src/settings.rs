@@ -67,6 +67,7 @@ const ENV_KEYS: &[&str] = &[
     "redis",
     "nats",
     "proxy",
+    "consumers",
 ];
 
 /// Load and validate the configuration.

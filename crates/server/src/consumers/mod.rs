@@ -1,0 +1,86 @@
+//! Consumers: publish and broadcast commands that come from outside the HTTP API, in its shape,
+//! run through [`crate::publishing`]. `[consumers.kafka]` takes them from Kafka topics
+//! ([`kafka`]). Each consumer is a task of its own, started with the node and stopped when it
+//! drains.
+
+pub mod kafka;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use herald_core::NodeContext;
+use serde::Deserialize;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The `[consumers]` section.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumersConfig {
+    /// `[consumers.kafka]` or `[[consumers.kafka]]`.
+    #[serde(default)]
+    pub kafka: Option<kafka::KafkaConfigs>,
+}
+
+impl ConsumersConfig {
+    /// Read and check the section as the config loader left it.
+    pub fn load(value: Option<&serde_json::Value>) -> anyhow::Result<ConsumersConfig> {
+        let config: ConsumersConfig = match value {
+            Some(v) => serde_json::from_value(v.clone()).context("invalid [consumers] section")?,
+            None => ConsumersConfig::default(),
+        };
+        let mut names = std::collections::BTreeSet::new();
+        for k in config.kafka_consumers() {
+            k.validate().map_err(anyhow::Error::msg)?;
+            if !names.insert(k.name().to_owned()) {
+                anyhow::bail!(
+                    "consumers.kafka: two consumers named {:?} (set name)",
+                    k.name()
+                );
+            }
+        }
+        Ok(config)
+    }
+
+    fn kafka_consumers(&self) -> Vec<kafka::KafkaConfig> {
+        self.kafka.clone().map(|k| k.into_vec()).unwrap_or_default()
+    }
+}
+
+/// The running consumers.
+pub struct Consumers {
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Consumers {
+    /// Start every configured consumer; each stops once `stop` turns true.
+    pub fn start(
+        config: &ConsumersConfig,
+        ctx: &Arc<NodeContext>,
+        stop: &watch::Receiver<bool>,
+    ) -> Consumers {
+        let tasks = config
+            .kafka_consumers()
+            .into_iter()
+            .map(|k| {
+                let (ctx, stop) = (ctx.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let name = k.name().to_owned();
+                    if let Err(e) = kafka::run(k, ctx, stop).await {
+                        tracing::error!(consumer = %name, cause = %e, "kafka consumer failed to start");
+                    }
+                })
+            })
+            .collect();
+        Consumers { tasks }
+    }
+
+    /// Wait up to `within` for the consumers to commit and leave.
+    pub async fn stopped(self, within: Duration) {
+        let all = futures_util::future::join_all(self.tasks);
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!("consumers did not stop in time");
+        }
+    }
+}
