@@ -26,6 +26,13 @@ const START_TIMEOUT: Duration = Duration::from_secs(90);
 pub const PARTITIONS: u32 = 3;
 /// The line the broker logs once it serves clients.
 const STARTED: &str = "Kafka Server started";
+/// Runs `"$@"` (the JVM) and kills it with SIGKILL once stdin reaches its end; exits when the
+/// JVM does. (A background job's stdin is /dev/null unless redirected, hence fd 3.)
+const WATCHDOG: &str = r#"exec 3<&0
+"$@" <&- &
+jvm=$!
+{ read -r _ <&3; kill -9 "$jvm" 2>/dev/null; } &
+wait "$jvm""#;
 
 fn version() -> String {
     std::env::var("HERALD_KAFKA_VERSION").unwrap_or_else(|_| DEFAULT_VERSION.into())
@@ -131,7 +138,8 @@ impl KafkaServer {
     /// Kill the JVM (SIGKILL: no clean shutdown) and wait until it is gone. The data stays.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
+            // Closing the watchdog's stdin makes it kill -9 the JVM and exit.
+            drop(child.stdin.take());
             let _ = child.wait();
         }
     }
@@ -199,28 +207,29 @@ impl KafkaServer {
         std::fs::write(self.dir.path().join("log4j2.properties"), log4j).expect("write log4j2");
     }
 
-    fn java(&self, main: &str) -> Command {
-        let mut cmd = Command::new(java_bin());
-        cmd.arg("-Xmx512m")
-            .arg("-Xms64m")
-            .arg("-XX:+UseSerialGC")
-            .arg(format!(
+    /// The JVM's arguments to run `main` with this server's jars and logging.
+    fn java_args(&self, main: &str) -> Vec<String> {
+        vec![
+            "-Xmx512m".into(),
+            "-Xms64m".into(),
+            "-XX:+UseSerialGC".into(),
+            format!(
                 "-Dlog4j2.configurationFile={}",
                 self.dir.path().join("log4j2.properties").display()
-            ))
-            .arg("-cp")
-            .arg(format!("{}/*", self.jars.display()))
-            .arg(main)
-            .current_dir(self.dir.path())
-            .stdin(Stdio::null());
-        cmd
+            ),
+            "-cp".into(),
+            format!("{}/*", self.jars.display()),
+            main.into(),
+        ]
     }
 
     fn format(&self) -> Result<(), String> {
-        let out = self
-            .java("kafka.tools.StorageTool")
+        let out = Command::new(java_bin())
+            .args(self.java_args("kafka.tools.StorageTool"))
             .args(["format", "-t", &cluster_id(), "-c"])
             .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
             .output()
             .unwrap_or_else(|e| {
                 panic!(
@@ -248,13 +257,21 @@ impl KafkaServer {
         // Count the "started" lines already in the log: a restart waits for one more.
         let before = self.log_text().matches(STARTED).count();
         let out = std::fs::File::create(self.dir.path().join("stdout.log")).expect("stdout.log");
-        let child = self
-            .java("kafka.Kafka")
+        // The JVM runs under a watchdog shell that kills it when its stdin closes: when this
+        // handle stops it, and also when the test process dies without dropping it.
+        let child = Command::new("bash")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg("kafka")
+            .arg(java_bin())
+            .args(self.java_args("kafka.Kafka"))
             .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::piped())
             .stdout(out.try_clone().expect("clone log file"))
             .stderr(out)
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot run `{}` ({e})", java_bin()));
+            .unwrap_or_else(|e| panic!("cannot run bash ({e})"));
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
