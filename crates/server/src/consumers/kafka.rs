@@ -98,6 +98,10 @@ pub struct KafkaConfig {
     /// Longest wait between two retries of one record.
     #[serde(default = "default_retry_max_ms")]
     pub retry_max_ms: u64,
+    /// A node silent this long leaves the group and its partitions go to the others (the
+    /// brokers allow 6000 to 300000 by default).
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
     /// Milliseconds between lag readings (`herald_kafka_lag`).
     #[serde(default = "default_stats_interval_ms")]
     pub stats_interval_ms: u64,
@@ -126,6 +130,9 @@ fn default_retry_initial_ms() -> u64 {
 }
 fn default_retry_max_ms() -> u64 {
     10_000
+}
+fn default_session_timeout_ms() -> u64 {
+    45_000
 }
 fn default_stats_interval_ms() -> u64 {
     5000
@@ -158,6 +165,7 @@ const OWN_PROPERTIES: &[&str] = &[
     "enable.auto.offset.store",
     "group.id",
     "bootstrap.servers",
+    "session.timeout.ms",
 ];
 
 impl KafkaConfig {
@@ -220,6 +228,12 @@ impl KafkaConfig {
             )
             .set("auto.offset.reset", &self.auto_offset_reset)
             .set("statistics.interval.ms", self.stats_interval_ms.to_string())
+            .set("session.timeout.ms", self.session_timeout_ms.to_string())
+            // librdkafka's advice: a third of the session timeout.
+            .set(
+                "heartbeat.interval.ms",
+                (self.session_timeout_ms / 3).max(100).to_string(),
+            )
             // Reconnect quickly to a restarted broker, and no slower than every 5 s.
             .set("reconnect.backoff.ms", "100")
             .set("reconnect.backoff.max.ms", "5000");
@@ -314,9 +328,9 @@ impl ClientContext for Callbacks {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error
-            | RDKafkaLogLevel::Warning => tracing::warn!(consumer, fac, "kafka: {message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+            | RDKafkaLogLevel::Error => tracing::warn!(consumer, fac, "kafka: {message}"),
+            // Connection failures come as warnings and again through `error`: once is enough.
+            RDKafkaLogLevel::Warning | RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(consumer, fac, "kafka: {message}")
             }
             RDKafkaLogLevel::Debug => tracing::debug!(consumer, fac, "kafka: {message}"),
@@ -457,8 +471,9 @@ impl Runner {
             let first = match first {
                 Ok(m) => m.detach(),
                 Err(e) => {
-                    // librdkafka reconnects and rejoins by itself; errors here are reports.
-                    tracing::warn!(consumer = %self.config.name(), cause = %e, "kafka: consume error");
+                    // librdkafka reconnects and rejoins by itself; errors here repeat what
+                    // `Callbacks::error` logged.
+                    tracing::debug!(consumer = %self.config.name(), cause = %e, "kafka: consume error");
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
@@ -469,7 +484,7 @@ impl Runner {
                 match consumer.recv().now_or_never() {
                     Some(Ok(m)) => batch.push(m.detach()),
                     Some(Err(e)) => {
-                        tracing::warn!(consumer = %self.config.name(), cause = %e, "kafka: consume error");
+                        tracing::debug!(consumer = %self.config.name(), cause = %e, "kafka: consume error");
                         break;
                     }
                     None => break,
