@@ -84,3 +84,55 @@ impl Consumers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{load, Overrides};
+
+    #[test]
+    // figment's Jail closures return figment::Error, which is large by design.
+    #[allow(clippy::result_large_err)]
+    fn kafka_keys_come_from_the_file_and_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "herald.toml",
+                "[consumers.kafka]\ntopics = [\"orders\"]\nbatch_size = 50\n\
+                 [consumers.kafka.properties]\n\"fetch.wait.max.ms\" = \"100\"\n",
+            )?;
+            jail.set_env("HERALD_CONSUMERS__KAFKA__BROKERS", "k1:9092,k2:9092");
+            jail.set_env("HERALD_CONSUMERS__KAFKA__SASL_PASSWORD", "12345");
+            jail.set_env("HERALD_CONSUMERS__KAFKA__GROUP_ID", "fanout");
+            let c = load(&Overrides {
+                config: Some("herald.toml".into()),
+                ..Overrides::default()
+            })
+            .expect("loads");
+            let consumers = ConsumersConfig::load(c.consumers.as_ref()).expect("valid");
+            let k = &consumers.kafka_consumers()[0];
+            assert_eq!(k.brokers, ["k1:9092", "k2:9092"]);
+            assert_eq!(k.topics, ["orders"]);
+            assert_eq!(k.group_id, "fanout");
+            assert_eq!(k.name(), "fanout");
+            assert_eq!(k.sasl_password.as_deref(), Some("12345"));
+            assert_eq!(k.batch_size, 50);
+            assert_eq!(k.properties["fetch.wait.max.ms"], "100");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_consumer_without_brokers_or_topics_is_refused() {
+        let bad = serde_json::json!({"kafka": {"brokers": "k:9092", "topics": []}});
+        assert!(ConsumersConfig::load(Some(&bad)).is_err());
+        let bad = serde_json::json!({"kafka": {"topics": "t"}});
+        assert!(ConsumersConfig::load(Some(&bad)).is_err());
+        let twice = serde_json::json!({"kafka": [
+            {"brokers": "k:9092", "topics": "a"}, {"brokers": "k:9092", "topics": "b"}
+        ]});
+        assert!(
+            ConsumersConfig::load(Some(&twice)).is_err(),
+            "same name twice"
+        );
+    }
+}
