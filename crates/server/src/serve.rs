@@ -125,7 +125,7 @@ pub async fn run(
     });
     let (drain_tx, drain_rx) = watch::channel(false);
     // Consumers stop taking records when the node starts to drain.
-    let consumers = crate::consumers::Consumers::start(&consumers, &ctx, &drain_rx);
+    let consumers = crate::consumers::Consumers::start(&consumers, &ctx, &drain_rx)?;
     let app = Arc::new(App {
         ctx,
         api_key,

@@ -433,3 +433,103 @@ async fn kafka_restarted_mid_stream_loses_nothing() {
     }
     drop(kafka);
 }
+
+/// A metric's value (0 when the series does not exist yet).
+async fn metric_value(node: &Node, name: &str) -> f64 {
+    let (_, body) = node.http("GET", "/metrics", None, None).await;
+    body.as_str()
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_retryable_failure_is_retried_until_the_broker_is_back() {
+    let kafka = kafka().await;
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "retried", 1).await;
+    let mut redis = RedisServer::start_with(herald_testkit::redis::RedisOptions {
+        persistent: true,
+        ..Default::default()
+    });
+    let mut env = consumer_env(&bootstrap, "retried", "g-retry");
+    env.push(("HERALD_BROKER_URL".into(), redis.url()));
+    env.push(("HERALD_CONSUMERS__KAFKA__RETRY_MAX_MS".into(), "300".into()));
+    let node = start_node(&["--dev"], &env).await;
+    let p = producer(&bootstrap);
+    produce(&p, "retried", 0, &publish("q", json!({"i": 0}))).await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while history(&node, "q").await != [0] {
+        assert!(tokio::time::Instant::now() < deadline, "first record");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The broker goes away: the next records fail with a retryable error and wait.
+    redis.stop();
+    for i in 1..=5 {
+        produce(&p, "retried", 0, &publish("q", json!({"i": i}))).await;
+    }
+    let retries = r#"herald_kafka_retries_total{consumer="g-retry"}"#;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while metric_value(&node, retries).await < 3.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no retries counted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    redis = tokio::task::spawn_blocking(move || {
+        redis.restart();
+        redis
+    })
+    .await
+    .expect("restart Redis");
+
+    // Nothing was skipped: every record published once, in order, once the broker is back.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let got = match tokio::time::timeout(Duration::from_secs(5), history(&node, "q")).await {
+            Ok(got) => got,
+            Err(_) => Vec::new(),
+        };
+        if got == [0, 1, 2, 3, 4, 5] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "history after the broker came back: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        metric_value(
+            &node,
+            r#"herald_kafka_failed_total{consumer="g-retry",reason="refused"}"#
+        )
+        .await,
+        0.0,
+        "a retryable failure is never skipped"
+    );
+    drop(redis);
+}
+
+#[tokio::test]
+async fn a_consumer_librdkafka_refuses_stops_the_node_at_start() {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald"))
+        .args(["serve", "--dev", "--port", "0"])
+        .env("HERALD_CONSUMERS__KAFKA__BROKERS", "127.0.0.1:1")
+        .env("HERALD_CONSUMERS__KAFKA__TOPICS", "t")
+        .env(
+            "HERALD_CONSUMERS__KAFKA__SECURITY_PROTOCOL",
+            "carrier_pigeon",
+        )
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(20), out)
+        .await
+        .expect("herald exits")
+        .expect("run herald");
+    assert!(!out.status.success(), "herald started with a bad consumer");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("consumers.kafka"), "{stderr}");
+}

@@ -419,41 +419,64 @@ struct Runner {
     stop: watch::Receiver<bool>,
 }
 
-/// Consume until `stop` turns true: join the group, publish each record's command, commit.
-/// Returns once the consumer left the group (its last published offsets committed).
-pub async fn run(
+/// A consumer created and subscribed, not consuming yet.
+pub struct KafkaConsumer {
+    consumer: StreamConsumer<Callbacks>,
     config: KafkaConfig,
     ctx: Arc<NodeContext>,
-    stop: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let name = config.name().to_owned();
-    let metrics = ctx.hub.metrics().clone();
-    let consumer: StreamConsumer<Callbacks> = config
-        .client_config(&ctx.config.node_name)
-        .set_log_level(RDKafkaLogLevel::Warning)
-        .create_with_context(Callbacks {
-            name: name.clone(),
-            metrics,
-        })?;
-    let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
-    consumer.subscribe(&topics)?;
-    tracing::info!(consumer = %name, topics = ?config.topics, group = %config.group_id, "kafka consumer started");
-    let runner = Runner {
-        labels: vec![("consumer".into(), name.clone())],
-        config,
-        ctx,
-        stop,
-    };
-    runner.consume(&consumer).await;
-    // Commit what was stored since the last periodic commit; leaving the group (on drop) hands
-    // the partitions to the other nodes at once instead of after the session timeout.
-    match consumer.commit_consumer_state(CommitMode::Sync) {
-        Ok(()) | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-        Err(e) => tracing::warn!(consumer = %name, cause = %e, "kafka: final commit failed"),
+}
+
+impl KafkaConsumer {
+    /// Create the client and subscribe. Nothing connects yet (Kafka may be down); a property
+    /// librdkafka refuses (an unknown one, a missing certificate file) fails here, at start.
+    pub fn new(config: KafkaConfig, ctx: Arc<NodeContext>) -> anyhow::Result<KafkaConsumer> {
+        let name = config.name().to_owned();
+        let consumer: StreamConsumer<Callbacks> = config
+            .client_config(&ctx.config.node_name)
+            .set_log_level(RDKafkaLogLevel::Warning)
+            .create_with_context(Callbacks {
+                name: name.clone(),
+                metrics: ctx.hub.metrics().clone(),
+            })
+            .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
+        Ok(KafkaConsumer {
+            consumer,
+            config,
+            ctx,
+        })
     }
-    consumer.unsubscribe();
-    tracing::info!(consumer = %name, "kafka consumer stopped");
-    Ok(())
+
+    /// Consume until `stop` turns true: publish each record's command, commit. Returns once the
+    /// consumer left the group (its last published offsets committed).
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        let KafkaConsumer {
+            consumer,
+            config,
+            ctx,
+        } = self;
+        let name = config.name().to_owned();
+        tracing::info!(consumer = %name, topics = ?config.topics, group = %config.group_id, "kafka consumer started");
+        let runner = Runner {
+            labels: vec![("consumer".into(), name.clone())],
+            config,
+            ctx,
+            stop,
+        };
+        runner.consume(&consumer).await;
+        // Commit what was stored since the last periodic commit; leaving the group (on drop)
+        // hands the partitions to the other nodes at once instead of after the session timeout.
+        match consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(())
+            | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+            Err(e) => tracing::warn!(consumer = %name, cause = %e, "kafka: final commit failed"),
+        }
+        consumer.unsubscribe();
+        tracing::info!(consumer = %name, "kafka consumer stopped");
+    }
 }
 
 impl Runner {

@@ -54,26 +54,19 @@ pub struct Consumers {
 }
 
 impl Consumers {
-    /// Start every configured consumer; each stops once `stop` turns true.
+    /// Start every configured consumer; each stops once `stop` turns true. A consumer whose
+    /// client cannot be created is an error (the node does not start).
     pub fn start(
         config: &ConsumersConfig,
         ctx: &Arc<NodeContext>,
         stop: &watch::Receiver<bool>,
-    ) -> Consumers {
-        let tasks = config
-            .kafka_consumers()
-            .into_iter()
-            .map(|k| {
-                let (ctx, stop) = (ctx.clone(), stop.clone());
-                tokio::spawn(async move {
-                    let name = k.name().to_owned();
-                    if let Err(e) = kafka::run(k, ctx, stop).await {
-                        tracing::error!(consumer = %name, cause = %e, "kafka consumer failed to start");
-                    }
-                })
-            })
-            .collect();
-        Consumers { tasks }
+    ) -> anyhow::Result<Consumers> {
+        let mut tasks = Vec::new();
+        for k in config.kafka_consumers() {
+            let consumer = kafka::KafkaConsumer::new(k, ctx.clone())?;
+            tasks.push(tokio::spawn(consumer.run(stop.clone())));
+        }
+        Ok(Consumers { tasks })
     }
 
     /// Wait up to `within` for the consumers to commit and leave.
