@@ -169,7 +169,9 @@ impl KafkaServer {
         let dir = self.dir.path().display();
         let (port, cport) = (self.port, self.controller_port);
         // One node, replication factor 1 everywhere; no rebalance delay so a consumer joins at
-        // once; a single offsets partition so the group coordinator loads quickly.
+        // once; a single offsets partition so the group coordinator loads quickly; a short
+        // broker session, so that after a SIGKILL the controller lets the restarted broker
+        // register again within 2 s rather than 9 (its previous incarnation must time out).
         let props = format!(
             "process.roles=broker,controller\n\
              node.id=1\n\
@@ -188,7 +190,9 @@ impl KafkaServer {
              transaction.state.log.min.isr=1\n\
              share.coordinator.state.topic.replication.factor=1\n\
              share.coordinator.state.topic.min.isr=1\n\
-             group.initial.rebalance.delay.ms=0\n"
+             group.initial.rebalance.delay.ms=0\n\
+             broker.heartbeat.interval.ms=500\n\
+             broker.session.timeout.ms=2000\n"
         );
         std::fs::write(self.config_path(), props).expect("write server.properties");
         let log4j = format!(

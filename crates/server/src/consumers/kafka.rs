@@ -17,8 +17,8 @@
 //! lack groups (`rskafka`) or are young and thinly kept (`samsa`).
 
 use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use herald_core::metrics::Labels;
@@ -319,7 +319,13 @@ fn unwrap_value(value: &[u8]) -> Option<String> {
 struct Callbacks {
     name: String,
     metrics: Arc<Metrics>,
+    /// The last error logged and when: librdkafka repeats "all brokers are down" several times
+    /// a second while Kafka is away.
+    last_error: Mutex<Option<(String, Instant)>>,
 }
+
+/// The same client error is logged again only after this long.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
 
 impl ClientContext for Callbacks {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
@@ -338,7 +344,17 @@ impl ClientContext for Callbacks {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(consumer = %self.name, cause = %error, "kafka: {reason}");
+        let text = error.to_string();
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        let repeated = last
+            .as_ref()
+            .is_some_and(|(t, at)| *t == text && at.elapsed() < ERROR_LOG_EVERY);
+        if repeated {
+            tracing::debug!(consumer = %self.name, cause = %text, "kafka: {reason}");
+        } else {
+            tracing::warn!(consumer = %self.name, cause = %text, "kafka: {reason}");
+            *last = Some((text, Instant::now()));
+        }
     }
 
     fn stats(&self, stats: Statistics) {
@@ -437,6 +453,7 @@ impl KafkaConsumer {
             .create_with_context(Callbacks {
                 name: name.clone(),
                 metrics: ctx.hub.metrics().clone(),
+                last_error: Mutex::new(None),
             })
             .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
