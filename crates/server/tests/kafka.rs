@@ -537,3 +537,53 @@ async fn a_consumer_librdkafka_refuses_stops_the_node_at_start() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("consumers.kafka"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_draining_node_commits_what_it_published_before_it_leaves() {
+    let kafka = kafka().await;
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "drained", 1).await;
+    // No periodic commit within the test: only the commit made on SIGTERM can move the group.
+    let mut env = consumer_env(&bootstrap, "drained", "g-drain");
+    env.push((
+        "HERALD_CONSUMERS__KAFKA__COMMIT_INTERVAL_MS".into(),
+        "600000".into(),
+    ));
+    env.push(("HERALD_DRAIN_MS".into(), "0".into()));
+    let mut first = start_node(&["--dev"], &env).await;
+    let p = producer(&bootstrap);
+    for i in 0..5 {
+        produce(&p, "drained", 0, &publish("d", json!({"i": i}))).await;
+    }
+    metric_reaches(
+        &first,
+        r#"herald_kafka_published_total{consumer="g-drain"}"#,
+        5.0,
+    )
+    .await;
+    first.sigterm();
+    tokio::time::timeout(Duration::from_secs(20), first.child.wait())
+        .await
+        .expect("the node stops within 20 s")
+        .expect("exit status");
+
+    // The next node of the group starts after the committed offset: only the new record.
+    let second = start_node(&["--dev"], &env).await;
+    produce(&p, "drained", 0, &publish("d", json!({"i": 5}))).await;
+    metric_reaches(
+        &second,
+        r#"herald_kafka_published_total{consumer="g-drain"}"#,
+        1.0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        metric_value(
+            &second,
+            r#"herald_kafka_consumed_total{consumer="g-drain"}"#
+        )
+        .await,
+        1.0,
+        "records published before the drain were consumed again"
+    );
+}

@@ -324,6 +324,9 @@ struct Callbacks {
     last_error: Mutex<Option<(String, Instant)>>,
 }
 
+/// How long a stopping consumer waits for its last commit and for leaving the group.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// The same client error is logged again only after this long.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
 
@@ -484,14 +487,30 @@ impl KafkaConsumer {
             stop,
         };
         runner.consume(&consumer).await;
-        // Commit what was stored since the last periodic commit; leaving the group (on drop)
+        // Commit what was stored since the last periodic commit, then close: leaving the group
         // hands the partitions to the other nodes at once instead of after the session timeout.
-        match consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(())
-            | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
-            Err(e) => tracing::warn!(consumer = %name, cause = %e, "kafka: final commit failed"),
+        // Both block (and may wait long for a Kafka that is down), so they run on a thread of
+        // their own that cannot hold up the node's exit.
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+        let thread_name = name.clone();
+        std::thread::spawn(move || {
+            match consumer.commit_consumer_state(CommitMode::Sync) {
+                Ok(())
+                | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+                Err(e) => {
+                    tracing::warn!(consumer = %thread_name, cause = %e, "kafka: final commit failed")
+                }
+            }
+            drop(consumer);
+            let _ = closed_tx.send(());
+        });
+        if tokio::time::timeout(CLOSE_TIMEOUT, closed_rx)
+            .await
+            .is_err()
+        {
+            tracing::warn!(consumer = %name, "kafka: leaving the group took too long, left behind");
+            return;
         }
-        consumer.unsubscribe();
         tracing::info!(consumer = %name, "kafka consumer stopped");
     }
 }
