@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs what it needs (Debian packages for Redis,
-# NATS, PostgreSQL and Chromium; Rust crates; npm packages), then runs the Rust tests (unit,
-# integration against the real binary, real Redis / Redis Cluster / NATS / PostgreSQL started on
-# free loopback ports) and the TypeScript SDK's unit, Node integration and headless-browser tests.
+# NATS, PostgreSQL, Java, Maven and Chromium; Rust crates; npm packages), then runs the Rust tests
+# (unit, integration against the real binary, real Redis / Redis Cluster / NATS / PostgreSQL /
+# Kafka started on free loopback ports) and the TypeScript SDK's unit, Node integration and
+# headless-browser tests. Kafka's jars come from Maven Central (scripts/kafka-jars.sh, cached under
+# ~/.cache/herald).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian installs nats-server in /usr/sbin, which a minimal PATH may lack.
@@ -20,6 +22,12 @@ have_postgres() {
   compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null
 }
 have_postgres || missing+=(postgresql)
+# The Kafka consumer's client (rdkafka) builds librdkafka from source and links OpenSSL; the test
+# broker is Apache Kafka on Java 17, fetched with Maven.
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[ -e /usr/include/openssl/ssl.h ] || missing+=(libssl-dev)
+command -v java >/dev/null 2>&1 || missing+=(openjdk-17-jre-headless)
+command -v mvn >/dev/null 2>&1 || missing+=(maven)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   SUDO=""
@@ -27,6 +35,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+echo "== Kafka jars"
+bash scripts/kafka-jars.sh
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

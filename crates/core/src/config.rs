@@ -99,7 +99,8 @@ pub struct Config {
     /// the server as it is.
     pub pusher: Option<serde_json::Value>,
     /// Consumers that take publish and broadcast commands from outside sources (`[consumers]`:
-    /// a PostgreSQL outbox, see docs/consumers.md), read by the server as it is.
+    /// a PostgreSQL outbox, docs/consumers.md; Kafka topics, docs/consumers-kafka.md), read by
+    /// the server as it is.
     pub consumers: Option<serde_json::Value>,
 }
 

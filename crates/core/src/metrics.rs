@@ -69,7 +69,22 @@ pub struct Metrics {
     pub consumer_retries: Family<ConsumerLabels, Counter>,
     /// Rows or records waiting in a consumer's source.
     pub consumer_lag: Family<ConsumerLabels, Gauge>,
+    /// Kafka records taken from a topic, by `consumer`.
+    pub kafka_consumed: Family<Labels, Counter>,
+    /// Kafka records whose command published (on at least one channel), by `consumer`.
+    pub kafka_published: Family<Labels, Counter>,
+    /// Kafka records skipped in whole or in part, by `consumer` and `reason` (`malformed`: not a
+    /// command; `refused`: a channel or the command was refused, e.g. an unknown namespace).
+    pub kafka_failed: Family<Labels, Counter>,
+    /// Publish attempts of a Kafka record repeated after a retryable failure, by `consumer`.
+    pub kafka_retries: Family<Labels, Counter>,
+    /// Records of a partition not committed yet: high watermark − committed offset, by
+    /// `consumer`, `topic` and `partition` (refreshed every `stats_interval_ms`).
+    pub kafka_lag: Family<Labels, Gauge>,
 }
+
+/// A metric's label pairs, for the families with labels.
+pub type Labels = Vec<(String, String)>;
 
 /// The labels of a consumer's metrics: `kind` (`postgres`, …) and `consumer` (its name).
 pub type ConsumerLabels = Vec<(&'static str, String)>;
@@ -227,6 +242,31 @@ impl Metrics {
             consumer_lag: reg!(
                 "consumer_lag",
                 "Rows or records waiting in a consumer's source",
+                Family::default()
+            ),
+            kafka_consumed: reg!(
+                "kafka_consumed",
+                "Kafka records taken from a topic",
+                Family::default()
+            ),
+            kafka_published: reg!(
+                "kafka_published",
+                "Kafka records whose command published",
+                Family::default()
+            ),
+            kafka_failed: reg!(
+                "kafka_failed",
+                "Kafka records skipped in whole or in part (malformed or refused)",
+                Family::default()
+            ),
+            kafka_retries: reg!(
+                "kafka_retries",
+                "Kafka record publishes repeated after a retryable failure",
+                Family::default()
+            ),
+            kafka_lag: reg!(
+                "kafka_lag",
+                "Kafka records not committed yet (high watermark - committed offset), per partition",
                 Family::default()
             ),
             registry,

@@ -26,7 +26,7 @@
 //!   headers and cookies forwarded to it.
 //! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
 //! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
-//!   transactional outbox; docs/consumers.md).
+//!   transactional outbox, Kafka topics; docs/consumers.md).
 
 pub mod api;
 pub mod brokers;

@@ -95,7 +95,8 @@ pub async fn run(
         _ => None,
     };
 
-    let consumers = crate::consumers::ConsumersConfig::from_config(&config)?;
+    // Checked before anything connects: a bad section stops the node at once.
+    let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
     broker.register_metrics(metrics.registry_mut());
@@ -124,8 +125,9 @@ pub async fn run(
         config: config.clone(),
         proxy,
     });
-    let consumers = crate::consumers::spawn_all(&ctx, &consumers);
     let (drain_tx, drain_rx) = watch::channel(false);
+    // Consumers stop taking records when the node starts to drain.
+    let consumers = crate::consumers::Consumers::start(&consumers, &ctx, &drain_rx)?;
     let app = Arc::new(App {
         ctx,
         api_key,
@@ -192,8 +194,6 @@ pub async fn run(
     }
 
     drop(listener);
-    // No new publications from outside sources while the clients leave.
-    consumers.stop().await;
     let open = app.open_connections();
     tracing::info!(
         connections = open,
@@ -207,6 +207,7 @@ pub async fn run(
     while app.open_connections() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
 }

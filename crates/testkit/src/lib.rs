@@ -1,7 +1,7 @@
 //! # Test kit: real servers on free loopback ports
 //!
-//! Every integration test that needs Redis, a Redis Cluster, NATS or PostgreSQL starts its own
-//! server here and the server is killed when the handle drops. Nothing assumes a service is
+//! Every integration test that needs Redis, a Redis Cluster, NATS, PostgreSQL or Kafka starts its
+//! own server here and the server is killed when the handle drops. Nothing assumes a service is
 //! already running.
 //!
 //! # Layout
@@ -9,9 +9,12 @@
 //! - [`redis`]: standalone redis-server and a three-master Redis Cluster.
 //! - [`nats`]: nats-server with JetStream.
 //! - [`postgres`]: a PostgreSQL server made with initdb in a temporary directory.
+//! - [`kafka`]: a single-node Apache Kafka 4.x (KRaft) broker, from jars that
+//!   `scripts/kafka-jars.sh` fetches from Maven Central.
 //! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
 //!   broker through [`multinode::BrokerProcess`].
 
+pub mod kafka;
 pub mod multinode;
 pub mod nats;
 pub mod postgres;

@@ -1,0 +1,774 @@
+//! The Kafka consumer: Herald joins a consumer group on configured topics and runs each record's
+//! value, a publish or broadcast command in the HTTP API's shape, through the same executor as
+//! `/api/publish` and `/api/broadcast` (see docs/consumers-kafka.md).
+//!
+//! Delivery: each record publishes with the idempotency key `kafka:<topic>:<partition>:<offset>`
+//! (unless its command carries its own key), and its offset is stored for commit only after the
+//! publish succeeded; the stored offsets are committed every `commit_interval_ms`, on a rebalance
+//! and on shutdown. A crash between publish and commit redelivers records whose keys the broker
+//! still remembers, so no channel gets one twice. Records of one partition are published one
+//! after another; partitions of one batch run side by side. A record that is not a command is
+//! logged, counted and skipped (its offset committed), so it never blocks its partition; a
+//! retryable failure (broker down) is retried with backoff, never skipped.
+//!
+//! Client: `rdkafka` (librdkafka, built from source by cargo, linked with the system's OpenSSL).
+//! It is the maintained Rust client with full consumer-group support (group membership,
+//! rebalancing, offset commits) against Kafka 4.x, SASL PLAIN/SCRAM and TLS; the pure-Rust ones
+//! lack groups (`rskafka`) or are young and thinly kept (`samsa`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::FutureExt;
+use herald_core::metrics::Labels;
+use herald_core::{Metrics, NodeContext};
+use herald_protocol::ErrorCode;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::statistics::Statistics;
+use rdkafka::ClientContext;
+use serde::{Deserialize, Deserializer};
+use sha2::{Digest, Sha256};
+use tokio::sync::watch;
+
+use crate::api::ApiError;
+use crate::publishing::{check_idempotency_key, execute, Command};
+
+/// One Kafka consumer: `[consumers.kafka]`, or one `[[consumers.kafka]]` entry of several.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Name in logs and metrics (default: the group id).
+    #[serde(default, deserialize_with = "opt_text")]
+    pub name: Option<String>,
+    /// Bootstrap brokers: `host:port` list, or one comma-separated string.
+    #[serde(deserialize_with = "text_list")]
+    pub brokers: Vec<String>,
+    /// Topics to consume (they must exist; Herald does not create them).
+    #[serde(deserialize_with = "text_list")]
+    pub topics: Vec<String>,
+    /// Consumer group: nodes with the same group share the topics' partitions.
+    #[serde(default = "default_group", deserialize_with = "text")]
+    pub group_id: String,
+    /// Client id seen by the brokers (default: `herald-<node_name>`).
+    #[serde(default, deserialize_with = "opt_text")]
+    pub client_id: Option<String>,
+    /// Where a group without a committed offset starts: `earliest` (default) or `latest`.
+    #[serde(default = "default_reset", deserialize_with = "text")]
+    pub auto_offset_reset: String,
+    /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
+    #[serde(default, deserialize_with = "opt_text")]
+    pub security_protocol: Option<String>,
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    #[serde(default, deserialize_with = "opt_text")]
+    pub sasl_mechanism: Option<String>,
+    /// SASL user name.
+    #[serde(default, deserialize_with = "opt_text")]
+    pub sasl_username: Option<String>,
+    /// SASL password (never logged).
+    #[serde(default, deserialize_with = "opt_text")]
+    pub sasl_password: Option<String>,
+    /// CA certificates (PEM file) to verify the brokers with (default: the system's).
+    #[serde(default, deserialize_with = "opt_text")]
+    pub ssl_ca_location: Option<String>,
+    /// Client certificate (PEM file), for brokers that ask for one.
+    #[serde(default, deserialize_with = "opt_text")]
+    pub ssl_certificate_location: Option<String>,
+    /// Client private key (PEM file).
+    #[serde(default, deserialize_with = "opt_text")]
+    pub ssl_key_location: Option<String>,
+    /// Password of the client private key.
+    #[serde(default, deserialize_with = "opt_text")]
+    pub ssl_key_password: Option<String>,
+    /// Check that the broker's certificate names its host (default true).
+    #[serde(default = "yes")]
+    pub ssl_verify_hostname: bool,
+    /// Most records taken into one batch (partitions of a batch publish side by side).
+    #[serde(default = "default_batch_size")]
+    pub batch_size: usize,
+    /// Milliseconds between commits of the offsets of published records.
+    #[serde(default = "default_commit_interval_ms")]
+    pub commit_interval_ms: u64,
+    /// First wait before a retryable failure is retried; it doubles up to `retry_max_ms`.
+    #[serde(default = "default_retry_initial_ms")]
+    pub retry_initial_ms: u64,
+    /// Longest wait between two retries of one record.
+    #[serde(default = "default_retry_max_ms")]
+    pub retry_max_ms: u64,
+    /// A node silent this long leaves the group and its partitions go to the others (the
+    /// brokers allow 6000 to 300000 by default).
+    #[serde(default = "default_session_timeout_ms")]
+    pub session_timeout_ms: u64,
+    /// Milliseconds between lag readings (`herald_kafka_lag`).
+    #[serde(default = "default_stats_interval_ms")]
+    pub stats_interval_ms: u64,
+    /// Further librdkafka properties, passed as they are (e.g. `"session.timeout.ms" = "10000"`).
+    #[serde(default)]
+    pub properties: HashMap<String, String>,
+}
+
+fn default_group() -> String {
+    "herald".into()
+}
+fn default_reset() -> String {
+    "earliest".into()
+}
+fn yes() -> bool {
+    true
+}
+fn default_batch_size() -> usize {
+    500
+}
+fn default_commit_interval_ms() -> u64 {
+    1000
+}
+fn default_retry_initial_ms() -> u64 {
+    100
+}
+fn default_retry_max_ms() -> u64 {
+    10_000
+}
+fn default_session_timeout_ms() -> u64 {
+    45_000
+}
+fn default_stats_interval_ms() -> u64 {
+    5000
+}
+
+/// `[consumers.kafka]` (one consumer) or `[[consumers.kafka]]` (several).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum KafkaConfigs {
+    /// One table.
+    One(Box<KafkaConfig>),
+    /// An array of tables.
+    Many(Vec<KafkaConfig>),
+}
+
+impl KafkaConfigs {
+    /// Every configured consumer.
+    pub fn into_vec(self) -> Vec<KafkaConfig> {
+        match self {
+            KafkaConfigs::One(c) => vec![*c],
+            KafkaConfigs::Many(v) => v,
+        }
+    }
+}
+
+/// Properties Herald sets itself: `properties` may not change them, or the delivery guarantee
+/// would not hold.
+const OWN_PROPERTIES: &[&str] = &[
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "group.id",
+    "bootstrap.servers",
+    "session.timeout.ms",
+];
+
+impl KafkaConfig {
+    /// The consumer's name in logs and metrics.
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.group_id)
+    }
+
+    /// Refuse what cannot work, before anything connects.
+    pub fn validate(&self) -> Result<(), String> {
+        let name = self.name();
+        if self.brokers.is_empty() {
+            return Err(format!("consumers.kafka {name:?}: brokers is empty"));
+        }
+        if self.topics.is_empty() {
+            return Err(format!("consumers.kafka {name:?}: topics is empty"));
+        }
+        if self.group_id.is_empty() {
+            return Err(format!("consumers.kafka {name:?}: group_id is empty"));
+        }
+        if !matches!(self.auto_offset_reset.as_str(), "earliest" | "latest") {
+            return Err(format!(
+                "consumers.kafka {name:?}: auto_offset_reset must be earliest or latest"
+            ));
+        }
+        if self.batch_size == 0 || self.retry_initial_ms == 0 || self.commit_interval_ms == 0 {
+            return Err(format!(
+                "consumers.kafka {name:?}: batch_size, retry_initial_ms and commit_interval_ms must be positive"
+            ));
+        }
+        if let Some(p) = self
+            .properties
+            .keys()
+            .find(|k| OWN_PROPERTIES.contains(&k.as_str()))
+        {
+            return Err(format!(
+                "consumers.kafka {name:?}: property {p:?} is Herald's own (set brokers or group_id instead)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The librdkafka configuration: offsets are stored by Herald after each publish and
+    /// committed in the background (never before the publish).
+    fn client_config(&self, node_name: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", self.brokers.join(","))
+            .set("group.id", &self.group_id)
+            .set(
+                "client.id",
+                self.client_id
+                    .clone()
+                    .unwrap_or_else(|| format!("herald-{node_name}")),
+            )
+            .set("enable.auto.commit", "true")
+            .set("enable.auto.offset.store", "false")
+            .set(
+                "auto.commit.interval.ms",
+                self.commit_interval_ms.to_string(),
+            )
+            .set("auto.offset.reset", &self.auto_offset_reset)
+            .set("statistics.interval.ms", self.stats_interval_ms.to_string())
+            .set("session.timeout.ms", self.session_timeout_ms.to_string())
+            // librdkafka's advice: a third of the session timeout.
+            .set(
+                "heartbeat.interval.ms",
+                (self.session_timeout_ms / 3).max(100).to_string(),
+            )
+            // Reconnect quickly to a restarted broker, and no slower than every 5 s.
+            .set("reconnect.backoff.ms", "100")
+            .set("reconnect.backoff.max.ms", "5000");
+        let optional = [
+            ("security.protocol", &self.security_protocol),
+            ("sasl.mechanism", &self.sasl_mechanism),
+            ("sasl.username", &self.sasl_username),
+            ("sasl.password", &self.sasl_password),
+            ("ssl.ca.location", &self.ssl_ca_location),
+            ("ssl.certificate.location", &self.ssl_certificate_location),
+            ("ssl.key.location", &self.ssl_key_location),
+            ("ssl.key.password", &self.ssl_key_password),
+        ];
+        for (key, value) in optional {
+            if let Some(v) = value {
+                c.set(key, v);
+            }
+        }
+        if !self.ssl_verify_hostname {
+            c.set("ssl.endpoint.identification.algorithm", "none");
+        }
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+}
+
+/// The idempotency key of a record: `kafka:<topic>:<partition>:<offset>`, or, for a topic name
+/// too long for the 128-character limit, the topic's SHA-256 prefix in its place.
+pub fn record_key(topic: &str, partition: i32, offset: i64) -> String {
+    let key = format!("kafka:{topic}:{partition}:{offset}");
+    if check_idempotency_key(&key).is_ok() {
+        return key;
+    }
+    let digest = Sha256::digest(topic.as_bytes());
+    format!("kafka:#{}:{partition}:{offset}", hex::encode(&digest[..16]))
+}
+
+/// The command a record's value holds: the envelope `{"method", "payload"}` itself, or the same
+/// envelope inside a JSON string (a CDC tool that kept the column as text) or inside a
+/// `{"schema", "payload"}` wrapper (Kafka Connect's JSON converter with schemas on).
+pub fn parse_record(value: Option<&[u8]>) -> Result<Command, ApiError> {
+    let Some(value) = value else {
+        return Err(ApiError::code(
+            ErrorCode::BadRequest,
+            "the record has no value (a tombstone?)",
+        ));
+    };
+    match unwrap_value(value) {
+        Some(inner) => Command::parse_envelope(inner.as_bytes()),
+        None => Command::parse_envelope(value),
+    }
+}
+
+/// The envelope's text when `value` wraps it (at most two levels: a string inside a wrapper).
+fn unwrap_value(value: &[u8]) -> Option<String> {
+    let first = value.iter().find(|b| !b.is_ascii_whitespace())?;
+    match first {
+        b'"' => {
+            let text: String = serde_json::from_slice(value).ok()?;
+            Some(unwrap_value(text.as_bytes()).unwrap_or(text))
+        }
+        b'{' => {
+            #[derive(Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Wrapper<'a> {
+                #[allow(dead_code)]
+                schema: &'a serde_json::value::RawValue,
+                #[serde(borrow)]
+                payload: &'a serde_json::value::RawValue,
+            }
+            let w: Wrapper<'_> = serde_json::from_slice(value).ok()?;
+            let inner = w.payload.get();
+            Some(unwrap_value(inner.as_bytes()).unwrap_or_else(|| inner.to_owned()))
+        }
+        _ => None,
+    }
+}
+
+/// Callbacks librdkafka makes: its log lines and errors into `tracing` (a broker that is down is
+/// a warning: the client reconnects by itself), its statistics into the lag gauges.
+struct Callbacks {
+    name: String,
+    metrics: Arc<Metrics>,
+    /// The last error logged and when: librdkafka repeats "all brokers are down" several times
+    /// a second while Kafka is away.
+    last_error: Mutex<Option<(String, Instant)>>,
+}
+
+/// How long a stopping consumer waits for its last commit and for leaving the group.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The same client error is logged again only after this long.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
+
+impl ClientContext for Callbacks {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        let consumer = &self.name;
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => tracing::warn!(consumer, fac, "kafka: {message}"),
+            // Connection failures come as warnings and again through `error`: once is enough.
+            RDKafkaLogLevel::Warning | RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(consumer, fac, "kafka: {message}")
+            }
+            RDKafkaLogLevel::Debug => tracing::debug!(consumer, fac, "kafka: {message}"),
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        let text = error.to_string();
+        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
+        let repeated = last
+            .as_ref()
+            .is_some_and(|(t, at)| *t == text && at.elapsed() < ERROR_LOG_EVERY);
+        if repeated {
+            tracing::debug!(consumer = %self.name, cause = %text, "kafka: {reason}");
+        } else {
+            tracing::warn!(consumer = %self.name, cause = %text, "kafka: {reason}");
+            *last = Some((text, Instant::now()));
+        }
+    }
+
+    fn stats(&self, stats: Statistics) {
+        for (topic, t) in &stats.topics {
+            for (partition, p) in &t.partitions {
+                if *partition < 0 {
+                    continue; // librdkafka's internal "unassigned" partition
+                }
+                let labels: Labels = vec![
+                    ("consumer".into(), self.name.clone()),
+                    ("topic".into(), topic.clone()),
+                    ("partition".into(), partition.to_string()),
+                ];
+                // Only partitions this node consumes; a revoked one's series goes away.
+                if p.fetch_state == "none" || p.hi_offset < 0 {
+                    self.metrics.kafka_lag.remove(&labels);
+                    continue;
+                }
+                let from = if p.committed_offset >= 0 {
+                    p.committed_offset
+                } else {
+                    p.lo_offset.max(0)
+                };
+                self.metrics
+                    .kafka_lag
+                    .get_or_create(&labels)
+                    .set((p.hi_offset - from).max(0));
+            }
+        }
+    }
+}
+
+impl ConsumerContext for Callbacks {
+    fn post_rebalance(
+        &self,
+        _consumer: &rdkafka::consumer::BaseConsumer<Self>,
+        rebalance: &Rebalance<'_>,
+    ) {
+        match rebalance {
+            Rebalance::Assign(tpl) => tracing::info!(
+                consumer = %self.name,
+                partitions = ?partitions(tpl),
+                "kafka: partitions assigned"
+            ),
+            Rebalance::Revoke(tpl) => tracing::info!(
+                consumer = %self.name,
+                partitions = ?partitions(tpl),
+                "kafka: partitions revoked"
+            ),
+            Rebalance::Error(e) => {
+                tracing::warn!(consumer = %self.name, cause = %e, "kafka: rebalance failed")
+            }
+        }
+    }
+}
+
+fn partitions(tpl: &rdkafka::TopicPartitionList) -> Vec<String> {
+    tpl.elements()
+        .iter()
+        .map(|e| format!("{}/{}", e.topic(), e.partition()))
+        .collect()
+}
+
+/// How handling one record ended.
+enum Handled {
+    /// Published, or skipped for good: its offset may be committed.
+    Done,
+    /// Shutdown came while the record was still being retried: not committed, so it is
+    /// redelivered.
+    Stopped,
+}
+
+/// One running consumer and what it needs.
+struct Runner {
+    config: KafkaConfig,
+    ctx: Arc<NodeContext>,
+    labels: Labels,
+    stop: watch::Receiver<bool>,
+}
+
+/// A consumer created and subscribed, not consuming yet.
+pub struct KafkaConsumer {
+    consumer: StreamConsumer<Callbacks>,
+    config: KafkaConfig,
+    ctx: Arc<NodeContext>,
+}
+
+impl KafkaConsumer {
+    /// Create the client and subscribe. Nothing connects yet (Kafka may be down); a property
+    /// librdkafka refuses (an unknown one, a missing certificate file) fails here, at start.
+    pub fn new(config: KafkaConfig, ctx: Arc<NodeContext>) -> anyhow::Result<KafkaConsumer> {
+        let name = config.name().to_owned();
+        let consumer: StreamConsumer<Callbacks> = config
+            .client_config(&ctx.config.node_name)
+            .set_log_level(RDKafkaLogLevel::Warning)
+            .create_with_context(Callbacks {
+                name: name.clone(),
+                metrics: ctx.hub.metrics().clone(),
+                last_error: Mutex::new(None),
+            })
+            .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
+        Ok(KafkaConsumer {
+            consumer,
+            config,
+            ctx,
+        })
+    }
+
+    /// Consume until `stop` turns true: publish each record's command, commit. Returns once the
+    /// consumer left the group (its last published offsets committed).
+    pub async fn run(self, stop: watch::Receiver<bool>) {
+        let KafkaConsumer {
+            consumer,
+            config,
+            ctx,
+        } = self;
+        let name = config.name().to_owned();
+        tracing::info!(consumer = %name, topics = ?config.topics, group = %config.group_id, "kafka consumer started");
+        let runner = Runner {
+            labels: vec![("consumer".into(), name.clone())],
+            config,
+            ctx,
+            stop,
+        };
+        runner.consume(&consumer).await;
+        // Commit what was stored since the last periodic commit, then close: leaving the group
+        // hands the partitions to the other nodes at once instead of after the session timeout.
+        // Both block (and may wait long for a Kafka that is down), so they run on a thread of
+        // their own that cannot hold up the node's exit.
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+        let thread_name = name.clone();
+        std::thread::spawn(move || {
+            match consumer.commit_consumer_state(CommitMode::Sync) {
+                Ok(())
+                | Err(KafkaError::ConsumerCommit(rdkafka::types::RDKafkaErrorCode::NoOffset)) => {}
+                Err(e) => {
+                    tracing::warn!(consumer = %thread_name, cause = %e, "kafka: final commit failed")
+                }
+            }
+            drop(consumer);
+            let _ = closed_tx.send(());
+        });
+        if tokio::time::timeout(CLOSE_TIMEOUT, closed_rx)
+            .await
+            .is_err()
+        {
+            tracing::warn!(consumer = %name, "kafka: leaving the group took too long, left behind");
+            return;
+        }
+        tracing::info!(consumer = %name, "kafka consumer stopped");
+    }
+}
+
+impl Runner {
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    async fn consume(&self, consumer: &StreamConsumer<Callbacks>) {
+        let mut stop = self.stop.clone();
+        loop {
+            let first = tokio::select! {
+                m = consumer.recv() => m,
+                _ = stop.wait_for(|s| *s) => return,
+            };
+            let first = match first {
+                Ok(m) => m.detach(),
+                Err(e) => {
+                    // librdkafka reconnects and rejoins by itself; errors here repeat what
+                    // `Callbacks::error` logged.
+                    tracing::debug!(consumer = %self.config.name(), cause = %e, "kafka: consume error");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
+            // Take whatever else is already fetched, without waiting, up to batch_size.
+            let mut batch = vec![first];
+            while batch.len() < self.config.batch_size {
+                match consumer.recv().now_or_never() {
+                    Some(Ok(m)) => batch.push(m.detach()),
+                    Some(Err(e)) => {
+                        tracing::debug!(consumer = %self.config.name(), cause = %e, "kafka: consume error");
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            // Order holds within a partition; partitions go side by side.
+            let mut by_partition: Vec<Vec<OwnedMessage>> = Vec::new();
+            let mut index: HashMap<(String, i32), usize> = HashMap::new();
+            for m in batch {
+                let key = (m.topic().to_owned(), m.partition());
+                let i = *index.entry(key).or_insert_with(|| {
+                    by_partition.push(Vec::new());
+                    by_partition.len() - 1
+                });
+                by_partition[i].push(m);
+            }
+            let runs = by_partition
+                .iter()
+                .map(|records| self.partition_run(consumer, records));
+            futures_util::future::join_all(runs).await;
+            if self.stopping() {
+                return;
+            }
+        }
+    }
+
+    /// Publish a partition's records of this batch in order, storing each one's offset once it
+    /// is done; stops at the first one interrupted by shutdown.
+    async fn partition_run(&self, consumer: &StreamConsumer<Callbacks>, records: &[OwnedMessage]) {
+        for m in records {
+            match self.handle(m).await {
+                Handled::Done => {
+                    if let Err(e) = consumer.store_offset(m.topic(), m.partition(), m.offset()) {
+                        // The partition went to another node in a rebalance: it redelivers
+                        // the record, whose key makes the publish a no-op.
+                        tracing::debug!(consumer = %self.config.name(), cause = %e, "kafka: offset not stored");
+                    }
+                }
+                Handled::Stopped => return,
+            }
+        }
+    }
+
+    async fn handle(&self, m: &OwnedMessage) -> Handled {
+        let metrics = self.ctx.hub.metrics();
+        metrics.kafka_consumed.get_or_create(&self.labels).inc();
+        let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+        let consumer = self.config.name();
+        let cmd = match parse_record(m.payload()) {
+            Ok(cmd) => cmd,
+            Err(e) => {
+                tracing::warn!(consumer, topic, partition, offset, code = ?e.error_code(), cause = %e.message(), "kafka: record is not a command, skipped");
+                self.failed("malformed");
+                return Handled::Done;
+            }
+        };
+        let key = record_key(topic, partition, offset);
+        let mut delay = Duration::from_millis(self.config.retry_initial_ms);
+        let max = Duration::from_millis(self.config.retry_max_ms.max(self.config.retry_initial_ms));
+        loop {
+            let retry = match execute(&self.ctx, &cmd, Some(&key)).await {
+                Ok(done) if !done.retryable() => {
+                    let mut refused = false;
+                    for (channel, e) in done.failed(&cmd) {
+                        refused = true;
+                        tracing::warn!(consumer, topic, partition, offset, channel, code = ?e.error_code(), cause = %e.message(), "kafka: channel refused the record's publication, skipped");
+                    }
+                    if refused {
+                        self.failed("refused");
+                    }
+                    if done.published() > 0 {
+                        metrics.kafka_published.get_or_create(&self.labels).inc();
+                    }
+                    return Handled::Done;
+                }
+                Ok(done) => done
+                    .failed(&cmd)
+                    .find(|(_, e)| e.is_retryable())
+                    .map(|(_, e)| e.message().to_owned())
+                    .unwrap_or_default(),
+                Err(e) if e.is_retryable() => e.message().to_owned(),
+                Err(e) => {
+                    tracing::warn!(consumer, topic, partition, offset, code = ?e.error_code(), cause = %e.message(), "kafka: command refused, skipped");
+                    self.failed("refused");
+                    return Handled::Done;
+                }
+            };
+            // Same key on every attempt: channels that published already answer their earlier
+            // position instead of publishing twice.
+            metrics.kafka_retries.get_or_create(&self.labels).inc();
+            tracing::warn!(consumer, topic, partition, offset, cause = %retry, retry_in_ms = delay.as_millis() as u64, "kafka: publish failed, retrying");
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => return Handled::Stopped,
+            }
+            delay = (delay * 2).min(max);
+        }
+    }
+
+    fn failed(&self, reason: &str) {
+        let mut labels = self.labels.clone();
+        labels.push(("reason".into(), reason.into()));
+        self.ctx
+            .hub
+            .metrics()
+            .kafka_failed
+            .get_or_create(&labels)
+            .inc();
+    }
+}
+
+// Lenient text from TOML or `HERALD_*` variables, where figment reads "123" as a number and
+// "a,b" as a string.
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Text {
+    Str(String),
+    Unsigned(u64),
+    Signed(i64),
+    Float(f64),
+    Bool(bool),
+}
+
+impl From<Text> for String {
+    fn from(t: Text) -> String {
+        match t {
+            Text::Str(s) => s,
+            Text::Unsigned(n) => n.to_string(),
+            Text::Signed(n) => n.to_string(),
+            Text::Float(n) => n.to_string(),
+            Text::Bool(b) => b.to_string(),
+        }
+    }
+}
+
+fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Text::deserialize(d).map(String::from)
+}
+
+fn opt_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    Option::<Text>::deserialize(d).map(|t| t.map(String::from))
+}
+
+/// A list, or one comma-separated string (`HERALD_CONSUMERS__KAFKA__TOPICS=a,b`).
+fn text_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum List {
+        Many(Vec<Text>),
+        One(Text),
+    }
+    Ok(match List::deserialize(d)? {
+        List::Many(v) => v.into_iter().map(String::from).collect(),
+        List::One(t) => String::from(t)
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_name_the_record_and_fit_the_limit() {
+        assert_eq!(record_key("orders", 2, 17), "kafka:orders:2:17");
+        let long = "t".repeat(249);
+        let key = record_key(&long, 0, i64::MAX);
+        assert!(check_idempotency_key(&key).is_ok(), "{key}");
+        assert_ne!(key, record_key(&"u".repeat(249), 0, i64::MAX));
+    }
+
+    #[test]
+    fn records_hold_envelopes_plain_or_wrapped() {
+        let env = r#"{"method":"publish","payload":{"channel":"a","data":1}}"#;
+        assert!(parse_record(Some(env.as_bytes())).is_ok());
+        let as_string = serde_json::to_string(env).unwrap();
+        assert!(parse_record(Some(as_string.as_bytes())).is_ok());
+        let wrapped = format!(r#"{{"schema":{{"type":"string"}},"payload":{as_string}}}"#);
+        assert!(parse_record(Some(wrapped.as_bytes())).is_ok());
+        let wrapped = format!(r#"{{"schema":null,"payload":{env}}}"#);
+        assert!(parse_record(Some(wrapped.as_bytes())).is_ok());
+    }
+
+    #[test]
+    fn what_is_not_a_command_is_refused() {
+        let code = |v: Option<&[u8]>| parse_record(v).unwrap_err().error_code();
+        assert_eq!(code(None), ErrorCode::BadRequest);
+        assert_eq!(code(Some(b"not json")), ErrorCode::BadRequest);
+        assert_eq!(code(Some(b"\"text\"")), ErrorCode::BadRequest);
+        assert_eq!(
+            code(Some(br#"{"method":"delete","payload":{}}"#)),
+            ErrorCode::UnknownMethod
+        );
+    }
+
+    #[test]
+    fn config_takes_a_table_or_an_array_and_lenient_values() {
+        let one: KafkaConfigs = serde_json::from_value(serde_json::json!({
+            "brokers": "a:9092, b:9092", "topics": ["t"], "sasl_password": 12345
+        }))
+        .unwrap();
+        let one = one.into_vec();
+        assert_eq!(one[0].brokers, ["a:9092", "b:9092"]);
+        assert_eq!(one[0].sasl_password.as_deref(), Some("12345"));
+        assert_eq!(one[0].name(), "herald");
+        assert!(one[0].validate().is_ok());
+        let many: KafkaConfigs = serde_json::from_value(serde_json::json!([
+            {"brokers": ["a:1"], "topics": "x,y", "group_id": "g1"},
+            {"brokers": ["a:1"], "topics": "z", "group_id": "g2", "name": "second"}
+        ]))
+        .unwrap();
+        let many = many.into_vec();
+        assert_eq!(many[0].topics, ["x", "y"]);
+        assert_eq!(many[1].name(), "second");
+        let bad: KafkaConfigs = serde_json::from_value(serde_json::json!({
+            "brokers": "a:1", "topics": "t",
+            "properties": {"enable.auto.commit": "true"}
+        }))
+        .unwrap();
+        assert!(bad.into_vec()[0].validate().is_err());
+    }
+}
