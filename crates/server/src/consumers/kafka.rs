@@ -69,8 +69,8 @@ pub struct KafkaConfig {
     #[serde(default, deserialize_with = "opt_text")]
     pub sasl_username: Option<String>,
     /// SASL password (never logged).
-    #[serde(default, deserialize_with = "opt_text")]
-    pub sasl_password: Option<String>,
+    #[serde(default)]
+    pub sasl_password: Option<Secret>,
     /// CA certificates (PEM file) to verify the brokers with (default: the system's).
     #[serde(default, deserialize_with = "opt_text")]
     pub ssl_ca_location: Option<String>,
@@ -81,8 +81,8 @@ pub struct KafkaConfig {
     #[serde(default, deserialize_with = "opt_text")]
     pub ssl_key_location: Option<String>,
     /// Password of the client private key.
-    #[serde(default, deserialize_with = "opt_text")]
-    pub ssl_key_password: Option<String>,
+    #[serde(default)]
+    pub ssl_key_password: Option<Secret>,
     /// Check that the broker's certificate names its host (default true).
     #[serde(default = "yes")]
     pub ssl_verify_hostname: bool,
@@ -108,6 +108,22 @@ pub struct KafkaConfig {
     /// Further librdkafka properties, passed as they are (e.g. `"session.timeout.ms" = "10000"`).
     #[serde(default)]
     pub properties: HashMap<String, String>,
+}
+
+/// A password: read like any other text, shown as `***` by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        text(d).map(Secret)
+    }
 }
 
 fn default_group() -> String {
@@ -241,14 +257,21 @@ impl KafkaConfig {
             ("security.protocol", &self.security_protocol),
             ("sasl.mechanism", &self.sasl_mechanism),
             ("sasl.username", &self.sasl_username),
-            ("sasl.password", &self.sasl_password),
             ("ssl.ca.location", &self.ssl_ca_location),
             ("ssl.certificate.location", &self.ssl_certificate_location),
             ("ssl.key.location", &self.ssl_key_location),
-            ("ssl.key.password", &self.ssl_key_password),
         ];
         for (key, value) in optional {
             if let Some(v) = value {
+                c.set(key, v);
+            }
+        }
+        let secrets = [
+            ("sasl.password", &self.sasl_password),
+            ("ssl.key.password", &self.ssl_key_password),
+        ];
+        for (key, value) in secrets {
+            if let Some(Secret(v)) = value {
                 c.set(key, v);
             }
         }
@@ -753,7 +776,11 @@ mod tests {
         .unwrap();
         let one = one.into_vec();
         assert_eq!(one[0].brokers, ["a:9092", "b:9092"]);
-        assert_eq!(one[0].sasl_password.as_deref(), Some("12345"));
+        assert_eq!(one[0].sasl_password, Some(Secret("12345".into())));
+        assert!(
+            !format!("{:?}", one[0]).contains("12345"),
+            "passwords stay out of Debug"
+        );
         assert_eq!(one[0].name(), "herald");
         assert!(one[0].validate().is_ok());
         let many: KafkaConfigs = serde_json::from_value(serde_json::json!([
