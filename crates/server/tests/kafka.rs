@@ -587,3 +587,52 @@ async fn a_draining_node_commits_what_it_published_before_it_leaves() {
         "records published before the drain were consumed again"
     );
 }
+
+#[tokio::test]
+async fn sasl_scram_and_plain_credentials_reach_the_broker() {
+    let kafka = tokio::task::spawn_blocking(|| KafkaServer::start_with_sasl("herald", "s3cret"))
+        .await
+        .expect("start Kafka");
+    let bootstrap = kafka.bootstrap();
+    let sasl = kafka.sasl_bootstrap().expect("SASL listener");
+    create_topic(&bootstrap, "authed", 1).await;
+    let p = producer(&bootstrap);
+    produce(&p, "authed", 0, &publish("a", json!({"i": 0}))).await;
+
+    // Each mechanism in its own group, so each node consumes the record itself.
+    for (mechanism, group) in [("SCRAM-SHA-256", "g-scram"), ("PLAIN", "g-plain")] {
+        let mut env = consumer_env(&sasl, "authed", group);
+        for (k, v) in [
+            ("SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("SASL_MECHANISM", mechanism),
+            ("SASL_USERNAME", "herald"),
+            ("SASL_PASSWORD", "s3cret"),
+        ] {
+            env.push((format!("HERALD_CONSUMERS__KAFKA__{k}"), v.into()));
+        }
+        let node = start_node(&["--dev"], &env).await;
+        metric_reaches(
+            &node,
+            &format!(r#"herald_kafka_published_total{{consumer="{group}"}}"#),
+            1.0,
+        )
+        .await;
+    }
+
+    // A wrong password gets nothing.
+    let mut env = consumer_env(&sasl, "authed", "g-wrong");
+    for (k, v) in [
+        ("SECURITY_PROTOCOL", "sasl_plaintext"),
+        ("SASL_MECHANISM", "SCRAM-SHA-256"),
+        ("SASL_USERNAME", "herald"),
+        ("SASL_PASSWORD", "wrong"),
+    ] {
+        env.push((format!("HERALD_CONSUMERS__KAFKA__{k}"), v.into()));
+    }
+    let node = start_node(&["--dev"], &env).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_value(&node, r#"herald_kafka_consumed_total{consumer="g-wrong"}"#).await,
+        0.0
+    );
+}

@@ -342,9 +342,9 @@ fn unwrap_value(value: &[u8]) -> Option<String> {
 struct Callbacks {
     name: String,
     metrics: Arc<Metrics>,
-    /// The last error logged and when: librdkafka repeats "all brokers are down" several times
-    /// a second while Kafka is away.
-    last_error: Mutex<Option<(String, Instant)>>,
+    /// When each error was last logged: librdkafka repeats "all brokers are down" or an
+    /// authentication failure several times a second while it lasts.
+    logged: Mutex<HashMap<String, Instant>>,
 }
 
 /// How long a stopping consumer waits for its last commit and for leaving the group.
@@ -353,6 +353,22 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same client error is logged again only after this long.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
 
+impl Callbacks {
+    /// Whether `message` was not logged within [`ERROR_LOG_EVERY`] (and note it now).
+    fn first_in_a_while(&self, message: &str) -> bool {
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged
+            .get(message)
+            .is_some_and(|at| at.elapsed() < ERROR_LOG_EVERY)
+        {
+            return false;
+        }
+        logged.retain(|_, at| at.elapsed() < ERROR_LOG_EVERY);
+        logged.insert(message.to_owned(), Instant::now());
+        true
+    }
+}
+
 impl ClientContext for Callbacks {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         let consumer = &self.name;
@@ -360,7 +376,13 @@ impl ClientContext for Callbacks {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => tracing::warn!(consumer, fac, "kafka: {message}"),
+            | RDKafkaLogLevel::Error => {
+                if self.first_in_a_while(message) {
+                    tracing::warn!(consumer, fac, "kafka: {message}")
+                } else {
+                    tracing::debug!(consumer, fac, "kafka: {message}")
+                }
+            }
             // Connection failures come as warnings and again through `error`: once is enough.
             RDKafkaLogLevel::Warning | RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(consumer, fac, "kafka: {message}")
@@ -370,16 +392,10 @@ impl ClientContext for Callbacks {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let text = error.to_string();
-        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
-        let repeated = last
-            .as_ref()
-            .is_some_and(|(t, at)| *t == text && at.elapsed() < ERROR_LOG_EVERY);
-        if repeated {
-            tracing::debug!(consumer = %self.name, cause = %text, "kafka: {reason}");
+        if self.first_in_a_while(&format!("{error} {reason}")) {
+            tracing::warn!(consumer = %self.name, cause = %error, "kafka: {reason}");
         } else {
-            tracing::warn!(consumer = %self.name, cause = %text, "kafka: {reason}");
-            *last = Some((text, Instant::now()));
+            tracing::debug!(consumer = %self.name, cause = %error, "kafka: {reason}");
         }
     }
 
@@ -479,7 +495,7 @@ impl KafkaConsumer {
             .create_with_context(Callbacks {
                 name: name.clone(),
                 metrics: ctx.hub.metrics().clone(),
-                last_error: Mutex::new(None),
+                logged: Mutex::new(HashMap::new()),
             })
             .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
