@@ -1,8 +1,10 @@
 //! The Kafka consumer against a real Apache Kafka 4.x broker (herald-testkit starts one per test,
-//! about 4 s each) and the real `herald` binary: order per partition, publish and broadcast
-//! records, malformed records skipped and counted, a node killed with SIGKILL mid-stream (every
-//! record published exactly once, thanks to the record's idempotency key), and Kafka restarted
-//! mid-stream (nothing lost). Records are produced with the same client crate, rdkafka.
+//! about 4 s each on an idle machine) and the real `herald` binary: order per partition, publish
+//! and broadcast records, malformed records skipped and counted, a retryable failure (Redis down)
+//! retried until it publishes, a node killed with SIGKILL mid-stream (every record published
+//! exactly once, thanks to the record's idempotency key), a draining node committing before it
+//! leaves, Kafka restarted mid-stream (nothing lost), SASL SCRAM and PLAIN, and a consumer config
+//! librdkafka refuses. Records are produced with the same client crate, rdkafka.
 
 mod common;
 
