@@ -1,8 +1,10 @@
 //! The Kafka consumer against a real Apache Kafka 4.x broker (herald-testkit starts one per test,
-//! about 4 s each) and the real `herald` binary: order per partition, publish and broadcast
-//! records, malformed records skipped and counted, a node killed with SIGKILL mid-stream (every
-//! record published exactly once, thanks to the record's idempotency key), and Kafka restarted
-//! mid-stream (nothing lost). Records are produced with the same client crate, rdkafka.
+//! about 4 s each on an idle machine) and the real `herald` binary: order per partition, publish
+//! and broadcast records, malformed records skipped and counted, a retryable failure (Redis down)
+//! retried until it publishes, a node killed with SIGKILL mid-stream (every record published
+//! exactly once, thanks to the record's idempotency key), a draining node committing before it
+//! leaves, Kafka restarted mid-stream (nothing lost), SASL SCRAM and PLAIN, and a consumer config
+//! librdkafka refuses. Records are produced with the same client crate, rdkafka.
 
 mod common;
 
@@ -585,5 +587,54 @@ async fn a_draining_node_commits_what_it_published_before_it_leaves() {
         .await,
         1.0,
         "records published before the drain were consumed again"
+    );
+}
+
+#[tokio::test]
+async fn sasl_scram_and_plain_credentials_reach_the_broker() {
+    let kafka = tokio::task::spawn_blocking(|| KafkaServer::start_with_sasl("herald", "s3cret"))
+        .await
+        .expect("start Kafka");
+    let bootstrap = kafka.bootstrap();
+    let sasl = kafka.sasl_bootstrap().expect("SASL listener");
+    create_topic(&bootstrap, "authed", 1).await;
+    let p = producer(&bootstrap);
+    produce(&p, "authed", 0, &publish("a", json!({"i": 0}))).await;
+
+    // Each mechanism in its own group, so each node consumes the record itself.
+    for (mechanism, group) in [("SCRAM-SHA-256", "g-scram"), ("PLAIN", "g-plain")] {
+        let mut env = consumer_env(&sasl, "authed", group);
+        for (k, v) in [
+            ("SECURITY_PROTOCOL", "sasl_plaintext"),
+            ("SASL_MECHANISM", mechanism),
+            ("SASL_USERNAME", "herald"),
+            ("SASL_PASSWORD", "s3cret"),
+        ] {
+            env.push((format!("HERALD_CONSUMERS__KAFKA__{k}"), v.into()));
+        }
+        let node = start_node(&["--dev"], &env).await;
+        metric_reaches(
+            &node,
+            &format!(r#"herald_kafka_published_total{{consumer="{group}"}}"#),
+            1.0,
+        )
+        .await;
+    }
+
+    // A wrong password gets nothing.
+    let mut env = consumer_env(&sasl, "authed", "g-wrong");
+    for (k, v) in [
+        ("SECURITY_PROTOCOL", "sasl_plaintext"),
+        ("SASL_MECHANISM", "SCRAM-SHA-256"),
+        ("SASL_USERNAME", "herald"),
+        ("SASL_PASSWORD", "wrong"),
+    ] {
+        env.push((format!("HERALD_CONSUMERS__KAFKA__{k}"), v.into()));
+    }
+    let node = start_node(&["--dev"], &env).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        metric_value(&node, r#"herald_kafka_consumed_total{consumer="g-wrong"}"#).await,
+        0.0
     );
 }

@@ -95,6 +95,8 @@ fn cluster_id() -> String {
 pub struct KafkaServer {
     port: u16,
     controller_port: u16,
+    /// The SASL listener's port and its one user (name, password), when asked for.
+    sasl: Option<(u16, String, String)>,
     jars: PathBuf,
     dir: TempDir,
     child: Option<Child>,
@@ -103,6 +105,16 @@ pub struct KafkaServer {
 impl KafkaServer {
     /// A fresh broker with an empty log, ready for clients.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// Also a `SASL_PLAINTEXT` listener ([`sasl_bootstrap`](Self::sasl_bootstrap)) taking
+    /// SCRAM-SHA-256 and PLAIN for one user.
+    pub fn start_with_sasl(user: &str, password: &str) -> Self {
+        Self::start_with(Some((user.to_owned(), password.to_owned())))
+    }
+
+    fn start_with(sasl: Option<(String, String)>) -> Self {
         let jars = jars_dir();
         let mut last_err = String::new();
         // A free port can be taken between `free_port` and the bind: try a few.
@@ -114,6 +126,7 @@ impl KafkaServer {
             let mut server = KafkaServer {
                 port: free_port(),
                 controller_port: free_port(),
+                sasl: sasl.clone().map(|(u, p)| (free_port(), u, p)),
                 jars: jars.clone(),
                 dir,
                 child: None,
@@ -133,6 +146,13 @@ impl KafkaServer {
     /// `host:port` for clients (`bootstrap.servers`).
     pub fn bootstrap(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `host:port` of the SASL listener, when started with [`start_with_sasl`](Self::start_with_sasl).
+    pub fn sasl_bootstrap(&self) -> Option<String> {
+        self.sasl
+            .as_ref()
+            .map(|(port, _, _)| format!("127.0.0.1:{port}"))
     }
 
     /// Kill the JVM (SIGKILL: no clean shutdown) and wait until it is gone. The data stays.
@@ -172,14 +192,36 @@ impl KafkaServer {
         // once; a single offsets partition so the group coordinator loads quickly; a short
         // broker session, so that after a SIGKILL the controller lets the restarted broker
         // register again within 2 s rather than 9 (its previous incarnation must time out).
+        let (mut listeners, mut advertised, mut protocols, mut sasl) = (
+            format!("PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}"),
+            format!("PLAINTEXT://127.0.0.1:{port}"),
+            "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_owned(),
+            String::new(),
+        );
+        if let Some((sport, user, password)) = &self.sasl {
+            listeners.push_str(&format!(",SASL_PLAINTEXT://127.0.0.1:{sport}"));
+            advertised.push_str(&format!(",SASL_PLAINTEXT://127.0.0.1:{sport}"));
+            protocols.push_str(",SASL_PLAINTEXT:SASL_PLAINTEXT");
+            // SCRAM credentials live in the metadata log (added when formatting); PLAIN's in
+            // the listener's JAAS line.
+            sasl = format!(
+                "sasl.enabled.mechanisms=SCRAM-SHA-256,PLAIN\n\
+                 listener.name.sasl_plaintext.scram-sha-256.sasl.jaas.config=\
+                 org.apache.kafka.common.security.scram.ScramLoginModule required;\n\
+                 listener.name.sasl_plaintext.plain.sasl.jaas.config=\
+                 org.apache.kafka.common.security.plain.PlainLoginModule required \
+                 user_{user}=\"{password}\";\n"
+            );
+        }
         let props = format!(
             "process.roles=broker,controller\n\
              node.id=1\n\
              controller.quorum.voters=1@127.0.0.1:{cport}\n\
-             listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
-             advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+             listeners={listeners}\n\
+             advertised.listeners={advertised}\n\
              controller.listener.names=CONTROLLER\n\
-             listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+             listener.security.protocol.map={protocols}\n\
+             {sasl}\
              inter.broker.listener.name=PLAINTEXT\n\
              log.dirs={dir}/data\n\
              num.partitions={PARTITIONS}\n\
@@ -228,10 +270,15 @@ impl KafkaServer {
     }
 
     fn format(&self) -> Result<(), String> {
-        let out = Command::new(java_bin())
-            .args(self.java_args("kafka.tools.StorageTool"))
+        let mut cmd = Command::new(java_bin());
+        cmd.args(self.java_args("kafka.tools.StorageTool"))
             .args(["format", "-t", &cluster_id(), "-c"])
-            .arg(self.config_path())
+            .arg(self.config_path());
+        if let Some((_, user, password)) = &self.sasl {
+            cmd.arg("--add-scram")
+                .arg(format!("SCRAM-SHA-256=[name={user},password={password}]"));
+        }
+        let out = cmd
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .output()

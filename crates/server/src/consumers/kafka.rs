@@ -69,8 +69,8 @@ pub struct KafkaConfig {
     #[serde(default, deserialize_with = "opt_text")]
     pub sasl_username: Option<String>,
     /// SASL password (never logged).
-    #[serde(default, deserialize_with = "opt_text")]
-    pub sasl_password: Option<String>,
+    #[serde(default)]
+    pub sasl_password: Option<Secret>,
     /// CA certificates (PEM file) to verify the brokers with (default: the system's).
     #[serde(default, deserialize_with = "opt_text")]
     pub ssl_ca_location: Option<String>,
@@ -81,8 +81,8 @@ pub struct KafkaConfig {
     #[serde(default, deserialize_with = "opt_text")]
     pub ssl_key_location: Option<String>,
     /// Password of the client private key.
-    #[serde(default, deserialize_with = "opt_text")]
-    pub ssl_key_password: Option<String>,
+    #[serde(default)]
+    pub ssl_key_password: Option<Secret>,
     /// Check that the broker's certificate names its host (default true).
     #[serde(default = "yes")]
     pub ssl_verify_hostname: bool,
@@ -108,6 +108,22 @@ pub struct KafkaConfig {
     /// Further librdkafka properties, passed as they are (e.g. `"session.timeout.ms" = "10000"`).
     #[serde(default)]
     pub properties: HashMap<String, String>,
+}
+
+/// A password: read like any other text, shown as `***` by `Debug`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        text(d).map(Secret)
+    }
 }
 
 fn default_group() -> String {
@@ -241,14 +257,21 @@ impl KafkaConfig {
             ("security.protocol", &self.security_protocol),
             ("sasl.mechanism", &self.sasl_mechanism),
             ("sasl.username", &self.sasl_username),
-            ("sasl.password", &self.sasl_password),
             ("ssl.ca.location", &self.ssl_ca_location),
             ("ssl.certificate.location", &self.ssl_certificate_location),
             ("ssl.key.location", &self.ssl_key_location),
-            ("ssl.key.password", &self.ssl_key_password),
         ];
         for (key, value) in optional {
             if let Some(v) = value {
+                c.set(key, v);
+            }
+        }
+        let secrets = [
+            ("sasl.password", &self.sasl_password),
+            ("ssl.key.password", &self.ssl_key_password),
+        ];
+        for (key, value) in secrets {
+            if let Some(Secret(v)) = value {
                 c.set(key, v);
             }
         }
@@ -319,9 +342,9 @@ fn unwrap_value(value: &[u8]) -> Option<String> {
 struct Callbacks {
     name: String,
     metrics: Arc<Metrics>,
-    /// The last error logged and when: librdkafka repeats "all brokers are down" several times
-    /// a second while Kafka is away.
-    last_error: Mutex<Option<(String, Instant)>>,
+    /// When each error was last logged: librdkafka repeats "all brokers are down" or an
+    /// authentication failure several times a second while it lasts.
+    logged: Mutex<HashMap<String, Instant>>,
 }
 
 /// How long a stopping consumer waits for its last commit and for leaving the group.
@@ -330,6 +353,22 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The same client error is logged again only after this long.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
 
+impl Callbacks {
+    /// Whether `message` was not logged within [`ERROR_LOG_EVERY`] (and note it now).
+    fn first_in_a_while(&self, message: &str) -> bool {
+        let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        if logged
+            .get(message)
+            .is_some_and(|at| at.elapsed() < ERROR_LOG_EVERY)
+        {
+            return false;
+        }
+        logged.retain(|_, at| at.elapsed() < ERROR_LOG_EVERY);
+        logged.insert(message.to_owned(), Instant::now());
+        true
+    }
+}
+
 impl ClientContext for Callbacks {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
         let consumer = &self.name;
@@ -337,7 +376,13 @@ impl ClientContext for Callbacks {
             RDKafkaLogLevel::Emerg
             | RDKafkaLogLevel::Alert
             | RDKafkaLogLevel::Critical
-            | RDKafkaLogLevel::Error => tracing::warn!(consumer, fac, "kafka: {message}"),
+            | RDKafkaLogLevel::Error => {
+                if self.first_in_a_while(message) {
+                    tracing::warn!(consumer, fac, "kafka: {message}")
+                } else {
+                    tracing::debug!(consumer, fac, "kafka: {message}")
+                }
+            }
             // Connection failures come as warnings and again through `error`: once is enough.
             RDKafkaLogLevel::Warning | RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
                 tracing::info!(consumer, fac, "kafka: {message}")
@@ -347,16 +392,10 @@ impl ClientContext for Callbacks {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        let text = error.to_string();
-        let mut last = self.last_error.lock().unwrap_or_else(|p| p.into_inner());
-        let repeated = last
-            .as_ref()
-            .is_some_and(|(t, at)| *t == text && at.elapsed() < ERROR_LOG_EVERY);
-        if repeated {
-            tracing::debug!(consumer = %self.name, cause = %text, "kafka: {reason}");
+        if self.first_in_a_while(&format!("{error} {reason}")) {
+            tracing::warn!(consumer = %self.name, cause = %error, "kafka: {reason}");
         } else {
-            tracing::warn!(consumer = %self.name, cause = %text, "kafka: {reason}");
-            *last = Some((text, Instant::now()));
+            tracing::debug!(consumer = %self.name, cause = %error, "kafka: {reason}");
         }
     }
 
@@ -456,7 +495,7 @@ impl KafkaConsumer {
             .create_with_context(Callbacks {
                 name: name.clone(),
                 metrics: ctx.hub.metrics().clone(),
-                last_error: Mutex::new(None),
+                logged: Mutex::new(HashMap::new()),
             })
             .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
@@ -753,7 +792,11 @@ mod tests {
         .unwrap();
         let one = one.into_vec();
         assert_eq!(one[0].brokers, ["a:9092", "b:9092"]);
-        assert_eq!(one[0].sasl_password.as_deref(), Some("12345"));
+        assert_eq!(one[0].sasl_password, Some(Secret("12345".into())));
+        assert!(
+            !format!("{:?}", one[0]).contains("12345"),
+            "passwords stay out of Debug"
+        );
         assert_eq!(one[0].name(), "herald");
         assert!(one[0].validate().is_ok());
         let many: KafkaConfigs = serde_json::from_value(serde_json::json!([

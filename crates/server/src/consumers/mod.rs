@@ -198,7 +198,7 @@ mod tests {
             assert_eq!(k.topics, ["orders"]);
             assert_eq!(k.group_id, "fanout");
             assert_eq!(k.name(), "fanout");
-            assert_eq!(k.sasl_password.as_deref(), Some("12345"));
+            assert_eq!(k.sasl_password, Some(kafka::Secret("12345".into())));
             assert_eq!(k.batch_size, 50);
             assert_eq!(k.properties["fetch.wait.max.ms"], "100");
             Ok(())
