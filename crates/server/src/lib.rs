@@ -8,6 +8,7 @@
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
 //! - [`http`]: request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page.
 //! - [`api`]: the HTTP API handlers.
+//! - [`admin`]: the admin web UI under `/admin` (embedded page, login, cluster-wide views).
 //! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
 //!   with one idempotency key (the API and the outbox and Kafka consumers share it).
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
@@ -26,6 +27,7 @@
 //!   headers and cookies forwarded to it.
 //! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
 
+pub mod admin;
 pub mod api;
 pub mod brokers;
 pub mod emulation;

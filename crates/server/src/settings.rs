@@ -67,6 +67,7 @@ const ENV_KEYS: &[&str] = &[
     "redis",
     "nats",
     "proxy",
+    "admin",
 ];
 
 /// Load and validate the configuration.
