@@ -1,8 +1,6 @@
 // Herald admin UI: talks to /admin/api/* with the session cookie and echoes the CSRF token
 // that the login returned on every state-changing call. Polls the cluster overview once a
 // second. No framework, no build step: this file is served as it is (see docs/admin.md).
-'use strict';
-
 const $ = (sel) => document.querySelector(sel);
 const state = { csrf: null, view: 'overview', channel: null, history: null, user: null, timer: null };
 
@@ -114,7 +112,10 @@ function show(view) {
 for (const b of document.querySelectorAll('#tabs button')) b.addEventListener('click', () => show(b.dataset.view));
 
 async function tick() {
-  if (state.view !== 'overview' || !state.csrf) return;
+  if (!state.csrf) return;
+  // The channel list follows the cluster too (each node's snapshot is up to ~2 s old).
+  if (state.view === 'channels') return loadChannels();
+  if (state.view !== 'overview') return;
   try {
     const o = await call('GET', '/admin/api/overview');
     renderNodes(o);
@@ -276,14 +277,16 @@ async function lookupUser(user) {
     b.addEventListener('click', () => disconnect({ client: c }));
     body.append(row([c, td(b)]));
   }
-  $('#user-note').textContent = `${r.clients.length} connection(s) on node ${r.node} (the node you reached); the button below reaches every node.`;
+  $('#user-note').textContent =
+    `${r.clients.length} connection(s) on node ${r.node} (the node you reached); the button below reaches every node.`;
   $('#disconnect-user').disabled = false;
 }
 
 async function disconnect(target) {
   try {
     await call('POST', '/admin/api/disconnect', target);
-    $('#disconnect-result').textContent = `disconnected ${target.user !== undefined ? `user "${target.user}"` : `client ${target.client}`}`;
+    $('#disconnect-result').textContent =
+      `disconnected ${target.user !== undefined ? `user "${target.user}"` : `client ${target.client}`}`;
     setTimeout(() => state.user !== null && lookupUser(state.user).catch(() => {}), 500);
   } catch (e) {
     $('#disconnect-result').textContent = `failed: ${e.message}`;
