@@ -417,4 +417,24 @@ async fn the_cluster_view_covers_every_node_on_redis() {
         "{room}"
     );
     assert_eq!(room["subscribers"], 3);
+    // A user's connections (here the anonymous user "") are asked of every node.
+    let (status, _, found) = request(&a, "GET", "/admin/api/connections?user=", &auth, None).await;
+    assert_eq!(status, 200, "{found}");
+    let per_node: Vec<(String, usize)> = found["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap().to_owned(),
+                n["clients"].as_array().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        per_node,
+        [("node-a".to_owned(), 1), ("node-b".to_owned(), 2)],
+        "{found}"
+    );
+    assert_eq!(found["missing"], json!([]));
 }

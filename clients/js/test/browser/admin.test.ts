@@ -181,7 +181,12 @@ describe('admin UI against a three-node Redis cluster', () => {
     await page.click('#tabs button[data-view=connections]');
     await page.fill('#user-input', 'alice');
     await page.click('#user-search');
-    await page.waitForFunction(() => !(document.querySelector('#disconnect-user') as HTMLButtonElement).disabled);
+    // Node 1 asks the other nodes through the broker: both of alice's connections, on node 2.
+    await page.waitForFunction(() => document.querySelectorAll('#user-clients tbody tr').length === 2);
+    expect(
+      await page.$$eval('#user-clients tbody tr', (rows) => rows.map((r) => (r as HTMLElement).dataset.node)),
+    ).toEqual(['admin-n2', 'admin-n2']);
+    expect(await page.textContent('#user-note')).toBe('2 connection(s) on 3 node(s).');
     await page.click('#disconnect-user');
     await page.waitForFunction(() => document.querySelector('#disconnect-result')?.textContent?.includes('alice'));
     await waitFor(() => alice.every((c) => c.state === 'disconnected'), "alice's connections closed");

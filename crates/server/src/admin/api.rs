@@ -47,7 +47,7 @@ pub async fn dispatch(
         (Method::GET, "overview") => Ok(overview(&app, admin)),
         (Method::GET, "channels") => Ok(channels(&app, admin, &query)),
         (Method::GET, "channel") => channel(&app, admin, &query).await,
-        (Method::GET, "connections") => connections(&app, &query),
+        (Method::GET, "connections") => connections(&app, admin, &query).await,
         (Method::GET, "config") => Ok(config(&app)),
         (Method::POST, "publish") => {
             let limit = app.ctx.config.limits.max_api_body_bytes;
@@ -178,15 +178,14 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
     }))
 }
 
-/// A user's connections on the node that answers (the hub's registry is per node); the
-/// disconnect action reaches every node.
-fn connections(app: &App, query: &HashMap<String, String>) -> ApiResult {
+/// A user's connections on every node (asked through the broker; takes about a second).
+async fn connections(app: &App, admin: &Admin, query: &HashMap<String, String>) -> ApiResult {
     let user = query.get("user").map(String::as_str).unwrap_or("");
-    let clients = app.ctx.hub.user_clients(user);
+    let found = admin.cluster.user_connections(&app.ctx.hub, user).await?;
     Ok(json!({
         "user": user,
-        "node": app.ctx.hub.node_name(),
-        "clients": clients,
+        "nodes": found.nodes,
+        "missing": found.missing,
     }))
 }
 

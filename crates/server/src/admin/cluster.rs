@@ -8,6 +8,11 @@
 //! exports: nothing is added to the publish or fan-out path), stores its snapshot as its presence
 //! entry in [`NODES_CHANNEL`], then reads the whole set back and records the cluster's totals.
 //!
+//! A user's connections are asked for the same way, since the hub's registry is per node: the
+//! asking node adds a question to [`ASK_CHANNEL`]; every node reads the questions at its next
+//! tick and answers with its own presence entry in the question's reply set, removed again after
+//! [`ANSWER_KEPT`]. The asker waits for every live node's answer, at most [`ASK_WAIT`].
+//!
 //! Staleness: a snapshot is at most [`EVERY`] old when written, and the reader's view is one
 //! more tick old at worst, so about 2 s. A node whose snapshot has not changed for [`FRESH`]
 //! (crashed, or cut off from the broker) is left out, measured on the reader's clock so that
@@ -24,6 +29,12 @@ use serde::{Deserialize, Serialize};
 /// The presence set holding one entry per node. `!` is outside the channel alphabet, so no
 /// client can subscribe to it or read it through the API.
 pub const NODES_CHANNEL: &str = "herald!admin:nodes";
+/// The presence set of open questions about a user's connections.
+pub const ASK_CHANNEL: &str = "herald!admin:ask";
+/// How long a node's answer stays in a reply set.
+pub const ANSWER_KEPT: Duration = Duration::from_secs(15);
+/// How long the asking node waits for the other nodes' answers.
+pub const ASK_WAIT: Duration = Duration::from_secs(3);
 /// How often a node writes its snapshot and samples the cluster.
 pub const EVERY: Duration = Duration::from_secs(1);
 /// A snapshot unchanged for this long belongs to a node that is gone.
@@ -85,6 +96,36 @@ pub struct Sample {
     pub publish_ms: f64,
 }
 
+/// A question about a user's connections.
+#[derive(Debug, Serialize, Deserialize)]
+struct Ask {
+    id: String,
+    user: String,
+    from: String,
+}
+
+/// One node's answer: the user's connections there.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Answer {
+    /// The node.
+    pub node: String,
+    /// Client ids of the user's connections on it.
+    pub clients: Vec<String>,
+}
+
+/// Every node's answer, and the live nodes that did not answer in time.
+#[derive(Debug, Serialize)]
+pub struct UserConnections {
+    /// Answers, this node's first.
+    pub nodes: Vec<Answer>,
+    /// Live nodes that did not answer within [`ASK_WAIT`].
+    pub missing: Vec<String>,
+}
+
+fn reply_channel(id: &str) -> String {
+    format!("herald!admin:reply:{id}")
+}
+
 /// Counters read at the previous tick, to turn totals into rates.
 #[derive(Default)]
 struct Previous {
@@ -103,6 +144,8 @@ pub struct Cluster {
     nodes: Mutex<HashMap<String, (NodeStats, Instant)>>,
     series: Mutex<VecDeque<Sample>>,
     previous: Mutex<Previous>,
+    /// Questions this node answered (id → when), so each is answered once.
+    answered: Mutex<HashMap<String, Instant>>,
 }
 
 impl Cluster {
@@ -121,6 +164,7 @@ impl Cluster {
             nodes: Mutex::default(),
             series: Mutex::new(VecDeque::with_capacity(SERIES_LEN)),
             previous: Mutex::default(),
+            answered: Mutex::default(),
         }
     }
 
@@ -155,6 +199,12 @@ impl Cluster {
                 Vec::new()
             }
         };
+        self.record(others, mine);
+        self.answer_asks(hub).await;
+    }
+
+    /// Keep the snapshots read from the broker (and this node's own), and sample the totals.
+    fn record(&self, others: Vec<ClientInfo>, mine: NodeStats) {
         let now = Instant::now();
         let mut nodes = self.nodes.lock().expect("nodes lock");
         for who in others {
@@ -196,6 +246,108 @@ impl Cluster {
             series.pop_front();
         }
         series.push_back(sample);
+    }
+
+    /// Answer the other nodes' open questions about a user's connections.
+    async fn answer_asks(&self, hub: &Hub) {
+        let broker = hub.broker();
+        let Ok(asks) = broker.presence(ASK_CHANNEL).await else {
+            return;
+        };
+        let me = hub.node_name().to_owned();
+        let new: Vec<Ask> = {
+            let mut answered = self.answered.lock().expect("answered lock");
+            answered.retain(|_, at| at.elapsed() < ANSWER_KEPT * 4);
+            asks.into_iter()
+                .filter_map(|who| serde_json::from_str::<Ask>(who.info?.get()).ok())
+                .filter(|ask| {
+                    ask.from != me && answered.insert(ask.id.clone(), Instant::now()).is_none()
+                })
+                .collect()
+        };
+        for ask in new {
+            let answer = Answer {
+                node: me.clone(),
+                clients: hub.user_clients(&ask.user),
+            };
+            let entry = ClientInfo {
+                user: String::new(),
+                client: me.clone(),
+                info: serde_json::value::to_raw_value(&answer).ok(),
+            };
+            let channel = reply_channel(&ask.id);
+            if broker.add_presence(&channel, &entry).await.is_err() {
+                continue;
+            }
+            let broker = broker.clone();
+            let me = me.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(ANSWER_KEPT).await;
+                let _ = broker.remove_presence(&channel, &me).await;
+            });
+        }
+    }
+
+    /// `user`'s connections on every live node: this node's from its registry, the others'
+    /// asked through the broker (answered within about a second, at most [`ASK_WAIT`]).
+    pub async fn user_connections(
+        &self,
+        hub: &Hub,
+        user: &str,
+    ) -> Result<UserConnections, herald_broker::BrokerError> {
+        let me = hub.node_name().to_owned();
+        let mut found = vec![Answer {
+            node: me.clone(),
+            clients: hub.user_clients(user),
+        }];
+        let mut waiting: Vec<String> = self
+            .nodes()
+            .into_iter()
+            .map(|n| n.name)
+            .filter(|n| *n != me)
+            .collect();
+        if waiting.is_empty() {
+            return Ok(UserConnections {
+                nodes: found,
+                missing: Vec::new(),
+            });
+        }
+        let broker = hub.broker();
+        let id = format!("{:032x}", rand::random::<u128>());
+        let ask = Ask {
+            id: id.clone(),
+            user: user.to_owned(),
+            from: me,
+        };
+        let entry = ClientInfo {
+            user: String::new(),
+            client: id.clone(),
+            info: serde_json::value::to_raw_value(&ask).ok(),
+        };
+        broker.add_presence(ASK_CHANNEL, &entry).await?;
+        let deadline = Instant::now() + ASK_WAIT;
+        while !waiting.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let Ok(answers) = broker.presence(&reply_channel(&id)).await else {
+                continue;
+            };
+            for answer in answers
+                .into_iter()
+                .filter_map(|who| serde_json::from_str::<Answer>(who.info?.get()).ok())
+            {
+                if let Some(i) = waiting.iter().position(|n| *n == answer.node) {
+                    waiting.swap_remove(i);
+                    found.push(answer);
+                }
+            }
+        }
+        let _ = broker.remove_presence(ASK_CHANNEL, &id).await;
+        found[1..].sort_by(|a, b| a.node.cmp(&b.node));
+        waiting.sort();
+        Ok(UserConnections {
+            nodes: found,
+            missing: waiting,
+        })
     }
 
     /// This node's snapshot from its counters (rates over the time since the last call).

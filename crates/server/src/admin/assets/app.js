@@ -269,16 +269,23 @@ $('#history-newer').addEventListener('click', () => {
 
 async function lookupUser(user) {
   state.user = user;
+  $('#user-note').textContent = 'asking every node…';
   const r = await call('GET', `/admin/api/connections?user=${encodeURIComponent(user)}`);
   const body = $('#user-clients tbody');
   body.replaceChildren();
-  for (const c of r.clients) {
-    const b = el('button', 'Disconnect', 'danger');
-    b.addEventListener('click', () => disconnect({ client: c }));
-    body.append(row([c, td(b)]));
+  let n = 0;
+  for (const answer of r.nodes) {
+    for (const c of answer.clients) {
+      const b = el('button', 'Disconnect', 'danger');
+      b.addEventListener('click', () => disconnect({ client: c }));
+      const tr = row([answer.node, c, td(b)]);
+      tr.dataset.node = answer.node;
+      body.append(tr);
+      n += 1;
+    }
   }
-  $('#user-note').textContent =
-    `${r.clients.length} connection(s) on node ${r.node} (the node you reached); the button below reaches every node.`;
+  const missing = r.missing.length ? ` No answer in time from: ${r.missing.join(', ')}.` : '';
+  $('#user-note').textContent = `${n} connection(s) on ${r.nodes.length} node(s).${missing}`;
   $('#disconnect-user').disabled = false;
 }
 
