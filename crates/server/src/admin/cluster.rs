@@ -141,7 +141,7 @@ struct Previous {
 pub struct Cluster {
     broker_kind: String,
     /// name → (snapshot, when this node last saw it change).
-    nodes: Mutex<HashMap<String, (NodeStats, Instant)>>,
+    nodes: Mutex<Snapshots>,
     series: Mutex<VecDeque<Sample>>,
     previous: Mutex<Previous>,
     /// Questions this node answered (id → when), so each is answered once.
@@ -191,47 +191,34 @@ impl Cluster {
             info: serde_json::value::to_raw_value(&mine).ok(),
         };
         mine.broker_ok = broker.add_presence(NODES_CHANNEL, &entry).await.is_ok();
-        let others = match broker.presence(NODES_CHANNEL).await {
-            Ok(all) => all,
+        let read = match broker.presence(NODES_CHANNEL).await {
+            Ok(all) => Some(all),
             Err(e) => {
                 tracing::debug!(cause = %e, "admin: reading the cluster's snapshots failed");
                 mine.broker_ok = false;
-                Vec::new()
+                None
             }
         };
-        self.record(others, mine);
+        self.record(read, mine);
         self.answer_asks(hub).await;
     }
 
-    /// Keep the snapshots read from the broker (and this node's own), and sample the totals.
-    fn record(&self, others: Vec<ClientInfo>, mine: NodeStats) {
+    /// Keep the snapshots read from the broker (`None`: the read failed) and this node's own,
+    /// and sample the totals.
+    fn record(&self, read: Option<Vec<ClientInfo>>, mine: NodeStats) {
         let now = Instant::now();
+        let read = read.map(|all| {
+            all.into_iter()
+                .filter_map(|who| serde_json::from_str::<NodeStats>(who.info?.get()).ok())
+                .collect()
+        });
         let mut nodes = self.nodes.lock().expect("nodes lock");
-        for who in others {
-            let Some(stats) = who
-                .info
-                .and_then(|raw| serde_json::from_str::<NodeStats>(raw.get()).ok())
-            else {
-                continue;
-            };
-            if stats.name == mine.name {
-                continue;
-            }
-            match nodes.get_mut(&stats.name) {
-                Some((old, seen)) => {
-                    if old.at_ms != stats.at_ms {
-                        *seen = now;
-                    }
-                    *old = stats;
-                }
-                None => {
-                    nodes.insert(stats.name.clone(), (stats, now));
-                }
-            }
-        }
-        nodes.insert(mine.name.clone(), (mine, now));
-        nodes.retain(|_, (_, seen)| now.duration_since(*seen) < FRESH);
-        let live: Vec<&NodeStats> = nodes.values().map(|(s, _)| s).collect();
+        merge(&mut nodes, read, mine, now);
+        let live: Vec<&NodeStats> = nodes
+            .values()
+            .filter(|(_, changed)| is_live(*changed, now))
+            .map(|(s, _)| s)
+            .collect();
         let sample = Sample {
             t: unix_ms(),
             nodes: live.len(),
@@ -415,7 +402,7 @@ impl Cluster {
         let nodes = self.nodes.lock().expect("nodes lock");
         let mut all: Vec<NodeStats> = nodes
             .values()
-            .filter(|(_, seen)| now.duration_since(*seen) < FRESH)
+            .filter(|(_, changed)| is_live(*changed, now))
             .map(|(s, _)| s.clone())
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -461,6 +448,36 @@ impl Cluster {
         all.truncate(limit);
         all
     }
+}
+
+/// Every node's snapshot as last read, with when this node saw it change (`None`: not yet).
+type Snapshots = HashMap<String, (NodeStats, Option<Instant>)>;
+
+/// Fold one read of the presence set into `nodes`. A snapshot counts as live while it keeps
+/// changing: one first read is not enough, since a dead node's entry stays in the broker until
+/// its presence TTL, and would otherwise show up after every restart of the reader. A failed
+/// read (`None`) keeps what was known, which goes stale after [`FRESH`].
+fn merge(nodes: &mut Snapshots, read: Option<Vec<NodeStats>>, mine: NodeStats, now: Instant) {
+    if let Some(read) = read {
+        let mut next = Snapshots::with_capacity(read.len() + 1);
+        for stats in read {
+            if stats.name == mine.name {
+                continue;
+            }
+            let changed = match nodes.get(&stats.name) {
+                Some((old, changed)) if old.at_ms == stats.at_ms => *changed,
+                Some(_) => Some(now),
+                None => None,
+            };
+            next.insert(stats.name.clone(), (stats, changed));
+        }
+        *nodes = next;
+    }
+    nodes.insert(mine.name.clone(), (mine, Some(now)));
+}
+
+fn is_live(changed: Option<Instant>, now: Instant) -> bool {
+    changed.is_some_and(|at| now.duration_since(at) < FRESH)
 }
 
 /// The `n` channels with the most subscribers.
@@ -529,6 +546,53 @@ mod tests {
             top_channels(all, 2),
             vec![("b".to_string(), 5), ("c".to_string(), 3)]
         );
+    }
+
+    fn stats(name: &str, at_ms: u64) -> NodeStats {
+        NodeStats {
+            name: name.into(),
+            at_ms,
+            ..NodeStats::default()
+        }
+    }
+
+    fn live(nodes: &Snapshots, now: Instant) -> Vec<String> {
+        let mut names: Vec<String> = nodes
+            .iter()
+            .filter(|(_, (_, c))| is_live(*c, now))
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_node_is_live_while_its_snapshot_changes() {
+        let mut nodes = Snapshots::new();
+        let t0 = Instant::now();
+        // First read: "b" is known but not yet live; "dead" never changes.
+        let read = vec![stats("b", 1), stats("dead", 7), stats("a", 1)];
+        merge(&mut nodes, Some(read), stats("a", 1), t0);
+        assert_eq!(live(&nodes, t0), ["a"]);
+        // "b" changed: live. "dead" did not.
+        let t1 = t0 + EVERY;
+        merge(
+            &mut nodes,
+            Some(vec![stats("b", 2), stats("dead", 7)]),
+            stats("a", 2),
+            t1,
+        );
+        assert_eq!(live(&nodes, t1), ["a", "b"]);
+        // A failed read keeps what was known until it is older than FRESH.
+        let t2 = t1 + EVERY;
+        merge(&mut nodes, None, stats("a", 3), t2);
+        assert_eq!(live(&nodes, t2), ["a", "b"]);
+        let t3 = t1 + FRESH;
+        merge(&mut nodes, None, stats("a", 4), t3);
+        assert_eq!(live(&nodes, t3), ["a"]);
+        // Gone from the broker: gone from the map.
+        merge(&mut nodes, Some(vec![]), stats("a", 5), t3);
+        assert_eq!(nodes.len(), 1);
     }
 
     #[test]
