@@ -1,6 +1,6 @@
 //! The admin UI (`/admin`): off by default, the password and its session, the CSRF token and
 //! the `Origin` check, the client API key kept out, and the cluster view over two real nodes on
-//! a real Redis.
+//! a real Redis and on a real NATS.
 
 mod common;
 
@@ -308,7 +308,17 @@ async fn state_changes_need_the_csrf_token_and_the_same_origin() {
     )
     .await;
     assert_eq!(status, 200, "{reply}");
-    // The session answer gives the token back to a reloaded page.
+    // The session answer (which holds the token) is refused to another origin …
+    let (status, _, _) = request(
+        &node,
+        "GET",
+        "/admin/session",
+        &[("Cookie", &cookie), ("Origin", "http://evil.example")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    // … and gives the token back to a reloaded page.
     let (_, _, session) =
         request(&node, "GET", "/admin/session", &[("Cookie", &cookie)], None).await;
     assert_eq!(session["csrf"], json!(csrf));
@@ -363,7 +373,17 @@ async fn outside_dev_admin_needs_a_password_and_not_the_api_key() {
 #[tokio::test]
 async fn the_cluster_view_covers_every_node_on_redis() {
     let redis = herald_testkit::redis::RedisServer::start();
-    let url = redis.url();
+    cluster_view_covers_every_node(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn the_cluster_view_covers_every_node_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    cluster_view_covers_every_node(&nats.url()).await;
+}
+
+async fn cluster_view_covers_every_node(url: &str) {
+    let url = url.to_owned();
     let a = admin_node(&[("HERALD_BROKER_URL", &url), ("HERALD_NODE_NAME", "node-a")]).await;
     let b = admin_node(&[("HERALD_BROKER_URL", &url), ("HERALD_NODE_NAME", "node-b")]).await;
     // Two clients on B, one on A, all in "room".

@@ -112,6 +112,9 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
             Err(e) => api_error(&e),
         },
         (&Method::GET, "/admin/session") => {
+            if let Err(e) = auth::same_origin(req.headers()) {
+                return with_page_headers(api_error(&e));
+            }
             let csrf = admin.auth.session_csrf(req.headers());
             json(
                 StatusCode::OK,
