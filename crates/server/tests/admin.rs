@@ -325,6 +325,37 @@ async fn state_changes_need_the_csrf_token_and_the_same_origin() {
 }
 
 #[tokio::test]
+async fn dev_without_a_password_opens_the_ui_but_keeps_csrf() {
+    let node = Node::dev().await;
+    let (_, _, session) = request(&node, "GET", "/admin/session", &[], None).await;
+    assert_eq!(session["password_required"], false, "{session}");
+    assert_eq!(session["logged_in"], false);
+    // Any password logs in (the page sends none) …
+    let (status, headers, reply) =
+        request(&node, "POST", "/admin/login", &[], Some(json!({}))).await;
+    assert_eq!(status, 200, "{reply}");
+    let cookie = header(&headers, "set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    // … but a session still needs its CSRF token to change anything, and no login means 401.
+    let publish = json!({"channel": "chat", "data": 1});
+    let (status, _, _) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &[("Cookie", &cookie)],
+        Some(publish.clone()),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _, _) = request(&node, "POST", "/admin/api/publish", &[], Some(publish)).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
 async fn outside_dev_admin_needs_a_password_and_not_the_api_key() {
     for (env, why) in [
         (
