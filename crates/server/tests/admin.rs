@@ -356,6 +356,49 @@ async fn dev_without_a_password_opens_the_ui_but_keeps_csrf() {
 }
 
 #[tokio::test]
+async fn channel_history_pages_go_backwards() {
+    let node = admin_node(&[]).await;
+    for n in 1..=5 {
+        node.publish("paged", json!({ "n": n })).await;
+    }
+    let admin = format!("Bearer {PASSWORD}");
+    let auth = [("Authorization", admin.as_str())];
+    let page = |query: String| {
+        let auth = auth;
+        let node = &node;
+        async move {
+            let (status, _, body) = request(
+                node,
+                "GET",
+                &format!("/admin/api/channel?name=paged&limit=2{query}"),
+                &auth,
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            let offsets: Vec<u64> = body["history"]["publications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["offset"].as_u64().unwrap())
+                .collect();
+            (
+                offsets,
+                body["history"]["epoch"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let (newest, epoch) = page(String::new()).await;
+    assert_eq!(newest, [4, 5]);
+    let (older, _) = page(format!("&before=4&epoch={epoch}")).await;
+    assert_eq!(older, [2, 3]);
+    let (oldest, _) = page(format!("&before=2&epoch={epoch}")).await;
+    assert_eq!(oldest, [1]);
+    let (none, _) = page(format!("&before=1&epoch={epoch}")).await;
+    assert!(none.is_empty());
+}
+
+#[tokio::test]
 async fn outside_dev_admin_needs_a_password_and_not_the_api_key() {
     for (env, why) in [
         (

@@ -199,3 +199,17 @@ describe('admin UI against a three-node Redis cluster', () => {
     expect(pageErrors).toEqual([]);
   });
 });
+
+describe('admin UI of a --dev node without a password', () => {
+  it('logs itself in', async () => {
+    const dev = await HeraldServer.start(inject('heraldBin'), { env: { HERALD_NODE_NAME: 'admin-dev' } });
+    try {
+      await page.goto(`${dev.http}/admin/`);
+      await page.waitForSelector('#view-overview', { state: 'visible' });
+      expect(await page.isVisible('#login')).toBe(false);
+      await page.waitForSelector('#nodes tbody tr[data-node="admin-dev"]');
+    } finally {
+      await dev.stop();
+    }
+  });
+});
