@@ -364,7 +364,6 @@ async fn channel_history_pages_go_backwards() {
     let admin = format!("Bearer {PASSWORD}");
     let auth = [("Authorization", admin.as_str())];
     let page = |query: String| {
-        let auth = auth;
         let node = &node;
         async move {
             let (status, _, body) = request(
