@@ -128,9 +128,8 @@ impl AdminAuth {
 
     /// A new session for a correct password: (session id, CSRF token).
     pub fn login(&self, given: &str) -> Option<(String, String)> {
-        let ok = self.open
-            || self.password.as_deref().is_some_and(|p| same(p, given))
-            || self.token.as_deref().is_some_and(|t| same(t, given));
+        // The token is for scripts (bearer only); a browser logs in with the password.
+        let ok = self.open || self.password.as_deref().is_some_and(|p| same(p, given));
         if !ok {
             return None;
         }
@@ -303,6 +302,13 @@ mod tests {
     fn sessions_need_csrf_for_changes_and_api_key_never_works() {
         let a = auth();
         assert!(a.login("wrong").is_none());
+        let with_token = AdminConfig {
+            token: Some("tk".into()),
+            ..AdminConfig::default()
+        };
+        let t = AdminAuth::new(&with_token, false, None, false).unwrap();
+        assert!(t.login("tk").is_none(), "the token is not a login password");
+        assert!(t.login("").is_none());
         let (sid, csrf) = a.login("pw").unwrap();
         let mut h = HeaderMap::new();
         h.insert(
