@@ -4,12 +4,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use herald_broker::StreamOptions;
 
 /// The whole node configuration.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
     /// Address to listen on. `--dev` refuses anything but loopback.
@@ -102,6 +102,8 @@ pub struct Config {
     /// a PostgreSQL outbox, docs/consumers.md; Kafka topics, docs/consumers-kafka.md), read by
     /// the server as it is.
     pub consumers: Option<serde_json::Value>,
+    /// The admin web UI (`[admin]`; see docs/admin.md), read by the server as it is.
+    pub admin: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -144,6 +146,7 @@ impl Default for Config {
             proxy: ProxyConfig::default(),
             pusher: None,
             consumers: None,
+            admin: None,
         }
     }
 }
@@ -209,7 +212,7 @@ impl Config {
 }
 
 /// Limits that protect the node from bad or greedy clients. Each has a sane default.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest WebSocket message a client may send; larger closes with 4503.
@@ -274,7 +277,7 @@ impl Default for Limits {
 }
 
 /// Who may subscribe to a namespace's channels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SubscribePolicy {
     /// Anyone connected, anonymous included.
@@ -286,7 +289,7 @@ pub enum SubscribePolicy {
 }
 
 /// Per-namespace rules: permissions, history and presence.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NamespaceConfig {
     /// Channel prefix before `:` (ignored for the default namespace).
@@ -346,7 +349,7 @@ impl NamespaceConfig {
 
 /// The proxy hooks: URLs of the application's backend and what is forwarded to it. A hook whose
 /// URL is empty is off.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProxyConfig {
     /// Called by `connect` without a token (or every `connect` with `connect_always`).

@@ -368,6 +368,15 @@ impl Hub {
             .len()
     }
 
+    /// The client ids of `user`'s connections on this node (for the admin UI; not on a hot path).
+    pub fn user_clients(&self, user: &str) -> Vec<String> {
+        let reg = self.shared.registry.lock().expect("registry lock");
+        reg.users
+            .get(user)
+            .map(|list| list.iter().map(|c| c.to_string()).collect())
+            .unwrap_or_default()
+    }
+
     // ---- subscriptions ----------------------------------------------------------------------
 
     /// First half of a subscription: add the connection as a pending subscriber, make sure the

@@ -47,6 +47,11 @@ impl ApiError {
         }
     }
 
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
     /// What went wrong.
     pub fn error_code(&self) -> ErrorCode {
         self.code
@@ -232,7 +237,10 @@ fn authorize(app: &App, req: &Request<Incoming>) -> Result<(), ApiError> {
     }
 }
 
-async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<T, ApiError> {
+pub(crate) async fn body<T: DeserializeOwned>(
+    app: &App,
+    req: Request<Incoming>,
+) -> Result<T, ApiError> {
     let bytes = raw_body(app, req, app.ctx.config.limits.max_api_body_bytes).await?;
     serde_json::from_slice(&bytes).map_err(|e| {
         ApiError::code(
@@ -243,7 +251,11 @@ async fn body<T: DeserializeOwned>(app: &App, req: Request<Incoming>) -> Result<
 }
 
 /// The request body, at most `limit` bytes (413 beyond), cut off if it trickles in.
-async fn raw_body(app: &App, req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn raw_body(
+    app: &App,
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let limits = &app.ctx.config.limits;
     // A body that trickles in is cut off like a slow handshake.
     let read = tokio::time::timeout(

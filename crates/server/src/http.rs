@@ -1,5 +1,5 @@
-//! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page, and the Pusher
-//! endpoints `/app/{key}` and `/apps/{id}/…`.
+//! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page, the admin UI
+//! (`/admin`), and the Pusher endpoints `/app/{key}` and `/apps/{id}/…`.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -45,6 +45,8 @@ pub struct App {
     pub emulated: crate::emulation::Sessions,
     /// Pusher apps (none configured: `/app/*` closes with 4001, `/apps/*` answers 404).
     pub pusher: crate::pusher::Apps,
+    /// The admin UI under `/admin` (`None`: off, the paths answer 404).
+    pub admin: Option<Arc<crate::admin::Admin>>,
 }
 
 impl App {
@@ -153,6 +155,7 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
         (_, p) if p.starts_with("/api/") => api::handle(app, req).await,
+        (_, p) if crate::admin::is_admin_path(p) => crate::admin::handle(app, req).await,
         (&Method::GET, p) if p.starts_with("/app/") => {
             let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
             if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {

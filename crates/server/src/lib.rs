@@ -8,6 +8,7 @@
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
 //! - [`http`]: request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page.
 //! - [`api`]: the HTTP API handlers.
+//! - [`admin`]: the admin web UI under `/admin` (embedded page, login, cluster-wide views).
 //! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
 //!   with one idempotency key (the API and the outbox and Kafka consumers share it).
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
@@ -28,6 +29,7 @@
 //! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
 //!   transactional outbox, Kafka topics; docs/consumers.md).
 
+pub mod admin;
 pub mod api;
 pub mod brokers;
 pub mod consumers;

@@ -125,6 +125,10 @@ pub async fn run(
         config: config.clone(),
         proxy,
     });
+    let admin = crate::admin::Admin::from_config(&config, api_key.as_deref())?.map(Arc::new);
+    if let Some(admin) = &admin {
+        admin.start(&hub);
+    }
     let (drain_tx, drain_rx) = watch::channel(false);
     // Consumers stop taking records when the node starts to drain.
     let consumers = crate::consumers::Consumers::start(&consumers, &ctx, &drain_rx)?;
@@ -143,12 +147,16 @@ pub async fn run(
         emulated_connections: AtomicUsize::new(0),
         emulated: crate::emulation::Sessions::default(),
         pusher,
+        admin: admin.clone(),
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };
     let ws_scheme = if tls.is_some() { "wss" } else { "ws" };
     println!("herald listening on {scheme}://{addr} (WebSocket {ws_scheme}://{addr}/ws)");
     tracing::info!(node = %config.node_name, broker = %redact_url(&config.broker_url), dev = config.dev, %addr, "herald started");
+    if admin.is_some() {
+        tracing::info!("admin UI: {scheme}://{addr}/admin/");
+    }
     if config.dev {
         tracing::info!(
             "try: curl -X POST {scheme}://{addr}/api/publish -d '{{\"channel\":\"chat\",\"data\":{{\"text\":\"hi\"}}}}'{}",

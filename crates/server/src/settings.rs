@@ -68,6 +68,7 @@ const ENV_KEYS: &[&str] = &[
     "nats",
     "proxy",
     "consumers",
+    "admin",
 ];
 
 /// Load and validate the configuration.

@@ -1,0 +1,350 @@
+// Herald admin UI: talks to /admin/api/* with the session cookie and echoes the CSRF token
+// that the login returned on every state-changing call. Polls the cluster overview once a
+// second. No framework, no build step: this file is served as it is (see docs/admin.md).
+const $ = (sel) => document.querySelector(sel);
+const state = { csrf: null, view: 'overview', channel: null, history: null, user: null, timer: null };
+
+async function call(method, path, body) {
+  const headers = {};
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  if (method !== 'GET' && state.csrf) headers['X-Herald-CSRF'] = state.csrf;
+  const r = await fetch(path, {
+    method,
+    headers,
+    body: body === undefined ? undefined : JSON.stringify(body),
+    credentials: 'same-origin',
+  });
+  const text = await r.text();
+  let data = {};
+  try {
+    data = text ? JSON.parse(text) : {};
+  } catch {
+    data = { error: { message: text } };
+  }
+  if (r.status === 401 && path !== '/admin/login') {
+    showLogin();
+  }
+  if (!r.ok) {
+    const e = new Error(data.error ? data.error.message : `HTTP ${r.status}`);
+    e.status = r.status;
+    throw e;
+  }
+  return data;
+}
+
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+
+function row(cells) {
+  const tr = document.createElement('tr');
+  for (const c of cells) tr.append(c instanceof Node ? c : el('td', c));
+  return tr;
+}
+
+function td(child, cls) {
+  const cell = el('td', undefined, cls);
+  cell.append(child);
+  return cell;
+}
+
+function status(msg) {
+  $('#status').textContent = msg || '';
+}
+
+// ---- login ----------------------------------------------------------------------------------
+
+function showLogin() {
+  state.csrf = null;
+  clearInterval(state.timer);
+  state.timer = null;
+  $('#login').hidden = false;
+  $('#tabs').hidden = true;
+  $('#logout').hidden = true;
+  for (const v of document.querySelectorAll('.view')) v.hidden = true;
+}
+
+function showApp(csrf) {
+  state.csrf = csrf;
+  $('#login').hidden = true;
+  $('#tabs').hidden = false;
+  $('#logout').hidden = false;
+  show(state.view);
+  if (!state.timer) state.timer = setInterval(tick, 1000);
+  tick();
+}
+
+async function login(password) {
+  const r = await call('POST', '/admin/login', { password });
+  showApp(r.csrf);
+}
+
+$('#login-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  $('#login-error').textContent = '';
+  try {
+    await login($('#password').value);
+    $('#password').value = '';
+  } catch (e) {
+    $('#login-error').textContent = e.message;
+  }
+});
+
+$('#logout').addEventListener('click', async () => {
+  await call('POST', '/admin/logout').catch(() => {});
+  showLogin();
+});
+
+// ---- views ----------------------------------------------------------------------------------
+
+function show(view) {
+  state.view = view;
+  for (const b of document.querySelectorAll('#tabs button')) b.classList.toggle('active', b.dataset.view === view);
+  for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${view}`;
+  if (view === 'channels') loadChannels();
+  if (view === 'config') loadConfig();
+  if (view === 'channel' && state.channel) loadChannel(state.channel, null);
+}
+
+for (const b of document.querySelectorAll('#tabs button')) b.addEventListener('click', () => show(b.dataset.view));
+
+async function tick() {
+  if (!state.csrf) return;
+  // The channel list follows the cluster too (each node's snapshot is up to ~2 s old).
+  if (state.view === 'channels') return loadChannels();
+  if (state.view !== 'overview') return;
+  try {
+    const o = await call('GET', '/admin/api/overview');
+    renderNodes(o);
+    renderCharts(o.series);
+    status('');
+  } catch (e) {
+    status(`overview: ${e.message}`);
+  }
+}
+
+function fmtUptime(s) {
+  const d = Math.floor(s / 86400);
+  const h = Math.floor((s % 86400) / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  return d ? `${d}d ${h}h` : h ? `${h}h ${m}m` : `${m}m ${s % 60}s`;
+}
+
+function fmtBytes(b) {
+  return b >= 1 << 30 ? `${(b / (1 << 30)).toFixed(1)} GiB` : `${(b / (1 << 20)).toFixed(1)} MiB`;
+}
+
+function renderNodes(o) {
+  $('#node-label').textContent = `node ${o.node}`;
+  const body = $('#nodes tbody');
+  body.replaceChildren();
+  let conns = 0;
+  let subs = 0;
+  for (const n of o.nodes) {
+    conns += n.connections;
+    subs += n.subscriptions;
+    const tr = row([
+      el('td', n.name + (n.name === o.node ? ' (this node)' : '')),
+      n.version,
+      fmtUptime(n.uptime_s),
+      el('td', n.connections, 'connections'),
+      n.subscriptions,
+      n.channels,
+      n.publications_per_s,
+      n.deliveries_per_s,
+      `${n.cpu_percent.toFixed(1)} %`,
+      fmtBytes(n.rss_bytes),
+      el('td', `${n.broker} ${n.broker_ok ? 'ok' : 'unreachable'}`, n.broker_ok ? 'ok' : 'bad'),
+    ]);
+    tr.dataset.node = n.name;
+    body.append(tr);
+  }
+  $('#total-connections').textContent = conns;
+  $('#total-subscriptions').textContent = subs;
+  $('#nodes-note').textContent = `${o.nodes.length} node${o.nodes.length === 1 ? '' : 's'}`;
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+
+function renderCharts(series) {
+  for (const key of ['connections', 'publications_per_s', 'deliveries_per_s', 'publish_ms']) {
+    const svg = $(`#chart-${key}`);
+    const values = series.map((s) => s[key]);
+    const max = Math.max(1, ...values) * 1.1;
+    const w = 400;
+    const h = 120;
+    const n = 300; // samples kept by the server: five minutes at one a second
+    const points = values.map((v, i) => `${((n - values.length + i) / (n - 1)) * w},${h - (v / max) * h}`).join(' ');
+    svg.replaceChildren();
+    for (const f of [0.25, 0.5, 0.75]) {
+      const l = document.createElementNS(SVG, 'line');
+      l.setAttribute('x1', 0);
+      l.setAttribute('x2', w);
+      l.setAttribute('y1', h * f);
+      l.setAttribute('y2', h * f);
+      svg.append(l);
+    }
+    const line = document.createElementNS(SVG, 'polyline');
+    line.setAttribute('points', points);
+    svg.append(line);
+    const label = document.createElementNS(SVG, 'text');
+    label.setAttribute('x', 2);
+    label.setAttribute('y', 10);
+    label.textContent = `max ${(max / 1.1).toFixed(max < 10 ? 2 : 0)} · last 5 min`;
+    svg.append(label);
+    const last = values.length ? values[values.length - 1] : 0;
+    document.querySelector(`[data-last="${key}"]`).textContent = Number.isInteger(last) ? last : last.toFixed(2);
+  }
+}
+
+async function loadChannels() {
+  try {
+    const q = encodeURIComponent($('#channels-q').value.trim());
+    const r = await call('GET', `/admin/api/channels?limit=100&q=${q}`);
+    const body = $('#channels tbody');
+    body.replaceChildren();
+    for (const c of r.channels) {
+      const tr = row([c.channel, c.subscribers]);
+      tr.className = 'link';
+      tr.addEventListener('click', () => {
+        state.channel = c.channel;
+        $('#channel-name').value = c.channel;
+        show('channel');
+      });
+      body.append(tr);
+    }
+  } catch (e) {
+    status(`channels: ${e.message}`);
+  }
+}
+
+$('#channels-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  loadChannels();
+});
+
+async function loadChannel(name, before) {
+  try {
+    let path = `/admin/api/channel?name=${encodeURIComponent(name)}&limit=20`;
+    if (before && state.history) path += `&before=${before}&epoch=${encodeURIComponent(state.history.epoch)}`;
+    const r = await call('GET', path);
+    $('#channel-body').textContent = `${r.channel}: ${r.subscribers} subscriber(s) on all nodes`;
+    const pres = $('#presence tbody');
+    pres.replaceChildren();
+    if (!r.presence.available) pres.append(row(['presence is off in this namespace', '', '']));
+    for (const c of r.presence.clients) pres.append(row([c.client, c.user, c.info ? JSON.stringify(c.info) : '']));
+    const hist = $('#history tbody');
+    hist.replaceChildren();
+    if (!r.history.available) {
+      hist.append(row(['', 'this namespace keeps no history']));
+      state.history = null;
+    } else {
+      const pubs = r.history.publications.slice().reverse();
+      for (const p of pubs) hist.append(row([p.offset, td(JSON.stringify(p.data), 'data')]));
+      if (!pubs.length) hist.append(row(['', 'no publications here']));
+      const oldest = pubs.length ? pubs[pubs.length - 1].offset : 0;
+      state.history = { epoch: r.history.epoch, oldest };
+      $('#history-older').disabled = oldest <= 1;
+      $('#history-newer').disabled = !before;
+    }
+  } catch (e) {
+    $('#channel-body').textContent = e.message;
+  }
+}
+
+$('#channel-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  state.channel = $('#channel-name').value.trim();
+  if (state.channel) loadChannel(state.channel, null);
+});
+$('#history-older').addEventListener('click', () => {
+  if (state.channel && state.history) loadChannel(state.channel, state.history.oldest);
+});
+$('#history-newer').addEventListener('click', () => {
+  if (state.channel) loadChannel(state.channel, null);
+});
+
+async function lookupUser(user) {
+  state.user = user;
+  $('#user-note').textContent = 'asking every node…';
+  const r = await call('GET', `/admin/api/connections?user=${encodeURIComponent(user)}`);
+  const body = $('#user-clients tbody');
+  body.replaceChildren();
+  let n = 0;
+  for (const answer of r.nodes) {
+    for (const c of answer.clients) {
+      const b = el('button', 'Disconnect', 'danger');
+      b.addEventListener('click', () => disconnect({ client: c }));
+      const tr = row([answer.node, c, td(b)]);
+      tr.dataset.node = answer.node;
+      body.append(tr);
+      n += 1;
+    }
+  }
+  const missing = r.missing.length ? ` No answer in time from: ${r.missing.join(', ')}.` : '';
+  $('#user-note').textContent = `${n} connection(s) on ${r.nodes.length} node(s).${missing}`;
+  $('#disconnect-user').disabled = false;
+}
+
+async function disconnect(target) {
+  try {
+    await call('POST', '/admin/api/disconnect', target);
+    $('#disconnect-result').textContent =
+      `disconnected ${target.user !== undefined ? `user "${target.user}"` : `client ${target.client}`}`;
+    setTimeout(() => state.user !== null && lookupUser(state.user).catch(() => {}), 500);
+  } catch (e) {
+    $('#disconnect-result').textContent = `failed: ${e.message}`;
+  }
+}
+
+$('#user-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  lookupUser($('#user-input').value.trim()).catch((e) => status(e.message));
+});
+$('#disconnect-user').addEventListener('click', () => {
+  if (state.user !== null) disconnect({ user: state.user });
+});
+
+$('#publish-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  const out = $('#publish-result');
+  let data;
+  try {
+    data = JSON.parse($('#publish-data').value);
+  } catch (e) {
+    out.textContent = `data is not JSON: ${e.message}`;
+    return;
+  }
+  try {
+    const r = await call('POST', '/admin/api/publish', { channel: $('#publish-channel').value.trim(), data });
+    out.textContent = `published at offset ${r.offset} (epoch ${r.epoch})`;
+  } catch (e) {
+    out.textContent = `failed: ${e.message}`;
+  }
+});
+
+async function loadConfig() {
+  try {
+    $('#config').textContent = JSON.stringify(await call('GET', '/admin/api/config'), null, 2);
+  } catch (e) {
+    status(`config: ${e.message}`);
+  }
+}
+
+// ---- start ----------------------------------------------------------------------------------
+
+(async () => {
+  try {
+    const s = await call('GET', '/admin/session');
+    $('#node-label').textContent = `node ${s.node}`;
+    if (s.logged_in) showApp(s.csrf);
+    else if (!s.password_required) await login('');
+    else showLogin();
+  } catch (e) {
+    status(e.message);
+    showLogin();
+  }
+})();

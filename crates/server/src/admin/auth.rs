@@ -1,0 +1,352 @@
+//! Who may use the admin UI: `[admin]` settings, login sessions, CSRF tokens and the `Origin`
+//! check.
+//!
+//! A browser logs in with the admin password (`POST /admin/login`) and gets an HttpOnly,
+//! SameSite=Strict session cookie plus a CSRF token in the answer body; every state-changing call
+//! must echo that token in `X-Herald-CSRF`, so a page on another site cannot act with the cookie.
+//! Scripts send `Authorization: Bearer <password or token>` instead (no cookie, so no CSRF).
+//! The client API key is never compared here: it cannot reach the admin API. Any call that
+//! carries an `Origin` other than the node's own is refused.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use herald_protocol::ErrorCode;
+use hyper::header::{self, HeaderMap};
+use hyper::StatusCode;
+use serde::Deserialize;
+
+use crate::api::ApiError;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "herald_admin";
+/// The header a state-changing call echoes the CSRF token in.
+pub const CSRF_HEADER: &str = "x-herald-csrf";
+/// Sessions kept at most per node; the oldest is dropped beyond (bounds memory under a flood of
+/// logins).
+const MAX_SESSIONS: usize = 1000;
+
+/// `[admin]` as written in the config file or `HERALD_ADMIN__*`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Serve the UI under `/admin` (default: on in `--dev`, off otherwise).
+    pub enabled: Option<bool>,
+    /// The password of `POST /admin/login` (also accepted as a bearer token).
+    #[serde(deserialize_with = "lenient_string")]
+    pub password: Option<String>,
+    /// A bearer token for scripts (`Authorization: Bearer …`), besides the password.
+    #[serde(deserialize_with = "lenient_string")]
+    pub token: Option<String>,
+    /// How long a login lasts, in seconds (default 12 hours).
+    pub session_ttl_s: Option<u64>,
+}
+
+/// Numbers from the environment arrive as numbers; a password is text either way.
+fn lenient_string<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let v = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(match v {
+        None | Some(serde_json::Value::Null) => None,
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(other) => Some(other.to_string()),
+    })
+}
+
+impl AdminConfig {
+    /// Parse `[admin]` (absent: all defaults).
+    pub fn parse(raw: Option<&serde_json::Value>) -> anyhow::Result<AdminConfig> {
+        match raw {
+            None => Ok(AdminConfig::default()),
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| anyhow::anyhow!("invalid [admin] configuration: {e}")),
+        }
+    }
+}
+
+/// How a call was authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// A bearer token: a script, no CSRF needed.
+    Bearer,
+    /// A browser session that passed the CSRF check where one was needed.
+    Session,
+}
+
+struct Session {
+    csrf: String,
+    expires: Instant,
+}
+
+/// Credentials and the sessions logged in on this node.
+pub struct AdminAuth {
+    password: Option<String>,
+    token: Option<String>,
+    /// `--dev` without a password: any login succeeds (a dev node only answers loopback hosts).
+    open: bool,
+    session_ttl: Duration,
+    secure_cookie: bool,
+    sessions: Mutex<HashMap<String, Session>>,
+}
+
+impl AdminAuth {
+    /// Checks the settings: outside `--dev` a password or token is required, and neither may be
+    /// the client API key (which must never open the admin API).
+    pub fn new(
+        cfg: &AdminConfig,
+        dev: bool,
+        api_key: Option<&str>,
+        tls: bool,
+    ) -> anyhow::Result<AdminAuth> {
+        let nonempty = |s: &Option<String>| s.clone().filter(|s| !s.is_empty());
+        let password = nonempty(&cfg.password);
+        let token = nonempty(&cfg.token);
+        if password.is_none() && token.is_none() && !dev {
+            anyhow::bail!(
+                "[admin] is enabled without a password or token (set HERALD_ADMIN__PASSWORD)"
+            );
+        }
+        if let Some(key) = api_key {
+            if password.as_deref() == Some(key) || token.as_deref() == Some(key) {
+                anyhow::bail!("[admin] password and token must differ from api_key");
+            }
+        }
+        Ok(AdminAuth {
+            open: password.is_none() && token.is_none(),
+            password,
+            token,
+            session_ttl: Duration::from_secs(cfg.session_ttl_s.unwrap_or(12 * 3600).max(1)),
+            secure_cookie: tls,
+            sessions: Mutex::default(),
+        })
+    }
+
+    /// Whether a login needs a password (false only in `--dev` without one).
+    pub fn password_required(&self) -> bool {
+        !self.open
+    }
+
+    /// A new session for a correct password: (session id, CSRF token).
+    pub fn login(&self, given: &str) -> Option<(String, String)> {
+        // The token is for scripts (bearer only); a browser logs in with the password.
+        let ok = self.open || self.password.as_deref().is_some_and(|p| same(p, given));
+        if !ok {
+            return None;
+        }
+        let sid = random_token();
+        let csrf = random_token();
+        let mut sessions = self.sessions.lock().expect("sessions lock");
+        let now = Instant::now();
+        sessions.retain(|_, s| s.expires > now);
+        if sessions.len() >= MAX_SESSIONS {
+            if let Some(oldest) = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.expires)
+                .map(|(k, _)| k.clone())
+            {
+                sessions.remove(&oldest);
+            }
+        }
+        sessions.insert(
+            sid.clone(),
+            Session {
+                csrf: csrf.clone(),
+                expires: now + self.session_ttl,
+            },
+        );
+        Some((sid, csrf))
+    }
+
+    /// Forget the session of this request's cookie.
+    pub fn logout(&self, headers: &HeaderMap) {
+        if let Some(sid) = session_id(headers) {
+            self.sessions.lock().expect("sessions lock").remove(&sid);
+        }
+    }
+
+    /// The CSRF token of this request's session, if it is logged in.
+    pub fn session_csrf(&self, headers: &HeaderMap) -> Option<String> {
+        let sid = session_id(headers)?;
+        let sessions = self.sessions.lock().expect("sessions lock");
+        sessions
+            .get(&sid)
+            .filter(|s| s.expires > Instant::now())
+            .map(|s| s.csrf.clone())
+    }
+
+    /// `Set-Cookie` for a new session.
+    pub fn cookie(&self, sid: &str) -> String {
+        format!(
+            "{COOKIE}={sid}; Path=/admin; HttpOnly; SameSite=Strict; Max-Age={}{}",
+            self.session_ttl.as_secs(),
+            if self.secure_cookie { "; Secure" } else { "" }
+        )
+    }
+
+    /// `Set-Cookie` that clears the session cookie.
+    pub fn clear_cookie(&self) -> String {
+        format!("{COOKIE}=; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=0")
+    }
+
+    /// Authenticate an admin API call; `changes_state` calls from a browser session must carry
+    /// the session's CSRF token.
+    pub fn check(&self, headers: &HeaderMap, changes_state: bool) -> Result<Caller, ApiError> {
+        same_origin(headers)?;
+        if let Some(given) = bearer(headers) {
+            let ok = self.password.as_deref().is_some_and(|p| same(p, given))
+                || self.token.as_deref().is_some_and(|t| same(t, given));
+            return if ok {
+                Ok(Caller::Bearer)
+            } else {
+                Err(ApiError::code(
+                    ErrorCode::Unauthorized,
+                    "wrong admin token (the client API key does not open the admin API)",
+                ))
+            };
+        }
+        let Some(csrf) = self.session_csrf(headers) else {
+            return Err(ApiError::code(
+                ErrorCode::Unauthorized,
+                "log in first (POST /admin/login) or send Authorization: Bearer <admin token>",
+            ));
+        };
+        if changes_state {
+            let echoed = headers
+                .get(CSRF_HEADER)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            if !same(&csrf, echoed) {
+                return Err(ApiError::code(
+                    ErrorCode::PermissionDenied,
+                    "missing or wrong X-Herald-CSRF header",
+                ));
+            }
+        }
+        Ok(Caller::Session)
+    }
+}
+
+/// Refuse a call whose `Origin` is not this node's own (`Host`). Calls without `Origin`
+/// (scripts, same-origin GETs) pass; browsers always send it on POST.
+pub fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Ok(());
+    };
+    let origin = origin.to_str().unwrap_or("");
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let origin_host = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .unwrap_or("");
+    if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
+        Ok(())
+    } else {
+        Err(ApiError::with_status(
+            StatusCode::FORBIDDEN,
+            ErrorCode::PermissionDenied,
+            "cross-origin admin calls are refused",
+        ))
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+fn session_id(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+/// Constant-time comparison: these are secrets.
+fn same(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+fn random_token() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn auth() -> AdminAuth {
+        let cfg = AdminConfig {
+            password: Some("pw".into()),
+            ..AdminConfig::default()
+        };
+        AdminAuth::new(&cfg, false, Some("apikey"), false).unwrap()
+    }
+
+    #[test]
+    fn sessions_need_csrf_for_changes_and_api_key_never_works() {
+        let a = auth();
+        assert!(a.login("wrong").is_none());
+        let with_token = AdminConfig {
+            token: Some("tk".into()),
+            ..AdminConfig::default()
+        };
+        let t = AdminAuth::new(&with_token, false, None, false).unwrap();
+        assert!(t.login("tk").is_none(), "the token is not a login password");
+        assert!(t.login("").is_none());
+        let (sid, csrf) = a.login("pw").unwrap();
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_str(&format!("x=1; {COOKIE}={sid}")).unwrap(),
+        );
+        assert_eq!(a.check(&h, false).unwrap(), Caller::Session);
+        assert!(a.check(&h, true).is_err(), "no CSRF header");
+        h.insert(CSRF_HEADER, HeaderValue::from_str(&csrf).unwrap());
+        assert!(a.check(&h, true).is_ok());
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8000"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://evil.example"),
+        );
+        assert!(a.check(&h, true).is_err(), "other origin");
+        let mut k = HeaderMap::new();
+        k.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer apikey"),
+        );
+        assert!(a.check(&k, false).is_err(), "client API key");
+        k.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer pw"));
+        assert_eq!(a.check(&k, true).unwrap(), Caller::Bearer);
+    }
+
+    #[test]
+    fn a_password_is_required_outside_dev_and_must_not_be_the_api_key() {
+        let none = AdminConfig::default();
+        assert!(AdminAuth::new(&none, false, None, false).is_err());
+        assert!(AdminAuth::new(&none, true, None, false)
+            .unwrap()
+            .login("")
+            .is_some());
+        let same_as_key = AdminConfig {
+            password: Some("k".into()),
+            ..AdminConfig::default()
+        };
+        assert!(AdminAuth::new(&same_as_key, false, Some("k"), false).is_err());
+    }
+}

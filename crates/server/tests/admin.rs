@@ -1,0 +1,533 @@
+//! The admin UI (`/admin`): off by default, the password and its session, the CSRF token and
+//! the `Origin` check, the client API key kept out, and the cluster view over two real nodes on
+//! a real Redis and on a real NATS.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PASSWORD: &str = "admin-pw";
+
+/// A raw HTTP exchange with extra headers: status, response headers (lower-case names) and the
+/// body as JSON (or a string).
+async fn request(
+    node: &Node,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Vec<(String, String)>, Value) {
+    let mut stream = TcpStream::connect(node.addr).await.expect("connect");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let extra: String = headers
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}\r\n"))
+        .collect();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        node.addr,
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+        .await
+        .expect("timeout")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let value = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
+    (status, headers, value)
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+async fn admin_node(extra_env: &[(&str, &str)]) -> Node {
+    let mut env = vec![
+        ("HERALD_ADMIN__ENABLED", "true"),
+        ("HERALD_ADMIN__PASSWORD", PASSWORD),
+    ];
+    env.extend_from_slice(extra_env);
+    Node::start(&["--dev"], &env).await
+}
+
+/// Log in; returns the cookie pair (`herald_admin=…`) and the CSRF token.
+async fn login(node: &Node) -> (String, String) {
+    let (status, headers, body) = request(
+        node,
+        "POST",
+        "/admin/login",
+        &[],
+        Some(json!({ "password": PASSWORD })),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let cookie = header(&headers, "set-cookie").expect("set-cookie");
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    (pair, body["csrf"].as_str().expect("csrf").to_owned())
+}
+
+#[tokio::test]
+async fn admin_is_off_unless_enabled() {
+    // Not --dev and no [admin]: nothing under /admin.
+    let node = Node::start(&[], &[]).await;
+    let (status, _, _) = request(&node, "GET", "/admin/", &[], None).await;
+    assert_eq!(status, 404);
+    let (status, _, _) = request(
+        &node,
+        "GET",
+        "/admin/api/overview",
+        &[("Authorization", &format!("Bearer {API_KEY}"))],
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    // Enabled: the page is served from the binary.
+    let on = admin_node(&[]).await;
+    let (status, headers, body) = request(&on, "GET", "/admin/", &[], None).await;
+    assert_eq!(status, 200);
+    assert!(body.as_str().unwrap().contains("Herald admin"));
+    assert!(header(&headers, "content-security-policy").is_some());
+    let (status, _, _) = request(&on, "GET", "/admin/app.js", &[], None).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn bad_or_missing_credentials_are_refused() {
+    let node = admin_node(&[]).await;
+    for body in [
+        json!({"password": "wrong"}),
+        json!({}),
+        json!({"password": ""}),
+    ] {
+        let (status, headers, reply) =
+            request(&node, "POST", "/admin/login", &[], Some(body.clone())).await;
+        assert_eq!(status, 401, "{body} → {reply}");
+        assert_eq!(reply["error"]["code"], 101);
+        assert!(header(&headers, "set-cookie").is_none());
+    }
+    // No credentials, a made-up cookie, a wrong bearer token.
+    for headers in [
+        vec![],
+        vec![("Cookie", "herald_admin=0123456789abcdef")],
+        vec![("Authorization", "Bearer nope")],
+    ] {
+        let (status, _, _) = request(&node, "GET", "/admin/api/overview", &headers, None).await;
+        assert_eq!(status, 401, "{headers:?}");
+    }
+    // The right password: an HttpOnly, SameSite=Strict session cookie that opens the API.
+    let (status, headers, _) = request(
+        &node,
+        "POST",
+        "/admin/login",
+        &[],
+        Some(json!({"password": PASSWORD})),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let cookie = header(&headers, "set-cookie").unwrap();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"),
+        "{cookie}"
+    );
+    let (cookie, _) = login(&node).await;
+    let (status, _, body) = request(
+        &node,
+        "GET",
+        "/admin/api/overview",
+        &[("Cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["nodes"].is_array());
+    // Logged out, the same cookie no longer works.
+    request(&node, "POST", "/admin/logout", &[("Cookie", &cookie)], None).await;
+    let (status, _, _) = request(
+        &node,
+        "GET",
+        "/admin/api/overview",
+        &[("Cookie", &cookie)],
+        None,
+    )
+    .await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn the_client_api_key_does_not_reach_the_admin_api() {
+    let node = admin_node(&[]).await;
+    let key = format!("Bearer {API_KEY}");
+    // The key works on the client API …
+    let (status, _) = node.api("/api/info", None).await;
+    assert_eq!(status, 200);
+    // … and nowhere in the admin API, nor as a login password.
+    for (method, path, body) in [
+        ("GET", "/admin/api/overview", None),
+        ("GET", "/admin/api/config", None),
+        (
+            "POST",
+            "/admin/api/publish",
+            Some(json!({"channel": "chat", "data": 1})),
+        ),
+        (
+            "POST",
+            "/admin/api/disconnect",
+            Some(json!({"user": "alice"})),
+        ),
+    ] {
+        let (status, _, reply) =
+            request(&node, method, path, &[("Authorization", &key)], body).await;
+        assert_eq!(status, 401, "{method} {path}: {reply}");
+    }
+    let (status, _, _) = request(
+        &node,
+        "POST",
+        "/admin/login",
+        &[],
+        Some(json!({"password": API_KEY})),
+    )
+    .await;
+    assert_eq!(status, 401);
+    // The admin token works for scripts, without a CSRF token.
+    let admin = format!("Bearer {PASSWORD}");
+    let (status, _, reply) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &[("Authorization", &admin)],
+        Some(json!({"channel": "chat", "data": {"n": 1}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["offset"], 1);
+    // The configuration view masks secrets.
+    let (_, _, config) = request(
+        &node,
+        "GET",
+        "/admin/api/config",
+        &[("Authorization", &admin)],
+        None,
+    )
+    .await;
+    let text = config.to_string();
+    assert!(
+        !text.contains(PASSWORD) && !text.contains(API_KEY) && !text.contains(SECRET),
+        "{text}"
+    );
+    assert_eq!(config["admin"]["password"], "***");
+}
+
+#[tokio::test]
+async fn state_changes_need_the_csrf_token_and_the_same_origin() {
+    let node = admin_node(&[]).await;
+    let (cookie, csrf) = login(&node).await;
+    let publish = json!({"channel": "chat", "data": {"from": "admin"}});
+    let own_origin = format!("http://{}", node.addr);
+
+    // Cookie alone (what a cross-site form would send): refused.
+    let (status, _, reply) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &[("Cookie", &cookie)],
+        Some(publish.clone()),
+    )
+    .await;
+    assert_eq!(status, 403, "{reply}");
+    // A wrong token: refused.
+    let (status, _, _) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &[("Cookie", &cookie), ("X-Herald-CSRF", "0000")],
+        Some(publish.clone()),
+    )
+    .await;
+    assert_eq!(status, 403);
+    // The right token from another origin: refused, and so is a login from there.
+    for (path, body) in [
+        ("/admin/api/publish", publish.clone()),
+        ("/admin/login", json!({"password": PASSWORD})),
+    ] {
+        let (status, _, reply) = request(
+            &node,
+            "POST",
+            path,
+            &[
+                ("Cookie", &cookie),
+                ("X-Herald-CSRF", &csrf),
+                ("Origin", "http://evil.example"),
+            ],
+            Some(body),
+        )
+        .await;
+        assert_eq!(status, 403, "{path}: {reply}");
+    }
+    // Reads from another origin are refused too (the answers hold live data).
+    let (status, _, _) = request(
+        &node,
+        "GET",
+        "/admin/api/overview",
+        &[("Cookie", &cookie), ("Origin", "http://evil.example")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    // Token and own origin: published.
+    let (status, _, reply) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &[
+            ("Cookie", &cookie),
+            ("X-Herald-CSRF", &csrf),
+            ("Origin", &own_origin),
+        ],
+        Some(publish),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    // The session answer (which holds the token) is refused to another origin …
+    let (status, _, _) = request(
+        &node,
+        "GET",
+        "/admin/session",
+        &[("Cookie", &cookie), ("Origin", "http://evil.example")],
+        None,
+    )
+    .await;
+    assert_eq!(status, 403);
+    // … and gives the token back to a reloaded page.
+    let (_, _, session) =
+        request(&node, "GET", "/admin/session", &[("Cookie", &cookie)], None).await;
+    assert_eq!(session["csrf"], json!(csrf));
+}
+
+#[tokio::test]
+async fn dev_without_a_password_opens_the_ui_but_keeps_csrf() {
+    let node = Node::dev().await;
+    let (_, _, session) = request(&node, "GET", "/admin/session", &[], None).await;
+    assert_eq!(session["password_required"], false, "{session}");
+    assert_eq!(session["logged_in"], false);
+    // Any password logs in (the page sends none) …
+    let (status, headers, reply) =
+        request(&node, "POST", "/admin/login", &[], Some(json!({}))).await;
+    assert_eq!(status, 200, "{reply}");
+    let cookie = header(&headers, "set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    // … but a session still needs its CSRF token to change anything, and no login means 401.
+    let publish = json!({"channel": "chat", "data": 1});
+    let (status, _, _) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &[("Cookie", &cookie)],
+        Some(publish.clone()),
+    )
+    .await;
+    assert_eq!(status, 403);
+    let (status, _, _) = request(&node, "POST", "/admin/api/publish", &[], Some(publish)).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test]
+async fn channel_history_pages_go_backwards() {
+    let node = admin_node(&[]).await;
+    for n in 1..=5 {
+        node.publish("paged", json!({ "n": n })).await;
+    }
+    let admin = format!("Bearer {PASSWORD}");
+    let auth = [("Authorization", admin.as_str())];
+    let page = |query: String| {
+        let node = &node;
+        async move {
+            let (status, _, body) = request(
+                node,
+                "GET",
+                &format!("/admin/api/channel?name=paged&limit=2{query}"),
+                &auth,
+                None,
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            let offsets: Vec<u64> = body["history"]["publications"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["offset"].as_u64().unwrap())
+                .collect();
+            (
+                offsets,
+                body["history"]["epoch"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let (newest, epoch) = page(String::new()).await;
+    assert_eq!(newest, [4, 5]);
+    let (older, _) = page(format!("&before=4&epoch={epoch}")).await;
+    assert_eq!(older, [2, 3]);
+    let (oldest, _) = page(format!("&before=2&epoch={epoch}")).await;
+    assert_eq!(oldest, [1]);
+    let (none, _) = page(format!("&before=1&epoch={epoch}")).await;
+    assert!(none.is_empty());
+}
+
+#[tokio::test]
+async fn outside_dev_admin_needs_a_password_and_not_the_api_key() {
+    for (env, why) in [
+        (
+            vec![("HERALD_ADMIN__ENABLED", "true")],
+            "without a password",
+        ),
+        (
+            vec![
+                ("HERALD_ADMIN__ENABLED", "true"),
+                ("HERALD_ADMIN__PASSWORD", API_KEY),
+            ],
+            "with the API key as password",
+        ),
+    ] {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_herald"));
+        cmd.args(["serve", "--port", "0"]);
+        for (k, _) in std::env::vars() {
+            if k.starts_with("HERALD_") {
+                cmd.env_remove(k);
+            }
+        }
+        cmd.env("HERALD_API_KEY", API_KEY);
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > Duration::from_secs(10) {
+                let _ = child.kill();
+                panic!("herald started {why}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        assert!(!out.status.success(), "herald started {why}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("[admin]"), "{why}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn the_cluster_view_covers_every_node_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    cluster_view_covers_every_node(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn the_cluster_view_covers_every_node_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    cluster_view_covers_every_node(&nats.url()).await;
+}
+
+async fn cluster_view_covers_every_node(url: &str) {
+    let url = url.to_owned();
+    let a = admin_node(&[("HERALD_BROKER_URL", &url), ("HERALD_NODE_NAME", "node-a")]).await;
+    let b = admin_node(&[("HERALD_BROKER_URL", &url), ("HERALD_NODE_NAME", "node-b")]).await;
+    // Two clients on B, one on A, all in "room".
+    let _b1 = b.connected(&["room"]).await;
+    let _b2 = b.connected(&["room"]).await;
+    let _a1 = a.connected(&["room", "lobby"]).await;
+    let admin = format!("Bearer {PASSWORD}");
+    let auth = [("Authorization", admin.as_str())];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let overview = loop {
+        let (status, _, o) = request(&a, "GET", "/admin/api/overview", &auth, None).await;
+        assert_eq!(status, 200);
+        let conns = |name: &str| {
+            o["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["name"] == name)
+                .map(|n| n["connections"].clone())
+        };
+        if conns("node-a") == Some(json!(1)) && conns("node-b") == Some(json!(2)) {
+            break o;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node A never saw both nodes: {o}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(overview["node"], "node-a");
+    assert!(
+        overview["series"].as_array().unwrap().last().unwrap()["connections"] == 3 || {
+            // The sample is taken at the tick; a later one has the total.
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            let (_, _, o) = request(&a, "GET", "/admin/api/overview", &auth, None).await;
+            o["series"].as_array().unwrap().last().unwrap()["connections"] == 3
+        }
+    );
+    // The channel list sums subscribers over both nodes.
+    let (_, _, ch) = request(&a, "GET", "/admin/api/channels?q=roo", &auth, None).await;
+    assert_eq!(
+        ch["channels"],
+        json!([{"channel": "room", "subscribers": 3}]),
+        "{ch}"
+    );
+    // The channel view shows presence from both nodes.
+    let (_, _, room) = request(&a, "GET", "/admin/api/channel?name=room", &auth, None).await;
+    assert_eq!(
+        room["presence"]["clients"].as_array().unwrap().len(),
+        3,
+        "{room}"
+    );
+    assert_eq!(room["subscribers"], 3);
+    // A user's connections (here the anonymous user "") are asked of every node.
+    let (status, _, found) = request(&a, "GET", "/admin/api/connections?user=", &auth, None).await;
+    assert_eq!(status, 200, "{found}");
+    let per_node: Vec<(String, usize)> = found["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["node"].as_str().unwrap().to_owned(),
+                n["clients"].as_array().unwrap().len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        per_node,
+        [("node-a".to_owned(), 1), ("node-b".to_owned(), 2)],
+        "{found}"
+    );
+    assert_eq!(found["missing"], json!([]));
+}
