@@ -18,6 +18,8 @@
 //! - `LISTEN` on the table's channel (an insert trigger notifies the row's partition) wakes the
 //!   workers at once; they also poll every `poll_interval_ms`. Lost connections are reopened
 //!   with backoff.
+//! - Connections are plain, or TLS (rustls, the server's certificate verified) when the DSN
+//!   says `sslmode=require`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
