@@ -646,10 +646,11 @@ async fn drain(
                     retry.remove(&p);
                     more = true;
                 }
-                Batch::Drained => {
+                // Busy: the holder (another node) retries on its own; a retry time left here
+                // and past would wake this worker in a loop while the other holds it.
+                Batch::Drained | Batch::Busy => {
                     retry.remove(&p);
                 }
-                Batch::Busy => {}
                 Batch::Retry => {
                     let (at, backoff) = retry
                         .entry(p)
