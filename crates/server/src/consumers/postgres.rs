@@ -49,6 +49,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Default number of worker connections per consumer (fewer when there are fewer partitions).
 const DEFAULT_CONNECTIONS: u32 = 4;
+/// Failed channels named in a dead-letter row's error.
+const MAX_LISTED_FAILURES: usize = 10;
 /// Lag is measured this often at most (a `count(*)` over the table).
 const LAG_INTERVAL_MIN: Duration = Duration::from_secs(1);
 
@@ -771,18 +773,26 @@ async fn publish_row(
         Err(e) if e.is_retryable() => return Outcome::Retry(e.to_string()),
         Err(e) => return Outcome::Refused(e.to_string()),
     };
-    let failures: Vec<String> = done
+    let failed = done.failed(&cmd).count();
+    if failed == 0 {
+        return Outcome::Published;
+    }
+    // The first few failures tell what went wrong; a broadcast to 100,000 channels that all
+    // failed would otherwise write megabytes into one row.
+    let mut listed: Vec<String> = done
         .failed(&cmd)
+        .take(MAX_LISTED_FAILURES)
         .map(|(channel, e)| format!("{channel}: {e}"))
         .collect();
-    match failures.is_empty() {
-        true => Outcome::Published,
-        false if done.retryable() => Outcome::Retry(failures.join("; ")),
+    if failed > MAX_LISTED_FAILURES {
+        listed.push(format!("… and {} more", failed - MAX_LISTED_FAILURES));
+    }
+    let listed = listed.join("; ");
+    match done.retryable() {
+        true => Outcome::Retry(listed),
         false => Outcome::Refused(format!(
-            "{} of {} channels failed: {}",
-            failures.len(),
-            cmd.channels().len(),
-            failures.join("; ")
+            "{failed} of {} channels failed: {listed}",
+            cmd.channels().len()
         )),
     }
 }
