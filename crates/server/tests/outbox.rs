@@ -392,3 +392,46 @@ async fn rows_wait_for_a_broker_that_is_down_and_keep_their_order() {
     assert_eq!(ns, (0..30).collect::<Vec<i64>>());
     assert_eq!(count(&pg, "herald_outbox_dead"), 0);
 }
+
+/// (7) With `sslmode=require` the consumer speaks TLS to PostgreSQL and verifies the server's
+/// certificate: against the Mozilla roots it is refused and nothing is taken; against
+/// `ca_file` it is accepted, and every connection of the node is encrypted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumer_speaks_tls_when_the_dsn_requires_it() {
+    let (cert, key) = (
+        common::fixture("tls_cert.pem"),
+        common::fixture("tls_key.pem"),
+    );
+    let pg = PostgresServer::start_tls(std::path::Path::new(&cert), std::path::Path::new(&key));
+    create_outbox(&pg);
+    insert_rows(&pg, 1, 0, 5);
+    let dsn = format!("{} sslmode=require", pg.dsn());
+    let untrusted = config_file(
+        "herald.toml",
+        &format!("[consumers.postgres.main]\ndsn = \"{dsn}\"\npoll_interval_ms = 100\n"),
+    );
+    let node = Node::start(&["--dev", "--config", &untrusted], &[]).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(count(&pg, TABLE), 5, "an unverified server is not used");
+    drop(node);
+    let trusted = config_file(
+        "herald.toml",
+        &format!(
+            "[consumers.postgres.main]\ndsn = \"{dsn}\"\nca_file = \"{cert}\"\npoll_interval_ms = 100\n"
+        ),
+    );
+    let node = Node::start(&["--dev", "--config", &trusted], &[]).await;
+    let mut sub = subscriber(&node, 1).await;
+    insert_rows(&pg, 1, 5, 10);
+    let mut got = Received::default();
+    got.until(&mut sub, 10, Duration::from_secs(10)).await;
+    got.assert_exactly_once_in_order(1, 10);
+    let sessions = |ssl: bool| {
+        pg.psql(&format!(
+            "SELECT count(*) FROM pg_stat_ssl JOIN pg_stat_activity USING (pid) \
+             WHERE ssl = {ssl} AND application_name LIKE 'herald %'"
+        ))
+    };
+    assert_eq!(sessions(false), "0", "no plain connection");
+    assert_eq!(sessions(true), "2", "the listener and one worker, over TLS");
+}

@@ -13,6 +13,7 @@
 //! is given the temporary directory.
 
 use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -90,6 +91,7 @@ fn run_as() -> Option<(u32, u32)> {
 /// One PostgreSQL server on 127.0.0.1 (user `postgres`, trust authentication), stopped on drop.
 pub struct PostgresServer {
     port: u16,
+    tls: bool,
     bin: PathBuf,
     run_as: Option<(u32, u32)>,
     dir: TempDir,
@@ -99,6 +101,16 @@ pub struct PostgresServer {
 impl PostgresServer {
     /// Create a cluster and start it.
     pub fn start() -> Self {
+        Self::start_with_tls(None)
+    }
+
+    /// Create a cluster and start it with TLS (`ssl = on`) on this PEM certificate and key;
+    /// clients may still connect without TLS.
+    pub fn start_tls(cert: &Path, key: &Path) -> Self {
+        Self::start_with_tls(Some((cert, key)))
+    }
+
+    fn start_with_tls(tls: Option<(&Path, &Path)>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("herald-postgres-")
             .tempdir()
@@ -126,8 +138,22 @@ impl PostgresServer {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if let Some((cert, key)) = tls {
+            // The server reads them from its data directory, and refuses a key others can read.
+            let data = dir.path().join("data");
+            for (from, to) in [(cert, "server.crt"), (key, "server.key")] {
+                let to = data.join(to);
+                std::fs::copy(from, &to).expect("copy the TLS files");
+                std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600))
+                    .expect("chmod");
+                if let Some((uid, gid)) = run_as {
+                    std::os::unix::fs::chown(&to, Some(uid), Some(gid)).expect("chown");
+                }
+            }
+        }
         let mut server = PostgresServer {
             port: 0,
+            tls: tls.is_some(),
             bin,
             run_as,
             dir,
@@ -159,6 +185,9 @@ impl PostgresServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);
+        if self.tls {
+            cmd.args(["-c", "ssl=on"]);
+        }
         if let Some((uid, gid)) = self.run_as {
             cmd.uid(uid).gid(gid);
         }

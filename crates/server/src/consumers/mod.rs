@@ -171,6 +171,9 @@ mod tests {
         ));
         assert!(refused(r#"{"postgres": {"a": {"table": "t"}}}"#));
         assert!(refused(r#"{"rabbit": {}}"#));
+        assert!(refused(
+            r#"{"postgres": {"a": {"dsn": "host=h", "ca_file": "/no/such/ca.pem"}}}"#
+        ));
         assert!(!refused(r#"{"postgres": {"a": {"dsn": "host=h"}}}"#));
     }
 

@@ -18,8 +18,11 @@
 //! - `LISTEN` on the table's channel (an insert trigger notifies the row's partition) wakes the
 //!   workers at once; they also poll every `poll_interval_ms`. Lost connections are reopened
 //!   with backoff.
+//! - Connections are plain, or TLS (rustls, the server's certificate verified) when the DSN
+//!   says `sslmode=require`.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +32,12 @@ use futures_util::StreamExt;
 use herald_core::metrics::{consumer_labels, ConsumerLabels};
 use herald_core::NodeContext;
 use serde::Deserialize;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client, NoTls, Statement};
+use tokio_postgres::config::SslMode;
+use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Socket, Statement};
 
 use crate::publishing::{self, Command};
 
@@ -44,6 +49,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Default number of worker connections per consumer (fewer when there are fewer partitions).
 const DEFAULT_CONNECTIONS: u32 = 4;
+/// Failed channels named in a dead-letter row's error.
+const MAX_LISTED_FAILURES: usize = 10;
 /// Lag is measured this often at most (a `count(*)` over the table).
 const LAG_INTERVAL_MIN: Duration = Duration::from_secs(1);
 
@@ -67,6 +74,9 @@ pub struct PostgresConsumerConfig {
     pub create_table: bool,
     /// Worker connections on this node (0: one per partition, at most 4).
     pub connections: u32,
+    /// PEM certificates to verify the server's TLS certificate with (default: the Mozilla
+    /// roots). TLS is used when the DSN says `sslmode=require`.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for PostgresConsumerConfig {
@@ -79,6 +89,7 @@ impl Default for PostgresConsumerConfig {
             poll_interval_ms: 1000,
             create_table: false,
             connections: 0,
+            ca_file: None,
         }
     }
 }
@@ -91,6 +102,9 @@ impl PostgresConsumerConfig {
         }
         // The DSN may hold a password: the parser's message only, never the text.
         tokio_postgres::Config::from_str(&self.dsn).context("dsn does not parse")?;
+        if let Some(ca) = &self.ca_file {
+            tls::client_config(Some(ca))?;
+        }
         TableNames::new(&self.table)?;
         if !(1..=4096).contains(&self.partitions) {
             bail!("partitions must be within 1–4096");
@@ -203,6 +217,8 @@ struct Shared {
     name: String,
     config: PostgresConsumerConfig,
     pg: tokio_postgres::Config,
+    /// Set when the DSN says `sslmode=require`.
+    tls: Option<tls::MakeRustls>,
     names: TableNames,
     /// The first key of the partitions' advisory locks, `hashtext(lock_space)` in SQL; the
     /// partition is the second.
@@ -234,16 +250,59 @@ impl Shared {
         *self.stop.borrow()
     }
 
-    async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
-        let (client, connection) = self.pg.connect(NoTls).await?;
-        let name = self.name.clone();
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(consumer = %name, cause = %e, "PostgreSQL connection ended");
+    /// A connection whose messages a task of its own reads; notifications, when `notified` is
+    /// given, go there.
+    async fn connect_with(
+        &self,
+        notified: Option<mpsc::UnboundedSender<String>>,
+    ) -> Result<(Client, AbortOnDrop), tokio_postgres::Error> {
+        match &self.tls {
+            None => {
+                let (client, connection) = self.pg.connect(NoTls).await?;
+                Ok((client, drive(connection, notified, self.name.clone())))
             }
-        });
+            Some(tls) => {
+                let (client, connection) = self.pg.connect(tls.clone()).await?;
+                Ok((client, drive(connection, notified, self.name.clone())))
+            }
+        }
+    }
+
+    /// A connection whose task ends with it (when the client is dropped).
+    async fn connect(&self) -> Result<Client, tokio_postgres::Error> {
+        let (client, task) = self.connect_with(None).await?;
+        task.detach();
         Ok(client)
     }
+}
+
+/// Read a connection's messages until it ends: this drives its queries, and hands its
+/// notifications to `notified`.
+fn drive<T>(
+    mut connection: Connection<Socket, T>,
+    notified: Option<mpsc::UnboundedSender<String>>,
+    name: String,
+) -> AbortOnDrop
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    AbortOnDrop(vec![tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(message) = messages.next().await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if let Some(tx) = &notified {
+                        let _ = tx.send(n.payload().to_owned());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(consumer = %name, cause = %e, "PostgreSQL connection ended");
+                    return;
+                }
+            }
+        }
+    })])
 }
 
 /// A PostgreSQL error with the server's message (`db error` alone says nothing).
@@ -256,6 +315,13 @@ fn describe(e: &tokio_postgres::Error) -> String {
 
 /// Aborts its tasks when dropped (the consumer's task was aborted on shutdown).
 struct AbortOnDrop(Vec<JoinHandle<()>>);
+
+impl AbortOnDrop {
+    /// Let the tasks run on by themselves.
+    fn detach(mut self) {
+        self.0.clear();
+    }
+}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -292,8 +358,21 @@ pub async fn run(
     pg.keepalives_idle(Duration::from_secs(10))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3);
+    let tls = match pg.get_ssl_mode() {
+        SslMode::Require => match tls::client_config(config.ca_file.as_deref()) {
+            Ok(c) => Some(tls::MakeRustls(c)),
+            Err(e) => {
+                tracing::error!(consumer = %name, cause = %format!("{e:#}"), "no TLS for PostgreSQL");
+                return;
+            }
+        },
+        // `prefer` (the default) stays plain: a server with a certificate nobody configured a
+        // root for (Debian's self-signed default) keeps working as before.
+        _ => None,
+    };
     let workers = config.worker_count();
     let shared = Arc::new(Shared {
+        tls,
         labels: consumer_labels(KIND, &name),
         lock_space: format!("herald_outbox:{}", names.table),
         wake: (0..workers).map(|_| Notify::new()).collect(),
@@ -415,21 +494,9 @@ async fn listen_once(
     stop: &mut watch::Receiver<bool>,
     backoff: &mut Backoff,
 ) -> anyhow::Result<()> {
-    let (client, mut connection) = shared.pg.connect(NoTls).await?;
     let (notified, mut notifications) = mpsc::unbounded_channel();
-    // The connection object yields notifications only when polled for messages, so this task
-    // drives it; it ends (and the channel closes) when the connection does.
-    let driver = tokio::spawn(async move {
-        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
-        while let Some(Ok(message)) = messages.next().await {
-            if let AsyncMessage::Notification(n) = message {
-                if notified.send(n.payload().to_owned()).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let _driver = AbortOnDrop(vec![driver]);
+    // The channel closes when the connection's task ends with the connection.
+    let (client, _driver) = shared.connect_with(Some(notified)).await?;
     client
         .batch_execute(&format!("LISTEN \"{}\"", shared.names.table))
         .await?;
@@ -581,10 +648,11 @@ async fn drain(
                     retry.remove(&p);
                     more = true;
                 }
-                Batch::Drained => {
+                // Busy: the holder (another node) retries on its own; a retry time left here
+                // and past would wake this worker in a loop while the other holds it.
+                Batch::Drained | Batch::Busy => {
                     retry.remove(&p);
                 }
-                Batch::Busy => {}
                 Batch::Retry => {
                     let (at, backoff) = retry
                         .entry(p)
@@ -705,19 +773,153 @@ async fn publish_row(
         Err(e) if e.is_retryable() => return Outcome::Retry(e.to_string()),
         Err(e) => return Outcome::Refused(e.to_string()),
     };
-    let failures: Vec<String> = done
+    let failed = done.failed(&cmd).count();
+    if failed == 0 {
+        return Outcome::Published;
+    }
+    // The first few failures tell what went wrong; a broadcast to 100,000 channels that all
+    // failed would otherwise write megabytes into one row.
+    let mut listed: Vec<String> = done
         .failed(&cmd)
+        .take(MAX_LISTED_FAILURES)
         .map(|(channel, e)| format!("{channel}: {e}"))
         .collect();
-    match failures.is_empty() {
-        true => Outcome::Published,
-        false if done.retryable() => Outcome::Retry(failures.join("; ")),
+    if failed > MAX_LISTED_FAILURES {
+        listed.push(format!("… and {} more", failed - MAX_LISTED_FAILURES));
+    }
+    let listed = listed.join("; ");
+    match done.retryable() {
+        true => Outcome::Retry(listed),
         false => Outcome::Refused(format!(
-            "{} of {} channels failed: {}",
-            failures.len(),
-            cmd.channels().len(),
-            failures.join("; ")
+            "{failed} of {} channels failed: {listed}",
+            cmd.channels().len()
         )),
+    }
+}
+
+/// TLS to PostgreSQL with rustls (ring), verifying the server's certificate and name.
+mod tls {
+    use std::future::Future;
+    use std::io;
+    use std::path::Path;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context as TaskContext, Poll};
+
+    use anyhow::Context;
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, ServerName};
+    use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+    use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
+
+    /// The client side: `ca_file`'s certificates, or the Mozilla roots, as trust anchors.
+    pub(super) fn client_config(
+        ca_file: Option<&Path>,
+    ) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+        let mut roots = rustls::RootCertStore::empty();
+        match ca_file {
+            Some(path) => {
+                for cert in CertificateDer::pem_file_iter(path)
+                    .with_context(|| format!("reading ca_file {}", path.display()))?
+                {
+                    roots
+                        .add(cert.with_context(|| format!("a certificate in {}", path.display()))?)
+                        .context("ca_file")?;
+                }
+                anyhow::ensure!(!roots.is_empty(), "no certificate in {}", path.display());
+            }
+            None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .context("TLS versions")?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(Arc::new(config))
+    }
+
+    /// Makes a TLS connector per host.
+    #[derive(Clone)]
+    pub(super) struct MakeRustls(pub(super) Arc<rustls::ClientConfig>);
+
+    impl<S> MakeTlsConnect<S> for MakeRustls
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        type Stream = Stream<S>;
+        type TlsConnect = Connect;
+        type Error = io::Error;
+
+        fn make_tls_connect(&mut self, host: &str) -> io::Result<Connect> {
+            let name = ServerName::try_from(host.to_owned())
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            Ok(Connect {
+                config: self.0.clone(),
+                name,
+            })
+        }
+    }
+
+    /// The TLS handshake with one host.
+    pub(super) struct Connect {
+        config: Arc<rustls::ClientConfig>,
+        name: ServerName<'static>,
+    }
+
+    impl<S> TlsConnect<S> for Connect
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        type Stream = Stream<S>;
+        type Error = io::Error;
+        type Future = Pin<Box<dyn Future<Output = io::Result<Stream<S>>> + Send>>;
+
+        fn connect(self, stream: S) -> Self::Future {
+            let connector = tokio_rustls::TlsConnector::from(self.config);
+            Box::pin(async move { Ok(Stream(connector.connect(self.name, stream).await?)) })
+        }
+    }
+
+    /// A TLS stream to the server.
+    pub(super) struct Stream<S>(tokio_rustls::client::TlsStream<S>);
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<S> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            cx: &mut TaskContext<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_read(cx, buf)
+        }
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Stream<S> {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            cx: &mut TaskContext<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.0).poll_write(cx, buf)
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_flush(cx)
+        }
+
+        fn poll_shutdown(
+            mut self: Pin<&mut Self>,
+            cx: &mut TaskContext<'_>,
+        ) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.0).poll_shutdown(cx)
+        }
+    }
+
+    impl<S: AsyncRead + AsyncWrite + Unpin> TlsStream for Stream<S> {
+        // SCRAM without channel binding (tokio-postgres falls back to plain SCRAM-SHA-256).
+        fn channel_binding(&self) -> ChannelBinding {
+            ChannelBinding::none()
+        }
     }
 }
 
