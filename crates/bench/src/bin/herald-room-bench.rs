@@ -38,6 +38,10 @@ use tokio_websockets::{ClientBuilder, Message};
 enum Via {
     /// `POST /api/broadcast`.
     Api,
+    /// One row inserted (autocommit) into the PostgreSQL outbox table a node drains.
+    Outbox,
+    /// One record produced to the Kafka topic a node consumes.
+    Kafka,
 }
 
 #[derive(Debug, Parser)]
@@ -70,6 +74,18 @@ struct Cli {
     /// The way in.
     #[arg(long, value_enum, default_value_t = Via::Api)]
     via: Via,
+    /// PostgreSQL connection string (`--via outbox`).
+    #[arg(long, default_value = "host=127.0.0.1 user=postgres dbname=postgres")]
+    pg_dsn: String,
+    /// The outbox table (`--via outbox`).
+    #[arg(long, default_value = "herald_outbox")]
+    pg_table: String,
+    /// Kafka bootstrap brokers (`--via kafka`).
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    kafka_brokers: String,
+    /// The Kafka topic the node consumes (`--via kafka`).
+    #[arg(long, default_value = "herald-rooms")]
+    kafka_topic: String,
     /// Connection handshakes in flight while connecting.
     #[arg(long, default_value_t = 200)]
     connect_concurrency: usize,
@@ -192,6 +208,7 @@ async fn run(cli: Cli) -> Result<()> {
     // Send the messages.
     let channels_json = serde_json::to_string(&(0..cli.k).map(channel).collect::<Vec<_>>())?;
     let mut api = Client::new(Target::parse(&cli.api)?, Some(&cli.api_key));
+    let way_in = WayIn::open(&cli).await?;
     let mut sent = Vec::new();
     let start = Instant::now();
     for m in 0..cli.messages {
@@ -218,6 +235,12 @@ async fn run(cli: Cli) -> Result<()> {
                     )),
                     Err(e) => Err(format!("request: {e}")),
                 }
+            }
+            Via::Outbox | Via::Kafka => {
+                let payload = format!(
+                    "{{\"channels\":{channels_json},\"data\":{data},\"idempotency_key\":\"{prefix}m{m}\"}}"
+                );
+                way_in.send(&payload).await
             }
         };
         let publish_ms = (now_ns() - t0) as f64 / 1e6;
@@ -299,6 +322,79 @@ async fn run(cli: Cli) -> Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&out)?)?;
     }
     Ok(())
+}
+
+/// The outbox's database connection or the Kafka producer, opened before the first message so
+/// that only the insert or the produce is timed.
+enum WayIn {
+    Api,
+    Outbox {
+        db: tokio_postgres::Client,
+        insert: String,
+    },
+    Kafka {
+        producer: rdkafka::producer::FutureProducer,
+        topic: String,
+    },
+}
+
+impl WayIn {
+    async fn open(cli: &Cli) -> Result<WayIn> {
+        Ok(match cli.via {
+            Via::Api => WayIn::Api,
+            Via::Outbox => {
+                let (db, conn) = tokio_postgres::connect(&cli.pg_dsn, tokio_postgres::NoTls)
+                    .await
+                    .context("connect to PostgreSQL (--pg-dsn)")?;
+                tokio::spawn(conn);
+                let insert = format!(
+                    "INSERT INTO {} (method, payload, partition) VALUES ('broadcast', $1::text::jsonb, 0)",
+                    cli.pg_table
+                );
+                WayIn::Outbox { db, insert }
+            }
+            Via::Kafka => {
+                let producer = rdkafka::ClientConfig::new()
+                    .set("bootstrap.servers", &cli.kafka_brokers)
+                    .set("enable.idempotence", "true")
+                    .set("linger.ms", "0")
+                    // A broadcast to 100,000 channels names them all: about 2 MB.
+                    .set("message.max.bytes", "16777216")
+                    .create()
+                    .context("Kafka producer (--kafka-brokers)")?;
+                WayIn::Kafka {
+                    producer,
+                    topic: cli.kafka_topic.clone(),
+                }
+            }
+        })
+    }
+
+    /// Write one broadcast (`payload` in the HTTP API's shape); returns once it is committed or
+    /// acknowledged.
+    async fn send(&self, payload: &str) -> std::result::Result<(), String> {
+        match self {
+            WayIn::Api => Err("the API is not sent through WayIn".into()),
+            WayIn::Outbox { db, insert } => db
+                .execute(insert.as_str(), &[&payload])
+                .await
+                .map(|_| ())
+                .map_err(|e| format!("insert: {e}")),
+            WayIn::Kafka { producer, topic } => {
+                let value = format!("{{\"method\":\"broadcast\",\"payload\":{payload}}}");
+                producer
+                    .send(
+                        rdkafka::producer::FutureRecord::<(), str>::to(topic)
+                            .partition(0)
+                            .payload(&value),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(|(e, _)| format!("produce: {e}"))
+            }
+        }
+    }
 }
 
 type Ws = tokio_websockets::WebSocketStream<tokio::net::TcpStream>;
