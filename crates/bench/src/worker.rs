@@ -409,7 +409,7 @@ type Ws = WebSocketStream<TcpStream>;
 /// as the WebSocket protocol's lines, so both go through the same accounting.
 enum Conn {
     Ws(Ws),
-    Sse(Box<SseConn>),
+    Sse(SseConn),
 }
 
 /// What [`Conn::recv`] got.
@@ -814,7 +814,7 @@ async fn sse_subscribe(
                 let (epoch, offset) =
                     sse::position(id).ok_or_else(|| format!("bad sse event id {id:?}"))?;
                 return Ok((
-                    Conn::Sse(Box::new(conn)),
+                    Conn::Sse(conn),
                     Reply {
                         epoch,
                         offset,

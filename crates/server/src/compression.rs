@@ -88,11 +88,13 @@ fn accept_params<'a>(params: impl Iterator<Item = &'a str>) -> Option<&'static s
     })
 }
 
+/// Recently compressed shared frames: (the frame, its deflated bytes), and the slot to fill next.
+/// Holding the frame keeps its allocation alive, so an equal pointer and length mean the same
+/// bytes.
+type Cache = (usize, [Option<(Bytes, Bytes)>; CACHE_SLOTS]);
+
 thread_local! {
-    /// Recently compressed shared frames: (the frame, its deflated bytes). Holding the frame
-    /// keeps its allocation alive, so an equal pointer and length mean the same bytes.
-    static CACHE: RefCell<(usize, [Option<(Bytes, Bytes)>; CACHE_SLOTS])> =
-        const { RefCell::new((0, [const { None }; CACHE_SLOTS])) };
+    static CACHE: RefCell<Cache> = const { RefCell::new((0, [const { None }; CACHE_SLOTS])) };
 }
 
 /// A text message for `frame`: compressed when `compress` (the connection negotiated it) and the
