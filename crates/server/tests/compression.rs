@@ -1,7 +1,8 @@
 //! WebSocket compression (permessage-deflate, RFC 7692) against the real binary, on the wire:
 //! the handshake is written by hand and frames are built and read byte by byte, compressed with
 //! flate2 here, so the test does not lean on the server's own (vendored) codec to agree with
-//! itself. clients/js/test/integration/compression.test.ts checks the same with Node's `ws`.
+//! itself. clients/js/test/integration/compression.test.ts checks the same with Node's `ws`, and
+//! clients/js/test/browser/compression.test.ts with Chromium's WebSocket.
 
 mod common;
 
