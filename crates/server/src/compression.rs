@@ -26,7 +26,8 @@ pub(crate) const ACCEPTED: &str =
 pub(crate) const MIN_BYTES: usize = 128;
 
 /// Frames remembered per thread. A fan-out writes one frame to many connections in a row, so a
-/// handful covers publications to a few channels interleaved.
+/// handful covers publications to a few channels interleaved. Each slot keeps its frame (and the
+/// compressed copy) alive until four later frames push it out: a bounded few per thread.
 const CACHE_SLOTS: usize = 4;
 
 /// Whether the request offers permessage-deflate with parameters Herald can honour; the answer
