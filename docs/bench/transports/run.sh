@@ -30,3 +30,7 @@ run idle-5k-ws-plain  idle -n 5000 -d 10
 run idle-5k-ws-deflate idle -n 5000 -d 10 --compression
 run broadcast-2k-1k-plain   broadcast -n 2000 -r 10 -d 20 --payload 1024
 run broadcast-2k-1k-deflate broadcast -n 2000 -r 10 -d 20 --payload 1024 --compression
+# Worst case for compression: every publication goes to one connection (2,000 channels of one
+# subscriber), so nothing is shared and every frame is compressed for its connection alone.
+run broadcast-2kch-1k-plain   broadcast -n 2000 -c 2000 -r 2000 -d 20 --payload 1024
+run broadcast-2kch-1k-deflate broadcast -n 2000 -c 2000 -r 2000 -d 20 --payload 1024 --compression
