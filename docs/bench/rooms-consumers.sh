@@ -41,6 +41,13 @@ sleep 3
 for k in $KS; do
   per=$(( (k + 9999) / 10000 ))   # at most 10,000 connections: several channels each beyond that
   for via in $VIAS; do
+    # A run's 10,000 connections leave 10,000 ports in TIME_WAIT for 60 s; explicitly bound
+    # ports are then unavailable to every new outgoing connection (the API client's, the
+    # database's), so the next run waits for them to clear.
+    for _ in $(seq 70); do
+      [ "$(ss -tan state time-wait | wc -l)" -lt 5000 ] && break
+      sleep 1
+    done
     echo "== $via K=$k ($per channels per connection)" >&2
     $P "$T/herald-room-bench" -k "$k" --per-connection "$per" --messages "$MESSAGES" --via "$via" \
       --pg-dsn "$DSN" --kafka-brokers "$KAFKA" --kafka-topic herald-rooms \

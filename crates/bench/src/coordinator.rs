@@ -679,6 +679,7 @@ fn add_counters(a: &mut Counters, b: &Counters) {
     a.leaves += b.leaves;
     a.error_replies += b.error_replies;
     a.parse_errors += b.parse_errors;
+    a.compressed += b.compressed;
     a.deliveries += b.deliveries;
 }
 

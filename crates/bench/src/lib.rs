@@ -14,6 +14,7 @@
 //! - [`accounting`]: offsets → delivered, duplicates, gaps, out-of-order.
 //! - [`hist`]: HDR histograms: common bounds, wire encoding, merging, percentiles.
 //! - [`wire`]: the part of the Herald protocol the clients speak.
+//! - [`sse`]: `--transport sse`: the SSE client, its events turned into protocol lines.
 //! - [`http`]: a minimal HTTP/1.1 keep-alive client.
 //! - [`sysstat`]: `/proc` sampling (RSS, CPU) and `/metrics` scrapes.
 //! - [`report`]: table, JSON and HTML/SVG output.
@@ -25,6 +26,7 @@ pub mod http;
 pub mod params;
 pub mod publisher;
 pub mod report;
+pub mod sse;
 pub mod sysstat;
 pub mod wire;
 pub mod worker;

@@ -6,7 +6,7 @@ use std::io::Write as _;
 use anyhow::{Context, Result};
 use clap::Parser;
 use herald_bench::coordinator::{self, Servers, WorkerInit};
-use herald_bench::params::{Params, Scenario};
+use herald_bench::params::{Params, Scenario, Transport};
 use herald_bench::{report, worker};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
@@ -57,6 +57,12 @@ fn main() -> Result<()> {
 }
 
 async fn coordinate(cli: Cli) -> Result<()> {
+    if cli.params.transport == Transport::Sse {
+        anyhow::ensure!(
+            matches!(cli.scenario, Scenario::Idle | Scenario::Broadcast) && !cli.params.pusher,
+            "--transport sse: idle and broadcast only, without --pusher"
+        );
+    }
     let mut runs = Vec::new();
     let base_workers = cli.params.worker_count();
     let plan: Vec<usize> = if cli.self_check {

@@ -41,6 +41,18 @@ impl Scenario {
     }
 }
 
+/// How clients reach the node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Transport {
+    /// WebSocket (`--ws` URLs).
+    #[default]
+    Ws,
+    /// Server-Sent Events (`GET /connection/sse` on the `--ws` URLs' host): receive only, for
+    /// `idle` and `broadcast`; the same accounting as WebSocket (docs/transports.md).
+    Sse,
+}
+
 /// Every knob of a run. Defaults are the documented ones in docs/benchmarks.md.
 #[derive(Debug, Clone, Args, Serialize, Deserialize)]
 pub struct Params {
@@ -119,6 +131,16 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub pusher: bool,
+    /// Transport the clients use: `ws` (WebSocket) or `sse` (Server-Sent Events, the same
+    /// node's `/connection/sse`; `idle` and `broadcast` only).
+    #[arg(long, value_enum, default_value_t = Transport::Ws)]
+    #[serde(default)]
+    pub transport: Transport,
+    /// WebSocket clients offer permessage-deflate (the node's `limits.compression` decides);
+    /// the run reports how many got it.
+    #[arg(long)]
+    #[serde(default)]
+    pub compression: bool,
 }
 
 impl Params {

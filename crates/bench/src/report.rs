@@ -42,8 +42,22 @@ pub fn table(r: &RunResult) -> String {
     if let Some(p) = p {
         let _ = writeln!(
             o,
-            "{:<26} channels={} rate={}/s duration={}s payload={}B ws={:?}",
-            "parameters", p.channels, p.rate, p.duration, p.payload, p.ws_urls
+            "{:<26} channels={} rate={}/s duration={}s payload={}B ws={:?} transport={}{}",
+            "parameters",
+            p.channels,
+            p.rate,
+            p.duration,
+            p.payload,
+            p.ws_urls,
+            match p.transport {
+                crate::params::Transport::Ws => "ws",
+                crate::params::Transport::Sse => "sse",
+            },
+            if p.compression {
+                " compression offered"
+            } else {
+                ""
+            }
         );
     }
     let _ = writeln!(
@@ -159,6 +173,13 @@ pub fn table(r: &RunResult) -> String {
             b.received
                 .map_or("n/a (metric not exposed)".into(), |v| format!("{v:.0}")),
             b.ideal
+        );
+    }
+    if p.is_some_and(|p| p.compression) {
+        let _ = writeln!(
+            o,
+            "{:<26} {} of {} connections negotiated permessage-deflate",
+            "compression", c.compressed, r.connected
         );
     }
     let _ = writeln!(

@@ -21,7 +21,8 @@ use tokio_websockets::{ClientBuilder, Message, WebSocketStream};
 
 use crate::accounting::{Delivery, Expected, Seen, SubAccount};
 use crate::hist::{self, new_hist};
-use crate::params::{place, Params, Scenario, Shard};
+use crate::params::{place, Params, Scenario, Shard, Transport};
+use crate::sse::{self, SseConn};
 use crate::wire::{self, Since};
 
 /// Nanoseconds since the UNIX epoch on the realtime clock: the one clock publisher and receivers
@@ -156,6 +157,9 @@ pub struct Counters {
     pub parse_errors: u64,
     /// Publications received, duplicates included.
     pub deliveries: u64,
+    /// WebSocket connections that negotiated permessage-deflate (`--compression`).
+    #[serde(default)]
+    pub compressed: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -401,6 +405,53 @@ enum Why {
 
 type Ws = WebSocketStream<TcpStream>;
 
+/// A client's connection: WebSocket, or (`--transport sse`) an SSE stream whose events come out
+/// as the WebSocket protocol's lines, so both go through the same accounting.
+enum Conn {
+    Ws(Ws),
+    Sse(SseConn),
+}
+
+/// What [`Conn::recv`] got.
+enum Got {
+    /// A WebSocket message (text or other).
+    Ws(Message),
+    /// One SSE event as a protocol line.
+    Sse(String),
+    /// The connection ended (close, reset, EOF).
+    Closed,
+}
+
+impl Conn {
+    /// The next message; cancel-safe (both readers keep what they read).
+    async fn recv(&mut self) -> Got {
+        match self {
+            Conn::Ws(ws) => match ws.next().await {
+                Some(Ok(m)) if !m.is_close() => Got::Ws(m),
+                _ => Got::Closed,
+            },
+            Conn::Sse(sse) => loop {
+                match sse.next_event().await {
+                    None => return Got::Closed,
+                    Some(ev) => {
+                        if let Some(line) = ev.as_line() {
+                            return Got::Sse(line);
+                        }
+                    }
+                }
+            },
+        }
+    }
+
+    /// Answer a ping: WebSocket clients send `pong`; an SSE stream has nothing to answer with.
+    async fn pong(&mut self, pong: &'static str) -> bool {
+        match self {
+            Conn::Ws(ws) => ws.send(Message::text(pong)).await.is_ok(),
+            Conn::Sse(_) => true,
+        }
+    }
+}
+
 /// One client: connect and subscribe, receive until told to stop, reconnect with `since` after a
 /// drop. Returns its channel and accounting.
 async fn client(ctx: Arc<Ctx>, i: usize) -> (String, Option<SubAccount>) {
@@ -467,6 +518,8 @@ struct Reply {
     publications: Vec<(u64, u64, u64)>,
     /// Messages that followed the reply in the same frame (the server batches).
     rest: Option<String>,
+    /// The WebSocket negotiated permessage-deflate.
+    compressed: bool,
 }
 
 fn on_subscribed(
@@ -479,6 +532,9 @@ fn on_subscribed(
 ) {
     let took_us = started.elapsed().as_micros() as u64;
     let mut s = ctx.shared();
+    if reply.compressed && why == Why::First {
+        s.counters.compressed += 1;
+    }
     match acct {
         None => {
             *acct = Some(SubAccount::new(reply.offset));
@@ -554,7 +610,7 @@ async fn connect_retrying(
     since: Option<&Since>,
     why: Why,
     ctl: &mut watch::Receiver<Control>,
-) -> Result<Option<(Ws, Reply)>, String> {
+) -> Result<Option<(Conn, Reply)>, String> {
     let give_up = Instant::now() + Duration::from_secs_f64(ctx.p.retry_for);
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -570,7 +626,7 @@ async fn connect_retrying(
         let timeout = Duration::from_secs_f64(ctx.p.connect_timeout);
         let res = match tokio::time::timeout(
             timeout,
-            connect_once(ctx.shard.source, addr, url, channel, since, ctx.p.pusher),
+            connect_once(ctx.shard.source, addr, url, channel, since, &ctx.p),
         )
         .await
         {
@@ -624,22 +680,43 @@ async fn connect_once(
     url: &str,
     channel: &str,
     since: Option<&Since>,
-    pusher: bool,
-) -> Result<(Ws, Reply), String> {
+    p: &Params,
+) -> Result<(Conn, Reply), String> {
     let sock = TcpSocket::new_v4().map_err(|e| io_kind(&e))?;
     sock.bind(SocketAddr::new(source.into(), 0))
         .map_err(|e| format!("bind {source}: {}", io_kind(&e)))?;
     let tcp = sock.connect(addr).await.map_err(|e| io_kind(&e))?;
     let _ = tcp.set_nodelay(true);
-    let builder = ClientBuilder::new()
+    if p.transport == Transport::Sse {
+        return sse_subscribe(tcp, url, channel, since).await;
+    }
+    let mut builder = ClientBuilder::new()
         .uri(url)
         .map_err(|e| format!("bad url: {e}"))?;
-    let (mut ws, _) = builder
+    if p.compression {
+        // No `client_max_window_bits`: this client always compresses with a 15-bit window.
+        builder = builder
+            .add_header(
+                http::header::SEC_WEBSOCKET_EXTENSIONS,
+                http::HeaderValue::from_static("permessage-deflate"),
+            )
+            .map_err(|e| format!("extension header: {e}"))?;
+    }
+    let (mut ws, response) = builder
         .connect_on(tcp)
         .await
         .map_err(|e| format!("websocket handshake: {e}"))?;
-    if pusher {
-        return pusher_subscribe(ws, channel, since).await;
+    let compressed = p.compression
+        && response
+            .headers()
+            .get(http::header::SEC_WEBSOCKET_EXTENSIONS)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("permessage-deflate"));
+    ws.set_compression(compressed);
+    if p.pusher {
+        let (ws, mut reply) = pusher_subscribe(ws, channel, since).await?;
+        reply.compressed = compressed;
+        return Ok((Conn::Ws(ws), reply));
     }
     ws.send(Message::text(wire::connect_cmd(&[(channel, since)])))
         .await
@@ -690,15 +767,66 @@ async fn connect_once(
                 .map(|p| (p.offset, p.data.t, p.data.s))
                 .collect();
             return Ok((
-                ws,
+                Conn::Ws(ws),
                 Reply {
                     epoch: sub.epoch,
                     offset: sub.offset,
                     recovered: sub.recovered,
                     publications,
                     rest,
+                    compressed,
                 },
             ));
+        }
+    }
+}
+
+/// `--transport sse`: open the stream and read up to the position the node sets before the
+/// first publication (the id-only block after `connected`), which stands for the `connect`
+/// reply's offset.
+async fn sse_subscribe(
+    tcp: TcpStream,
+    url: &str,
+    channel: &str,
+    since: Option<&Since>,
+) -> Result<(Conn, Reply), String> {
+    let mut conn = SseConn::open(tcp, &sse::endpoint(url), channel, since).await?;
+    let mut connected = false;
+    loop {
+        let Some(ev) = conn.next_event().await else {
+            return Err(match connected {
+                true => "sse closed before the position".into(),
+                false => "sse closed before connected".into(),
+            });
+        };
+        match (ev.event.as_deref(), &ev.id, &ev.data) {
+            (Some("connected"), _, _) => connected = true,
+            (Some("sub_error"), _, data) => {
+                return Err(format!(
+                    "subscribe error: {}",
+                    data.as_deref().unwrap_or("")
+                ))
+            }
+            (Some("disconnect"), _, data) => {
+                return Err(format!("sse disconnect: {}", data.as_deref().unwrap_or("")))
+            }
+            (None, Some(id), None) if connected => {
+                let (epoch, offset) =
+                    sse::position(id).ok_or_else(|| format!("bad sse event id {id:?}"))?;
+                return Ok((
+                    Conn::Sse(conn),
+                    Reply {
+                        epoch,
+                        offset,
+                        recovered: since.map(|_| true),
+                        publications: Vec::new(),
+                        rest: None,
+                        compressed: false,
+                    },
+                ));
+            }
+            (None, _, Some(_)) => return Err("sse publication before the position".into()),
+            _ => {}
         }
     }
 }
@@ -753,6 +881,7 @@ async fn pusher_subscribe(
                         recovered: s.herald.recovered,
                         publications: Vec::new(),
                         rest: None,
+                        compressed: false,
                     },
                 ));
             }
@@ -771,7 +900,7 @@ async fn pusher_subscribe(
 /// Receives until the connection ends; returns why to reconnect, or `None` to stop.
 async fn receive(
     ctx: &Ctx,
-    mut ws: Ws,
+    mut ws: Conn,
     channel: &str,
     acct: &mut SubAccount,
     ctl: &mut watch::Receiver<Control>,
@@ -784,9 +913,7 @@ async fn receive(
         "{}"
     };
     if let Some(text) = first {
-        if on_frame(ctx, &text, channel, acct, live_from)
-            && ws.send(Message::text(pong)).await.is_err()
-        {
+        if on_frame(ctx, &text, channel, acct, live_from) && !ws.pong(pong).await {
             ctx.shared().counters.server_closes += 1;
             return Some(Why::Broken);
         }
@@ -806,20 +933,19 @@ async fn receive(
     };
     loop {
         tokio::select! {
-            m = ws.next() => {
-                let msg = match m {
-                    Some(Ok(m)) => m,
-                    _ => {
+            m = ws.recv() => {
+                let text = match &m {
+                    Got::Ws(msg) => match msg.as_text() {
+                        Some(t) => t,
+                        None => continue,
+                    },
+                    Got::Sse(line) => line.as_str(),
+                    Got::Closed => {
                         ctx.shared().counters.server_closes += 1;
                         return Some(Why::Broken);
                     }
                 };
-                if msg.is_close() {
-                    ctx.shared().counters.server_closes += 1;
-                    return Some(Why::Broken);
-                }
-                let Some(text) = msg.as_text() else { continue };
-                if on_frame(ctx, text, channel, acct, live_from) && ws.send(Message::text(pong)).await.is_err() {
+                if on_frame(ctx, text, channel, acct, live_from) && !ws.pong(pong).await {
                     ctx.shared().counters.server_closes += 1;
                     return Some(Why::Broken);
                 }

@@ -251,6 +251,9 @@ pub struct Limits {
     /// Bytes of recovered publications one `connect` (all its channels) or `subscribe` reply may
     /// carry; channels past it answer `recovered: false`, so one reply cannot grow unbounded.
     pub max_recovery_bytes: usize,
+    /// WebSocket compression (permessage-deflate, no context takeover) for clients that offer
+    /// it, on `/ws` and Pusher's `/app/{key}`. Off by default: it costs CPU per message.
+    pub compression: bool,
 }
 
 impl Default for Limits {
@@ -272,6 +275,7 @@ impl Default for Limits {
             max_connections_per_ip: 0,
             handshakes_per_ip_per_s: 0,
             handshake_burst_per_ip: 20,
+            compression: false,
         }
     }
 }

@@ -74,8 +74,21 @@ pub(crate) fn accept_key(app: &App, headers: &HeaderMap) -> Result<String, Box<H
     Ok(base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes()))
 }
 
-/// The `101 Switching Protocols` answer.
-pub(crate) fn switching_protocols(accept: &str, subprotocol: Option<&'static str>) -> HttpResponse {
+/// The permessage-deflate answer for this upgrade, when `limits.compression` allows it and the
+/// client offers it (crate::compression).
+pub(crate) fn compression(app: &App, headers: &HeaderMap) -> Option<&'static str> {
+    match app.ctx.config.limits.compression {
+        true => crate::compression::negotiate(headers),
+        false => None,
+    }
+}
+
+/// The `101 Switching Protocols` answer, with the permessage-deflate answer when negotiated.
+pub(crate) fn switching_protocols(
+    accept: &str,
+    subprotocol: Option<&'static str>,
+    extensions: Option<&'static str>,
+) -> HttpResponse {
     let mut response = Response::new(Full::new(Bytes::new()));
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = response.headers_mut();
@@ -88,16 +101,24 @@ pub(crate) fn switching_protocols(accept: &str, subprotocol: Option<&'static str
     if let Some(p) = subprotocol {
         h.insert(header::SEC_WEBSOCKET_PROTOCOL, HeaderValue::from_static(p));
     }
+    if let Some(e) = extensions {
+        h.insert(
+            header::SEC_WEBSOCKET_EXTENSIONS,
+            HeaderValue::from_static(e),
+        );
+    }
     response
 }
 
 /// Serve an upgraded connection. The codec's own frame limit sits far above
 /// `limits.max_frame_bytes` so that the connection's check (close 4503) runs first; only absurd
-/// frames hit the codec's limit (close 1009).
-pub(crate) fn serve(upgraded: Upgraded, max_frame: usize) -> Ws {
+/// frames hit the codec's limit (close 1009). With compression, the same limit bounds a message's
+/// inflated size (a "zip bomb" is closed with 1009 once it inflates past it).
+pub(crate) fn serve(upgraded: Upgraded, max_frame: usize, compression: bool) -> Ws {
     let limits =
         tokio_websockets::Limits::default().max_payload_len(Some(max_frame.saturating_mul(16)));
     tokio_websockets::ServerBuilder::new()
         .limits(limits)
+        .config(tokio_websockets::Config::default().compression(compression))
         .serve(TokioIo::new(upgraded))
 }

@@ -12,6 +12,8 @@
 //! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
 //!   with one idempotency key (the API and the outbox and Kafka consumers share it).
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
+//! - `compression`: permessage-deflate for both WebSocket endpoints: the offer, the answer, and
+//!   compressed messages (a fan-out's frame compressed once per worker thread).
 //! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close;
 //!   it also enforces `limits.max_connections` (counted over connections that completed
 //!   `connect`, so sockets that never authenticate cannot lock others out).
@@ -32,6 +34,7 @@
 pub mod admin;
 pub mod api;
 pub mod brokers;
+mod compression;
 pub mod consumers;
 pub mod emulation;
 pub mod guard;

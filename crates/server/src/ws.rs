@@ -23,9 +23,10 @@ use hyper::header;
 use hyper::{Request, StatusCode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::{sleep_until, timeout};
-use tokio_websockets::{Message, Payload};
+use tokio_websockets::Message;
 
 use crate::api;
+use crate::compression;
 use crate::guard::{IpSlot, PeerAddr};
 use crate::http::{App, HttpResponse};
 use crate::liveness::Liveness;
@@ -70,6 +71,8 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     }
 
     let max_frame = app.ctx.config.limits.max_frame_bytes;
+    let extensions = handshake::compression(&app, req.headers());
+    let compress = extensions.is_some();
     let meta = app.ctx.config.proxy.enabled().then(|| {
         let ip = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         // Boxed: it travels in the connection's task, which every idle connection keeps.
@@ -87,12 +90,12 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     tokio::spawn(async move {
         let _ip_slot = ip_slot;
         match on_upgrade.await {
-            Ok(upgraded) => run(app, handshake::serve(upgraded, max_frame), meta).await,
+            Ok(upgraded) => run(app, handshake::serve(upgraded, max_frame, compress), meta).await,
             Err(e) => tracing::debug!(cause = %e, "upgrade failed"),
         }
     });
 
-    handshake::switching_protocols(&accept, subprotocol)
+    handshake::switching_protocols(&accept, subprotocol, extensions)
 }
 
 /// Counts the connection while it lives.
@@ -310,19 +313,23 @@ async fn dispatch_writing(
 
 /// Write queued frames: one frame as it is (its bytes are shared with other subscribers),
 /// several newline-joined into messages of at most [`BATCH_BYTES`], then one flush.
+///
+/// With compression, a lone frame is compressed once per fan-out (crate::compression caches it
+/// by its shared bytes); a batch is this connection's own, so it is compressed here.
 async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
     if frames.is_empty() {
         return Ok(());
     }
+    let compress = ws.compression();
     let write = async {
         if frames.len() == 1 {
             let frame = frames.into_iter().next().expect("one frame");
-            return ws.send(Message::text(Payload::from(frame))).await;
+            return ws.send(compression::text(frame, compress, true)).await;
         }
         let mut batch = BytesMut::new();
         for frame in frames {
             if !batch.is_empty() && batch.len() + 1 + frame.len() > BATCH_BYTES {
-                ws.feed(Message::text(Payload::from(batch.split().freeze())))
+                ws.feed(compression::text(batch.split().freeze(), compress, false))
                     .await?;
             }
             if !batch.is_empty() {
@@ -331,7 +338,7 @@ async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result
             batch.extend_from_slice(&frame);
         }
         if !batch.is_empty() {
-            ws.feed(Message::text(Payload::from(batch.freeze())))
+            ws.feed(compression::text(batch.freeze(), compress, false))
                 .await?;
         }
         ws.flush().await

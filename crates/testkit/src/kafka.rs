@@ -234,7 +234,8 @@ impl KafkaServer {
              share.coordinator.state.topic.min.isr=1\n\
              group.initial.rebalance.delay.ms=0\n\
              broker.heartbeat.interval.ms=500\n\
-             broker.session.timeout.ms=2000\n"
+             broker.session.timeout.ms=2000\n\
+             message.max.bytes=16777216\n"
         );
         std::fs::write(self.config_path(), props).expect("write server.properties");
         let log4j = format!(

@@ -64,6 +64,7 @@ compile_error!("client and server implementation require at least one SHA1 backe
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod deflate;
 pub mod error;
 mod mask;
 pub mod proto;
@@ -82,6 +83,7 @@ mod utf8;
 
 #[cfg(feature = "client")]
 pub use client::Builder as ClientBuilder;
+pub use deflate::deflate;
 pub use error::Error;
 pub use proto::{CloseCode, Config, Limits, Message, Payload, WebSocketStream};
 #[cfg(feature = "server")]

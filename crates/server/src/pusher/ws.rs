@@ -17,11 +17,12 @@ use herald_protocol::CloseCode;
 use hyper::body::Incoming;
 use hyper::Request;
 use tokio::time::{sleep_until, timeout, Instant};
-use tokio_websockets::{Message, Payload};
+use tokio_websockets::Message;
 
 use super::apps::PusherApp;
 use super::conn::{ConnContext, PusherConn};
 use super::wire;
+use crate::compression;
 use crate::guard::IpSlot;
 use crate::http::{App, HttpResponse};
 
@@ -80,6 +81,8 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     };
 
     let max_frame = app.ctx.config.limits.max_frame_bytes;
+    let extensions = handshake::compression(&app, req.headers());
+    let compress = extensions.is_some();
     let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
     // Only the upgrade travels into the task, not the request (the task's size is memory every
     // idle connection keeps).
@@ -88,7 +91,7 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
         let _ip_slot = ip_slot;
         match on_upgrade.await {
             Ok(upgraded) => {
-                let mut ws = handshake::serve(upgraded, max_frame);
+                let mut ws = handshake::serve(upgraded, max_frame, compress);
                 match (refusal, pusher_app) {
                     (None, Some(pusher_app)) => run(app, pusher_app, ws).await,
                     (refusal, _) => {
@@ -102,7 +105,7 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
         }
     });
 
-    handshake::switching_protocols(&accept, None)
+    handshake::switching_protocols(&accept, None, extensions)
 }
 
 /// Counts the connection (node-wide and per app) while it lives.
@@ -239,14 +242,16 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
     Box::pin(conn.end()).await;
 }
 
-/// Write frames, one WebSocket message each, then one flush.
+/// Write frames, one WebSocket message each, then one flush. With compression, a frame shared
+/// by a fan-out is compressed once per worker thread (crate::compression).
 async fn write_frames(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
     if frames.is_empty() {
         return Ok(());
     }
+    let compress = ws.compression();
     let write = async {
         for frame in frames {
-            ws.feed(Message::text(Payload::from(frame))).await?;
+            ws.feed(compression::text(frame, compress, true)).await?;
         }
         ws.flush().await
     };

@@ -37,18 +37,26 @@ pub(super) struct WebSocketProtocol {
     payload_processed: usize,
     /// UTF-8 validator.
     validator: Validator,
+    /// permessage-deflate was negotiated: RSV1 is allowed on a message's first frame (Herald's
+    /// patch).
+    pub(super) compression: bool,
+    /// The message being read is compressed: its frames are not UTF-8 text until inflated, so
+    /// the stream validates them after inflating instead.
+    compressed_message: bool,
 }
 
 impl WebSocketProtocol {
     /// Creates a new WebSocket codec.
     #[cfg(any(feature = "client", feature = "server"))]
-    pub(super) fn new(role: Role, limits: Limits) -> Self {
+    pub(super) fn new(role: Role, limits: Limits, compression: bool) -> Self {
         Self {
             role,
             limits,
             fragmented_message_opcode: OpCode::Continuation,
             payload_processed: 0,
             validator: Validator::new(),
+            compression,
+            compressed_message: false,
         }
     }
 }
@@ -82,12 +90,20 @@ impl Decoder for WebSocketProtocol {
         // Bits 1-3
         let rsv = first_two_bytes[0] & 0x70;
 
-        if rsv != 0 {
-            return Err(Error::Protocol(ProtocolError::InvalidRsv));
-        }
-
         // Bits 4-7
         let opcode = OpCode::try_from(first_two_bytes[0] & 0xF)?;
+
+        // RSV1 marks a compressed message on its first frame, and only where permessage-deflate
+        // was negotiated (RFC 7692 §6); any other RSV bit is a protocol error.
+        let compressed = rsv == 0x40
+            && self.compression
+            && matches!(opcode, OpCode::Text | OpCode::Binary);
+        if rsv != 0 && !compressed {
+            return Err(Error::Protocol(ProtocolError::InvalidRsv));
+        }
+        if matches!(opcode, OpCode::Text | OpCode::Binary) {
+            self.compressed_message = compressed;
+        }
 
         if opcode.is_control() {
             if !fin {
@@ -161,9 +177,11 @@ impl Decoder for WebSocketProtocol {
         }
 
         if payload_length != 0 {
-            let is_text = opcode == OpCode::Text
-                || (opcode == OpCode::Continuation
-                    && self.fragmented_message_opcode == OpCode::Text);
+            let is_data = !opcode.is_control();
+            let is_text = !(is_data && self.compressed_message)
+                && (opcode == OpCode::Text
+                    || (opcode == OpCode::Continuation
+                        && self.fragmented_message_opcode == OpCode::Text));
             let payload_available = (src.len() - offset).min(payload_length);
             let is_complete = payload_available == payload_length;
 
@@ -220,7 +238,7 @@ impl Decoder for WebSocketProtocol {
         src.advance(offset);
         // Take the payload
         let mut payload = Payload::from(src.split_to(payload_length));
-        payload.set_utf8_validated(opcode == OpCode::Text && fin);
+        payload.set_utf8_validated(opcode == OpCode::Text && fin && !compressed);
 
         // It is possible to receive intermediate control frames between a large other
         // frame. We therefore can't simply reset the fragmented opcode after we receive
@@ -239,6 +257,7 @@ impl Decoder for WebSocketProtocol {
             opcode,
             payload,
             is_final: fin,
+            compressed,
         }))
     }
 }

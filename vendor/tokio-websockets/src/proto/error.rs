@@ -19,6 +19,8 @@ pub enum ProtocolError {
     InvalidRsv,
     /// An invalid UTF-8 segment was received when valid UTF-8 was expected.
     InvalidUtf8,
+    /// A compressed message is not valid deflate data (Herald's patch).
+    InvalidCompressedData,
     /// A masked frame was unexpectedly received.
     UnexpectedMaskedFrame,
     /// An unmasked frame was unexpectedly received.
@@ -35,6 +37,7 @@ impl ProtocolError {
             ProtocolError::InvalidPayloadLength => "invalid payload length",
             ProtocolError::InvalidRsv => "invalid extension",
             ProtocolError::InvalidUtf8 => "invalid utf-8",
+            ProtocolError::InvalidCompressedData => "invalid compressed data",
             ProtocolError::UnexpectedMaskedFrame => "unexpected masked frame",
             ProtocolError::UnexpectedUnmaskedFrame => "unexpected unmasked frame",
         }

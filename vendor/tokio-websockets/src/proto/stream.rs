@@ -23,7 +23,7 @@ use super::{
     codec::WebSocketProtocol,
     types::{Frame, Message, OpCode, Payload, StreamState},
 };
-use crate::{CloseCode, Error};
+use crate::{CloseCode, Error, proto::ProtocolError};
 
 /// Initial read buffer of a stream built from a raw (already upgraded) stream (Herald's patch).
 const RAW_STREAM_READ_BUFFER: usize = 512;
@@ -198,6 +198,8 @@ pub struct WebSocketStream<T> {
     partial_payload: BytesMut,
     /// Opcode of the full message that is being assembled.
     partial_opcode: OpCode,
+    /// The message being assembled is compressed (Herald's patch).
+    partial_compressed: bool,
 
     /// Buffer that outgoing frame headers are formatted into.
     header_buf: [u8; 14],
@@ -224,13 +226,14 @@ where
         Self {
             inner: FramedRead::with_capacity(
                 stream,
-                WebSocketProtocol::new(role, limits),
+                WebSocketProtocol::new(role, limits, config.compression),
                 RAW_STREAM_READ_BUFFER,
             ),
             config,
             state: StreamState::Active,
             partial_payload: BytesMut::new(),
             partial_opcode: OpCode::Continuation,
+            partial_compressed: false,
             header_buf: [0; 14],
             frame_queue: FrameQueue::new(),
             flushing_waker: None,
@@ -247,11 +250,12 @@ where
         limits: Limits,
     ) -> Self {
         Self {
-            inner: framed.map_decoder(|_| WebSocketProtocol::new(role, limits)),
+            inner: framed.map_decoder(|_| WebSocketProtocol::new(role, limits, config.compression)),
             config,
             state: StreamState::Active,
             partial_payload: BytesMut::new(),
             partial_opcode: OpCode::Continuation,
+            partial_compressed: false,
             header_buf: [0; 14],
             frame_queue: FrameQueue::new(),
             flushing_waker: None,
@@ -273,6 +277,68 @@ where
     /// corrupting the stream of frames.
     pub fn get_mut(&mut self) -> &mut T {
         self.inner.get_mut()
+    }
+
+    /// Turn permessage-deflate (no context takeover) on or off, once the handshake negotiated it
+    /// (Herald's patch): frames with RSV1 are then accepted and inflated, and
+    /// [`Message::deflated_text`] may be sent. A client calls this after reading the server's
+    /// `Sec-WebSocket-Extensions` answer.
+    pub fn set_compression(&mut self, enabled: bool) {
+        self.config.compression = enabled;
+        self.inner.decoder_mut().compression = enabled;
+    }
+
+    /// Whether permessage-deflate is on for this stream.
+    pub fn compression(&self) -> bool {
+        self.config.compression
+    }
+
+    /// Inflate a compressed message (Herald's patch). Failing fails the connection as the codec's
+    /// errors do: a close frame is queued (1009 past the payload limit, 1007 for bad data or
+    /// invalid UTF-8) and the stream reads no further.
+    fn inflate_message(&mut self, opcode: OpCode, payload: &[u8]) -> Result<Message, Error> {
+        let max_len = self.inner.decoder().limits.max_payload_len;
+        let inflated = crate::deflate::inflate(payload, max_len).map_err(|e| match e {
+            crate::deflate::InflateError::TooLong => Error::PayloadTooLong {
+                len: max_len.saturating_add(1),
+                max_len,
+            },
+            crate::deflate::InflateError::Corrupt => {
+                Error::Protocol(ProtocolError::InvalidCompressedData)
+            }
+        });
+        let inflated = inflated.and_then(|data| {
+            if opcode == OpCode::Text {
+                crate::utf8::parse_str(&data).map_err(Error::Protocol)?;
+            }
+            Ok(data)
+        });
+        match inflated {
+            Ok(data) => {
+                let mut payload = Payload::from(data);
+                payload.set_utf8_validated(opcode == OpCode::Text);
+                Ok(Message {
+                    opcode,
+                    payload,
+                    deflated: false,
+                })
+            }
+            Err(e) => {
+                self.state = StreamState::ClosedByPeer;
+                match &e {
+                    Error::Protocol(p) => self.queue_frame(Frame::from(p)),
+                    Error::PayloadTooLong { max_len, .. } => self.queue_frame(
+                        Message::close(
+                            Some(CloseCode::MESSAGE_TOO_BIG),
+                            &format!("max length: {max_len}"),
+                        )
+                        .into(),
+                    ),
+                    _ => {}
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Returns a reference to the inner websocket limits.
@@ -437,17 +503,26 @@ where
         let max_len = self.inner.decoder().limits.max_payload_len;
 
         loop {
-            let (opcode, payload, fin) = match ready!(self.as_mut().poll_next_frame(cx)?) {
-                Some(frame) => (frame.opcode, frame.payload, frame.is_final),
-                None => return Poll::Ready(None),
-            };
+            let (opcode, payload, fin, compressed) =
+                match ready!(self.as_mut().poll_next_frame(cx)?) {
+                    Some(frame) => (frame.opcode, frame.payload, frame.is_final, frame.compressed),
+                    None => return Poll::Ready(None),
+                };
             let len = self.partial_payload.len() + payload.len();
 
             if opcode != OpCode::Continuation {
                 if fin {
-                    return Poll::Ready(Some(Ok(Message { opcode, payload })));
+                    if compressed {
+                        return Poll::Ready(Some(self.inflate_message(opcode, &payload)));
+                    }
+                    return Poll::Ready(Some(Ok(Message {
+                        opcode,
+                        payload,
+                        deflated: false,
+                    })));
                 }
                 self.partial_opcode = opcode;
+                self.partial_compressed = compressed;
                 self.partial_payload = BytesMut::from(payload);
             } else if len > max_len {
                 return Poll::Ready(Some(Err(Error::PayloadTooLong { len, max_len })));
@@ -462,9 +537,16 @@ where
 
         let opcode = replace(&mut self.partial_opcode, OpCode::Continuation);
         let mut payload = Payload::from(take(&mut self.partial_payload));
+        if replace(&mut self.partial_compressed, false) {
+            return Poll::Ready(Some(self.inflate_message(opcode, &payload)));
+        }
         payload.set_utf8_validated(opcode == OpCode::Text);
 
-        Poll::Ready(Some(Ok(Message { opcode, payload })))
+        Poll::Ready(Some(Ok(Message {
+            opcode,
+            payload,
+            deflated: false,
+        })))
     }
 }
 

@@ -304,6 +304,9 @@ pub struct Message {
     pub(super) opcode: OpCode,
     /// The payload of the message.
     pub(super) payload: Payload,
+    /// The payload is permessage-deflate data, sent with RSV1 set (Herald's patch). Received
+    /// messages are always inflated, so this is only ever set on outgoing ones.
+    pub(super) deflated: bool,
 }
 
 impl Message {
@@ -313,6 +316,19 @@ impl Message {
         Self {
             opcode: OpCode::Text,
             payload: payload.into(),
+            deflated: false,
+        }
+    }
+
+    /// Create a text message from a payload that [`crate::deflate`] compressed (Herald's
+    /// patch). It is sent with RSV1 set: only on a stream where permessage-deflate was
+    /// negotiated (see [`crate::WebSocketStream::set_compression`]).
+    #[must_use]
+    pub fn deflated_text<P: Into<Payload>>(payload: P) -> Self {
+        Self {
+            opcode: OpCode::Text,
+            payload: payload.into(),
+            deflated: true,
         }
     }
 
@@ -322,6 +338,7 @@ impl Message {
         Self {
             opcode: OpCode::Binary,
             payload: payload.into(),
+            deflated: false,
         }
     }
 
@@ -348,6 +365,7 @@ impl Message {
         Self {
             opcode: OpCode::Close,
             payload: payload.into(),
+            deflated: false,
         }
     }
 
@@ -363,6 +381,7 @@ impl Message {
         Self {
             opcode: OpCode::Ping,
             payload,
+            deflated: false,
         }
     }
 
@@ -378,6 +397,7 @@ impl Message {
         Self {
             opcode: OpCode::Pong,
             payload,
+            deflated: false,
         }
     }
 
@@ -477,6 +497,7 @@ impl Message {
             frame_size,
             payload: self.payload,
             opcode: self.opcode,
+            deflated: self.deflated,
         }
     }
 }
@@ -489,6 +510,8 @@ pub(super) struct MessageFrames {
     payload: Payload,
     /// Opcode for the next frame.
     opcode: OpCode,
+    /// RSV1 for the next frame: only a compressed message's first frame has it.
+    deflated: bool,
 }
 
 impl Iterator for MessageFrames {
@@ -506,6 +529,7 @@ impl Iterator for MessageFrames {
                 opcode: replace(&mut self.opcode, OpCode::Continuation),
                 is_final: self.payload.is_empty(),
                 payload,
+                compressed: replace(&mut self.deflated, false),
             }
         })
     }
@@ -568,6 +592,9 @@ pub struct Config {
     /// Threshold of queued up bytes after which the underlying I/O is flushed
     /// before the sink is declared ready. The default is 8 KiB.
     pub(super) flush_threshold: usize,
+    /// permessage-deflate was negotiated: frames with RSV1 are accepted and inflated (Herald's
+    /// patch). Off by default, where RSV1 stays a protocol error.
+    pub(super) compression: bool,
 }
 
 impl Config {
@@ -595,6 +622,16 @@ impl Config {
 
         self
     }
+
+    /// Whether permessage-deflate (RFC 7692, no context takeover) was negotiated for the
+    /// stream (Herald's patch): received frames with RSV1 are inflated, and
+    /// [`Message::deflated_text`] may be sent. The default is off.
+    #[must_use]
+    pub fn compression(mut self, enabled: bool) -> Self {
+        self.compression = enabled;
+
+        self
+    }
 }
 
 impl Default for Config {
@@ -602,6 +639,7 @@ impl Default for Config {
         Self {
             frame_size: 4 * 1024 * 1024,
             flush_threshold: 8 * 1024,
+            compression: false,
         }
     }
 }
@@ -639,6 +677,8 @@ pub(super) struct Frame {
     pub is_final: bool,
     /// The payload bytes of the frame.
     pub payload: Payload,
+    /// RSV1: the first frame of a permessage-deflate message (Herald's patch).
+    pub compressed: bool,
 }
 
 impl Frame {
@@ -648,12 +688,15 @@ impl Frame {
         opcode: OpCode::Close,
         is_final: true,
         payload: Payload::from_static(&CloseCode::NORMAL_CLOSURE.0.get().to_be_bytes()),
+        compressed: false,
     };
 
     /// Encode the frame head into `out`, returning a subslice where the mask
     /// should be written to.
     pub fn encode<'a>(&self, out: &'a mut [u8; 14]) -> &'a mut [u8; 4] {
-        out[0] = (u8::from(self.is_final) << 7) | u8::from(self.opcode);
+        out[0] = (u8::from(self.is_final) << 7)
+            | (u8::from(self.compressed) << 6)
+            | u8::from(self.opcode);
         let mask_slice = if u16::try_from(self.payload.len()).is_err() {
             out[1] = 127;
             let len = u64::try_from(self.payload.len()).unwrap();
@@ -678,6 +721,7 @@ impl From<Message> for Frame {
             opcode: value.opcode,
             is_final: true,
             payload: value.payload,
+            compressed: value.deflated,
         }
     }
 }
@@ -688,6 +732,10 @@ impl From<&ProtocolError> for Frame {
             ProtocolError::InvalidUtf8 => {
                 Message::close(Some(CloseCode::INVALID_FRAME_PAYLOAD_DATA), "invalid utf8")
             }
+            ProtocolError::InvalidCompressedData => Message::close(
+                Some(CloseCode::INVALID_FRAME_PAYLOAD_DATA),
+                "invalid compressed data",
+            ),
             _ => Message::close(Some(CloseCode::PROTOCOL_ERROR), val.as_str()),
         }
         .into()
