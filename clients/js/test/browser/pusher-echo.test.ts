@@ -123,13 +123,17 @@ describe('Laravel Echo (Pusher connector) in Chromium', () => {
       };
       type Echo = { join: (n: string) => Chan; private: (n: string) => Chan };
       const a = w.alice as Echo;
-      a.join('room')
-        .here((users) => push(['here', users]))
-        .joining((user) => push(['joining', user]));
-      a.private('chat').listenForWhisper('typing', (d) => push(['whisper', d]));
       const b = (w.echo as (u: string) => Echo)('bob');
       w.bob = b;
-      b.join('room');
+      // Bob joins once alice is in (her `here`): joining at the same moment, he could be in
+      // the member list she gets instead of a `joining` event.
+      a.join('room')
+        .here((users) => {
+          push(['here', users]);
+          b.join('room');
+        })
+        .joining((user) => push(['joining', user]));
+      a.private('chat').listenForWhisper('typing', (d) => push(['whisper', d]));
       const chat = b.private('chat');
       chat.subscribed(() => {
         // Whisper until alice hears it (her subscription may still be on its way).
