@@ -427,17 +427,24 @@ impl ProxyConfig {
 }
 
 /// Secrets and names set from the environment may look like numbers (`HERALD_API_KEY=12345`);
-/// read them back as the text they were.
-mod lenient {
+/// read them back as the text they were. For `#[serde(deserialize_with = …)]` here and in other
+/// sections the server reads (the consumers').
+pub mod lenient {
     use serde::{Deserialize, Deserializer};
 
+    /// A TOML or environment value taken as text: figment reads "123" as a number.
     #[derive(Deserialize)]
     #[serde(untagged)]
-    enum Text {
+    pub enum Text {
+        /// Text as written.
         Str(String),
+        /// A whole number.
         Unsigned(u64),
+        /// A negative whole number.
         Signed(i64),
+        /// A number with a fraction.
         Float(f64),
+        /// `true` or `false`.
         Bool(bool),
     }
 
@@ -453,12 +460,33 @@ mod lenient {
         }
     }
 
-    pub(super) fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    /// A value as text.
+    pub fn string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
         Text::deserialize(d).map(String::from)
     }
 
-    pub(super) fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    /// An optional value as text.
+    pub fn opt_string<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
         Option::<Text>::deserialize(d).map(|t| t.map(String::from))
+    }
+
+    /// A list, or one comma-separated string (`HERALD_…__TOPICS=a,b`), as texts.
+    pub fn string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum List {
+            Many(Vec<Text>),
+            One(Text),
+        }
+        Ok(match List::deserialize(d)? {
+            List::Many(v) => v.into_iter().map(String::from).collect(),
+            List::One(t) => String::from(t)
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        })
     }
 }
 

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use herald_core::config::lenient;
 use herald_core::metrics::Labels;
 use herald_core::{Metrics, NodeContext};
 use herald_protocol::ErrorCode;
@@ -42,43 +43,43 @@ use crate::publishing::{check_idempotency_key, execute, Command};
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Name in logs and metrics (default: the group id).
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub name: Option<String>,
     /// Bootstrap brokers: `host:port` list, or one comma-separated string.
-    #[serde(deserialize_with = "text_list")]
+    #[serde(deserialize_with = "lenient::string_list")]
     pub brokers: Vec<String>,
     /// Topics to consume (they must exist; Herald does not create them).
-    #[serde(deserialize_with = "text_list")]
+    #[serde(deserialize_with = "lenient::string_list")]
     pub topics: Vec<String>,
     /// Consumer group: nodes with the same group share the topics' partitions.
-    #[serde(default = "default_group", deserialize_with = "text")]
+    #[serde(default = "default_group", deserialize_with = "lenient::string")]
     pub group_id: String,
     /// Client id seen by the brokers (default: `herald-<node_name>`).
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub client_id: Option<String>,
     /// Where a group without a committed offset starts: `earliest` (default) or `latest`.
-    #[serde(default = "default_reset", deserialize_with = "text")]
+    #[serde(default = "default_reset", deserialize_with = "lenient::string")]
     pub auto_offset_reset: String,
     /// `plaintext` (default), `ssl`, `sasl_plaintext` or `sasl_ssl`.
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub security_protocol: Option<String>,
     /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub sasl_mechanism: Option<String>,
     /// SASL user name.
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub sasl_username: Option<String>,
     /// SASL password (never logged).
     #[serde(default)]
     pub sasl_password: Option<Secret>,
     /// CA certificates (PEM file) to verify the brokers with (default: the system's).
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub ssl_ca_location: Option<String>,
     /// Client certificate (PEM file), for brokers that ask for one.
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub ssl_certificate_location: Option<String>,
     /// Client private key (PEM file).
-    #[serde(default, deserialize_with = "opt_text")]
+    #[serde(default, deserialize_with = "lenient::opt_string")]
     pub ssl_key_location: Option<String>,
     /// Password of the client private key.
     #[serde(default)]
@@ -122,7 +123,7 @@ impl std::fmt::Debug for Secret {
 
 impl<'de> Deserialize<'de> for Secret {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        text(d).map(Secret)
+        lenient::string(d).map(Secret)
     }
 }
 
@@ -693,58 +694,6 @@ impl Runner {
             .get_or_create(&labels)
             .inc();
     }
-}
-
-// Lenient text from TOML or `HERALD_*` variables, where figment reads "123" as a number and
-// "a,b" as a string.
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Text {
-    Str(String),
-    Unsigned(u64),
-    Signed(i64),
-    Float(f64),
-    Bool(bool),
-}
-
-impl From<Text> for String {
-    fn from(t: Text) -> String {
-        match t {
-            Text::Str(s) => s,
-            Text::Unsigned(n) => n.to_string(),
-            Text::Signed(n) => n.to_string(),
-            Text::Float(n) => n.to_string(),
-            Text::Bool(b) => b.to_string(),
-        }
-    }
-}
-
-fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    Text::deserialize(d).map(String::from)
-}
-
-fn opt_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    Option::<Text>::deserialize(d).map(|t| t.map(String::from))
-}
-
-/// A list, or one comma-separated string (`HERALD_CONSUMERS__KAFKA__TOPICS=a,b`).
-fn text_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum List {
-        Many(Vec<Text>),
-        One(Text),
-    }
-    Ok(match List::deserialize(d)? {
-        List::Many(v) => v.into_iter().map(String::from).collect(),
-        List::One(t) => String::from(t)
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect(),
-    })
 }
 
 #[cfg(test)]
