@@ -396,24 +396,31 @@ struct DisconnectBody {
 }
 
 async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
-    if b.user.is_none() && b.client.is_none() {
+    disconnect_everywhere(app, b.user, b.client, b.code).await
+}
+
+/// Close the connections of `user` or of `client` on every node, with `code` (4000–4999;
+/// default 4502): the API's `disconnect` and the admin UI's.
+pub(crate) async fn disconnect_everywhere(
+    app: &App,
+    user: Option<String>,
+    client: Option<String>,
+    code: Option<u16>,
+) -> ApiResult {
+    if user.is_none() && client.is_none() {
         return Err(ApiError::code(
             ErrorCode::BadRequest,
             "give \"user\" or \"client\"",
         ));
     }
-    let code = b.code.unwrap_or(CloseCode::DISCONNECTED_BY_API.0);
+    let code = code.unwrap_or(CloseCode::DISCONNECTED_BY_API.0);
     if !(4000..5000).contains(&code) {
         return Err(ApiError::code(
             ErrorCode::BadRequest,
             "code must be within 4000–4999",
         ));
     }
-    let message = ControlMessage::Disconnect {
-        user: b.user,
-        client: b.client,
-        code,
-    };
+    let message = ControlMessage::Disconnect { user, client, code };
     app.ctx.hub.broker().publish_control(&message).await?;
     Ok(json!({}))
 }

@@ -9,9 +9,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use herald_broker::{ControlMessage, HistoryQuery};
+use herald_broker::HistoryQuery;
 use herald_core::session::history_body;
-use herald_protocol::{CloseCode, ErrorCode, StreamPosition};
+use herald_protocol::{ErrorCode, StreamPosition};
 use hyper::body::Incoming;
 use hyper::{Method, Request, StatusCode};
 use serde::Deserialize;
@@ -204,20 +204,10 @@ struct DisconnectBody {
 }
 
 async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
-    if b.user.is_none() && b.client.is_none() {
-        return Err(ApiError::code(
-            ErrorCode::BadRequest,
-            "give \"user\" or \"client\"",
-        ));
-    }
-    tracing::info!(user = ?b.user, client = ?b.client, "admin: disconnect");
-    let message = ControlMessage::Disconnect {
-        user: b.user,
-        client: b.client,
-        code: CloseCode::DISCONNECTED_BY_API.0,
-    };
-    app.ctx.hub.broker().publish_control(&message).await?;
-    Ok(json!({}))
+    let (user, client) = (b.user.clone(), b.client.clone());
+    let done = crate::api::disconnect_everywhere(app, b.user, b.client, None).await?;
+    tracing::info!(?user, ?client, "admin: disconnect");
+    Ok(done)
 }
 
 /// The effective configuration, secrets replaced by `"***"`.
