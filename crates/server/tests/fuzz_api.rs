@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use proptest::prelude::*;
-use proptest::sample::{select, Index};
+use proptest::sample::select;
 use proptest::test_runner::{Config, TestRunner};
 
 const PATHS: &[&str] = &[
@@ -46,22 +46,7 @@ const SEEDS: &[&str] = &[
 ];
 
 fn body() -> impl Strategy<Value = String> {
-    let edit = (any::<Index>(), any::<u8>(), any::<bool>());
-    prop_oneof![
-        any::<String>(),
-        (select(SEEDS), prop::collection::vec(edit, 0..6)).prop_map(|(seed, edits)| {
-            let mut b = seed.as_bytes().to_vec();
-            for (at, byte, insert) in edits {
-                let i = at.index(b.len() + 1);
-                if insert {
-                    b.insert(i, byte);
-                } else if i < b.len() {
-                    b[i] = byte;
-                }
-            }
-            String::from_utf8_lossy(&b).into_owned()
-        }),
-    ]
+    prop_oneof![any::<String>(), common::edited_seed(SEEDS),]
 }
 
 fn case() -> impl Strategy<Value = (&'static str, String)> {

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use common::{Client, Node};
 use proptest::prelude::*;
-use proptest::sample::{select, Index};
 use proptest::test_runner::{Config, TestRunner};
 use tokio::net::TcpStream;
 
@@ -36,22 +35,7 @@ const SEEDS: &[&str] = &[
 ];
 
 fn frame() -> impl Strategy<Value = String> {
-    let edit = (any::<Index>(), any::<u8>(), any::<bool>());
-    prop_oneof![
-        any::<String>(),
-        (select(SEEDS), prop::collection::vec(edit, 0..6)).prop_map(|(seed, edits)| {
-            let mut b = seed.as_bytes().to_vec();
-            for (at, byte, insert) in edits {
-                let i = at.index(b.len() + 1);
-                if insert {
-                    b.insert(i, byte);
-                } else if i < b.len() {
-                    b[i] = byte;
-                }
-            }
-            String::from_utf8_lossy(&b).into_owned()
-        }),
-    ]
+    prop_oneof![any::<String>(), common::edited_seed(SEEDS),]
 }
 
 async fn connected(node: &Node) -> Client {

@@ -472,3 +472,24 @@ pub(crate) fn tls_connector() -> tokio_rustls::TlsConnector {
         .with_no_client_auth();
     tokio_rustls::TlsConnector::from(Arc::new(config))
 }
+
+/// Fuzzing: one of `seeds` with up to five random byte edits (each an insert or an overwrite).
+pub(crate) fn edited_seed(
+    seeds: &'static [&'static str],
+) -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    use proptest::sample::{select, Index};
+    let edit = (any::<Index>(), any::<u8>(), any::<bool>());
+    (select(seeds), prop::collection::vec(edit, 0..6)).prop_map(|(seed, edits)| {
+        let mut b = seed.as_bytes().to_vec();
+        for (at, byte, insert) in edits {
+            let i = at.index(b.len() + 1);
+            if insert {
+                b.insert(i, byte);
+            } else if i < b.len() {
+                b[i] = byte;
+            }
+        }
+        String::from_utf8_lossy(&b).into_owned()
+    })
+}
