@@ -33,7 +33,7 @@ impl Inner {
                     .key(&k.meta)
                     .key(&k.history)
                     .arg(new_epoch())
-                    .arg(ms(opts.meta_ttl))
+                    .arg(ms(opts.empty_ttl))
                     .arg(ms(opts.history_ttl))
                     .arg(&since_epoch)
                     .arg(since_offset)

@@ -62,8 +62,9 @@ return {epoch, offset, 0}
 
 /// Read a stream's position and publications. `KEYS`: meta, history. `ARGV`: candidate epoch
 /// (used when the stream does not exist: a read creates it, so that a subscriber and a later
-/// publisher agree on the epoch), meta TTL (ms), history TTL (ms), since epoch (or empty for no
-/// `since`), since offset, limit (-1: none), watermark epoch, watermark offset (a stream below
+/// publisher agree on the epoch), empty-stream TTL (ms: how long a stream nothing was published
+/// to lives after its last read; each read of one extends it, a publish replaces it with the
+/// meta TTL), history TTL (ms), since epoch (or empty for no `since`), since offset, limit (-1: none), watermark epoch, watermark offset (a stream below
 /// the watermark rolled back and starts over, as in [`PUBLISH`]).
 ///
 /// Returns `{epoch, top, continuous (0/1), o1, d1, i1, o2, d2, i2, …}` in offset order. With
@@ -86,6 +87,9 @@ if not epoch then
   redis.call('DEL', hist)
 else
   top = tonumber(redis.call('HGET', meta, 'o'))
+  if top == 0 then
+    redis.call('PEXPIRE', meta, ARGV[2])
+  end
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -247,6 +247,47 @@ async fn history_ttl_counts_old_entries_as_gone() {
     assert_eq!(r.position, p, "the position outlives the history");
 }
 
+/// Reading a channel nobody published to creates its epoch, kept only `empty_ttl` after the last
+/// read (not the day-long meta TTL), so that clients reading fresh names cannot make Redis hold
+/// a day of state each; the first publish keeps it the meta TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_only_read_keeps_its_epoch_for_the_empty_ttl() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
+    let ch = unique("fresh");
+    let mut o = opts(10);
+    o.stream.empty_ttl = Duration::from_secs(5);
+    let top = HistoryQuery {
+        since: None,
+        limit: Some(0),
+    };
+    let read = a.history(&ch, &top, &o.stream).await.unwrap().position;
+    assert_eq!(read.offset, 0);
+    let meta = redis
+        .cli(&["KEYS", &format!("*{{{ch}}}:m")])
+        .trim()
+        .to_owned();
+    assert!(!meta.is_empty(), "the read created the epoch");
+    let pttl = |r: &RedisServer| -> i64 { r.cli(&["PTTL", &meta]).trim().parse().unwrap() };
+    let ttl = pttl(&redis);
+    assert!(ttl > 0 && ttl <= 5_000, "empty stream TTL {ttl} ms");
+    // A second read extends it and keeps the epoch.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let again = a.history(&ch, &top, &o.stream).await.unwrap().position;
+    assert_eq!(again, read);
+    assert!(pttl(&redis) > ttl - 1_000, "the read extended the TTL");
+    // The first publish continues the epoch and keeps it the meta TTL.
+    let p = a
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    assert_eq!(p.epoch, read.epoch);
+    assert!(
+        pttl(&redis) > 5_000,
+        "a published stream keeps the meta TTL"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_subscribes_are_batched() {
     let redis = RedisServer::start();

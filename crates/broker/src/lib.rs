@@ -107,6 +107,11 @@ pub struct StreamOptions {
     /// `history_ttl`, so that a client that was away longer than the TTL is told `recovered: false`
     /// against the same epoch instead of silently starting over.
     pub meta_ttl: Duration,
+    /// How long a stream that was only read, never published to, keeps its epoch after the last
+    /// read. Reads (a subscribe, a history call, a node's tail check of a hosted channel) create
+    /// the epoch so that subscribers and the first publisher agree on it; keeping that state
+    /// short bounds what clients reading fresh channel names can make the broker hold.
+    pub empty_ttl: Duration,
 }
 
 impl Default for StreamOptions {
@@ -115,6 +120,7 @@ impl Default for StreamOptions {
             history_size: 100,
             history_ttl: Duration::from_secs(300),
             meta_ttl: Duration::from_secs(24 * 3600),
+            empty_ttl: Duration::from_secs(600),
         }
     }
 }

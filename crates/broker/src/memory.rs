@@ -30,18 +30,20 @@ struct Stream {
     top: u64,
     /// (publication, when it was appended), oldest first; bounded by size and TTL.
     entries: VecDeque<(Publication, Instant)>,
-    last_publish: Instant,
+    /// When the stream is forgotten: `meta_ttl` after its last publication, or, while nothing was
+    /// ever published to it, `empty_ttl` after its last read.
+    expires: Instant,
     /// Idempotency keys seen recently: key → (offset, when).
     recent_keys: HashMap<String, (u64, Instant)>,
 }
 
 impl Stream {
-    fn new(now: Instant) -> Self {
+    fn new(expires: Instant) -> Self {
         Stream {
             epoch: new_epoch(),
             top: 0,
             entries: VecDeque::new(),
-            last_publish: now,
+            expires,
             recent_keys: HashMap::new(),
         }
     }
@@ -93,24 +95,25 @@ impl MemoryBroker {
         &self.streams[(h.finish() as usize) % self.streams.len()]
     }
 
-    /// Forget streams whose metadata outlived `meta_ttl`. Called by [`Self::spawn_sweeper`].
-    pub fn sweep(&self, meta_ttl: Duration) {
+    /// Forget expired streams. Called by [`Self::spawn_sweeper`].
+    pub fn sweep(&self) {
         let now = Instant::now();
         for shard in self.streams.iter() {
             let mut streams = shard.lock().expect("stream lock");
-            streams.retain(|_, s| now.duration_since(s.last_publish) < meta_ttl);
+            streams.retain(|_, s| s.expires > now);
         }
     }
 
-    /// Sweep expired streams every minute, so that channels published once do not stay forever.
-    pub fn spawn_sweeper(self: &Arc<Self>, meta_ttl: Duration) {
+    /// Sweep expired streams every `every`, so that channels published once (or only read) do
+    /// not stay forever.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
                 match weak.upgrade() {
-                    Some(broker) => broker.sweep(meta_ttl),
+                    Some(broker) => broker.sweep(),
                     None => return,
                 }
             }
@@ -118,7 +121,8 @@ impl MemoryBroker {
     }
 }
 
-/// Current stream of a channel, created (new epoch) when absent or expired.
+/// Current stream of a channel, created (new epoch) when absent or expired. A read of a stream
+/// nothing was published to yet keeps it `empty_ttl` longer.
 fn live_stream<'a>(
     streams: &'a mut HashMap<String, Stream>,
     channel: &str,
@@ -127,11 +131,9 @@ fn live_stream<'a>(
 ) -> &'a mut Stream {
     // One lookup and no key allocation for a live stream (the common case: a broadcast to
     // 100,000 channels goes through here 100,000 times).
-    let live = streams
-        .get(channel)
-        .is_some_and(|s| now.duration_since(s.last_publish) < opts.meta_ttl);
+    let live = streams.get(channel).is_some_and(|s| s.expires > now);
     if !live {
-        streams.insert(channel.to_owned(), Stream::new(now));
+        streams.insert(channel.to_owned(), Stream::new(now + opts.empty_ttl));
     }
     streams.get_mut(channel).expect("inserted above if absent")
 }
@@ -163,7 +165,7 @@ impl Broker for MemoryBroker {
             }
         }
         stream.top += 1;
-        stream.last_publish = now;
+        stream.expires = now + opts.stream.meta_ttl;
         let publication = Publication {
             offset: stream.top,
             data,
@@ -200,6 +202,9 @@ impl Broker for MemoryBroker {
         let now = Instant::now();
         let mut streams = self.shard(channel).lock().expect("stream lock");
         let stream = live_stream(&mut streams, channel, opts, now);
+        if stream.top == 0 {
+            stream.expires = now + opts.empty_ttl;
+        }
         stream.trim(opts, now);
         Ok(read_history(stream, query))
     }
@@ -309,7 +314,7 @@ mod tests {
 
     fn stream_with(offsets: impl IntoIterator<Item = u64>, top: u64) -> Stream {
         let now = Instant::now();
-        let mut s = Stream::new(now);
+        let mut s = Stream::new(now + Duration::from_secs(60));
         s.top = top;
         for o in offsets {
             let p = Publication {
@@ -395,5 +400,50 @@ mod tests {
         s.trim(&ttl, Instant::now());
         assert!(s.entries.is_empty());
         assert_eq!(s.top, 10, "trimming keeps the stream position");
+    }
+
+    #[tokio::test]
+    async fn a_stream_only_read_lives_empty_ttl_after_its_last_read_a_published_one_meta_ttl() {
+        let broker = MemoryBroker::new();
+        let opts = StreamOptions {
+            empty_ttl: Duration::from_millis(80),
+            ..StreamOptions::default()
+        };
+        let top = HistoryQuery {
+            since: None,
+            limit: Some(0),
+        };
+        let epoch = |h: HistoryResult| h.position.epoch;
+        let first = epoch(broker.history("quiet", &top, &opts).await.unwrap());
+        broker.history("busy", &top, &opts).await.unwrap();
+        let publish = PublishOptions {
+            stream: opts.clone(),
+            idempotency_key: None,
+        };
+        broker
+            .publish("busy", Bytes::from_static(b"1"), None, &publish)
+            .await
+            .unwrap();
+        // Each read of the empty stream keeps its epoch another `empty_ttl`.
+        for _ in 0..3 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let again = epoch(broker.history("quiet", &top, &opts).await.unwrap());
+            assert_eq!(again, first, "read within empty_ttl of the last read");
+        }
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        broker.sweep();
+        let kept: Vec<String> = broker
+            .streams
+            .iter()
+            .flat_map(|s| s.lock().unwrap().keys().cloned().collect::<Vec<_>>())
+            .collect();
+        assert_eq!(
+            kept,
+            vec!["busy".to_string()],
+            "the read-only stream is gone"
+        );
+        let fresh = broker.history("quiet", &top, &opts).await.unwrap();
+        assert_ne!(fresh.position.epoch, first, "a new epoch after it expired");
+        assert_eq!(fresh.position.offset, 0);
     }
 }

@@ -310,6 +310,10 @@ pub struct NamespaceConfig {
     pub history_ttl_s: u64,
     /// Seconds a channel's epoch and offset outlive its last publication.
     pub history_meta_ttl_s: u64,
+    /// Seconds a channel that was read or subscribed but never published to keeps its epoch
+    /// after the last read (a fresh epoch afterwards: a client holding the old one at offset 0
+    /// is told `recovered: false`).
+    pub history_empty_ttl_s: u64,
     /// Track who is subscribed; clients allowed to subscribe may ask.
     pub presence: bool,
     /// Push `join`/`leave` to subscribers (needs `presence`).
@@ -332,6 +336,7 @@ impl Default for NamespaceConfig {
             history_size: 100,
             history_ttl_s: 300,
             history_meta_ttl_s: 24 * 3600,
+            history_empty_ttl_s: 600,
             presence: false,
             join_leave: false,
             subscribe_proxy: false,
@@ -347,6 +352,7 @@ impl NamespaceConfig {
             history_size: self.history_size,
             history_ttl: Duration::from_secs(self.history_ttl_s),
             meta_ttl: Duration::from_secs(self.history_meta_ttl_s.max(self.history_ttl_s)),
+            empty_ttl: Duration::from_secs(self.history_empty_ttl_s.max(1)),
         }
     }
 }

@@ -1,10 +1,14 @@
 //! Choosing the broker from `broker_url`.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use herald_broker::{MemoryBroker, SharedBroker};
 use herald_core::Config;
+
+/// The in-memory broker forgets expired streams at least this often.
+const SWEEP_AT_MOST: Duration = Duration::from_secs(60);
 
 /// Connect the broker the config names: `memory`, `redis://…`, `rediss://…`,
 /// `redis+cluster://…` or `nats://…`.
@@ -14,12 +18,14 @@ pub async fn connect(config: &Config) -> anyhow::Result<SharedBroker> {
     match scheme {
         "" | "memory" => {
             let broker = Arc::new(MemoryBroker::new());
-            let longest_meta = std::iter::once(&config.default_namespace)
+            // Often enough that a stream outlives its TTL by at most half the shortest one.
+            let shortest_empty = std::iter::once(&config.default_namespace)
                 .chain(&config.namespaces)
-                .map(|ns| ns.stream_options().meta_ttl)
-                .max()
+                .map(|ns| ns.stream_options().empty_ttl)
+                .min()
                 .unwrap_or_default();
-            broker.spawn_sweeper(longest_meta);
+            let every = (shortest_empty / 2).clamp(Duration::from_millis(500), SWEEP_AT_MOST);
+            broker.spawn_sweeper(every);
             Ok(broker)
         }
         "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis+sentinel" | "rediss+sentinel"

@@ -289,3 +289,42 @@ async fn websocket_pings_do_not_stand_in_for_the_protocol_pong() {
     };
     assert_eq!(closed, 4002);
 }
+
+/// Reading fresh channel names makes the node hold each one's epoch only
+/// `history_empty_ttl_s` after the last read, not the day a published stream keeps.
+#[tokio::test]
+async fn reading_fresh_channel_names_leaves_no_lasting_state() {
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        [default_namespace]
+        history_empty_ttl_s = 1
+        "#,
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    let epoch = |body: serde_json::Value| body["epoch"].as_str().unwrap().to_owned();
+    let read = |channel: &'static str| {
+        let node = &node;
+        async move {
+            let (status, body) = node
+                .api("/api/history", Some(json!({"channel": channel})))
+                .await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["offset"], 0, "{body}");
+            body
+        }
+    };
+    let first = epoch(read("fresh").await);
+    // Reads within the TTL of the last read keep the epoch.
+    for _ in 0..3 {
+        tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+        assert_eq!(epoch(read("fresh").await), first);
+    }
+    // Then nothing reads it: it is forgotten (the next read starts a new epoch).
+    tokio::time::sleep(std::time::Duration::from_millis(2_000)).await;
+    assert_ne!(
+        epoch(read("fresh").await),
+        first,
+        "the empty stream was kept"
+    );
+}
