@@ -1,0 +1,221 @@
+//! Fan-out and continuity: delivering a publication to a channel's subscribers in offset order,
+//! catching up a gap from history, and losing the channel when history cannot fill it.
+
+use super::*;
+
+impl Hub {
+    /// A publication from the broker: deliver it in order, or catch up first if offsets skip.
+    pub fn deliver(&self, channel: &str, epoch: &str, publication: Publication) {
+        self.shared.metrics.publications_received.inc();
+        let mut shard = self.shard(channel).lock().expect("hub lock");
+        let Some(ch) = shard.get_mut(channel) else {
+            self.shared.metrics.publications_without_subscriber.inc();
+            return;
+        };
+        self.deliver_to(channel, ch, epoch, publication);
+    }
+
+    /// Deliver to a channel whose shard lock is held: buffer during a catch-up, start one on a
+    /// gap.
+    pub(super) fn deliver_to(
+        &self,
+        channel: &str,
+        ch: &mut Channel,
+        epoch: &str,
+        publication: Publication,
+    ) {
+        ch.generation += 1;
+        if let Some(waiting) = &mut ch.catchup {
+            waiting.push(publication);
+            return;
+        }
+        if let Err(Gap) = self.deliver_in_order(channel, ch, epoch, publication.clone()) {
+            self.begin_catchup(channel, ch, Some(publication));
+        }
+    }
+
+    /// Deliver one publication if it is the next offset; skip it if already delivered.
+    ///
+    /// Lock: the channel's shard lock is held.
+    pub(super) fn deliver_in_order(
+        &self,
+        channel: &str,
+        ch: &mut Channel,
+        epoch: &str,
+        p: Publication,
+    ) -> Result<(), Gap> {
+        let Some(last) = ch.last_offset else {
+            // No baseline yet: hold it until the first reply's position is known (or drop it
+            // when no subscriber is waiting for one).
+            if ch.has_pending() {
+                if ch.early.len() >= EARLY_MAX {
+                    self.lose_continuity(channel, ch, "too many publications before the reply");
+                } else {
+                    ch.early.push((epoch.to_owned(), p));
+                }
+            }
+            return Ok(());
+        };
+        if ch.epoch.as_deref() != Some(epoch) {
+            // The stream was recreated: positions clients hold mean nothing any more.
+            self.lose_continuity(channel, ch, "stream epoch changed");
+            return Ok(());
+        }
+        if p.offset <= last {
+            return Ok(());
+        }
+        if p.offset > last + 1 {
+            return Err(Gap);
+        }
+        ch.last_offset = Some(p.offset);
+        ch.active = true;
+        let frame = push_publication(channel, &p);
+        let mut delivered = 0;
+        for sub in ch.subscribers.values_mut() {
+            match &mut sub.mode {
+                Mode::Pending(waiting) => waiting.push(p.clone()),
+                Mode::Live { skip_until } if p.offset > *skip_until => {
+                    if sub.out.push(frame.clone()) {
+                        delivered += 1;
+                    }
+                }
+                Mode::Live { .. } | Mode::Lost => {}
+            }
+        }
+        self.shared.metrics.deliveries.inc_by(delivered);
+        Ok(())
+    }
+
+    /// Start reading the gap from history; live publications wait in `ch.catchup`.
+    ///
+    /// Lock: the channel's shard lock is held.
+    pub(super) fn begin_catchup(
+        &self,
+        channel: &str,
+        ch: &mut Channel,
+        first: Option<Publication>,
+    ) {
+        if let Some(waiting) = &mut ch.catchup {
+            waiting.extend(first);
+            return;
+        }
+        let (Some(epoch), Some(offset)) = (ch.epoch.clone(), ch.last_offset) else {
+            return;
+        };
+        ch.catchup = Some(first.into_iter().collect());
+        self.shared.metrics.catchups.inc();
+        let hub = self.clone();
+        let channel = channel.to_owned();
+        let opts = ch.opts.clone();
+        tokio::spawn(async move {
+            let query = HistoryQuery {
+                since: Some(StreamPosition { epoch, offset }),
+                limit: None,
+            };
+            // A broker that just came back may still be re-establishing its command link: retry
+            // "unavailable" for a few seconds before telling clients to recover themselves.
+            let mut backoff = Backoff::new(CATCHUP_RETRY_FIRST, CATCHUP_RETRY_LAST).exact();
+            let history = loop {
+                let read = hub.shared.broker.history(&channel, &query, &opts).await;
+                if let Err(BrokerError::Unavailable { message: why, .. }) = &read {
+                    if let Some(delay) = backoff.next_delay_until_max() {
+                        tracing::debug!(channel, why, "catch-up read unavailable; retrying");
+                        tokio::time::sleep(delay).await;
+                        continue;
+                    }
+                }
+                break read;
+            };
+            hub.finish_catchup(&channel, history);
+        });
+    }
+
+    pub(super) fn finish_catchup(
+        &self,
+        channel: &str,
+        history: Result<herald_broker::HistoryResult, BrokerError>,
+    ) {
+        let mut shard = self.shard(channel).lock().expect("hub lock");
+        let Some(ch) = shard.get_mut(channel) else {
+            return;
+        };
+        let Some(waiting) = ch.catchup.take() else {
+            // Continuity was lost meanwhile; the channel starts over.
+            return;
+        };
+        let history = match history {
+            Ok(h) if h.continuous => h,
+            Ok(_) => return self.lose_continuity(channel, ch, "history no longer holds the gap"),
+            Err(e) => {
+                tracing::warn!(channel, cause = %e, "catch-up read failed");
+                return self.lose_continuity(channel, ch, "catch-up failed");
+            }
+        };
+        let epoch = history.position.epoch.clone();
+        for p in history.publications.into_iter().chain(waiting) {
+            if let Err(Gap) = self.deliver_in_order(channel, ch, &epoch, p) {
+                return self.lose_continuity(channel, ch, "gap after catch-up");
+            }
+            if ch.last_offset.is_none() {
+                return; // lost on an epoch change
+            }
+        }
+    }
+
+    /// The node cannot guarantee the channel's continuity any more: stop delivering it, tell
+    /// each subscriber's session to leave it (its client gets `unsub` 4003 and resubscribes with
+    /// `since`, or learns it cannot recover), and forget the baseline so that the next
+    /// subscriber's reply sets a new one.
+    ///
+    /// Lock: the channel's shard lock is held.
+    pub(super) fn lose_continuity(&self, channel: &str, ch: &mut Channel, why: &str) {
+        tracing::warn!(
+            channel,
+            subscribers = ch.subscribers.len(),
+            why,
+            "channel continuity lost"
+        );
+        for sub in ch.subscribers.values_mut() {
+            if matches!(sub.mode, Mode::Lost) {
+                continue;
+            }
+            sub.mode = Mode::Lost;
+            sub.out.control(Control::Lost {
+                channel: channel.to_owned(),
+                reason: format!("insufficient state: {why}"),
+            });
+            self.shared.metrics.continuity_lost.inc();
+        }
+        ch.epoch = None;
+        ch.last_offset = None;
+        ch.catchup = None;
+        ch.early = Vec::new();
+        ch.tail_ahead = None;
+    }
+
+    /// After a broker reconnect: catch up every channel this node hosts.
+    pub fn catch_up_all(&self) {
+        for shard in self.shared.shards.iter() {
+            let mut shard = shard.lock().expect("hub lock");
+            for (name, ch) in shard.iter_mut() {
+                let name = name.clone();
+                self.begin_catchup(&name, ch, None);
+            }
+        }
+    }
+
+    /// Push a join/leave to the channel's live subscribers.
+    pub fn deliver_presence_change(&self, channel: &str, joined: bool, who: &ClientInfo) {
+        let shard = self.shard(channel).lock().expect("hub lock");
+        let Some(ch) = shard.get(channel) else { return };
+        let frame = push_presence_change(joined, channel, who);
+        for sub in ch.subscribers.values() {
+            if matches!(sub.mode, Mode::Live { .. }) {
+                sub.out.push(frame.clone());
+            }
+        }
+    }
+}
+
+/// Offsets skipped: catch up from history first.
+pub(super) struct Gap;

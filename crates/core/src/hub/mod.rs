@@ -1,0 +1,344 @@
+//! The hub: channels → local subscribers, fan-out, continuity (gap catch-up) and the client
+//! registry the HTTP API acts through.
+//!
+//! # Data path of one publication
+//! broker → [`Hub::deliver`] → the channel's subscriber map → the frame, encoded once, is pushed
+//! to each connection's [`Outbound`] queue → the connection task writes it.
+//!
+//! # Continuity
+//! The hub remembers, per channel, the epoch and the last offset it delivered (its *baseline*). A
+//! publication that skips offsets starts a catch-up from history (publications arriving meanwhile
+//! are buffered); a changed epoch or a catch-up that history cannot satisfy *loses the channel*:
+//! each of its subscribers gets `unsub` with code 4003 (resubscribe with `since` to recover) and
+//! keeps its other subscriptions; the channel forgets its baseline.
+//!
+//! A new subscriber is *pending* from the moment it is added until its reply is queued:
+//! publications that arrive meanwhile are kept for it and those the reply's history already holds
+//! are dropped, so recovered and live publications meet with no gap and no duplicate. A channel
+//! without a baseline takes the first activated reply's position as its baseline, never an
+//! unchecked delivery: deliveries that arrive before are held and then run through the same
+//! gap check, so a publication lost between the reply's position and the first delivery is
+//! caught up from history.
+//!
+//! A lost publication at the tail of a burst leaves no later publication to reveal the gap, so a
+//! periodic *tail check* compares the broker's newest offset with the baseline: every channel that
+//! delivered since the last check is looked at on the next tick, every other channel within one
+//! sweep of all shards (see [`TAIL_CHECK_EVERY`]); a gap seen on two checks in a row is caught up.
+//!
+//! # Locks
+//! Channel maps are sharded `std::sync::Mutex`es, never held across an `.await` and never held
+//! while calling the broker. Broker subscribe/unsubscribe for one channel are serialized by a
+//! striped async mutex, so a last-leave and a first-join cannot reorder at the broker.
+//!
+//! # Layout
+//! - this file: the types, construction, the broker handler and publishing;
+//! - [`connections`]: the client registry the HTTP API acts through;
+//! - [`subscriptions`]: subscribe (pending → live) and unsubscribe;
+//! - [`fanout`]: in-order delivery, gap catch-up and losing a channel;
+//! - [`tail`]: the periodic tail check;
+//! - [`control`]: control messages between nodes and node liveness.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crate::flights::Flights;
+use bytes::Bytes;
+use herald_broker::{
+    Backoff, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, PublishOptions,
+    SharedBroker, StreamOptions,
+};
+use herald_protocol::encode::{push_presence_change, push_publication};
+use herald_protocol::{ClientInfo, CloseCode, Publication, StreamPosition};
+
+use crate::config::NamespaceConfig;
+use crate::metrics::Metrics;
+use crate::outbound::{CloseRequest, Control, Outbound};
+use crate::recovery::{decide, SubscribeResult};
+
+mod connections;
+mod control;
+mod fanout;
+mod subscriptions;
+mod tail;
+
+const SHARDS: usize = 64;
+const TRANSITION_STRIPES: usize = 256;
+/// How often a node tells the others about itself, and when it is forgotten.
+const NODE_INFO_EVERY: Duration = Duration::from_secs(5);
+const NODE_INFO_EXPIRES: Duration = Duration::from_secs(15);
+/// Catch-up retries while the broker is unavailable: 100 ms doubling to 3.2 s (about 6 s in all).
+const CATCHUP_RETRY_FIRST: Duration = Duration::from_millis(100);
+const CATCHUP_RETRY_LAST: Duration = Duration::from_millis(3200);
+/// How often the tail check runs. A gap at the tail of a channel that delivered in the last tick
+/// is caught up within about two ticks; any other channel's within one sweep of the shards
+/// (`SHARDS` ticks, about a minute).
+pub const TAIL_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Broker reads the tail check makes at most per tick (the rest wait for the next tick).
+const TAIL_CHECKS_PER_TICK: usize = 512;
+/// Deliveries held for a channel that has no baseline yet (while its first reply is built).
+const EARLY_MAX: usize = 10_000;
+
+/// A connection's key in the hub (cheaper than its client id string).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnKey(u64);
+
+enum Mode {
+    /// Added, reply not yet queued: publications are kept here.
+    Pending(Vec<Publication>),
+    /// Receiving; publications at or below `skip_until` were already in its reply.
+    Live { skip_until: u64 },
+    /// The channel lost continuity: nothing more is delivered; the session leaves the channel.
+    Lost,
+}
+
+struct Subscriber {
+    out: Arc<Outbound>,
+    mode: Mode,
+}
+
+struct Channel {
+    subscribers: HashMap<ConnKey, Subscriber>,
+    /// The baseline: epoch and last offset delivered (both `None` until the first activation).
+    epoch: Option<String>,
+    last_offset: Option<u64>,
+    /// Deliveries that arrived while the channel had no baseline (with their epoch).
+    early: Vec<(String, Publication)>,
+    /// Some while a catch-up from history runs: live publications wait here.
+    catchup: Option<Vec<Publication>>,
+    /// Delivered since the last tail check.
+    active: bool,
+    /// The broker's position when the last tail check found it ahead of the baseline.
+    tail_ahead: Option<StreamPosition>,
+    /// Moves on with every publication that reaches the channel; unique per incarnation of the
+    /// channel on this node (its base comes from [`Shared::incarnations`]). Subscribers that
+    /// registered at the same generation may share a history read (see [`crate::flights`]).
+    generation: u64,
+    opts: StreamOptions,
+}
+
+impl Channel {
+    fn new(opts: StreamOptions, generation: u64) -> Self {
+        Channel {
+            generation,
+            subscribers: HashMap::new(),
+            epoch: None,
+            last_offset: None,
+            early: Vec::new(),
+            catchup: None,
+            active: false,
+            tail_ahead: None,
+            opts,
+        }
+    }
+
+    fn has_pending(&self) -> bool {
+        self.subscribers
+            .values()
+            .any(|s| matches!(s.mode, Mode::Pending(_)))
+    }
+}
+
+/// One shard of the channel map.
+type ChannelMap = HashMap<Arc<str>, Channel>;
+
+struct ClientEntry {
+    user: Arc<str>,
+    out: Arc<Outbound>,
+    /// Where the client stands in its user's list, so that forgetting it is O(1): every
+    /// anonymous connection shares the user "", and a storm of 19,000 disconnects scanning that
+    /// list was quadratic, holding the registry lock that new connections wait on.
+    slot: usize,
+}
+
+#[derive(Default)]
+struct Registry {
+    clients: HashMap<Arc<str>, ClientEntry>,
+    users: HashMap<Arc<str>, Vec<Arc<str>>>,
+}
+
+impl Registry {
+    /// Append `client` to `user`'s list; returns its slot.
+    fn add_to_user(&mut self, user: &Arc<str>, client: Arc<str>) -> usize {
+        let list = self.users.entry(user.clone()).or_default();
+        list.push(client);
+        list.len() - 1
+    }
+
+    /// Take the client at `slot` out of `user`'s list, moving the last one into its place.
+    fn remove_from_user(&mut self, user: &Arc<str>, slot: usize) {
+        let Some(list) = self.users.get_mut(user) else {
+            return;
+        };
+        if slot >= list.len() {
+            return;
+        }
+        list.swap_remove(slot);
+        if let Some(moved) = list.get(slot).cloned() {
+            if let Some(e) = self.clients.get_mut(&moved) {
+                e.slot = slot;
+            }
+        } else if list.is_empty() {
+            self.users.remove(user);
+        }
+    }
+}
+
+struct Shared {
+    node_name: String,
+    started: Instant,
+    broker: SharedBroker,
+    metrics: Arc<Metrics>,
+    shards: Box<[Mutex<ChannelMap>]>,
+    transitions: Box<[tokio::sync::Mutex<()>]>,
+    registry: Mutex<Registry>,
+    nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
+    next_key: AtomicU64,
+    /// The shard the tail check sweeps next.
+    sweep: AtomicU64,
+    /// Channel incarnations created so far; each starts its generation at this << 32.
+    incarnations: AtomicU64,
+    /// History reads in flight, shared by subscribers asking the same at the same generation.
+    flights: Flights,
+}
+
+/// Cheap-to-clone handle to the hub.
+#[derive(Clone)]
+pub struct Hub {
+    shared: Arc<Shared>,
+}
+
+/// The broker calls into the hub through this, holding it weakly (the hub owns the broker).
+struct HubHandler(Weak<Shared>);
+
+impl BrokerHandler for HubHandler {
+    fn on_publication(&self, channel: &str, epoch: &str, publication: Publication) {
+        if let Some(shared) = self.0.upgrade() {
+            Hub { shared }.deliver(channel, epoch, publication);
+        }
+    }
+    fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {
+        if let Some(shared) = self.0.upgrade() {
+            Hub { shared }.deliver_presence_change(channel, joined, &who);
+        }
+    }
+    fn on_control(&self, message: ControlMessage) {
+        if let Some(shared) = self.0.upgrade() {
+            Hub { shared }.apply_control(message);
+        }
+    }
+    fn on_reconnected(&self) {
+        if let Some(shared) = self.0.upgrade() {
+            Hub { shared }.catch_up_all();
+        }
+    }
+}
+
+fn stripe(channel: &str, n: usize) -> usize {
+    let mut h = DefaultHasher::new();
+    channel.hash(&mut h);
+    (h.finish() as usize) % n
+}
+
+impl Hub {
+    /// A hub that publishes and receives through `broker`.
+    pub fn new(node_name: String, broker: SharedBroker, metrics: Arc<Metrics>) -> Self {
+        Hub {
+            shared: Arc::new(Shared {
+                node_name,
+                started: Instant::now(),
+                broker,
+                metrics,
+                shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+                transitions: (0..TRANSITION_STRIPES)
+                    .map(|_| tokio::sync::Mutex::new(()))
+                    .collect(),
+                registry: Mutex::default(),
+                nodes: Mutex::default(),
+                next_key: AtomicU64::new(1),
+                sweep: AtomicU64::new(0),
+                incarnations: AtomicU64::new(0),
+                flights: Flights::default(),
+            }),
+        }
+    }
+
+    /// Connect the broker to the hub and start the node-info heartbeat.
+    pub async fn start(&self) -> Result<(), BrokerError> {
+        let handler = Arc::new(HubHandler(Arc::downgrade(&self.shared)));
+        self.shared.broker.start(handler).await?;
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(NODE_INFO_EVERY);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                let hub = Hub { shared };
+                let info = ControlMessage::NodeInfo(hub.node_info());
+                if let Err(e) = hub.shared.broker.publish_control(&info).await {
+                    tracing::debug!(cause = %e, "node info not published");
+                }
+            }
+        });
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(TAIL_CHECK_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(shared) = weak.upgrade() else { return };
+                Hub { shared }.check_tails().await;
+            }
+        });
+        Ok(())
+    }
+
+    /// The broker.
+    pub fn broker(&self) -> &SharedBroker {
+        &self.shared.broker
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.shared.metrics
+    }
+
+    /// This node's name.
+    pub fn node_name(&self) -> &str {
+        &self.shared.node_name
+    }
+
+    fn shard(&self, channel: &str) -> &Mutex<ChannelMap> {
+        &self.shared.shards[stripe(channel, SHARDS)]
+    }
+
+    /// Publish through the broker (API or client), timing it for `/metrics`.
+    pub async fn publish(
+        &self,
+        channel: &str,
+        data: Bytes,
+        info: Option<ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        let started = Instant::now();
+        let position = self
+            .shared
+            .broker
+            .publish(channel, data, info, opts)
+            .await?;
+        let metrics = &self.shared.metrics;
+        metrics
+            .publish_seconds
+            .observe(started.elapsed().as_secs_f64());
+        metrics.publications.inc();
+        Ok(position)
+    }
+}
+
+// Tests that wait for the catch-up task run on paused time: a sleep there returns once every task
+// is idle (the in-memory broker does no I/O), however slow the machine, and costs no wall-clock time.
+#[cfg(test)]
+mod tests;

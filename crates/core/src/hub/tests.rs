@@ -1,0 +1,426 @@
+//! Unit tests of the hub on the in-memory broker.
+//!
+//! Tests that wait for the catch-up task run on paused time: a sleep there returns once every task
+//! is idle (the in-memory broker does no I/O), however slow the machine, and costs no wall-clock time.
+use super::*;
+use async_trait::async_trait;
+use herald_broker::{Broker, HistoryResult, MemoryBroker, PublishOptions};
+use std::collections::HashSet;
+
+/// A memory broker whose deliveries of chosen offsets never reach the hub (they are stored).
+struct LossyBroker {
+    inner: MemoryBroker,
+    lose: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl LossyBroker {
+    fn new() -> Self {
+        LossyBroker {
+            inner: MemoryBroker::new(),
+            lose: Arc::default(),
+        }
+    }
+    fn lose(&self, offsets: &[u64]) {
+        self.lose.lock().unwrap().extend(offsets);
+    }
+}
+
+struct Dropping {
+    inner: Arc<dyn BrokerHandler>,
+    lose: Arc<Mutex<HashSet<u64>>>,
+}
+
+impl BrokerHandler for Dropping {
+    fn on_publication(&self, channel: &str, epoch: &str, p: Publication) {
+        if !self.lose.lock().unwrap().remove(&p.offset) {
+            self.inner.on_publication(channel, epoch, p);
+        }
+    }
+    fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {
+        self.inner.on_presence_change(channel, joined, who);
+    }
+    fn on_control(&self, message: ControlMessage) {
+        self.inner.on_control(message);
+    }
+    fn on_reconnected(&self) {
+        self.inner.on_reconnected();
+    }
+}
+
+#[async_trait]
+impl Broker for LossyBroker {
+    async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError> {
+        let lose = self.lose.clone();
+        self.inner
+            .start(Arc::new(Dropping {
+                inner: handler,
+                lose,
+            }))
+            .await
+    }
+    async fn publish(
+        &self,
+        channel: &str,
+        data: Bytes,
+        info: Option<ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        self.inner.publish(channel, data, info, opts).await
+    }
+    async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {
+        self.inner.subscribe(channel).await
+    }
+    async fn unsubscribe(&self, channel: &str) -> Result<(), BrokerError> {
+        self.inner.unsubscribe(channel).await
+    }
+    async fn history(
+        &self,
+        channel: &str,
+        query: &HistoryQuery,
+        opts: &StreamOptions,
+    ) -> Result<HistoryResult, BrokerError> {
+        self.inner.history(channel, query, opts).await
+    }
+    async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
+        self.inner.add_presence(channel, who).await
+    }
+    async fn remove_presence(&self, channel: &str, client: &str) -> Result<(), BrokerError> {
+        self.inner.remove_presence(channel, client).await
+    }
+    async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
+        self.inner.presence(channel).await
+    }
+    async fn publish_presence_change(
+        &self,
+        channel: &str,
+        joined: bool,
+        who: &ClientInfo,
+    ) -> Result<(), BrokerError> {
+        self.inner
+            .publish_presence_change(channel, joined, who)
+            .await
+    }
+    async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError> {
+        self.inner.publish_control(message).await
+    }
+}
+
+fn ns() -> NamespaceConfig {
+    NamespaceConfig::default()
+}
+
+async fn hub() -> Hub {
+    let hub = Hub::new(
+        "test".into(),
+        Arc::new(MemoryBroker::new()),
+        Arc::new(Metrics::new()),
+    );
+    hub.start().await.unwrap();
+    hub
+}
+
+fn offsets(out: &Outbound) -> Vec<u64> {
+    out.drain()
+        .frames
+        .iter()
+        .map(|f| {
+            let v: serde_json::Value = serde_json::from_slice(f).unwrap();
+            v["pub"]["offset"].as_u64().unwrap()
+        })
+        .collect()
+}
+
+async fn publish(hub: &Hub, channel: &str, n: u64) {
+    for i in 0..n {
+        let opts = PublishOptions {
+            stream: ns().stream_options(),
+            idempotency_key: None,
+        };
+        hub.broker()
+            .publish(channel, Bytes::from(i.to_string()), None, &opts)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_registry_finds_each_users_connections_after_removals_and_moves() {
+    let hub = hub().await;
+    let outs: Vec<Arc<Outbound>> = (0..5).map(|_| Arc::new(Outbound::new(1 << 10))).collect();
+    for (i, out) in outs.iter().enumerate() {
+        hub.register(format!("c{i}").into(), "".into(), out.clone());
+    }
+    let found = |user: &str| {
+        let mut v: Vec<usize> = hub
+            .find(Some(user), None)
+            .iter()
+            .map(|o| outs.iter().position(|x| Arc::ptr_eq(x, o)).unwrap())
+            .collect();
+        v.sort_unstable();
+        v
+    };
+    hub.unregister("c1");
+    hub.unregister("c0");
+    assert_eq!(found(""), [2, 3, 4]);
+    hub.set_user("c3", "alice".into());
+    assert_eq!((found(""), found("alice")), (vec![2, 4], vec![3]));
+    hub.unregister("c4");
+    hub.unregister("c2");
+    assert_eq!(found(""), Vec::<usize>::new());
+    hub.set_user("c3", "".into());
+    assert_eq!((found(""), found("alice")), (vec![3], vec![]));
+    hub.unregister("c3");
+    assert_eq!(hub.shared.registry.lock().unwrap().users.len(), 0);
+}
+
+#[tokio::test]
+async fn pending_subscriber_gets_what_arrived_after_its_reply_position() {
+    let hub = hub().await;
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register("c1".into(), "u".into(), out.clone());
+    publish(&hub, "ch", 3).await;
+    let since = hub
+        .prepare_subscription("ch", key, &out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    assert_eq!(since.offset, 3);
+    // Published while the reply is being built: kept, then queued after it.
+    publish(&hub, "ch", 2).await;
+    assert!(
+        out.drain().frames.is_empty(),
+        "nothing goes out before the reply"
+    );
+    hub.activate("ch", key, &since);
+    publish(&hub, "ch", 1).await;
+    assert_eq!(offsets(&out), vec![4, 5, 6]);
+}
+
+/// What the session would be told: the channels it lost, in order.
+fn lost(out: &Outbound) -> Vec<String> {
+    out.drain()
+        .controls
+        .into_iter()
+        .filter_map(|c| match c {
+            Control::Lost { channel, .. } => Some(channel),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Subscribe a registered connection to `channel` (both halves); returns the reply position.
+async fn join(hub: &Hub, channel: &str, key: ConnKey, out: &Arc<Outbound>) -> StreamPosition {
+    let pos = hub
+        .prepare_subscription(channel, key, out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    hub.activate(channel, key, &pos);
+    pos
+}
+
+async fn subscribed(hub: &Hub, channel: &str, client: &str) -> (ConnKey, Arc<Outbound>) {
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register(client.into(), "u".into(), out.clone());
+    join(hub, channel, key, &out).await;
+    (key, out)
+}
+
+fn publication(offset: u64) -> Publication {
+    Publication {
+        offset,
+        data: Bytes::from(offset.to_string()),
+        info: None,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn gap_that_history_cannot_fill_loses_only_that_channel() {
+    let hub = hub().await;
+    let (key, out) = subscribed(&hub, "ch", "c1").await;
+    join(&hub, "other", key, &out).await;
+    publish(&hub, "ch", 2).await;
+    let epoch = hub
+        .broker()
+        .history("ch", &HistoryQuery::default(), &ns().stream_options())
+        .await
+        .unwrap()
+        .position
+        .epoch;
+    // Offset 4 arrives after 2, but 3 was never stored: history cannot fill the gap.
+    hub.deliver("ch", &epoch, publication(4));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let drained = out.drain();
+    assert_eq!(drained.frames.len(), 2, "1 and 2 were delivered");
+    assert!(drained.close.is_none(), "the connection stays");
+    assert!(matches!(&drained.controls[..], [Control::Lost { channel, .. }] if channel == "ch"));
+    assert_eq!(hub.metrics().continuity_lost.get(), 1);
+    // The other channel still delivers.
+    publish(&hub, "other", 1).await;
+    assert_eq!(offsets(&out), vec![1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn gap_is_caught_up_from_history_in_order() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    let (_, out) = subscribed(&hub, "ch", "c1").await;
+    publish(&hub, "ch", 1).await;
+    broker.lose(&[2, 3]);
+    publish(&hub, "ch", 2).await;
+    assert_eq!(offsets(&out), vec![1], "2 and 3 never arrived");
+    publish(&hub, "ch", 1).await; // 4 reveals the gap: 2 and 3 come from history first
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(offsets(&out), vec![2, 3, 4]);
+    assert_eq!(hub.metrics().catchups.get(), 1);
+    assert!(lost(&out).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn first_delivery_after_the_reply_is_checked_against_its_position() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    publish(&hub, "ch", 2).await;
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register("c1".into(), "u".into(), out.clone());
+    let pos = hub
+        .prepare_subscription("ch", key, &out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    assert_eq!(pos.offset, 2);
+    // 3 is published but never reaches this node; 4 does, before the reply is queued.
+    broker.lose(&[3]);
+    publish(&hub, "ch", 2).await;
+    hub.activate("ch", key, &pos);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(offsets(&out), vec![3, 4], "the hole at 3 is caught up");
+}
+
+/// Two subscribers pending on a channel without a baseline; the newer reply activates
+/// first and sets the baseline. The older one must still get everything after its own
+/// reply position, from the publications held meanwhile.
+#[tokio::test]
+async fn an_older_reply_activated_after_a_newer_one_misses_nothing() {
+    let hub = hub().await;
+    publish(&hub, "ch", 10).await;
+    let (a_out, b_out) = (
+        Arc::new(Outbound::new(1 << 20)),
+        Arc::new(Outbound::new(1 << 20)),
+    );
+    let a = hub.register("a".into(), "u".into(), a_out.clone());
+    let b = hub.register("b".into(), "u".into(), b_out.clone());
+    let a_pos = hub
+        .prepare_subscription("ch", a, &a_out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    publish(&hub, "ch", 2).await; // 11 and 12 are held: no baseline yet
+    let b_pos = hub
+        .prepare_subscription("ch", b, &b_out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    assert_eq!((a_pos.offset, b_pos.offset), (10, 12));
+    publish(&hub, "ch", 1).await; // 13
+    hub.activate("ch", b, &b_pos);
+    hub.activate("ch", a, &a_pos);
+    assert_eq!(offsets(&b_out), vec![13]);
+    assert_eq!(offsets(&a_out), vec![11, 12, 13]);
+    publish(&hub, "ch", 1).await;
+    assert_eq!(offsets(&a_out), vec![14]);
+    assert!(lost(&a_out).is_empty());
+}
+
+/// A reply older than what the channel already delivered before the subscriber was pending
+/// cannot be completed from what the hub holds: the subscriber is told (4003), not left
+/// with a hole.
+#[tokio::test]
+async fn a_reply_older_than_the_baseline_is_told_not_left_with_a_hole() {
+    let hub = hub().await;
+    let (_, first) = subscribed(&hub, "ch", "first").await;
+    publish(&hub, "ch", 12).await;
+    assert_eq!(offsets(&first).len(), 12);
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register("late".into(), "u".into(), out.clone());
+    hub.prepare_subscription("ch", key, &out, None, &ns())
+        .await
+        .unwrap();
+    // As if its history read had been stale: position 10 while 11 and 12 went out before.
+    let stale = hub
+        .broker()
+        .history("ch", &HistoryQuery::default(), &ns().stream_options())
+        .await
+        .unwrap()
+        .position;
+    let stale = StreamPosition {
+        epoch: stale.epoch,
+        offset: 10,
+    };
+    hub.activate("ch", key, &stale);
+    assert_eq!(lost(&out), vec!["ch".to_string()]);
+    publish(&hub, "ch", 1).await;
+    assert!(offsets(&out).is_empty(), "nothing after the hole");
+    assert_eq!(offsets(&first), vec![13]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_tail_is_found_by_the_tail_check() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    let (_, out) = subscribed(&hub, "ch", "c1").await;
+    publish(&hub, "ch", 1).await;
+    broker.lose(&[2]);
+    publish(&hub, "ch", 1).await; // the last of the burst, lost: nothing follows it
+    assert_eq!(offsets(&out), vec![1]);
+    tokio::time::sleep(TAIL_CHECK_EVERY * 3).await;
+    assert_eq!(offsets(&out), vec![2]);
+    assert_eq!(hub.metrics().tail_gaps.get(), 1);
+}
+
+#[tokio::test]
+async fn changed_epoch_loses_the_channel_and_the_next_reply_sets_a_new_baseline() {
+    let hub = hub().await;
+    let (_, out) = subscribed(&hub, "ch", "c1").await;
+    hub.deliver("ch", "another-epoch", publication(7));
+    assert_eq!(lost(&out), vec!["ch".to_string()]);
+    assert!(out.drain().frames.is_empty(), "nothing from the new epoch");
+    hub.unsubscribe("ch", ConnKey(1)).await;
+    let (_, again) = subscribed(&hub, "ch", "c2").await;
+    publish(&hub, "ch", 2).await;
+    assert_eq!(offsets(&again), vec![1, 2]);
+}
+
+#[tokio::test]
+async fn duplicates_are_dropped() {
+    let hub = hub().await;
+    let (_, out) = subscribed(&hub, "ch", "c1").await;
+    let pos = hub
+        .broker()
+        .history("ch", &HistoryQuery::default(), &ns().stream_options())
+        .await
+        .unwrap()
+        .position;
+    publish(&hub, "ch", 2).await;
+    let p = Publication {
+        offset: 2,
+        data: Bytes::from_static(b"x"),
+        info: None,
+    };
+    hub.deliver("ch", &pos.epoch, p);
+    assert_eq!(offsets(&out), vec![1, 2]);
+}
+
+#[tokio::test]
+async fn last_unsubscribe_removes_the_channel() {
+    let hub = hub().await;
+    let (key, _out) = subscribed(&hub, "ch", "c1").await;
+    assert_eq!(hub.channels(), vec![("ch".to_string(), 1)]);
+    hub.unsubscribe("ch", key).await;
+    assert!(hub.channels().is_empty());
+    publish(&hub, "ch", 1).await;
+    assert_eq!(hub.metrics().publications_without_subscriber.get(), 1);
+}
