@@ -1522,6 +1522,37 @@ function toHeraldError(e) {
   if (e instanceof Error && e.stack) err.stack = e.stack;
   return err;
 }
+
+// src/pusher-catch-up.ts
+function withPusherCatchUp(pusher) {
+  const positions = /* @__PURE__ */ new Map();
+  const send = pusher.send_event.bind(pusher);
+  pusher.send_event = (name, data, channel) => {
+    if (name === "pusher:subscribe") {
+      const since = positions.get(data.channel);
+      data = since ? { ...data, herald_since: since } : { ...data, herald_positions: true };
+    }
+    return send(name, data, channel);
+  };
+  pusher.connection.bind("connected", () => {
+    const transport = pusher.connection.connection.transport;
+    transport.bind("message", (m) => {
+      const msg = JSON.parse(m.data);
+      if (!msg.channel) return;
+      if (msg.event === "pusher_internal:subscription_succeeded" && typeof msg.data === "string") {
+        const herald = JSON.parse(msg.data).herald;
+        const known = positions.get(msg.channel);
+        if (herald && !(known && herald.recovered)) {
+          positions.set(msg.channel, { epoch: herald.epoch, offset: herald.offset });
+        }
+      } else if (typeof msg.herald_offset === "number") {
+        const known = positions.get(msg.channel);
+        if (known) known.offset = msg.herald_offset;
+      }
+    });
+  });
+  return pusher;
+}
 export {
   Backoff,
   ClientCode,
@@ -1535,5 +1566,6 @@ export {
   TimeoutError,
   UnsubCode,
   UsageError,
-  setDefaultWebSocket
+  setDefaultWebSocket,
+  withPusherCatchUp
 };
