@@ -503,23 +503,33 @@ var StreamTracker = class {
 };
 
 // src/subscription.ts
-var Subscription = class {
+var Subscription = class extends Emitter {
   /** @internal Created by `Herald.subscribe`. */
   constructor(host, channel, opts) {
-    /** @internal */
+    super();
     this._state = "subscribing";
-    /** @internal A subscribe or resync unsubscribe is in flight for this subscription. */
-    this._inflight = false;
-    /** @internal Paces retries and resyncs so a misbehaving server cannot make us spin. */
-    this._backoff = new Backoff({ minDelayMs: 200, maxDelayMs: 1e4 });
+    /**
+     * One step toward being subscribed is under way: a subscribe (alone or in `connect.subs`), the
+     * token fetch before one, or a resync's unsubscribe. The client starts no second one meanwhile.
+     */
+    this.busy = false;
+    /** Paces retries and resyncs so a misbehaving server cannot make us spin. */
+    this.backoff = new Backoff({ minDelayMs: 200, maxDelayMs: 1e4 });
     this.subscribedOnce = false;
     this.waiters = [];
     this.host = host;
     this.channel = channel;
     this.opts = opts;
-    this._tracker = new StreamTracker(opts.since);
+    this.tracker = new StreamTracker(opts.since);
     this.token = opts.token;
-    this._needToken = opts.token === void 0 && opts.getToken !== void 0;
+    this.needToken = opts.token === void 0 && opts.getToken !== void 0;
+    if (opts.onSubscribed) this.on("subscribed", opts.onSubscribed);
+    if (opts.onPublication) this.on("publication", opts.onPublication);
+    if (opts.onJoin) this.on("join", opts.onJoin);
+    if (opts.onLeave) this.on("leave", opts.onLeave);
+    if (opts.onRecoveryFailed) this.on("recoveryFailed", opts.onRecoveryFailed);
+    if (opts.onUnsubscribed) this.on("unsubscribed", opts.onUnsubscribed);
+    if (opts.onError) this.on("error", opts.onError);
   }
   get state() {
     return this._state;
@@ -528,38 +538,7 @@ var Subscription = class {
    * The last position delivered to the app. Store it to resume with `since` after a page reload.
    */
   get position() {
-    return this._tracker.position();
-  }
-  /** @internal The subscription token to send, if any. */
-  get _token() {
-    return this.token;
-  }
-  /** @internal Whether the subscription has its own token (so it cannot go in `connect.subs`). */
-  get _hasOwnToken() {
-    return this.token !== void 0 || this.opts.getToken !== void 0;
-  }
-  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
-  get _sentAlone() {
-    return this._hasOwnToken || this.opts.data !== void 0;
-  }
-  /** @internal The `data` option, for the subscribe command. */
-  get _data() {
-    return this.opts.data;
-  }
-  /** @internal Whether a fresh token can be fetched. */
-  get _canFetchToken() {
-    return this.opts.getToken !== void 0;
-  }
-  /**
-   * @internal Ask the app for a token. Resolves to the token, or undefined when the app gave none
-   * (the caller ends the subscription). Rejects when `getToken` threw.
-   */
-  async _fetchToken() {
-    const token = await this.opts.getToken?.(this.channel);
-    if (!token) return void 0;
-    this.token = token;
-    this._needToken = false;
-    return token;
+    return this.tracker.position();
   }
   /**
    * Resolves once the subscription is active; rejects if it ends first, or if the client stops
@@ -586,19 +565,75 @@ var Subscription = class {
   presence() {
     return this.host.presence(this.channel);
   }
+  // ---------------------------------------------------------------------------------------------
+  // For the client: what to send
+  /** @internal The subscription token to send, if any. */
+  get _token() {
+    return this.token;
+  }
+  /** @internal Whether the subscription has its own token (so it cannot go in `connect.subs`). */
+  get _hasOwnToken() {
+    return this.token !== void 0 || this.opts.getToken !== void 0;
+  }
+  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
+  get _sentAlone() {
+    return this._hasOwnToken || this.opts.data !== void 0;
+  }
+  /** @internal The `data` option, for the subscribe command. */
+  get _data() {
+    return this.opts.data;
+  }
+  /** @internal Whether a fresh token can be fetched. */
+  get _canFetchToken() {
+    return this.opts.getToken !== void 0;
+  }
+  /** @internal The next subscribe must fetch a token first. */
+  get _needsToken() {
+    return this.needToken;
+  }
+  /** @internal A subscribe, token fetch or resync unsubscribe is in flight. */
+  get _busy() {
+    return this.busy;
+  }
+  /** @internal Subscribing with nothing in flight and no retry scheduled: the client should send. */
+  get _needsSubscribe() {
+    return this._state === "subscribing" && !this.busy && this.retryTimer === void 0;
+  }
+  // ---------------------------------------------------------------------------------------------
+  // For the client: transitions. Each method is one named step of the subscription's life.
   /**
-   * @internal A subscribe reply arrived (from `subscribe` or `connect.subs`). Returns true when a
-   * hole was found and the client must resync the channel.
+   * @internal → subscribing, with a subscribe in flight (alone or in `connect.subs`). Returns the
+   * `since` to send: the position held, when the channel can be recovered.
+   */
+  _subscribeSent() {
+    const since = this.tracker.since();
+    this._state = "subscribing";
+    this.sentSince = since;
+    this.busy = true;
+    return since;
+  }
+  /** @internal A resync's unsubscribe is in flight (the subscribe follows its reply). */
+  _unsubscribeSent() {
+    this.busy = true;
+  }
+  /** @internal The subscribe or unsubscribe in flight was answered, or failed. */
+  _replyArrived() {
+    this.busy = false;
+  }
+  /**
+   * @internal → subscribed: a subscribe reply arrived (from `subscribe` or `connect.subs`).
+   * Delivers recovered publications. Returns true when a hole was found and the client must resync
+   * the channel.
    */
   _applySubscribe(result) {
-    const asked = this._sentSince;
-    this._sentSince = void 0;
-    const outcome = this._tracker.applySubscribe(result, asked);
+    const asked = this.sentSince;
+    this.sentSince = void 0;
+    const outcome = this.tracker.applySubscribe(result, asked);
     this._state = "subscribed";
     const resubscribed = this.subscribedOnce;
     this.subscribedOnce = true;
     if (outcome.recoveryFailed && asked) {
-      this.call(this.opts.onRecoveryFailed, {
+      this.emit("recoveryFailed", {
         channel: this.channel,
         since: asked,
         epoch: String(result.epoch),
@@ -614,7 +649,7 @@ var Subscription = class {
       resubscribed
     };
     if (result.data !== void 0) subscribed.data = result.data;
-    this.call(this.opts.onSubscribed, subscribed);
+    this.emit("subscribed", subscribed);
     for (const w of this.waiters.splice(0)) w.resolve();
     for (const pub of outcome.publications) {
       if (this._state !== "subscribed") return false;
@@ -623,16 +658,18 @@ var Subscription = class {
     return outcome.gap;
   }
   /**
-   * @internal A live publication. Returns true when it revealed a hole (resync needed). Pushes that
-   * arrive while we are (re)subscribing are dropped: they belong to the previous server-side
-   * subscription, and the subscribe reply's recovery or the live stream after it covers them.
+   * @internal A live publication: the only way the position moves between subscribe replies (all
+   * offset and epoch checks are the tracker's). Returns true when it revealed a hole (resync
+   * needed). Pushes that arrive while we are (re)subscribing are dropped: they belong to the
+   * previous server-side subscription, and the subscribe reply's recovery or the live stream after
+   * it covers them.
    */
   _applyPublication(pub) {
     if (this._state !== "subscribed") return false;
-    const verdict = this._tracker.applyPublication(pub);
+    const verdict = this.tracker.applyPublication(pub);
     if (verdict === "gap") return true;
     if (verdict === "deliver") {
-      this._backoff.reset();
+      this.backoff.reset();
       this.deliver(pub);
     }
     return false;
@@ -640,7 +677,75 @@ var Subscription = class {
   /** @internal */
   _applyPresence(kind, info) {
     if (this._state !== "subscribed") return;
-    this.call(kind === "join" ? this.opts.onJoin : this.opts.onLeave, { channel: this.channel, info });
+    this.emit(kind, { channel: this.channel, info });
+  }
+  /**
+   * @internal → subscribing: the channel must be subscribed again from the position held (a hole,
+   * or the server ended it with a resubscribe code). Live pushes are dropped until the reply.
+   */
+  _resubscribing() {
+    if (this._state === "subscribed") this._state = "subscribing";
+  }
+  /**
+   * @internal The connection is gone: nothing is in flight any more and a pending retry is moot.
+   * The subscription survives (→ subscribing); the next `connect` restores it with `since`.
+   */
+  _connectionLost() {
+    this.busy = false;
+    this.cancelRetry();
+    if (this._state === "subscribed") this._state = "subscribing";
+  }
+  /**
+   * @internal The token expired, or will and could not be refreshed: the next subscribe fetches a
+   * fresh one. Returns false (and changes nothing) when there is no `getToken` to fetch it with.
+   */
+  _invalidateToken() {
+    if (!this._canFetchToken) return false;
+    this.needToken = true;
+    return true;
+  }
+  /**
+   * @internal Ask the app for a token. Resolves to the token, or undefined when the app gave none
+   * (the caller ends the subscription). Rejects when `getToken` threw.
+   */
+  async _fetchToken() {
+    const token = await this.opts.getToken?.(this.channel);
+    if (!token) return void 0;
+    this.token = token;
+    this.needToken = false;
+    return token;
+  }
+  /** @internal `_fetchToken` for the subscribe to come: the subscription is busy meanwhile. */
+  async _fetchTokenToSubscribe() {
+    this.busy = true;
+    try {
+      return await this._fetchToken();
+    } finally {
+      this.busy = false;
+    }
+  }
+  /** @internal Run `fn` after this subscription's backoff delay, unless a retry is already pending. */
+  _retryLater(fn) {
+    if (this.retryTimer !== void 0) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = void 0;
+      fn();
+    }, this.backoff.next());
+  }
+  /**
+   * @internal Call `refresh` ahead of the token's expiry (10 s early, or a quarter of a short
+   * lifetime), replacing any earlier schedule. A fixed token cannot be refreshed: then nothing is
+   * scheduled and the server ends the subscription with `unsub` 4004.
+   */
+  _scheduleTokenRefresh(expiresInSec, refresh) {
+    this.cancelRefresh();
+    if (!this._canFetchToken) return;
+    const ms = expiresInSec * 1e3;
+    const delay = Math.max(0, ms - Math.min(1e4, ms / 4));
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = void 0;
+      refresh();
+    }, delay);
   }
   /**
    * @internal The client stopped (disconnected for good). The subscription stays registered for a
@@ -651,33 +756,36 @@ var Subscription = class {
   }
   /** @internal A non-fatal problem worth telling the app about. */
   _reportError(error) {
-    this.call(this.opts.onError, { channel: this.channel, error });
+    this.emit("error", { channel: this.channel, error });
   }
-  /** @internal The subscription is over (error, server `unsub`, or `unsubscribe()`). */
+  /** @internal → unsubscribed, for good (error, server `unsub`, or `unsubscribe()`). */
   _end(code, reason, error) {
     if (this._state === "unsubscribed") return;
     this._state = "unsubscribed";
-    if (this._retryTimer !== void 0) clearTimeout(this._retryTimer);
-    this._retryTimer = void 0;
-    if (this._refreshTimer !== void 0) clearTimeout(this._refreshTimer);
-    this._refreshTimer = void 0;
+    this.cancelRetry();
+    this.cancelRefresh();
     this.endError = error ?? new HeraldError(code, reason);
     if (error) this._reportError(error);
     for (const w of this.waiters.splice(0)) w.reject(this.endError);
-    this.call(this.opts.onUnsubscribed, { channel: this.channel, code, reason });
+    this.emit("unsubscribed", { channel: this.channel, code, reason });
+  }
+  // ---------------------------------------------------------------------------------------------
+  /** The app's listener threw: that must not corrupt the position we track or stop a batch. */
+  onListenerError(_event, error) {
+    this.host.reportListenerError(this.channel, error);
   }
   deliver(pub) {
     const ctx = { channel: this.channel, offset: pub.offset, data: pub.data };
     if (pub.info) ctx.info = pub.info;
-    this.call(this.opts.onPublication, ctx);
+    this.emit("publication", ctx);
   }
-  call(fn, arg) {
-    if (!fn) return;
-    try {
-      fn(arg);
-    } catch (e) {
-      this.host.reportListenerError(this.channel, e);
-    }
+  cancelRetry() {
+    if (this.retryTimer !== void 0) clearTimeout(this.retryTimer);
+    this.retryTimer = void 0;
+  }
+  cancelRefresh() {
+    if (this.refreshTimer !== void 0) clearTimeout(this.refreshTimer);
+    this.refreshTimer = void 0;
   }
 };
 
@@ -988,10 +1096,7 @@ var Herald = class extends Emitter {
     const included = [];
     for (const sub of this.subs.values()) {
       if (sub._sentAlone) continue;
-      const since = sub._tracker.since();
-      sub._state = "subscribing";
-      sub._sentSince = since;
-      sub._inflight = true;
+      const since = sub._subscribeSent();
       subs[sub.channel] = since ? { since } : {};
       included.push(sub);
     }
@@ -1009,7 +1114,7 @@ var Herald = class extends Emitter {
   }
   onConnectReply(err, r, included) {
     this.clearTimer("connectTimer");
-    for (const sub of included) sub._inflight = false;
+    for (const sub of included) sub._replyArrived();
     if (err) {
       if (err instanceof ReplyError) {
         this.reportError("connect", err);
@@ -1085,7 +1190,7 @@ var Herald = class extends Emitter {
     }
     for (const sub of this.subs.values()) {
       if (this._state !== "connected") break;
-      if (sub._state === "subscribing" && !sub._inflight && sub._retryTimer === void 0) this.sendSubscribe(sub);
+      if (sub._needsSubscribe) this.sendSubscribe(sub);
     }
     for (const w of this.waiters.splice(0)) {
       clearTimeout(w.timer);
@@ -1158,12 +1263,7 @@ var Herald = class extends Emitter {
     this.serverSubs.clear();
     const pending = [...this.pending.values()];
     this.pending.clear();
-    for (const sub of this.subs.values()) {
-      sub._inflight = false;
-      if (sub._retryTimer !== void 0) clearTimeout(sub._retryTimer);
-      sub._retryTimer = void 0;
-      if (sub._state === "subscribed") sub._state = "subscribing";
-    }
+    for (const sub of this.subs.values()) sub._connectionLost();
     for (const p of pending) {
       clearTimeout(p.timer);
       p.cb(new ConnectionError(ClientCode.ConnectionLost, `connection lost: ${reason}`, code), void 0);
@@ -1230,7 +1330,7 @@ var Herald = class extends Emitter {
           return;
         }
         if (shouldResubscribe(msg.code)) {
-          if (msg.code === UnsubCode.TokenExpired && sub._canFetchToken) sub._needToken = true;
+          if (msg.code === UnsubCode.TokenExpired) sub._invalidateToken();
           this.resync(sub, false);
         } else {
           this.subs.delete(sub.channel);
@@ -1262,21 +1362,18 @@ var Herald = class extends Emitter {
   // ---------------------------------------------------------------------------------------------
   // Subscriptions
   sendSubscribe(sub) {
-    if (this._state !== "connected" || sub._inflight || sub._state === "unsubscribed") return;
-    if (sub._needToken) {
+    if (this._state !== "connected" || sub._busy || sub.state === "unsubscribed") return;
+    if (sub._needsToken) {
       this.fetchSubscriptionToken(sub);
       return;
     }
-    const since = sub._tracker.since();
-    sub._state = "subscribing";
-    sub._sentSince = since;
-    sub._inflight = true;
+    const since = sub._subscribeSent();
     const params = { channel: sub.channel };
     if (since) params.since = since;
     if (sub._token !== void 0) params.token = sub._token;
     if (sub._data !== void 0) params.data = sub._data;
     this.request("subscribe", params, (err, result) => {
-      sub._inflight = false;
+      sub._replyArrived();
       if (this.subs.get(sub.channel) !== sub) return;
       if (err) this.onSubscribeError(sub, err);
       else this.applySubscribe(sub, result);
@@ -1288,10 +1385,8 @@ var Herald = class extends Emitter {
   }
   /** Get a subscription token from the app, then subscribe. */
   fetchSubscriptionToken(sub) {
-    sub._inflight = true;
-    sub._fetchToken().then(
+    sub._fetchTokenToSubscribe().then(
       (token) => {
-        sub._inflight = false;
         if (this.subs.get(sub.channel) !== sub) return;
         if (token === void 0) {
           this.subs.delete(sub.channel);
@@ -1301,7 +1396,6 @@ var Herald = class extends Emitter {
         this.sendSubscribe(sub);
       },
       (e) => {
-        sub._inflight = false;
         if (this.subs.get(sub.channel) !== sub) return;
         const err = new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`);
         sub._reportError(err);
@@ -1312,21 +1406,15 @@ var Herald = class extends Emitter {
   }
   /** Send `sub_refresh` ahead of the subscription token's expiry, as for the connection token. */
   scheduleSubRefresh(sub, expiresInSec) {
-    if (sub._refreshTimer !== void 0) clearTimeout(sub._refreshTimer);
-    sub._refreshTimer = void 0;
-    if (!sub._canFetchToken) return;
-    const ms = expiresInSec * 1e3;
-    const delay = Math.max(0, ms - Math.min(1e4, ms / 4));
-    sub._refreshTimer = setTimeout(() => {
-      sub._refreshTimer = void 0;
-      if (this.subs.get(sub.channel) !== sub || sub._state !== "subscribed") return;
+    sub._scheduleTokenRefresh(expiresInSec, () => {
+      if (this.subs.get(sub.channel) !== sub || sub.state !== "subscribed") return;
       sub._fetchToken().then(
         (token) => {
-          if (!token || this.subs.get(sub.channel) !== sub || sub._state !== "subscribed") return;
+          if (!token || this.subs.get(sub.channel) !== sub || sub.state !== "subscribed") return;
           this.request("sub_refresh", { channel: sub.channel, token }, (err, result) => {
             if (err) {
               if (!(err instanceof ConnectionError)) this.reportError("refresh", err, sub.channel);
-              sub._needToken = true;
+              sub._invalidateToken();
               return;
             }
             const r = result;
@@ -1334,7 +1422,7 @@ var Herald = class extends Emitter {
           });
         },
         (e) => {
-          sub._needToken = true;
+          sub._invalidateToken();
           this.reportError(
             "refresh",
             new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`),
@@ -1342,12 +1430,11 @@ var Herald = class extends Emitter {
           );
         }
       );
-    }, delay);
+    });
   }
   onSubscribeError(sub, err) {
     if (err instanceof ConnectionError) return;
-    if (err instanceof ReplyError && err.code === ErrorCode.TokenExpired && sub._canFetchToken) {
-      sub._needToken = true;
+    if (err instanceof ReplyError && err.code === ErrorCode.TokenExpired && sub._invalidateToken()) {
       this.retrySubscribe(sub, () => this.sendSubscribe(sub));
       return;
     }
@@ -1367,16 +1454,16 @@ var Herald = class extends Emitter {
    * unsubscribe first (and wait for it) so the new subscribe cannot meet "already subscribed".
    */
   resync(sub, serverSubscribed) {
-    sub._state = "subscribing";
-    if (this._state !== "connected" || sub._inflight) return;
+    sub._resubscribing();
+    if (this._state !== "connected" || sub._busy) return;
     this.retrySubscribe(sub, () => {
       if (!serverSubscribed) {
         this.sendSubscribe(sub);
         return;
       }
-      sub._inflight = true;
+      sub._unsubscribeSent();
       this.request("unsubscribe", { channel: sub.channel }, (err) => {
-        sub._inflight = false;
+        sub._replyArrived();
         if (this.subs.get(sub.channel) !== sub || err instanceof ConnectionError) return;
         this.sendSubscribe(sub);
       });
@@ -1384,17 +1471,14 @@ var Herald = class extends Emitter {
   }
   /** Run `fn` after the subscription's own backoff delay (first retry is quick). */
   retrySubscribe(sub, fn) {
-    if (sub._retryTimer !== void 0) return;
-    const delay = sub._backoff.next();
-    sub._retryTimer = setTimeout(() => {
-      sub._retryTimer = void 0;
+    sub._retryLater(() => {
       if (this.subs.get(sub.channel) === sub && this._state === "connected") fn();
-    }, delay);
+    });
   }
   removeSubscription(sub, code, reason) {
     if (this.subs.get(sub.channel) !== sub) return;
     this.subs.delete(sub.channel);
-    const serverKnows = this._state === "connected" && (sub._state === "subscribed" || sub._inflight);
+    const serverKnows = this._state === "connected" && (sub.state === "subscribed" || sub._busy);
     sub._end(code, reason);
     if (serverKnows) {
       this.request("unsubscribe", { channel: sub.channel }, () => {
@@ -1522,6 +1606,37 @@ function toHeraldError(e) {
   if (e instanceof Error && e.stack) err.stack = e.stack;
   return err;
 }
+
+// src/pusher-catch-up.ts
+function withPusherCatchUp(pusher) {
+  const positions = /* @__PURE__ */ new Map();
+  const send = pusher.send_event.bind(pusher);
+  pusher.send_event = (name, data, channel) => {
+    if (name === "pusher:subscribe") {
+      const since = positions.get(data.channel);
+      data = since ? { ...data, herald_since: since } : { ...data, herald_positions: true };
+    }
+    return send(name, data, channel);
+  };
+  pusher.connection.bind("connected", () => {
+    const transport = pusher.connection.connection.transport;
+    transport.bind("message", (m) => {
+      const msg = JSON.parse(m.data);
+      if (!msg.channel) return;
+      if (msg.event === "pusher_internal:subscription_succeeded" && typeof msg.data === "string") {
+        const herald = JSON.parse(msg.data).herald;
+        const known = positions.get(msg.channel);
+        if (herald && !(known && herald.recovered)) {
+          positions.set(msg.channel, { epoch: herald.epoch, offset: herald.offset });
+        }
+      } else if (typeof msg.herald_offset === "number") {
+        const known = positions.get(msg.channel);
+        if (known) known.offset = msg.herald_offset;
+      }
+    });
+  });
+  return pusher;
+}
 export {
   Backoff,
   ClientCode,
@@ -1535,5 +1650,6 @@ export {
   TimeoutError,
   UnsubCode,
   UsageError,
-  setDefaultWebSocket
+  setDefaultWebSocket,
+  withPusherCatchUp
 };

@@ -15,7 +15,6 @@ import {
   PONG,
   decodeFrame,
   encodeCommand,
-  type ClientInfo,
   type ConnectResult,
   type HistoryResult,
   type PresenceResult,
@@ -31,7 +30,8 @@ import {
 import { EmulatedWebSocket } from './emulation.js';
 import { Emitter } from './emitter.js';
 import { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';
-import { Subscription, type PublicationContext, type SubscribeOptions, type SubscriptionHost } from './subscription.js';
+import type { ChannelEvents, PublicationContext } from './events.js';
+import { Subscription, type SubscribeOptions, type SubscriptionHost } from './subscription.js';
 import { Transport, resolveWebSocket, type WebSocketConstructor } from './transport.js';
 
 export type ConnectionState = 'disconnected' | 'connecting' | 'connected';
@@ -101,8 +101,8 @@ export interface ErrorContext {
   channel?: string;
 }
 
-/** Typed events of the client. */
-export interface HeraldEvents {
+/** Typed events of the client; `publication`, `join`, `leave`, `unsubscribed` as for a `Subscription`. */
+export interface HeraldEvents extends ChannelEvents {
   /** Every state change. */
   state: { oldState: ConnectionState; newState: ConnectionState };
   /** The client is (re)connecting; `code`/`reason` say why (a close code or a ClientCode). */
@@ -120,10 +120,6 @@ export interface HeraldEvents {
    * ones (`recovered: true`), or `recovered: false` says some were lost and the app reloads.
    */
   subscribed: ServerSubscribedContext;
-  unsubscribed: { channel: string; code: number; reason: string };
-  publication: PublicationContext;
-  join: { channel: string; info: ClientInfo };
-  leave: { channel: string; info: ClientInfo };
 }
 
 /** The `subscribed` event: a server-side subscription took effect. */
@@ -425,10 +421,7 @@ export class Herald extends Emitter<HeraldEvents> {
       // Subscriptions with their own token or data cannot go in `connect.subs`; they are sent one
       // by one.
       if (sub._sentAlone) continue;
-      const since = sub._tracker.since();
-      sub._state = 'subscribing';
-      sub._sentSince = since;
-      sub._inflight = true;
+      const since = sub._subscribeSent();
       subs[sub.channel] = since ? { since } : {};
       included.push(sub);
     }
@@ -449,7 +442,7 @@ export class Herald extends Emitter<HeraldEvents> {
 
   private onConnectReply(err: HeraldError | undefined, r: ConnectResult, included: Subscription<never>[]): void {
     this.clearTimer('connectTimer');
-    for (const sub of included) sub._inflight = false;
+    for (const sub of included) sub._replyArrived();
     if (err) {
       if (err instanceof ReplyError) {
         this.reportError('connect', err);
@@ -532,7 +525,7 @@ export class Herald extends Emitter<HeraldEvents> {
     // Subscriptions created while `connect` was in flight, or with their own token.
     for (const sub of this.subs.values()) {
       if (this._state !== 'connected') break;
-      if (sub._state === 'subscribing' && !sub._inflight && sub._retryTimer === undefined) this.sendSubscribe(sub);
+      if (sub._needsSubscribe) this.sendSubscribe(sub);
     }
     for (const w of this.waiters.splice(0)) {
       clearTimeout(w.timer);
@@ -613,13 +606,7 @@ export class Herald extends Emitter<HeraldEvents> {
     this.serverSubs.clear();
     const pending = [...this.pending.values()];
     this.pending.clear();
-    for (const sub of this.subs.values()) {
-      sub._inflight = false;
-      if (sub._retryTimer !== undefined) clearTimeout(sub._retryTimer);
-      sub._retryTimer = undefined;
-      // The subscription survives; the next `connect` restores it with `since`.
-      if (sub._state === 'subscribed') sub._state = 'subscribing';
-    }
+    for (const sub of this.subs.values()) sub._connectionLost();
     for (const p of pending) {
       clearTimeout(p.timer);
       p.cb(new ConnectionError(ClientCode.ConnectionLost, `connection lost: ${reason}`, code), undefined);
@@ -693,7 +680,7 @@ export class Herald extends Emitter<HeraldEvents> {
         }
         if (shouldResubscribe(msg.code)) {
           // 4004: the subscription token expired; the resubscribe needs a fresh one.
-          if (msg.code === UnsubCode.TokenExpired && sub._canFetchToken) sub._needToken = true;
+          if (msg.code === UnsubCode.TokenExpired) sub._invalidateToken();
           this.resync(sub, false);
         } else {
           this.subs.delete(sub.channel);
@@ -729,21 +716,18 @@ export class Herald extends Emitter<HeraldEvents> {
   // Subscriptions
 
   private sendSubscribe(sub: Subscription<never>): void {
-    if (this._state !== 'connected' || sub._inflight || sub._state === 'unsubscribed') return;
-    if (sub._needToken) {
+    if (this._state !== 'connected' || sub._busy || sub.state === 'unsubscribed') return;
+    if (sub._needsToken) {
       this.fetchSubscriptionToken(sub);
       return;
     }
-    const since = sub._tracker.since();
-    sub._state = 'subscribing';
-    sub._sentSince = since;
-    sub._inflight = true;
+    const since = sub._subscribeSent();
     const params: Record<string, unknown> = { channel: sub.channel };
     if (since) params.since = since;
     if (sub._token !== undefined) params.token = sub._token;
     if (sub._data !== undefined) params.data = sub._data;
     this.request('subscribe', params, (err, result) => {
-      sub._inflight = false;
+      sub._replyArrived();
       if (this.subs.get(sub.channel) !== sub) return; // unsubscribed meanwhile
       if (err) this.onSubscribeError(sub, err);
       else this.applySubscribe(sub, result as SubscribeResult);
@@ -757,10 +741,8 @@ export class Herald extends Emitter<HeraldEvents> {
 
   /** Get a subscription token from the app, then subscribe. */
   private fetchSubscriptionToken(sub: Subscription<never>): void {
-    sub._inflight = true;
-    sub._fetchToken().then(
+    sub._fetchTokenToSubscribe().then(
       (token) => {
-        sub._inflight = false;
         if (this.subs.get(sub.channel) !== sub) return;
         if (token === undefined) {
           this.subs.delete(sub.channel);
@@ -770,7 +752,6 @@ export class Herald extends Emitter<HeraldEvents> {
         this.sendSubscribe(sub);
       },
       (e: unknown) => {
-        sub._inflight = false;
         if (this.subs.get(sub.channel) !== sub) return;
         const err = new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`);
         sub._reportError(err);
@@ -782,22 +763,16 @@ export class Herald extends Emitter<HeraldEvents> {
 
   /** Send `sub_refresh` ahead of the subscription token's expiry, as for the connection token. */
   private scheduleSubRefresh(sub: Subscription<never>, expiresInSec: number): void {
-    if (sub._refreshTimer !== undefined) clearTimeout(sub._refreshTimer);
-    sub._refreshTimer = undefined;
-    if (!sub._canFetchToken) return; // a fixed token cannot be refreshed: the server sends unsub 4004
-    const ms = expiresInSec * 1000;
-    const delay = Math.max(0, ms - Math.min(10_000, ms / 4));
-    sub._refreshTimer = setTimeout(() => {
-      sub._refreshTimer = undefined;
-      if (this.subs.get(sub.channel) !== sub || sub._state !== 'subscribed') return;
+    sub._scheduleTokenRefresh(expiresInSec, () => {
+      if (this.subs.get(sub.channel) !== sub || sub.state !== 'subscribed') return;
       sub._fetchToken().then(
         (token) => {
-          if (!token || this.subs.get(sub.channel) !== sub || sub._state !== 'subscribed') return;
+          if (!token || this.subs.get(sub.channel) !== sub || sub.state !== 'subscribed') return;
           this.request('sub_refresh', { channel: sub.channel, token }, (err, result) => {
             if (err) {
               // It will expire: the server sends unsub 4004 and the resubscribe fetches a token.
               if (!(err instanceof ConnectionError)) this.reportError('refresh', err, sub.channel);
-              sub._needToken = true;
+              sub._invalidateToken();
               return;
             }
             const r = result as { expires_in?: number };
@@ -805,7 +780,7 @@ export class Herald extends Emitter<HeraldEvents> {
           });
         },
         (e: unknown) => {
-          sub._needToken = true;
+          sub._invalidateToken();
           this.reportError(
             'refresh',
             new HeraldError(ClientCode.NoToken, `getToken failed: ${errMessage(e)}`),
@@ -813,13 +788,12 @@ export class Herald extends Emitter<HeraldEvents> {
           );
         },
       );
-    }, delay);
+    });
   }
 
   private onSubscribeError(sub: Subscription<never>, err: HeraldError): void {
     if (err instanceof ConnectionError) return; // the next connect restores it
-    if (err instanceof ReplyError && err.code === ErrorCode.TokenExpired && sub._canFetchToken) {
-      sub._needToken = true;
+    if (err instanceof ReplyError && err.code === ErrorCode.TokenExpired && sub._invalidateToken()) {
       this.retrySubscribe(sub, () => this.sendSubscribe(sub));
       return;
     }
@@ -840,16 +814,16 @@ export class Herald extends Emitter<HeraldEvents> {
    * unsubscribe first (and wait for it) so the new subscribe cannot meet "already subscribed".
    */
   private resync(sub: Subscription<never>, serverSubscribed: boolean): void {
-    sub._state = 'subscribing';
-    if (this._state !== 'connected' || sub._inflight) return;
+    sub._resubscribing();
+    if (this._state !== 'connected' || sub._busy) return;
     this.retrySubscribe(sub, () => {
       if (!serverSubscribed) {
         this.sendSubscribe(sub);
         return;
       }
-      sub._inflight = true;
+      sub._unsubscribeSent();
       this.request('unsubscribe', { channel: sub.channel }, (err) => {
-        sub._inflight = false;
+        sub._replyArrived();
         if (this.subs.get(sub.channel) !== sub || err instanceof ConnectionError) return;
         this.sendSubscribe(sub);
       });
@@ -858,18 +832,15 @@ export class Herald extends Emitter<HeraldEvents> {
 
   /** Run `fn` after the subscription's own backoff delay (first retry is quick). */
   private retrySubscribe(sub: Subscription<never>, fn: () => void): void {
-    if (sub._retryTimer !== undefined) return;
-    const delay = sub._backoff.next();
-    sub._retryTimer = setTimeout(() => {
-      sub._retryTimer = undefined;
+    sub._retryLater(() => {
       if (this.subs.get(sub.channel) === sub && this._state === 'connected') fn();
-    }, delay);
+    });
   }
 
   private removeSubscription(sub: Subscription<never>, code: number, reason: string): void {
     if (this.subs.get(sub.channel) !== sub) return;
     this.subs.delete(sub.channel);
-    const serverKnows = this._state === 'connected' && (sub._state === 'subscribed' || sub._inflight);
+    const serverKnows = this._state === 'connected' && (sub.state === 'subscribed' || sub._busy);
     sub._end(code, reason);
     if (serverKnows) {
       // Fire and forget: if it fails the connection is gone, and with it the server-side state.

@@ -12,15 +12,14 @@ export type {
 } from './client.js';
 export { Subscription } from './subscription.js';
 export type {
-  PresenceEventContext,
-  PublicationContext,
   RecoveryFailedContext,
   SubscribeOptions,
   SubscribedContext,
   SubscriptionErrorContext,
+  SubscriptionEvents,
   SubscriptionState,
-  UnsubscribedContext,
 } from './subscription.js';
+export type { ChannelEvents, PresenceEventContext, PublicationContext, UnsubscribedContext } from './events.js';
 export type {
   ClientInfo,
   ConnectResult,

@@ -1,7 +1,9 @@
-// The app's handle on one channel. It owns the channel's recovery bookkeeping (StreamTracker) and
-// the app's callbacks; the client decides when to send subscribe / unsubscribe and feeds replies and
-// pushes in here. Everything the app sees for a channel passes through `deliver`, so that is where
-// the exactly-once, in-order rule is enforced.
+// The app's handle on one channel. It owns the channel's state and every transition of it, its
+// recovery bookkeeping (StreamTracker), its retry and token-refresh timers, and its events. The
+// client decides when to send subscribe / unsubscribe and reports what happened through the `_`
+// methods below, each one named transition; it never writes the subscription's fields. Everything
+// the app sees for a channel passes through `deliver`, so that is where the exactly-once, in-order
+// rule is enforced.
 
 import { Backoff } from './backoff.js';
 import type {
@@ -14,23 +16,12 @@ import type {
   SubscribeResult,
 } from './codec.js';
 import { ClientCode } from './codes.js';
+import { Emitter } from './emitter.js';
 import { HeraldError } from './errors.js';
+import type { ChannelEvents, PresenceEventContext, PublicationContext, UnsubscribedContext } from './events.js';
 import { StreamTracker } from './recovery.js';
 
 export type SubscriptionState = 'subscribing' | 'subscribed' | 'unsubscribed';
-
-export interface PublicationContext<T = unknown> {
-  channel: string;
-  offset: number;
-  data: T;
-  /** Publisher, when the publication came from a client connection. */
-  info?: ClientInfo;
-}
-
-export interface PresenceEventContext {
-  channel: string;
-  info: ClientInfo;
-}
 
 export interface RecoveryFailedContext {
   channel: string;
@@ -52,12 +43,6 @@ export interface SubscribedContext {
   resubscribed: boolean;
   /** What the server's subscribe proxy (the application's backend) returned, if anything. */
   data?: unknown;
-}
-
-export interface UnsubscribedContext {
-  channel: string;
-  code: number;
-  reason: string;
 }
 
 export interface SubscriptionErrorContext {
@@ -97,6 +82,16 @@ export interface SubscribeOptions<T = unknown> {
   onError?: (ctx: SubscriptionErrorContext) => void;
 }
 
+/**
+ * Events of a subscription (`sub.on(event, fn)`); the `on…` options of `subscribe` are listeners
+ * registered first.
+ */
+export interface SubscriptionEvents<T = unknown> extends ChannelEvents<T> {
+  subscribed: SubscribedContext;
+  recoveryFailed: RecoveryFailedContext;
+  error: SubscriptionErrorContext;
+}
+
 /** What the subscription needs from the client; kept narrow so it is easy to fake in tests. */
 export interface SubscriptionHost {
   removeSubscription(sub: Subscription<never>, code: number, reason: string): void;
@@ -106,42 +101,50 @@ export interface SubscriptionHost {
   reportListenerError(channel: string, error: unknown): void;
 }
 
-export class Subscription<T = unknown> {
+export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   readonly channel: string;
-  /** @internal */
-  _state: SubscriptionState = 'subscribing';
-  /** @internal Position bookkeeping; see recovery.ts. */
-  readonly _tracker: StreamTracker;
-  /** @internal The `since` sent with the subscribe now in flight. */
-  _sentSince: StreamPosition | undefined;
-  /** @internal A subscribe or resync unsubscribe is in flight for this subscription. */
-  _inflight = false;
-  /** @internal Paces retries and resyncs so a misbehaving server cannot make us spin. */
-  readonly _backoff = new Backoff({ minDelayMs: 200, maxDelayMs: 10_000 });
-  /** @internal */
-  _retryTimer: ReturnType<typeof setTimeout> | undefined;
-  /** @internal Fires `sub_refresh` ahead of the token's expiry. */
-  _refreshTimer: ReturnType<typeof setTimeout> | undefined;
-  /** @internal The next subscribe must fetch a token first (none yet, or the last one expired). */
-  _needToken: boolean;
-
-  private readonly host: SubscriptionHost;
-  private readonly opts: SubscribeOptions<T>;
+  private _state: SubscriptionState = 'subscribing';
+  /** Position bookkeeping; see recovery.ts. */
+  private readonly tracker: StreamTracker;
+  /** The `since` sent with the subscribe now in flight. */
+  private sentSince: StreamPosition | undefined;
+  /**
+   * One step toward being subscribed is under way: a subscribe (alone or in `connect.subs`), the
+   * token fetch before one, or a resync's unsubscribe. The client starts no second one meanwhile.
+   */
+  private busy = false;
+  /** Paces retries and resyncs so a misbehaving server cannot make us spin. */
+  private readonly backoff = new Backoff({ minDelayMs: 200, maxDelayMs: 10_000 });
+  private retryTimer: ReturnType<typeof setTimeout> | undefined;
+  /** Fires `sub_refresh` ahead of the token's expiry. */
+  private refreshTimer: ReturnType<typeof setTimeout> | undefined;
+  private token: string | undefined;
+  /** The next subscribe must fetch a token first (none yet, or the last one expired). */
+  private needToken: boolean;
   private subscribedOnce = false;
   private waiters: Array<{ resolve: () => void; reject: (e: HeraldError) => void }> = [];
   private endError: HeraldError | undefined;
 
+  private readonly host: SubscriptionHost;
+  private readonly opts: SubscribeOptions<T>;
+
   /** @internal Created by `Herald.subscribe`. */
   constructor(host: SubscriptionHost, channel: string, opts: SubscribeOptions<T>) {
+    super();
     this.host = host;
     this.channel = channel;
     this.opts = opts;
-    this._tracker = new StreamTracker(opts.since);
+    this.tracker = new StreamTracker(opts.since);
     this.token = opts.token;
-    this._needToken = opts.token === undefined && opts.getToken !== undefined;
+    this.needToken = opts.token === undefined && opts.getToken !== undefined;
+    if (opts.onSubscribed) this.on('subscribed', opts.onSubscribed);
+    if (opts.onPublication) this.on('publication', opts.onPublication);
+    if (opts.onJoin) this.on('join', opts.onJoin);
+    if (opts.onLeave) this.on('leave', opts.onLeave);
+    if (opts.onRecoveryFailed) this.on('recoveryFailed', opts.onRecoveryFailed);
+    if (opts.onUnsubscribed) this.on('unsubscribed', opts.onUnsubscribed);
+    if (opts.onError) this.on('error', opts.onError);
   }
-
-  private token: string | undefined;
 
   get state(): SubscriptionState {
     return this._state;
@@ -151,44 +154,7 @@ export class Subscription<T = unknown> {
    * The last position delivered to the app. Store it to resume with `since` after a page reload.
    */
   get position(): StreamPosition | undefined {
-    return this._tracker.position();
-  }
-
-  /** @internal The subscription token to send, if any. */
-  get _token(): string | undefined {
-    return this.token;
-  }
-
-  /** @internal Whether the subscription has its own token (so it cannot go in `connect.subs`). */
-  get _hasOwnToken(): boolean {
-    return this.token !== undefined || this.opts.getToken !== undefined;
-  }
-
-  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
-  get _sentAlone(): boolean {
-    return this._hasOwnToken || this.opts.data !== undefined;
-  }
-
-  /** @internal The `data` option, for the subscribe command. */
-  get _data(): unknown {
-    return this.opts.data;
-  }
-
-  /** @internal Whether a fresh token can be fetched. */
-  get _canFetchToken(): boolean {
-    return this.opts.getToken !== undefined;
-  }
-
-  /**
-   * @internal Ask the app for a token. Resolves to the token, or undefined when the app gave none
-   * (the caller ends the subscription). Rejects when `getToken` threw.
-   */
-  async _fetchToken(): Promise<string | undefined> {
-    const token = await this.opts.getToken?.(this.channel);
-    if (!token) return undefined;
-    this.token = token;
-    this._needToken = false;
-    return token;
+    return this.tracker.position();
   }
 
   /**
@@ -221,20 +187,89 @@ export class Subscription<T = unknown> {
     return this.host.presence(this.channel);
   }
 
+  // ---------------------------------------------------------------------------------------------
+  // For the client: what to send
+
+  /** @internal The subscription token to send, if any. */
+  get _token(): string | undefined {
+    return this.token;
+  }
+
+  /** @internal Whether the subscription has its own token (so it cannot go in `connect.subs`). */
+  get _hasOwnToken(): boolean {
+    return this.token !== undefined || this.opts.getToken !== undefined;
+  }
+
+  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
+  get _sentAlone(): boolean {
+    return this._hasOwnToken || this.opts.data !== undefined;
+  }
+
+  /** @internal The `data` option, for the subscribe command. */
+  get _data(): unknown {
+    return this.opts.data;
+  }
+
+  /** @internal Whether a fresh token can be fetched. */
+  get _canFetchToken(): boolean {
+    return this.opts.getToken !== undefined;
+  }
+
+  /** @internal The next subscribe must fetch a token first. */
+  get _needsToken(): boolean {
+    return this.needToken;
+  }
+
+  /** @internal A subscribe, token fetch or resync unsubscribe is in flight. */
+  get _busy(): boolean {
+    return this.busy;
+  }
+
+  /** @internal Subscribing with nothing in flight and no retry scheduled: the client should send. */
+  get _needsSubscribe(): boolean {
+    return this._state === 'subscribing' && !this.busy && this.retryTimer === undefined;
+  }
+
+  // ---------------------------------------------------------------------------------------------
+  // For the client: transitions. Each method is one named step of the subscription's life.
+
   /**
-   * @internal A subscribe reply arrived (from `subscribe` or `connect.subs`). Returns true when a
-   * hole was found and the client must resync the channel.
+   * @internal → subscribing, with a subscribe in flight (alone or in `connect.subs`). Returns the
+   * `since` to send: the position held, when the channel can be recovered.
+   */
+  _subscribeSent(): StreamPosition | undefined {
+    const since = this.tracker.since();
+    this._state = 'subscribing';
+    this.sentSince = since;
+    this.busy = true;
+    return since;
+  }
+
+  /** @internal A resync's unsubscribe is in flight (the subscribe follows its reply). */
+  _unsubscribeSent(): void {
+    this.busy = true;
+  }
+
+  /** @internal The subscribe or unsubscribe in flight was answered, or failed. */
+  _replyArrived(): void {
+    this.busy = false;
+  }
+
+  /**
+   * @internal → subscribed: a subscribe reply arrived (from `subscribe` or `connect.subs`).
+   * Delivers recovered publications. Returns true when a hole was found and the client must resync
+   * the channel.
    */
   _applySubscribe(result: SubscribeResult): boolean {
-    const asked = this._sentSince;
-    this._sentSince = undefined;
-    const outcome = this._tracker.applySubscribe(result, asked);
+    const asked = this.sentSince;
+    this.sentSince = undefined;
+    const outcome = this.tracker.applySubscribe(result, asked);
     this._state = 'subscribed';
     const resubscribed = this.subscribedOnce;
     this.subscribedOnce = true;
 
     if (outcome.recoveryFailed && asked) {
-      this.call(this.opts.onRecoveryFailed, {
+      this.emit('recoveryFailed', {
         channel: this.channel,
         since: asked,
         epoch: String(result.epoch),
@@ -250,10 +285,10 @@ export class Subscription<T = unknown> {
       resubscribed,
     };
     if (result.data !== undefined) subscribed.data = result.data;
-    this.call(this.opts.onSubscribed, subscribed);
+    this.emit('subscribed', subscribed);
     for (const w of this.waiters.splice(0)) w.resolve();
     for (const pub of outcome.publications) {
-      // A callback may have unsubscribed us half-way through the batch.
+      // A listener may have unsubscribed us half-way through the batch.
       if (this._state !== 'subscribed') return false;
       this.deliver(pub);
     }
@@ -261,16 +296,18 @@ export class Subscription<T = unknown> {
   }
 
   /**
-   * @internal A live publication. Returns true when it revealed a hole (resync needed). Pushes that
-   * arrive while we are (re)subscribing are dropped: they belong to the previous server-side
-   * subscription, and the subscribe reply's recovery or the live stream after it covers them.
+   * @internal A live publication: the only way the position moves between subscribe replies (all
+   * offset and epoch checks are the tracker's). Returns true when it revealed a hole (resync
+   * needed). Pushes that arrive while we are (re)subscribing are dropped: they belong to the
+   * previous server-side subscription, and the subscribe reply's recovery or the live stream after
+   * it covers them.
    */
   _applyPublication(pub: Publication): boolean {
     if (this._state !== 'subscribed') return false;
-    const verdict = this._tracker.applyPublication(pub);
+    const verdict = this.tracker.applyPublication(pub);
     if (verdict === 'gap') return true;
     if (verdict === 'deliver') {
-      this._backoff.reset();
+      this.backoff.reset();
       this.deliver(pub);
     }
     return false;
@@ -279,7 +316,82 @@ export class Subscription<T = unknown> {
   /** @internal */
   _applyPresence(kind: 'join' | 'leave', info: ClientInfo): void {
     if (this._state !== 'subscribed') return;
-    this.call(kind === 'join' ? this.opts.onJoin : this.opts.onLeave, { channel: this.channel, info });
+    this.emit(kind, { channel: this.channel, info });
+  }
+
+  /**
+   * @internal → subscribing: the channel must be subscribed again from the position held (a hole,
+   * or the server ended it with a resubscribe code). Live pushes are dropped until the reply.
+   */
+  _resubscribing(): void {
+    if (this._state === 'subscribed') this._state = 'subscribing';
+  }
+
+  /**
+   * @internal The connection is gone: nothing is in flight any more and a pending retry is moot.
+   * The subscription survives (→ subscribing); the next `connect` restores it with `since`.
+   */
+  _connectionLost(): void {
+    this.busy = false;
+    this.cancelRetry();
+    if (this._state === 'subscribed') this._state = 'subscribing';
+  }
+
+  /**
+   * @internal The token expired, or will and could not be refreshed: the next subscribe fetches a
+   * fresh one. Returns false (and changes nothing) when there is no `getToken` to fetch it with.
+   */
+  _invalidateToken(): boolean {
+    if (!this._canFetchToken) return false;
+    this.needToken = true;
+    return true;
+  }
+
+  /**
+   * @internal Ask the app for a token. Resolves to the token, or undefined when the app gave none
+   * (the caller ends the subscription). Rejects when `getToken` threw.
+   */
+  async _fetchToken(): Promise<string | undefined> {
+    const token = await this.opts.getToken?.(this.channel);
+    if (!token) return undefined;
+    this.token = token;
+    this.needToken = false;
+    return token;
+  }
+
+  /** @internal `_fetchToken` for the subscribe to come: the subscription is busy meanwhile. */
+  async _fetchTokenToSubscribe(): Promise<string | undefined> {
+    this.busy = true;
+    try {
+      return await this._fetchToken();
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  /** @internal Run `fn` after this subscription's backoff delay, unless a retry is already pending. */
+  _retryLater(fn: () => void): void {
+    if (this.retryTimer !== undefined) return;
+    this.retryTimer = setTimeout(() => {
+      this.retryTimer = undefined;
+      fn();
+    }, this.backoff.next());
+  }
+
+  /**
+   * @internal Call `refresh` ahead of the token's expiry (10 s early, or a quarter of a short
+   * lifetime), replacing any earlier schedule. A fixed token cannot be refreshed: then nothing is
+   * scheduled and the server ends the subscription with `unsub` 4004.
+   */
+  _scheduleTokenRefresh(expiresInSec: number, refresh: () => void): void {
+    this.cancelRefresh();
+    if (!this._canFetchToken) return;
+    const ms = expiresInSec * 1000;
+    const delay = Math.max(0, ms - Math.min(10_000, ms / 4));
+    this.refreshTimer = setTimeout(() => {
+      this.refreshTimer = undefined;
+      refresh();
+    }, delay);
   }
 
   /**
@@ -292,36 +404,41 @@ export class Subscription<T = unknown> {
 
   /** @internal A non-fatal problem worth telling the app about. */
   _reportError(error: HeraldError): void {
-    this.call(this.opts.onError, { channel: this.channel, error });
+    this.emit('error', { channel: this.channel, error });
   }
 
-  /** @internal The subscription is over (error, server `unsub`, or `unsubscribe()`). */
+  /** @internal → unsubscribed, for good (error, server `unsub`, or `unsubscribe()`). */
   _end(code: number, reason: string, error?: HeraldError): void {
     if (this._state === 'unsubscribed') return;
     this._state = 'unsubscribed';
-    if (this._retryTimer !== undefined) clearTimeout(this._retryTimer);
-    this._retryTimer = undefined;
-    if (this._refreshTimer !== undefined) clearTimeout(this._refreshTimer);
-    this._refreshTimer = undefined;
+    this.cancelRetry();
+    this.cancelRefresh();
     this.endError = error ?? new HeraldError(code, reason);
     if (error) this._reportError(error);
     for (const w of this.waiters.splice(0)) w.reject(this.endError);
-    this.call(this.opts.onUnsubscribed, { channel: this.channel, code, reason });
+    this.emit('unsubscribed', { channel: this.channel, code, reason });
+  }
+
+  // ---------------------------------------------------------------------------------------------
+
+  /** The app's listener threw: that must not corrupt the position we track or stop a batch. */
+  protected override onListenerError(_event: keyof SubscriptionEvents<T>, error: unknown): void {
+    this.host.reportListenerError(this.channel, error);
   }
 
   private deliver(pub: Publication): void {
     const ctx: PublicationContext<T> = { channel: this.channel, offset: pub.offset, data: pub.data as T };
     if (pub.info) ctx.info = pub.info;
-    this.call(this.opts.onPublication, ctx);
+    this.emit('publication', ctx);
   }
 
-  private call<A>(fn: ((arg: A) => void) | undefined, arg: A): void {
-    if (!fn) return;
-    try {
-      fn(arg);
-    } catch (e) {
-      // The app's bug must not corrupt the position we track or stop the rest of a batch.
-      this.host.reportListenerError(this.channel, e);
-    }
+  private cancelRetry(): void {
+    if (this.retryTimer !== undefined) clearTimeout(this.retryTimer);
+    this.retryTimer = undefined;
+  }
+
+  private cancelRefresh(): void {
+    if (this.refreshTimer !== undefined) clearTimeout(this.refreshTimer);
+    this.refreshTimer = undefined;
   }
 }
