@@ -39,3 +39,24 @@ async fn conformance_direct_reads_memory_storage() {
     })
     .await;
 }
+
+/// Several nodes on one nats-server (a distinct node name each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_node_conforms() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    herald_broker::conformance::run_multi_node(|| {
+        let url = url.clone();
+        let name = format!(
+            "node-{}",
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        async move {
+            herald_broker_nats::connect(&url, &name)
+                .await
+                .expect("connect to nats") as SharedBroker
+        }
+    })
+    .await;
+}

@@ -156,86 +156,6 @@ async fn concurrent_publishers_share_one_offset_sequence() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn recovery_across_nodes() {
-    let nats = NatsServer::start();
-    let cfg = NatsConfig::with_url(&nats.url());
-    let (a, _) = node(&cfg, "a").await;
-    let (b, _) = node(&cfg, "b").await;
-    let ch = unique("recover");
-    let o = opts(20);
-
-    // A subscriber that arrives first fixes the epoch the first publisher then uses.
-    let empty = b
-        .history(&ch, &HistoryQuery::default(), &o.stream)
-        .await
-        .unwrap();
-    assert_eq!(empty.position.offset, 0);
-    let mut last = empty.position.clone();
-    for i in 1..=30 {
-        last = a
-            .publish(&ch, Bytes::from(i.to_string()), None, &o)
-            .await
-            .unwrap();
-    }
-    assert_eq!(last.epoch, empty.position.epoch, "marker epoch kept");
-    assert_eq!(last.offset, 30);
-
-    // Few missed: read by following links; many: through a consumer.
-    for from in [27, 12] {
-        let r = b
-            .history(&ch, &since(&last.epoch, from), &o.stream)
-            .await
-            .unwrap();
-        assert!(r.continuous, "since {from}");
-        let got: Vec<u64> = r.publications.iter().map(|p| p.offset).collect();
-        assert_eq!(got, (from + 1..=30).collect::<Vec<_>>());
-        assert_eq!(
-            &r.publications[0].data[..],
-            (from + 1).to_string().as_bytes()
-        );
-    }
-    let limited = HistoryQuery {
-        limit: Some(3),
-        ..since(&last.epoch, 12)
-    };
-    let r = b.history(&ch, &limited, &o.stream).await.unwrap();
-    assert!(r.continuous);
-    assert_eq!(
-        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
-        vec![13, 14, 15]
-    );
-
-    let gone = b
-        .history(&ch, &since(&last.epoch, 9), &o.stream)
-        .await
-        .unwrap();
-    assert!(
-        !gone.continuous && gone.publications.is_empty(),
-        "trimmed: never partial"
-    );
-    let other = b
-        .history(&ch, &since("other", 29), &o.stream)
-        .await
-        .unwrap();
-    assert!(!other.continuous);
-    let newest = HistoryQuery {
-        since: None,
-        limit: Some(2),
-    };
-    let r = b.history(&ch, &newest, &o.stream).await.unwrap();
-    assert_eq!(
-        r.publications.iter().map(|p| p.offset).collect::<Vec<_>>(),
-        vec![29, 30]
-    );
-    let all = b
-        .history(&ch, &HistoryQuery::default(), &o.stream)
-        .await
-        .unwrap();
-    assert_eq!(all.publications.len(), 20);
-    assert_eq!(all.publications[0].offset, 11);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn longer_history_than_the_stream_default_grows_the_stream() {
     let nats = NatsServer::start();
     let cfg = NatsConfig::with_url(&nats.url());
@@ -305,37 +225,6 @@ async fn longer_history_than_the_stream_default_grows_the_stream() {
         assert!(Instant::now() < deadline, "background trim: {kept} kept");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn history_ttl_counts_old_entries_as_gone() {
-    let nats = NatsServer::start();
-    let cfg = NatsConfig::with_url(&nats.url());
-    let (a, _) = node(&cfg, "a").await;
-    let ch = unique("ttl");
-    let mut o = opts(10);
-    o.stream.history_ttl = Duration::from_millis(700);
-    let p = a
-        .publish(&ch, Bytes::from_static(b"1"), None, &o)
-        .await
-        .unwrap();
-    let fresh = a
-        .history(&ch, &since(&p.epoch, 0), &o.stream)
-        .await
-        .unwrap();
-    assert!(fresh.continuous && fresh.publications.len() == 1);
-    tokio::time::sleep(Duration::from_millis(900)).await;
-    let old = a
-        .history(&ch, &since(&p.epoch, 0), &o.stream)
-        .await
-        .unwrap();
-    assert!(!old.continuous, "expired from history");
-    assert_eq!(old.position, p, "the position outlives the history");
-    let current = a
-        .history(&ch, &since(&p.epoch, 1), &o.stream)
-        .await
-        .unwrap();
-    assert!(current.continuous);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,3 +33,33 @@ async fn cluster_conforms() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_multi_node_conforms() {
+    let redis = RedisServer::start();
+    multi_node(redis.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_multi_node_conforms() {
+    let cluster = RedisCluster::start();
+    multi_node(cluster.url()).await;
+}
+
+/// The multi-node scenarios, each node connecting under its own name.
+async fn multi_node(url: String) {
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    herald_broker::conformance::run_multi_node(|| {
+        let url = url.clone();
+        let name = format!(
+            "node-{}",
+            n.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        async move {
+            herald_broker_redis::connect(&url, &name)
+                .await
+                .expect("connect") as SharedBroker
+        }
+    })
+    .await;
+}

@@ -124,6 +124,17 @@ where
     control_reaches_every_node(make().await).await;
 }
 
+/// The scenarios that need several nodes on one broker server (Redis, Redis Cluster, NATS): `make`
+/// returns a new broker on the same server each time, as a node would connect.
+pub async fn run_multi_node<F, Fut>(make: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = SharedBroker>,
+{
+    recovery_across_nodes(make().await, make().await).await;
+    history_ttl_counts_old_entries_as_gone(make().await).await;
+}
+
 /// Start `broker` with a fresh [`Recorder`] as its handler.
 pub async fn started(broker: &SharedBroker) -> Arc<Recorder> {
     let rec = Arc::new(Recorder::default());
@@ -294,4 +305,123 @@ pub async fn control_reaches_every_node(broker: SharedBroker) {
         rec.controls.lock().unwrap().contains(&msg)
     })
     .await;
+}
+
+/// A reader on node B fixes the epoch the first publisher on node A then uses; B recovers what A
+/// published (a few and many missed), with limits, never partially, and not across epochs; an
+/// idempotency key holds across nodes.
+pub async fn recovery_across_nodes(a: SharedBroker, b: SharedBroker) {
+    started(&a).await;
+    started(&b).await;
+    let ch = unique("recover");
+    let o = opts(20);
+    let empty = b
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
+    assert_eq!(empty.position.offset, 0);
+    let mut last = empty.position.clone();
+    for i in 1..=30 {
+        last = a
+            .publish(&ch, Bytes::from(i.to_string()), None, &o)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        last.epoch, empty.position.epoch,
+        "publisher and reader agree on the epoch"
+    );
+    assert_eq!(last.offset, 30);
+    // Few missed and many missed (brokers may read the two differently).
+    for from in [27, 12] {
+        let r = b
+            .history(&ch, &since(&last.epoch, from), &o.stream)
+            .await
+            .unwrap();
+        assert!(r.continuous, "since {from}");
+        let got: Vec<u64> = r.publications.iter().map(|p| p.offset).collect();
+        assert_eq!(got, (from + 1..=30).collect::<Vec<_>>());
+        assert_eq!(
+            &r.publications[0].data[..],
+            (from + 1).to_string().as_bytes()
+        );
+    }
+    // A limit returns the oldest after `since`.
+    let limited = HistoryQuery {
+        limit: Some(3),
+        ..since(&last.epoch, 12)
+    };
+    let r = b.history(&ch, &limited, &o.stream).await.unwrap();
+    assert!(r.continuous);
+    let got: Vec<u64> = r.publications.iter().map(|p| p.offset).collect();
+    assert_eq!(got, vec![13, 14, 15]);
+    let gone = b
+        .history(&ch, &since(&last.epoch, 9), &o.stream)
+        .await
+        .unwrap();
+    assert!(
+        !gone.continuous && gone.publications.is_empty(),
+        "trimmed: never partial"
+    );
+    let other = b
+        .history(&ch, &since("other", 29), &o.stream)
+        .await
+        .unwrap();
+    assert!(!other.continuous);
+    // Without `since`: the newest `limit`, or everything kept.
+    let newest = HistoryQuery {
+        since: None,
+        limit: Some(2),
+    };
+    let r = b.history(&ch, &newest, &o.stream).await.unwrap();
+    let got: Vec<u64> = r.publications.iter().map(|p| p.offset).collect();
+    assert_eq!(got, vec![29, 30]);
+    let all = b
+        .history(&ch, &HistoryQuery::default(), &o.stream)
+        .await
+        .unwrap();
+    assert_eq!(all.publications.len(), 20);
+    assert_eq!(all.publications[0].offset, 11);
+    // Idempotency holds across nodes too.
+    let mut idem = o.clone();
+    idem.idempotency_key = Some("once".into());
+    let x = a
+        .publish(&ch, Bytes::from_static(b"7"), None, &idem)
+        .await
+        .unwrap();
+    let y = b
+        .publish(&ch, Bytes::from_static(b"7"), None, &idem)
+        .await
+        .unwrap();
+    assert_eq!(x, y);
+}
+
+/// Publications older than the history TTL count as gone even before anything trims them; the
+/// position outlives them.
+pub async fn history_ttl_counts_old_entries_as_gone(broker: SharedBroker) {
+    started(&broker).await;
+    let ch = unique("ttl");
+    let mut o = opts(10);
+    o.stream.history_ttl = Duration::from_millis(700);
+    let p = broker
+        .publish(&ch, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    let fresh = broker
+        .history(&ch, &since(&p.epoch, 0), &o.stream)
+        .await
+        .unwrap();
+    assert!(fresh.continuous && fresh.publications.len() == 1);
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let old = broker
+        .history(&ch, &since(&p.epoch, 0), &o.stream)
+        .await
+        .unwrap();
+    assert!(!old.continuous, "expired from history");
+    assert_eq!(old.position, p, "the position outlives the history");
+    let current = broker
+        .history(&ch, &since(&p.epoch, 1), &o.stream)
+        .await
+        .unwrap();
+    assert!(current.continuous);
 }
