@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use herald_broker::conformance::{eventually, opts, since, unique, who, Recorder};
+use herald_broker::conformance::{self, eventually, opts, since, unique, who, Recorder};
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, SharedBroker};
 use herald_broker_nats::NatsConfig;
-use herald_protocol::ClientInfo;
 use herald_testkit::nats::NatsServer;
 
 async fn node(cfg: &NatsConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
@@ -332,33 +331,13 @@ async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
     let (a, _) = node(&cfg, "a").await;
     let (b, _) = node(&cfg, "b").await;
     let (c, _) = node(&cfg, "c").await;
-    let ch = unique("presence");
-    a.add_presence(&ch, &who("x")).await.unwrap();
-    b.add_presence(&ch, &who("y")).await.unwrap();
-    b.add_presence(&ch, &who("z")).await.unwrap();
-    b.remove_presence(&ch, "z").await.unwrap();
-    let clients = |list: Vec<ClientInfo>| {
-        let mut c: Vec<String> = list.into_iter().map(|w| w.client).collect();
-        c.sort();
-        c
-    };
-    assert_eq!(clients(c.presence(&ch).await.unwrap()), vec!["x", "y"]);
-    drop(a); // crashed: x is never removed
-    let started = Instant::now();
-    loop {
-        let now = clients(c.presence(&ch).await.unwrap());
-        if now == vec!["y"] {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "x did not expire: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    // b keeps y alive past several TTLs.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(clients(c.presence(&ch).await.unwrap()), vec!["y"]);
+    conformance::presence_spans_nodes_and_expires_with_a_crashed_node(
+        a,
+        b,
+        c,
+        Duration::from_secs(2),
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use herald_broker::conformance::{eventually, opts, unique, Recorder};
+use herald_broker::conformance::{self, eventually, opts, unique, Recorder};
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, SharedBroker};
 use herald_broker_redis::RedisConfig;
 use herald_protocol::{ClientInfo, StreamPosition};
@@ -367,49 +367,13 @@ async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
     let (a, _) = node(&cfg, "a").await;
     let (b, _) = node(&cfg, "b").await;
     let (c, _) = node(&cfg, "c").await;
-    let ch = unique("presence");
-    let who = |u: &str| ClientInfo {
-        user: u.into(),
-        client: format!("{u}-1"),
-        info: Some(serde_json::value::RawValue::from_string(r#"{"n":1}"#.into()).unwrap()),
-    };
-    a.add_presence(&ch, &who("alice")).await.unwrap();
-    c.add_presence(&ch, &who("carol")).await.unwrap();
-    let mut users: Vec<String> = b
-        .presence(&ch)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.user)
-        .collect();
-    users.sort();
-    assert_eq!(users, vec!["alice", "carol"]);
-    assert_eq!(
-        b.presence(&ch).await.unwrap()[0]
-            .info
-            .as_ref()
-            .unwrap()
-            .get(),
-        r#"{"n":1}"#
-    );
-
-    // A "crashes" (stops refreshing); C lives on and refreshes.
-    drop(a);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
-    let users: Vec<String> = b
-        .presence(&ch)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|w| w.user)
-        .collect();
-    assert_eq!(
-        users,
-        vec!["carol"],
-        "alice expired with her node; carol was refreshed"
-    );
-    c.remove_presence(&ch, "carol-1").await.unwrap();
-    assert!(b.presence(&ch).await.unwrap().is_empty());
+    conformance::presence_spans_nodes_and_expires_with_a_crashed_node(
+        a,
+        b,
+        c,
+        Duration::from_secs(1),
+    )
+    .await;
 }
 
 /// Channels spread over standalone shards by consistent hash, each with its history and pub/sub

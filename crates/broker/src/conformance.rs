@@ -425,3 +425,50 @@ pub async fn history_ttl_counts_old_entries_as_gone(broker: SharedBroker) {
         .unwrap();
     assert!(current.continuous);
 }
+
+/// Presence spans nodes: what A and C add, B lists (with the `info` claim); a removal is seen;
+/// a crashed node's entries (A dropped, so nothing refreshes them) expire within about two
+/// `presence_ttl`s while a live node keeps its own alive past several. The three brokers must
+/// share a server and be configured with `presence_ttl`.
+pub async fn presence_spans_nodes_and_expires_with_a_crashed_node(
+    a: SharedBroker,
+    b: SharedBroker,
+    c: SharedBroker,
+    presence_ttl: Duration,
+) {
+    let ch = unique("presence");
+    let with_info = |client: &str| ClientInfo {
+        info: Some(serde_json::value::RawValue::from_string(r#"{"n":1}"#.into()).unwrap()),
+        ..who(client)
+    };
+    a.add_presence(&ch, &with_info("x")).await.unwrap();
+    c.add_presence(&ch, &with_info("y")).await.unwrap();
+    c.add_presence(&ch, &who("z")).await.unwrap();
+    c.remove_presence(&ch, "z").await.unwrap();
+    let clients = |list: Vec<ClientInfo>| {
+        let mut c: Vec<String> = list.into_iter().map(|w| w.client).collect();
+        c.sort();
+        c
+    };
+    let listed = b.presence(&ch).await.unwrap();
+    assert_eq!(listed[0].info.as_ref().map(|i| i.get()), Some(r#"{"n":1}"#));
+    assert_eq!(clients(listed), vec!["x", "y"]);
+    drop(a); // crashed: x is never removed
+    let deadline = tokio::time::Instant::now() + presence_ttl * 5 / 2 + Duration::from_secs(1);
+    loop {
+        let now = clients(b.presence(&ch).await.unwrap());
+        if now == vec!["y"] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "x did not expire: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // C keeps y alive past several TTLs.
+    tokio::time::sleep(presence_ttl * 2).await;
+    assert_eq!(clients(b.presence(&ch).await.unwrap()), vec!["y"]);
+    c.remove_presence(&ch, "y").await.unwrap();
+    assert!(b.presence(&ch).await.unwrap().is_empty());
+}
