@@ -1,6 +1,7 @@
 //! The Pusher HTTP API under `/apps/{id}/`: signed requests (see [`super::auth`]), events,
-//! batches and channel queries (answered for the cluster: see [`super::census`]). Errors are plain text with Pusher's statuses: 400 bad request,
-//! 401 bad signature or stale timestamp, 404 unknown app or path, 413 oversized event.
+//! batches and channel queries (answered for the cluster: see [`super::census`]). Errors are
+//! plain text with Pusher's statuses: 400 bad request, 401 bad signature or stale timestamp, 404
+//! unknown app or path, 413 oversized event.
 
 use std::collections::HashSet;
 use std::sync::Arc;
