@@ -24,6 +24,7 @@
 //! doing so (crash, network cut) is left out once the hub has not heard its heartbeat for 15 s,
 //! and the broker drops its entries after its presence TTL. A node that started less than
 //! [`HEARD_ALL_AFTER`] ago may not have heard every live node yet, so it counts every entry.
+//! Entries are keyed by node name: names must be unique in the cluster (the default ones are).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -140,6 +141,7 @@ impl Census {
         let local = self.local_all();
         let broker = self.hub.broker();
         let node = self.hub.node_name();
+        let mut failed = 0;
         for app in &self.apps {
             let id = &app.config.id;
             let mut buckets = vec![Counts::new(); BUCKETS];
@@ -176,10 +178,19 @@ impl Census {
                     Ok(()) => {
                         written.insert(key, counts);
                     }
-                    // Tried again at the next pass.
-                    Err(e) => tracing::warn!(set, cause = %e, "pusher census not shared"),
+                    Err(e) => {
+                        failed += 1;
+                        tracing::debug!(set, cause = %e, "pusher census entry not written");
+                    }
                 }
             }
+        }
+        if failed > 0 {
+            // One line per pass, however many entries: the broker is likely down.
+            tracing::warn!(
+                failed,
+                "pusher channel counts not shared with the cluster; tried again at the next pass"
+            );
         }
         true
     }
