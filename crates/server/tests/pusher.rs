@@ -733,6 +733,35 @@ async fn eventually(node: &Node, path: &str, params: &[(&str, &str)], want: Valu
 }
 
 #[tokio::test]
+async fn channel_queries_on_one_node_are_exact_at_once() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let counts = [("info", "subscription_count")];
+    let (mut c, _) = connected(&node).await;
+    let (mut d, _) = connected(&node).await;
+    for client in [&mut c, &mut d] {
+        send(client, "pusher:subscribe", json!({"channel": "news"})).await;
+        expect(client, "pusher_internal:subscription_succeeded").await;
+    }
+    let (status, got) = signed_with(&node, "GET", "/apps/7/channels", &counts, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        got,
+        json!({"channels": {"news": {"subscription_count": 2}}})
+    );
+    send(&mut c, "pusher:unsubscribe", json!({"channel": "news"})).await;
+    send(&mut d, "pusher:unsubscribe", json!({"channel": "news"})).await;
+    // Unsubscribing has no reply: a ping answered after it means it was handled.
+    send(&mut d, "pusher:ping", json!({})).await;
+    expect(&mut d, "pusher:pong").await;
+    send(&mut c, "pusher:ping", json!({})).await;
+    expect(&mut c, "pusher:pong").await;
+    let (_, got) = signed_with(&node, "GET", "/apps/7/channels/news", &counts, None).await;
+    assert_eq!(got, json!({"occupied": false, "subscription_count": 0}));
+    let (_, got) = signed(&node, "GET", "/apps/7/channels", None).await;
+    assert_eq!(got, json!({"channels": {}}));
+}
+
+#[tokio::test]
 async fn channel_queries_answer_for_the_cluster_on_redis() {
     let redis = herald_testkit::redis::RedisServer::start();
     channel_queries_answer_for_the_cluster(&redis.url()).await;
