@@ -233,18 +233,6 @@ impl Census {
         all
     }
 
-    fn local(&self, app: &PusherApp) -> Counts {
-        self.hub
-            .channels()
-            .into_iter()
-            .filter(|(_, n)| *n > 0)
-            .filter_map(|(internal, n)| {
-                let name = app.external(&internal)?;
-                (!name.starts_with('#')).then(|| (name.to_owned(), n as u64))
-            })
-            .collect()
-    }
-
     /// Names of the nodes whose entries count; `None`: every node's.
     fn live_nodes(&self) -> Option<HashSet<String>> {
         let me = self.hub.node_info();
@@ -273,7 +261,8 @@ impl Census {
     pub async fn channels(&self, app: &PusherApp) -> Result<Counts, BrokerError> {
         let buckets: Vec<usize> = (0..BUCKETS).collect();
         let mut all = self.others(app, &buckets).await?;
-        for (name, n) in self.local(app) {
+        let here = self.local_all().remove(&app.config.id).unwrap_or_default();
+        for (name, n) in here {
             *all.entry(name).or_default() += n;
         }
         Ok(all)
