@@ -114,7 +114,7 @@ pub async fn run(
     let mut pusher = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
         std::env::var(k).ok()
     })?;
-    pusher.start_webhooks(&hub);
+    pusher.start(&hub);
     if !pusher.is_empty() {
         tracing::info!(apps = ?pusher.ids(), "Pusher protocol on /app/{{key}} and /apps/{{id}}/");
     }
@@ -215,6 +215,7 @@ pub async fn run(
     while app.open_connections() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    app.pusher.stop().await;
     consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())

@@ -1,8 +1,8 @@
 //! The Pusher endpoint with raw WebSocket frames: bad input gets Pusher's documented errors and
 //! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
 //! client and a Pusher client share an app's channel through the `pusher` namespace; two nodes on
-//! Redis or NATS deliver events and presence across nodes and report occupancy and members once
-//! per cluster; a refused webhook is retried.
+//! Redis or NATS deliver events and presence across nodes, report occupancy and members once per
+//! cluster and answer the HTTP API's channel queries for the cluster; a refused webhook is retried.
 
 mod common;
 
@@ -230,6 +230,17 @@ async fn client_events_are_rate_limited_with_4301() {
 
 /// A signed Pusher HTTP API call (as the server SDKs sign them).
 async fn signed(node: &Node, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    signed_with(node, method, path, &[], body).await
+}
+
+/// A signed Pusher HTTP API call with query parameters (plain values: not URL-encoded).
+async fn signed_with(
+    node: &Node,
+    method: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Value) {
     use herald_server::pusher::auth::{md5_hex, sign};
     let body = body.map(|b| b.to_string());
     let mut params = vec![
@@ -237,6 +248,7 @@ async fn signed(node: &Node, method: &str, path: &str, body: Option<Value>) -> (
         ("auth_timestamp".to_owned(), common::now().to_string()),
         ("auth_version".to_owned(), "1.0".to_owned()),
     ];
+    params.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     if let Some(b) = &body {
         params.push(("body_md5".to_owned(), md5_hex(b.as_bytes())));
     }
@@ -700,4 +712,175 @@ async fn member_webhooks_are_per_cluster_on_redis() {
             "member_removed presence-room"
         ]
     );
+}
+
+/// A signed `GET` on `node`, asked again until it answers `want`: another node's subscriptions
+/// reach this node's answer within about a second (docs/pusher.md).
+async fn eventually(node: &Node, path: &str, params: &[(&str, &str)], want: Value) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, got) = signed_with(node, "GET", path, params, None).await;
+        assert_eq!(status, 200, "{path}: {got}");
+        if got == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{path} {params:?}: got {got}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn channel_queries_on_one_node_are_exact_at_once() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let counts = [("info", "subscription_count")];
+    let (mut c, _) = connected(&node).await;
+    let (mut d, _) = connected(&node).await;
+    for client in [&mut c, &mut d] {
+        send(client, "pusher:subscribe", json!({"channel": "news"})).await;
+        expect(client, "pusher_internal:subscription_succeeded").await;
+    }
+    let (status, got) = signed_with(&node, "GET", "/apps/7/channels", &counts, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        got,
+        json!({"channels": {"news": {"subscription_count": 2}}})
+    );
+    send(&mut c, "pusher:unsubscribe", json!({"channel": "news"})).await;
+    send(&mut d, "pusher:unsubscribe", json!({"channel": "news"})).await;
+    // Unsubscribing has no reply: a ping answered after it means it was handled.
+    send(&mut d, "pusher:ping", json!({})).await;
+    expect(&mut d, "pusher:pong").await;
+    send(&mut c, "pusher:ping", json!({})).await;
+    expect(&mut c, "pusher:pong").await;
+    let (_, got) = signed_with(&node, "GET", "/apps/7/channels/news", &counts, None).await;
+    assert_eq!(got, json!({"occupied": false, "subscription_count": 0}));
+    let (_, got) = signed(&node, "GET", "/apps/7/channels", None).await;
+    assert_eq!(got, json!({"channels": {}}));
+}
+
+#[tokio::test]
+async fn channel_queries_answer_for_the_cluster_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    channel_queries_answer_for_the_cluster(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn channel_queries_answer_for_the_cluster_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    channel_queries_answer_for_the_cluster(&nats.url()).await;
+}
+
+async fn channel_queries_answer_for_the_cluster(url: &str) {
+    let mut env = APP.to_vec();
+    env.push(("HERALD_BROKER_URL", url));
+    env.push(("HERALD_DRAIN_MS", "200"));
+    let a = Node::start(&["--dev"], &env).await;
+    let b = Node::start(&["--dev"], &env).await;
+    let counts = [("info", "subscription_count")];
+    let room = "presence-room";
+
+    // The answering node's own subscriptions count at once.
+    let (mut news_a, socket) = connected(&a).await;
+    send(&mut news_a, "pusher:subscribe", json!({"channel": "news"})).await;
+    expect(&mut news_a, "pusher_internal:subscription_succeeded").await;
+    join_presence(&mut news_a, &socket, room, "alice").await;
+    let (status, got) = signed_with(&a, "GET", "/apps/7/channels/news", &counts, None).await;
+    assert_eq!(status, 200);
+    assert_eq!(got, json!({"occupied": true, "subscription_count": 1}));
+
+    // Node B: news and sports on one socket, alice again and bob in the presence channel.
+    let (mut news_b, _) = connected(&b).await;
+    for channel in ["news", "sports"] {
+        send(&mut news_b, "pusher:subscribe", json!({"channel": channel})).await;
+        expect(&mut news_b, "pusher_internal:subscription_succeeded").await;
+    }
+    let (mut alice_b, socket) = connected(&b).await;
+    join_presence(&mut alice_b, &socket, room, "alice").await;
+    let (mut bob_b, socket) = connected(&b).await;
+    join_presence(&mut bob_b, &socket, room, "bob").await;
+
+    // Either node lists the same channels with the cluster's sums.
+    let everything = json!({"channels": {
+        "news": {"subscription_count": 2},
+        "presence-room": {"subscription_count": 3},
+        "sports": {"subscription_count": 1},
+    }});
+    for node in [&a, &b] {
+        eventually(node, "/apps/7/channels", &counts, everything.clone()).await;
+        eventually(
+            node,
+            "/apps/7/channels",
+            &[("filter_by_prefix", "presence-"), ("info", "user_count")],
+            json!({"channels": {"presence-room": {"user_count": 2}}}),
+        )
+        .await;
+        eventually(
+            node,
+            "/apps/7/channels",
+            &[("filter_by_prefix", "s")],
+            json!({"channels": {"sports": {}}}),
+        )
+        .await;
+        eventually(
+            node,
+            "/apps/7/channels/presence-room",
+            &[("info", "user_count,subscription_count")],
+            json!({"occupied": true, "user_count": 2, "subscription_count": 3}),
+        )
+        .await;
+    }
+    // Sports has its only subscriber on B; A answers for it.
+    eventually(
+        &a,
+        "/apps/7/channels/sports",
+        &[],
+        json!({"occupied": true}),
+    )
+    .await;
+
+    // Leaving is seen across nodes too: unsubscribe, and a connection that goes away.
+    send(
+        &mut news_b,
+        "pusher:unsubscribe",
+        json!({"channel": "sports"}),
+    )
+    .await;
+    eventually(
+        &a,
+        "/apps/7/channels/sports",
+        &counts,
+        json!({"occupied": false, "subscription_count": 0}),
+    )
+    .await;
+    drop(news_b);
+    eventually(
+        &a,
+        "/apps/7/channels",
+        &counts,
+        json!({"channels": {
+            "news": {"subscription_count": 1},
+            "presence-room": {"subscription_count": 3},
+        }}),
+    )
+    .await;
+
+    // A node that shuts down takes its subscriptions with it (long before its entries expire),
+    // also those it shared a moment before (its writer is then waiting out its gap).
+    send(&mut bob_b, "pusher:subscribe", json!({"channel": "late"})).await;
+    expect(&mut bob_b, "pusher_internal:subscription_succeeded").await;
+    eventually(&a, "/apps/7/channels/late", &[], json!({"occupied": true})).await;
+    b.sigterm();
+    eventually(
+        &a,
+        "/apps/7/channels",
+        &counts,
+        json!({"channels": {
+            "news": {"subscription_count": 1},
+            "presence-room": {"subscription_count": 1},
+        }}),
+    )
+    .await;
 }

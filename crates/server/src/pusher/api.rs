@@ -1,6 +1,7 @@
 //! The Pusher HTTP API under `/apps/{id}/`: signed requests (see [`super::auth`]), events,
-//! batches and channel queries. Errors are plain text with Pusher's statuses: 400 bad request,
-//! 401 bad signature or stale timestamp, 404 unknown app or path, 413 oversized event.
+//! batches and channel queries (answered for the cluster: see [`super::census`]). Errors are
+//! plain text with Pusher's statuses: 400 bad request, 401 bad signature or stale timestamp, 404
+//! unknown app or path, 413 oversized event.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use serde_json::value::RawValue;
 
 use super::apps::{valid_channel, ChannelKind, PusherApp};
 use super::auth::check_request;
+use super::census::Census;
 use super::wire::Envelope;
 use crate::http::{App, HttpResponse};
 
@@ -340,31 +342,37 @@ async fn channels(
         ));
     }
     let subscription_count = wants(info, "subscription_count");
+    let counts = census(app)?.channels(pusher_app).await.map_err(|e| {
+        tracing::warn!(app = %pusher_app.config.id, cause = %e, "channel counts not read");
+        refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+    })?;
     let mut map = serde_json::Map::new();
-    for (internal, subscribers) in app.ctx.hub.channels() {
-        // Users' own channels are not listed (as with Pusher).
-        let Some(name) = pusher_app
-            .external(&internal)
-            .filter(|n| !n.starts_with('#'))
-        else {
-            continue;
-        };
+    for (name, subscriptions) in counts {
         if prefix.is_some_and(|p| !name.starts_with(p)) {
             continue;
         }
         let mut attributes = serde_json::Map::new();
         if user_count {
+            let internal = pusher_app.internal(&name);
             attributes.insert(
                 "user_count".into(),
                 json!(user_ids(app, &internal).await?.len()),
             );
         }
         if subscription_count {
-            attributes.insert("subscription_count".into(), json!(subscribers));
+            attributes.insert("subscription_count".into(), json!(subscriptions));
         }
-        map.insert(name.to_owned(), attributes.into());
+        map.insert(name, attributes.into());
     }
     ok(json!({ "channels": map }))
+}
+
+/// The node's cluster-wide subscription counts (started with the node's first app).
+fn census(app: &App) -> Result<&Census, Refused> {
+    app.pusher.census.as_deref().ok_or_else(|| {
+        tracing::warn!("pusher channel counts asked for before they were started");
+        refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+    })
 }
 
 async fn channel(
@@ -383,14 +391,11 @@ async fn channel(
             "info=user_count is only for presence channels",
         ));
     }
+    let subscribers = census(app)?.channel(pusher_app, name).await.map_err(|e| {
+        tracing::warn!(app = %pusher_app.config.id, cause = %e, "channel count not read");
+        refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+    })?;
     let internal = pusher_app.internal(name);
-    let subscribers = app
-        .ctx
-        .hub
-        .channels()
-        .into_iter()
-        .find(|(c, _)| *c == internal)
-        .map_or(0, |(_, n)| n);
     let mut body = serde_json::Map::new();
     let users = match presence {
         true => Some(user_ids(app, &internal).await?.len()),

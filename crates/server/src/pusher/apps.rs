@@ -14,6 +14,7 @@ use herald_core::namespace::Namespaces;
 use herald_core::Hub;
 use serde::{Deserialize, Deserializer};
 
+use super::census::Census;
 use super::shared::SharedFrames;
 use super::webhooks::{WebhookConfig, Webhooks};
 
@@ -104,6 +105,8 @@ pub struct Apps {
     pub namespace: Arc<NamespaceConfig>,
     /// The webhook sender, once started, when some app has webhooks.
     pub webhooks: Option<Arc<Webhooks>>,
+    /// The cluster-wide subscription counts, once started, when some app is configured.
+    pub census: Option<Arc<Census>>,
     /// Publications translated for Pusher clients, shared by the connections.
     pub frames: Arc<SharedFrames>,
 }
@@ -196,14 +199,29 @@ impl Apps {
             settings,
             namespace,
             webhooks: None,
+            census: None,
             frames: Arc::default(),
         })
     }
 
-    /// Start sending webhooks, if any app has some.
-    pub fn start_webhooks(&mut self, hub: &Hub) {
+    /// Start the node's Pusher tasks: sharing its subscription counts with the cluster, if any
+    /// app is configured, and sending webhooks, if any app has some.
+    pub fn start(&mut self, hub: &Hub) {
+        if !self.is_empty() {
+            self.census = Some(Census::start(
+                hub.clone(),
+                self.by_id.values().cloned().collect(),
+            ));
+        }
         if self.by_id.values().any(|a| !a.config.webhooks.is_empty()) {
             self.webhooks = Some(Webhooks::start(hub.clone()));
+        }
+    }
+
+    /// Stop sharing this node's subscription counts (at shutdown).
+    pub async fn stop(&self) {
+        if let Some(census) = &self.census {
+            census.withdraw().await;
         }
     }
 

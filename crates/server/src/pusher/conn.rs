@@ -18,6 +18,7 @@ use serde_json::value::RawValue;
 
 use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
 use super::auth::{channel_authorized, user_authenticated};
+use super::census::Census;
 use super::shared::SharedFrames;
 use super::webhooks::Webhooks;
 use super::wire::{
@@ -41,6 +42,8 @@ pub struct ConnContext {
     pub client_events_per_second: u32,
     /// The webhook sender, when the app has webhooks.
     pub webhooks: Option<Arc<Webhooks>>,
+    /// The node's subscription counts shared with the cluster.
+    pub census: Option<Arc<Census>>,
     /// Bytes of publications one catch-up may replay.
     pub max_recovery_bytes: usize,
     /// Publications translated once for every Pusher subscriber.
@@ -322,6 +325,9 @@ impl PusherConn {
             }
         }
         self.ctx.hub.activate(&internal, self.key, &result.position);
+        if let Some(census) = &self.ctx.census {
+            census.changed();
+        }
         let presence = me.is_some();
         // A user's own channel is private plumbing: no occupancy webhooks for it.
         let hooks = self
@@ -439,6 +445,9 @@ impl PusherConn {
             return false;
         };
         self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
+        if let Some(census) = &self.ctx.census {
+            census.changed();
+        }
         if let Some(hooks) = self.ctx.webhooks.as_ref() {
             if sub.kind != ChannelKind::User {
                 hooks.unsubscribed(&self.ctx.app, &sub.internal);

@@ -10,6 +10,7 @@
 //! - [`shared`]: each publication translated into a Pusher event once for all its subscribers.
 //! - [`ws`]: the WebSocket endpoint `/app/{key}`.
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
+//! - [`census`]: subscriptions per channel counted for the cluster, for the API's channel queries.
 //! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
 //!
 //! docs/pusher.md describes what is supported and how it differs from hosted Pusher.
@@ -17,6 +18,7 @@
 pub mod api;
 pub mod apps;
 pub mod auth;
+pub mod census;
 pub mod conn;
 pub mod shared;
 pub mod webhooks;

@@ -153,6 +153,7 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
             .webhooks
             .clone()
             .filter(|_| !pusher_app.config.webhooks.is_empty()),
+        census: app.pusher.census.clone(),
         app: pusher_app,
         max_recovery_bytes: limits.max_recovery_bytes,
         frames: app.pusher.frames.clone(),
