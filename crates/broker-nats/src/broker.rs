@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::codec::encode_presence_change;
 use crate::config::NatsConfig;
+use crate::markers::{self, Expiries};
 use crate::metrics::Metrics;
 use crate::names::Subjects;
 use crate::presence::{self, LocalPresence};
@@ -39,6 +40,8 @@ pub(crate) struct Inner {
     /// The newest position this node saw per channel (published, received or read), to notice a
     /// NATS that came back behind (see `publish::rolled_back`).
     pub(crate) watermarks: Watermarks,
+    /// Epoch markers this node stored, to delete once they outlive `empty_ttl` unused.
+    pub(crate) markers: Expiries,
     /// Hosted channels → their subscription task. std Mutex: held only to insert or remove.
     pub(crate) channels: Mutex<HashMap<String, ChannelTask>>,
     pub(crate) handler: OnceLock<Arc<dyn BrokerHandler>>,
@@ -112,6 +115,7 @@ impl NatsBroker {
             streams,
             tails: Tails::default(),
             watermarks: Watermarks::new(),
+            markers: Expiries::default(),
             channels: Mutex::default(),
             handler: OnceLock::new(),
             presence: Mutex::default(),
@@ -185,6 +189,7 @@ impl Broker for NatsBroker {
             ));
         }
         tokio::spawn(receive::watch_streams(inner.clone(), shutdown.clone()));
+        tokio::spawn(markers::run_expiry(inner.clone(), shutdown.clone()));
         tokio::spawn(presence::run_refresher(inner.clone(), shutdown));
         Ok(())
     }

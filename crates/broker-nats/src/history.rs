@@ -20,8 +20,9 @@ use time::OffsetDateTime;
 
 use crate::broker::Inner;
 use crate::codec::decode_publications;
+use crate::markers::last_or_marker;
 use crate::metrics::inc;
-use crate::publish::{last_or_marker, read_seq, Found};
+use crate::publish::{read_seq, Found};
 use crate::streams::Kind;
 
 /// Up to this many publications are read by following links (at most one request per message,
@@ -52,7 +53,7 @@ async fn read(
     inner.ensure_connected()?;
     let kind = inner.kind(opts);
     let subject = inner.stream_subject(kind, channel);
-    let last = last_or_marker(inner, kind, channel, &subject).await?;
+    let last = last_or_marker(inner, kind, channel, &subject, opts.empty_ttl).await?;
     let position = StreamPosition {
         epoch: last.stored.epoch.clone(),
         offset: last.stored.last(),

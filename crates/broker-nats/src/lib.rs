@@ -32,6 +32,7 @@
 //! - `broker`: [`NatsBroker`], the connection and shared state; routes each `Broker` call.
 //! - `publish`: offsets by compare-and-set, per-channel tail and queue (group commit), epoch
 //!   markers, rollback detection.
+//! - `markers`: the epoch of a channel nobody published to yet, and its expiry.
 //! - `history`: position and publication reads (link walk or ephemeral consumer).
 //! - `receive`: per-channel subscription tasks, control messages, reconnect and slow-consumer
 //!   catch-ups, stream recreation watch.
@@ -46,6 +47,7 @@ mod broker;
 mod codec;
 pub mod config;
 mod history;
+mod markers;
 mod metrics;
 pub mod names;
 mod presence;

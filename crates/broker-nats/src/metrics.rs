@@ -45,6 +45,10 @@ pub(crate) struct Metrics {
     /// async-nats dropped messages for a subscription that could not keep up.
     pub(crate) slow_consumer_events: Counter,
     pub(crate) presence_refresh_errors: Counter,
+    /// Epoch markers stored on empty subjects (reads of channels nobody published to).
+    pub(crate) markers_stored: Counter,
+    /// Markers deleted after `empty_ttl` or replaced by a fresh copy.
+    pub(crate) markers_deleted: Counter,
 }
 
 impl Default for Metrics {
@@ -70,6 +74,8 @@ impl Default for Metrics {
             catchups: Counter::default(),
             slow_consumer_events: Counter::default(),
             presence_refresh_errors: Counter::default(),
+            markers_stored: Counter::default(),
+            markers_deleted: Counter::default(),
         }
     }
 }
@@ -109,6 +115,16 @@ impl Metrics {
                 "publish_conflicts",
                 "Publishes retried because another publisher took the offset",
                 &self.publish_conflicts,
+            ),
+            (
+                "nats_markers_stored",
+                "Epoch markers stored for channels read before anything was published",
+                &self.markers_stored,
+            ),
+            (
+                "nats_markers_deleted",
+                "Epoch markers deleted after the empty-stream TTL (or replaced by a fresh copy)",
+                &self.markers_deleted,
             ),
             (
                 "publish_duplicates",

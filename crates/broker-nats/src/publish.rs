@@ -63,7 +63,7 @@ use crate::streams::Kind;
 /// Channels whose state is kept; beyond this, idle entries are dropped.
 const MAX_CHANNELS: usize = 65_536;
 /// Attempts before a store that keeps losing the race gives up (error 111, retry later).
-const MAX_ATTEMPTS: u32 = 32;
+pub(crate) const MAX_ATTEMPTS: u32 = 32;
 /// Publications stored in one message at most.
 const MAX_BATCH: usize = 256;
 /// Payload bytes of one batched message at most (NATS' default max_payload is 1 MiB; a single
@@ -269,7 +269,7 @@ pub(crate) async fn read_seq(
 }
 
 /// What JetStream did with one store attempt.
-enum Outcome {
+pub(crate) enum Outcome {
     Stored(u64),
     /// Same `Nats-Msg-Id` within the duplicate window: the sequence of the original.
     Duplicate(u64),
@@ -279,7 +279,7 @@ enum Outcome {
     StreamMissing,
 }
 
-async fn try_store(
+pub(crate) async fn try_store(
     inner: &Inner,
     subject: &str,
     headers: HeaderMap,
@@ -308,7 +308,7 @@ async fn try_store(
 }
 
 /// Random pause after repeated conflicts, so that racing publishers spread out.
-async fn back_off(attempt: u32) {
+pub(crate) async fn back_off(attempt: u32) {
     if attempt >= 2 {
         let max_micros = 100u64 << attempt.min(7);
         let pause = rand::random::<u64>() % max_micros;
@@ -640,7 +640,7 @@ async fn original(
 /// position this node saw in the same epoch *before* that read: the server lost writes (see the
 /// module docs). Taken before the read, the floor only holds positions that were stored before
 /// it, so a publication that arrives meanwhile is no false alarm.
-fn rolled_back(channel: &str, floor: &(String, u64), last: &Found) -> bool {
+pub(crate) fn rolled_back(channel: &str, floor: &(String, u64), last: &Found) -> bool {
     let (epoch, offset) = floor;
     let behind = is_behind(&last.stored.epoch, last.stored.last(), epoch, *offset);
     if behind {
@@ -655,46 +655,6 @@ fn rolled_back(channel: &str, floor: &(String, u64), last: &Found) -> bool {
 /// `(epoch, offset)` is below the watermark `(floor_epoch, floor_offset)` (`("", 0)`: none).
 fn is_behind(epoch: &str, offset: u64, floor_epoch: &str, floor_offset: u64) -> bool {
     !floor_epoch.is_empty() && epoch == floor_epoch && offset < floor_offset
-}
-
-/// The channel's last message, creating the channel's epoch with a marker (offset 0) when it has
-/// none, so that a subscriber to an empty channel and the first publisher agree on the epoch. A
-/// last message below this node's watermark counts as none: a new epoch replaces it.
-pub(crate) async fn last_or_marker(
-    inner: &Inner,
-    kind: Kind,
-    channel: &str,
-    subject: &str,
-) -> Result<Found, BrokerError> {
-    for attempt in 0..MAX_ATTEMPTS {
-        // The expected last sequence: the message judged behind, or 0 (the subject is empty).
-        let floor = inner.watermarks.floor(channel);
-        let expected = match read_last(inner, kind, subject).await? {
-            Some(last) if rolled_back(channel, &floor, &last) => last.seq,
-            Some(last) => return Ok(last),
-            None => 0,
-        };
-        // Stored only if the subject's last message is still the one read.
-        let epoch = new_epoch();
-        let (headers, payload) = encode_publications(&epoch, 0, expected, &[]);
-        match try_store(inner, subject, headers, payload).await? {
-            Outcome::Stored(seq) | Outcome::Duplicate(seq) => {
-                return Ok(Found {
-                    seq,
-                    time: OffsetDateTime::now_utc(),
-                    stored: Stored::marker(epoch),
-                });
-            }
-            Outcome::Conflict => back_off(attempt).await,
-            Outcome::StreamMissing => {
-                inner.tails.clear();
-                inner.streams.ensure().await?;
-            }
-        }
-    }
-    Err(BrokerError::unavailable(format!(
-        "{subject}: could not create the epoch"
-    )))
 }
 
 #[cfg(test)]

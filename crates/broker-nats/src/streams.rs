@@ -24,7 +24,7 @@ use crate::config::{NatsConfig, Storage};
 use crate::names::Subjects;
 
 /// Which stream a channel's publications go to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Kind {
     /// Namespace with history.
     History,

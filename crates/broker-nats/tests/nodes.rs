@@ -744,3 +744,47 @@ async fn an_idempotency_key_with_a_line_break_fails_alone() {
     .unwrap();
     assert_eq!((&next.epoch, next.offset), (&first.epoch, 2));
 }
+
+/// Reading a channel nobody published to stores an epoch marker; the node deletes it once it
+/// outlived `empty_ttl` without a read (reads past half the TTL store a fresh copy), so that
+/// clients reading fresh names cannot make NATS hold a marker each for the stream's `max_age`.
+/// A channel that was published to keeps its epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_only_read_keeps_its_epoch_for_the_empty_ttl() {
+    let nats = NatsServer::start();
+    let (a, _) = node(&NatsConfig::with_url(&nats.url()), "a").await;
+    let mut o = opts(10);
+    o.stream.empty_ttl = Duration::from_secs(2);
+    let top = HistoryQuery {
+        since: None,
+        limit: Some(0),
+    };
+    let quiet = unique("quiet");
+    let busy = unique("busy");
+    let first = a.history(&quiet, &top, &o.stream).await.unwrap().position;
+    a.history(&busy, &top, &o.stream).await.unwrap();
+    let published = a
+        .publish(&busy, Bytes::from_static(b"1"), None, &o)
+        .await
+        .unwrap();
+    // Reads keep it (the second one, past half the TTL, replaces the marker with a fresh copy).
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let again = a.history(&quiet, &top, &o.stream).await.unwrap().position;
+        assert_eq!(again, first, "read within the TTL of the last read");
+    }
+    // Nobody reads it for longer than the TTL: deleted, and the next read starts a new epoch.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let fresh = a.history(&quiet, &top, &o.stream).await.unwrap().position;
+    assert_ne!(fresh.epoch, first.epoch, "the marker was kept");
+    assert_eq!(fresh.offset, 0);
+    let busy_now = a.history(&busy, &top, &o.stream).await.unwrap().position;
+    assert_eq!(busy_now, published, "a published channel keeps its epoch");
+    let text = a.metrics_text();
+    let deleted: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("herald_broker_nats_markers_deleted_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no marker metric in\n{text}"));
+    assert!(deleted >= 2, "refreshed copy and expired marker: {deleted}");
+}
