@@ -146,6 +146,16 @@ impl Node {
         }
     }
 
+    /// The process's resident memory in KiB (Linux `/proc`); `None` when it is not ours or gone.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let pid = self.child.as_ref()?.id()?;
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    }
+
     /// Kill the process at once (a crash).
     pub async fn kill(mut self) {
         if let Some(child) = self.child.as_mut() {
@@ -300,10 +310,6 @@ impl Client {
         }
     }
 
-    async fn send_raw(&mut self, text: String) {
-        self.ws.send(Message::text(text)).await.expect("send");
-    }
-
     /// Like [`call`](Self::call), `None` when the connection ends first.
     pub async fn try_call(&mut self, method: &str, params: Value) -> Option<Value> {
         let id = self.next_id;
@@ -313,34 +319,23 @@ impl Client {
             self.closed = true;
             return None;
         }
+        // Read frames (not `pending`, which holds pushes that arrived meanwhile) until the reply.
         loop {
             if let Some(pos) = self.pending.iter().position(|m| m["id"] == id) {
                 return self.pending.remove(pos);
             }
-            let m = self.read(WAIT).await?;
-            self.pending.push_back(m);
+            if !self.read_frame(WAIT).await {
+                return None;
+            }
         }
     }
 
     /// Send a command and wait for its reply (pushes meanwhile stay queued in order).
     pub async fn call(&mut self, method: &str, params: Value) -> Value {
         let id = self.next_id;
-        self.next_id += 1;
-        self.send_raw(json!({ "id": id, method: params }).to_string())
-            .await;
-        if let Some(pos) = self.pending.iter().position(|m| m["id"] == id) {
-            return self.pending.remove(pos).expect("pending");
-        }
-        loop {
-            let m = self
-                .read(WAIT)
-                .await
-                .unwrap_or_else(|| panic!("closed before reply {id}"));
-            if m["id"] == id {
-                return m;
-            }
-            self.pending.push_back(m);
-        }
+        self.try_call(method, params)
+            .await
+            .unwrap_or_else(|| panic!("closed before reply {id}"))
     }
 
     /// The next message within `wait`; `None` on timeout or close.
@@ -370,36 +365,47 @@ impl Client {
             if let Some(m) = self.pending.pop_front() {
                 return Some(m);
             }
-            let msg = match tokio::time::timeout(wait, self.ws.next()).await {
-                Ok(Some(Ok(m))) => m,
-                Ok(_) => {
-                    self.closed = true;
-                    return None;
-                }
-                Err(_) => return None,
-            };
-            if let Some((code, _)) = msg.as_close() {
-                self.close_code = Some(u16::from(code));
-                self.closed = true;
+            if !self.read_frame(wait).await {
                 return None;
             }
-            let Some(text) = msg.as_text() else { continue };
-            let lines: Vec<Value> = text
-                .split('\n')
-                .filter(|l| !l.is_empty())
-                .map(|l| serde_json::from_str(l).expect("JSON from server"))
-                .collect();
-            for m in lines {
-                if m == json!({}) {
-                    if self.ws.send(Message::text("{}".to_owned())).await.is_err() {
-                        self.closed = true;
-                        return None;
-                    }
-                    continue;
-                }
-                self.pending.push_back(m);
-            }
         }
+    }
+
+    /// Read one frame from the socket into `pending` (answering pings); `false` on close or
+    /// when nothing arrived within `wait`.
+    async fn read_frame(&mut self, wait: Duration) -> bool {
+        let msg = match tokio::time::timeout(wait, self.ws.next()).await {
+            Ok(Some(Ok(m))) => m,
+            Ok(_) => {
+                self.closed = true;
+                return false;
+            }
+            Err(_) => return false,
+        };
+        if let Some((code, _)) = msg.as_close() {
+            self.close_code = Some(u16::from(code));
+            self.closed = true;
+            return false;
+        }
+        let Some(text) = msg.as_text() else {
+            return true;
+        };
+        let lines: Vec<Value> = text
+            .split('\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_str(l).expect("JSON from server"))
+            .collect();
+        for m in lines {
+            if m == json!({}) {
+                if self.ws.send(Message::text("{}".to_owned())).await.is_err() {
+                    self.closed = true;
+                    return false;
+                }
+                continue;
+            }
+            self.pending.push_back(m);
+        }
+        true
     }
 }
 
