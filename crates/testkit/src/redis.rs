@@ -263,6 +263,25 @@ impl RedisServer {
         }
     }
 
+    /// Save a snapshot of the data now (`SAVE`) and keep a copy of it aside, for
+    /// [`restart_from_snapshot`](Self::restart_from_snapshot).
+    pub fn snapshot(&self) {
+        assert_eq!(self.cli(&["SAVE"]), "OK", "SAVE failed");
+        std::fs::copy(self.dir().join("dump.rdb"), self.dir().join("older.rdb"))
+            .expect("copy the snapshot aside");
+    }
+
+    /// Kill the process and start it from the last [`snapshot`](Self::snapshot), dropping the
+    /// append-only file: whatever was written since the snapshot is lost, as when Redis comes
+    /// back from an older RDB file (or a lagging replica is promoted).
+    pub fn restart_from_snapshot(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(self.dir().join("appendonlydir"));
+        std::fs::copy(self.dir().join("older.rdb"), self.dir().join("dump.rdb"))
+            .expect("put the older snapshot back");
+        self.restart();
+    }
+
     /// Whether the process is running.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

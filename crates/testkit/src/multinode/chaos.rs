@@ -1,7 +1,9 @@
 //! The chaos soak: three nodes on one broker, each linked to it through its own cuttable proxy;
 //! clients subscribed on random nodes, reconnecting with `since` wherever they can; publishers
 //! writing through random nodes with idempotency keys; and meanwhile, at random, a node killed
-//! (`kill -9`) and started again, a node's broker link cut, or the broker restarted.
+//! (`kill -9`) and started again, a node's broker link cut, or the broker restarted — where the
+//! broker keeps snapshots (Redis), sometimes from a snapshot a few seconds old, losing what was
+//! written since (the nodes must notice and tell their clients).
 //!
 //! At the end, with everything back up, every client must hold every channel up to its last
 //! publication, and must never have seen a duplicate or a hole in an epoch it was not told about
@@ -25,6 +27,8 @@ use super::BrokerProcess;
 const NODES: usize = 3;
 const CLIENTS: usize = 6;
 const CHANNELS: usize = 4;
+/// What a node may hold at the end beyond twice its baseline: allocator caches, not leaks.
+const MEMORY_SLACK_KIB: u64 = 32 * 1024;
 
 /// What the soak saw; [`chaos_soak`] has already asserted the guarantees.
 #[derive(Debug, Default)]
@@ -39,6 +43,11 @@ pub struct SoakReport {
     pub reconnects: u64,
     /// Chaos actions, in order.
     pub actions: Vec<String>,
+    /// Broker restarts from an older snapshot among them.
+    pub rollbacks: u64,
+    /// Per node process: (node, RSS KiB a moment after it was (re)started with clients
+    /// connected, RSS KiB at the end once the clients left).
+    pub memory: Vec<(String, u64, u64)>,
 }
 
 /// Where a client stands in one channel.
@@ -302,14 +311,28 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
 
     let mut report = SoakReport::default();
     let end = Instant::now() + duration;
+    let mut snapshot = false;
+    // Each node process's memory once it has settled with clients: the end is compared with it.
+    let mut baselines: Vec<Option<u64>> = vec![None; NODES];
     while Instant::now() < end {
         tokio::time::sleep(Duration::from_millis(rand::rng().random_range(1000..3000))).await;
+        for (base, node) in baselines.iter_mut().zip(&nodes) {
+            if base.is_none() {
+                *base = node.as_ref().and_then(Node::rss_kib);
+            }
+        }
         let i = rand::rng().random_range(0..NODES);
         let pause = Duration::from_millis(rand::rng().random_range(300..2000));
-        match rand::rng().random_range(0..3) {
+        // A snapshot now and then (while the broker is up), rolled back to by action 3.
+        if !snapshot || rand::rng().random_range(0..3) == 0 {
+            snapshot = broker.snapshot();
+        }
+        let action = rand::rng().random_range(0..if snapshot { 4 } else { 3 });
+        match action {
             0 => {
                 report.actions.push(format!("kill -9 n{i}"));
                 live.lock().expect("live")[i] = None;
+                baselines[i] = None;
                 if let Some(node) = nodes[i].take() {
                     node.kill().await;
                 }
@@ -326,11 +349,19 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
                 tokio::time::sleep(pause).await;
                 proxies[i].restore();
             }
-            _ => {
+            2 => {
                 report.actions.push("restart the broker".into());
                 broker.stop();
                 tokio::time::sleep(pause).await;
                 broker.start_again();
+            }
+            _ => {
+                report
+                    .actions
+                    .push("restart the broker from an older snapshot".into());
+                broker.restart_from_snapshot();
+                report.rollbacks += 1;
+                snapshot = false;
             }
         }
     }
@@ -387,6 +418,22 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
             if at < *top {
                 faults.push(format!("client {i} {ch}: at {at}, the channel is at {top}"));
             }
+        }
+    }
+    // Memory back to where it was: every client left, so what a node still holds beyond its
+    // settled baseline (plus allocator slack) would be state that outlived its connections.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for (i, node) in nodes.iter().enumerate() {
+        let (Some(node), Some(base)) = (node, baselines[i]) else {
+            continue;
+        };
+        let Some(now) = node.rss_kib() else { continue };
+        report.memory.push((node.name.clone(), base, now));
+        if now > base * 2 + MEMORY_SLACK_KIB {
+            faults.push(format!(
+                "{}: RSS {now} KiB at the end, {base} KiB after it started",
+                node.name
+            ));
         }
     }
     assert!(

@@ -36,6 +36,15 @@ pub trait BrokerProcess {
     fn addr(&self) -> std::net::SocketAddr;
     /// The broker URL with `addr` in place of the broker's own (to go through a proxy).
     fn url_via(&self, addr: std::net::SocketAddr) -> String;
+    /// Keep a snapshot of the broker's data to roll back to; `false` where this broker has none.
+    fn snapshot(&mut self) -> bool {
+        false
+    }
+    /// Kill the broker and start it from the last [`snapshot`](Self::snapshot), losing what was
+    /// written since (only called after `snapshot` returned `true`).
+    fn restart_from_snapshot(&mut self) {
+        unimplemented!("this broker keeps no snapshots")
+    }
 }
 
 fn unique(name: &str) -> String {

@@ -77,6 +77,15 @@ impl BrokerProcess for RedisServer {
         ([127, 0, 0, 1], self.port()).into()
     }
 
+    fn snapshot(&mut self) -> bool {
+        RedisServer::snapshot(self);
+        true
+    }
+
+    fn restart_from_snapshot(&mut self) {
+        RedisServer::restart_from_snapshot(self);
+    }
+
     fn url_via(&self, addr: SocketAddr) -> String {
         let own = format!("127.0.0.1:{}", self.port());
         let url = RedisServer::url(self);
