@@ -142,7 +142,7 @@ fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
 /// recovering client misses anything without being told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
-    use herald_testkit::multinode::harness::Node;
+    use herald_testkit::node::Node;
     use serde_json::{json, Value};
     use std::time::{Duration, Instant};
 
@@ -159,10 +159,10 @@ async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
     }
 
     let mut nats = NatsServer::start();
-    let a = Node::start("a", &nats.url()).await;
-    let b = Node::start("b", &nats.url()).await;
+    let a = Node::on_broker("a", &nats.url()).await;
+    let b = Node::on_broker("b", &nats.url()).await;
     let ch = format!("rollback-{:08x}", rand::random::<u32>());
-    let mut live = b.client(json!({ &ch: {} })).await;
+    let mut live = b.subscriber(json!({ &ch: {} })).await;
     let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
     for i in 1..=3 {
         a.publish(&ch, json!(i)).await;
@@ -225,7 +225,7 @@ async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
     // A client that held offset 6 recovers on either node: it must learn it cannot.
     for node in [&a, &b] {
         let c = node
-            .client(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
+            .subscriber(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
             .await;
         let sub = &c.connect_reply["subs"][&ch];
         assert_eq!(sub["recovered"], false, "{sub}");
@@ -240,13 +240,13 @@ async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
 /// with unsub 4003 and recovering with `since` also counts, as a client would).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r3_cluster_survives_a_killed_server() {
-    use herald_testkit::multinode::harness::Node;
     use herald_testkit::nats::NatsCluster;
+    use herald_testkit::node::Node;
 
     let mut cluster = NatsCluster::start();
     let env = [("HERALD_NATS__REPLICAS", "3")];
-    let a = Node::start_with("a", &cluster.url(), &env).await;
-    let b = Node::start_with("b", &cluster.url(), &env).await;
+    let a = Node::on_broker_with("a", &cluster.url(), &env).await;
+    let b = Node::on_broker_with("b", &cluster.url(), &env).await;
     let ch = format!("r3-{:08x}", rand::random::<u32>());
     multinode::nothing_lost_through(&a, &b, &ch, 150, 50, || {
         // The history stream has three replicas; kill the server that leads it.

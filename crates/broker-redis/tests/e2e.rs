@@ -61,16 +61,16 @@ async fn cluster_presence_across_nodes() {
 /// subscriber and no recovering client misses anything without being told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restored_from_an_older_snapshot_starts_a_new_epoch() {
-    use herald_testkit::multinode::harness::Node;
+    use herald_testkit::node::Node;
     use serde_json::json;
     use std::time::{Duration, Instant};
 
     // No AOF, no automatic snapshots: only the explicit SAVE below survives the kill.
     let mut redis = RedisServer::start();
-    let a = Node::start("a", &redis.url()).await;
-    let b = Node::start("b", &redis.url()).await;
+    let a = Node::on_broker("a", &redis.url()).await;
+    let b = Node::on_broker("b", &redis.url()).await;
     let ch = format!("rollback-{:08x}", rand::random::<u32>());
-    let mut live = b.client(json!({ &ch: {} })).await;
+    let mut live = b.subscriber(json!({ &ch: {} })).await;
     let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
     for i in 1..=3 {
         a.publish(&ch, json!(i)).await;
@@ -135,7 +135,7 @@ async fn redis_restored_from_an_older_snapshot_starts_a_new_epoch() {
         let deadline = Instant::now() + Duration::from_secs(10);
         let c = loop {
             let c = node
-                .client(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
+                .subscriber(json!({ &ch: {"since": {"epoch": epoch, "offset": 6}} }))
                 .await;
             if c.connect_reply["subs"][&ch]["error"]["code"] != 111 {
                 break c;
@@ -162,11 +162,11 @@ async fn standalone_sse_resume_across_nodes() {
 /// with unsub 4003 and recovering with `since` also counts, as a client would).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_slot_migration_while_publishing_loses_nothing() {
-    use herald_testkit::multinode::harness::Node;
+    use herald_testkit::node::Node;
 
     let cluster = RedisCluster::start();
-    let a = Node::start("a", &cluster.url()).await;
-    let b = Node::start("b", &cluster.url()).await;
+    let a = Node::on_broker("a", &cluster.url()).await;
+    let b = Node::on_broker("b", &cluster.url()).await;
     let ch = format!("moving-{:08x}", rand::random::<u32>());
     let slot = cluster.slot_of(&ch);
     let to = (cluster.owner_of(slot) + 1) % 3;

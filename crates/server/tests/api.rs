@@ -44,7 +44,7 @@ async fn next_pub(c: &mut Client) -> Value {
 
 /// Nothing but presence pushes for a while.
 async fn no_pub(c: &mut Client, wait: Duration) {
-    while let Some(m) = c.try_next(wait).await {
+    while let Some(m) = c.next_within(wait).await {
         assert!(m.get("pub").is_none(), "unexpected publication {m}");
     }
 }
@@ -298,7 +298,7 @@ async fn subscribe_pushes_to_every_connection_of_the_user() {
             (json!(2), json!("after"))
         );
     }
-    assert!(bob.try_next(Duration::from_millis(200)).await.is_none());
+    assert!(bob.next_within(Duration::from_millis(200)).await.is_none());
     // The subscription is a real one: the client can leave it, and subscribing again is 105.
     let r = a1.call("subscribe", json!({"channel": "news"})).await;
     assert_eq!(r["error"]["code"], 105, "{r}");

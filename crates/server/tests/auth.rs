@@ -217,7 +217,7 @@ async fn refresh_extends_the_connection_and_refuses_another_user() {
     let secs = r["refresh"]["expires_in"].as_u64().expect("expires_in");
     assert!((58..=60).contains(&secs), "{r}");
     // Past the old expiry the connection is still there.
-    assert!(c.try_next(Duration::from_millis(3000)).await.is_none());
+    assert!(c.next_within(Duration::from_millis(3000)).await.is_none());
     assert_usable(&mut c, "news").await;
 }
 
@@ -550,7 +550,7 @@ async fn user_limited_channels_admit_only_their_users() {
     node.publish(channel, json!("psst")).await;
     assert_eq!(alice.push("pub").await["data"], "psst");
     assert_eq!(bob.push("pub").await["data"], "psst");
-    assert!(eve.try_next(Duration::from_millis(200)).await.is_none());
+    assert!(eve.next_within(Duration::from_millis(200)).await.is_none());
 }
 
 #[tokio::test]

@@ -278,7 +278,7 @@ async fn websocket_pings_do_not_stand_in_for_the_protocol_pong() {
     let started = std::time::Instant::now();
     let closed = loop {
         c.ws_ping().await;
-        let _ = c.try_next(std::time::Duration::from_millis(300)).await;
+        let _ = c.next_within(std::time::Duration::from_millis(300)).await;
         if let Some(code) = c.close_code {
             break code;
         }

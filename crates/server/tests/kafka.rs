@@ -104,7 +104,7 @@ async fn collect(
     while !done(&seen) {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         assert!(!left.is_zero(), "not everything arrived in time: {seen:?}");
-        let Some(m) = client.try_next(left.min(Duration::from_secs(1))).await else {
+        let Some(m) = client.next_within(left.min(Duration::from_secs(1))).await else {
             continue;
         };
         if let Some(p) = m.get("pub") {
@@ -229,7 +229,10 @@ async fn publish_and_broadcast_records_reach_their_channels() {
     assert_eq!(seen["room1"], [json!({"text": "to both"})]);
     assert_eq!(seen["room2"], [json!({"text": "to both"})]);
     assert!(
-        client.try_next(Duration::from_millis(500)).await.is_none(),
+        client
+            .next_within(Duration::from_millis(500))
+            .await
+            .is_none(),
         "nothing more"
     );
     metric_reaches(
@@ -339,8 +342,8 @@ async fn a_node_killed_mid_stream_publishes_every_record_exactly_once() {
     });
     // Kill the node once it has published some of the stream, not all of it.
     let seen_before_kill = count(&collect(&mut client, |s| count(s) >= 150).await) as u64;
-    first.child.start_kill().expect("kill -9");
-    first.child.wait().await.expect("reaped");
+    first.process().start_kill().expect("kill -9");
+    first.process().wait().await.expect("reaped");
     drop(client);
 
     let second = start_node(&["--dev"], &env).await;
@@ -417,7 +420,7 @@ async fn kafka_restarted_mid_stream_loses_nothing() {
         seen.entry(channel).or_default().extend(data);
     }
     // Anything more would be a duplicate.
-    if let Some(extra) = client.try_next(Duration::from_millis(500)).await {
+    if let Some(extra) = client.next_within(Duration::from_millis(500)).await {
         panic!("more than {TOTAL} publications: {extra}");
     }
     for part in 0..3u64 {
@@ -564,7 +567,7 @@ async fn a_draining_node_commits_what_it_published_before_it_leaves() {
     )
     .await;
     first.sigterm();
-    tokio::time::timeout(Duration::from_secs(20), first.child.wait())
+    tokio::time::timeout(Duration::from_secs(20), first.process().wait())
         .await
         .expect("the node stops within 20 s")
         .expect("exit status");

@@ -284,7 +284,7 @@ async fn connections_over_max_connections_close_with_4504() {
     loop {
         let mut c = node.client().await;
         c.send("connect", json!({})).await;
-        let r = c.try_next(Duration::from_secs(2)).await;
+        let r = c.next_within(Duration::from_secs(2)).await;
         if r.is_some_and(|r| r.get("connect").is_some()) {
             break;
         }

@@ -108,7 +108,7 @@ async fn sigterm_drains_every_client_with_4000_and_exits_0() {
             .unwrap_or_else(|| panic!("after_ms: {d}"));
         assert!(after < drain_ms, "after_ms {after} outside [0, {drain_ms})");
     }
-    let status = tokio::time::timeout(Duration::from_secs(6), node.child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(6), node.process().wait())
         .await
         .expect("herald did not exit after SIGTERM")
         .unwrap();
@@ -127,7 +127,7 @@ async fn sigterm_with_no_clients_exits_promptly() {
     let mut node = Node::start(&["--dev"], &[("HERALD_DRAIN_MS", "10000")]).await;
     let sent = Instant::now();
     node.sigterm();
-    let status = tokio::time::timeout(Duration::from_secs(5), node.child.wait())
+    let status = tokio::time::timeout(Duration::from_secs(5), node.process().wait())
         .await
         .expect("herald did not exit")
         .unwrap();

@@ -87,7 +87,7 @@ impl Received {
         let deadline = Instant::now() + within;
         while self.total() < total {
             let left = deadline.saturating_duration_since(Instant::now());
-            let Some(m) = client.try_next(left).await else {
+            let Some(m) = client.next_within(left).await else {
                 panic!(
                     "{} of {total} publications within {within:?}: {:?}",
                     self.total(),
@@ -100,7 +100,7 @@ impl Received {
 
     /// Read whatever comes within `quiet` of the last message.
     async fn drain(&mut self, client: &mut Client, quiet: Duration) {
-        while let Some(m) = client.try_next(quiet).await {
+        while let Some(m) = client.next_within(quiet).await {
             self.add(&m);
         }
     }
@@ -239,8 +239,8 @@ async fn a_node_killed_mid_batch_delivers_every_row_once_after_restart() {
     let (mut node1, file) = node(&redis.url(), &pg, consumer).await;
     let mut got = Received::default();
     got.until(&mut sub, 300, Duration::from_secs(30)).await;
-    node1.child.start_kill().expect("SIGKILL");
-    node1.child.wait().await.expect("reaped");
+    node1.process().start_kill().expect("SIGKILL");
+    node1.process().wait().await.expect("reaped");
     got.drain(&mut sub, Duration::from_millis(500)).await;
     // The killed node's open transaction is rolled back as its connections drop.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -59,7 +59,7 @@ async fn subscribe_publish_unsubscribe_round_trip() {
     assert_eq!(r["unsubscribe"], json!({}));
     node.publish("news", json!(3)).await;
     assert!(
-        c.try_next(std::time::Duration::from_millis(300))
+        c.next_within(std::time::Duration::from_millis(300))
             .await
             .is_none(),
         "no publication after unsubscribe"
@@ -141,7 +141,7 @@ async fn server_pings_and_closes_silent_clients_with_4002() {
     // A client that answers stays.
     let mut ok = node.connected(&[]).await;
     assert!(ok
-        .try_next(std::time::Duration::from_millis(3500))
+        .next_within(std::time::Duration::from_millis(3500))
         .await
         .is_none());
     let r = ok.call("presence", json!({"channel": "z"})).await;

@@ -344,7 +344,10 @@ async fn publish_proxy_allows_rewrites_and_rejects() {
         "{r}"
     );
     assert!(
-        reader.try_next(Duration::from_millis(300)).await.is_none(),
+        reader
+            .next_within(Duration::from_millis(300))
+            .await
+            .is_none(),
         "a rejected publication was delivered"
     );
 

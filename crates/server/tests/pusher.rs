@@ -118,7 +118,7 @@ async fn bad_input_gets_pusher_errors_and_the_connection_carries_on() {
     let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
     assert_eq!(ok["channel"], "news");
     assert_eq!(ok["data"], "{}", "data is a JSON string");
-    assert!(c.try_next(Duration::from_millis(200)).await.is_none());
+    assert!(c.next_within(Duration::from_millis(200)).await.is_none());
 }
 
 /// The `pusher:error` sent before the close, and the close code.
@@ -191,7 +191,7 @@ async fn herald_clients_share_the_channel_through_the_pusher_namespace() {
     for _ in 0..3 {
         h.push("pub").await;
     }
-    assert!(p.try_next(Duration::from_millis(300)).await.is_none());
+    assert!(p.next_within(Duration::from_millis(300)).await.is_none());
 }
 
 #[tokio::test]
@@ -217,7 +217,7 @@ async fn client_events_are_rate_limited_with_4301() {
         .await;
     }
     let mut limited = 0;
-    while let Some(m) = c.try_next(Duration::from_millis(500)).await {
+    while let Some(m) = c.next_within(Duration::from_millis(500)).await {
         assert_eq!(
             m["event"], "pusher:error",
             "the sender gets nothing else: {m}"

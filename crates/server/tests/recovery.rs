@@ -64,7 +64,7 @@ async fn dropped_client_recovers_everything_exactly_once() {
         // Read live publications for a while, then drop the TCP connection for over 2 s.
         let until = tokio::time::Instant::now() + Duration::from_millis(700);
         while tokio::time::Instant::now() < until {
-            if let Some(m) = c.try_next(Duration::from_millis(50)).await {
+            if let Some(m) = c.next_within(Duration::from_millis(50)).await {
                 if let Some(p) = m.get("pub") {
                     received.push(p["offset"].as_u64().unwrap());
                 }

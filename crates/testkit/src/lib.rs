@@ -11,12 +11,19 @@
 //! - [`postgres`]: a PostgreSQL server made with initdb in a temporary directory.
 //! - [`kafka`]: a single-node Apache Kafka 4.x (KRaft) broker, from jars that
 //!   `scripts/kafka-jars.sh` fetches from Maven Central.
+//! - [`node`]: a real `herald` node (alone or on a shared broker), its HTTP API, SSE streams,
+//!   tokens, config files: the one harness of every test that drives the binary.
+//! - [`client`]: the protocol client over a real WebSocket.
+//! - [`fuzz`]: proptest strategies for fuzzing the running binary.
 //! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
 //!   broker through [`multinode::BrokerProcess`].
 
+pub mod client;
+pub mod fuzz;
 pub mod kafka;
 pub mod multinode;
 pub mod nats;
+pub mod node;
 pub mod postgres;
 pub mod redis;
 

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 use rand::Rng;
 use serde_json::{json, Value};
 
-use super::harness::{Client, Node};
 use super::proxy::Proxy;
 use super::BrokerProcess;
+use crate::client::Client;
+use crate::node::Node;
 
 const NODES: usize = 3;
 const CLIENTS: usize = 6;
@@ -171,7 +172,7 @@ async fn run_client(
         let subs: serde_json::Map<String, Value> =
             channels.iter().map(|c| (c.clone(), log.since(c))).collect();
         let mut client: Client = match Node::attach("soak", addr)
-            .try_client(Value::Object(subs))
+            .try_subscriber(Value::Object(subs))
             .await
         {
             Ok(c) => c,
@@ -270,7 +271,7 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
     for i in 0..NODES {
         let proxy = Proxy::start(broker.addr()).await;
         nodes.push(Some(
-            Node::start(&format!("n{i}"), &broker.url_via(proxy.addr)).await,
+            Node::on_broker(&format!("n{i}"), &broker.url_via(proxy.addr)).await,
         ));
         proxies.push(proxy);
     }
@@ -337,7 +338,8 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
                     node.kill().await;
                 }
                 tokio::time::sleep(pause).await;
-                let node = Node::start(&format!("n{i}"), &broker.url_via(proxies[i].addr)).await;
+                let node =
+                    Node::on_broker(&format!("n{i}"), &broker.url_via(proxies[i].addr)).await;
                 live.lock().expect("live")[i] = Some(node.addr);
                 nodes[i] = Some(node);
             }

@@ -3,12 +3,10 @@
 //! against every broker: each broker crate's `tests/e2e.rs` calls these functions with its server.
 //!
 //! - [`chaos`]: the chaos soak (kills, link cuts and broker restarts under load).
-//! - [`harness`]: `herald serve --dev` nodes, a WebSocket protocol client, HTTP.
 //! - [`proxy`]: a TCP proxy that can cut one node off the broker.
 //! - [`redis`]: [`BrokerProcess`] for a standalone Redis and a Redis Cluster.
 
 pub mod chaos;
-pub mod harness;
 pub mod proxy;
 pub mod redis;
 
@@ -17,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use harness::Node;
+use crate::node::Node;
 
 /// A broker server the nodes share, which the suite can inspect, stop and start.
 pub trait BrokerProcess {
@@ -54,7 +52,7 @@ fn unique(name: &str) -> String {
 async fn nodes(broker: &dyn BrokerProcess, names: &[&str]) -> Vec<Node> {
     let mut out = Vec::new();
     for name in names {
-        out.push(Node::start(name, &broker.url()).await);
+        out.push(Node::on_broker(name, &broker.url()).await);
     }
     out
 }
@@ -77,10 +75,10 @@ pub async fn cross_node_delivery_exactly_once(broker: &mut dyn BrokerProcess) {
     let n = nodes(broker, &["a", "b", "c"]).await;
     let (a, b, c) = (&n[0], &n[1], &n[2]);
     let ch = unique("room");
-    let mut on_b = b.client(json!({ &ch: {} })).await;
-    let mut on_c = c.client(json!({ &ch: {} })).await;
+    let mut on_b = b.subscriber(json!({ &ch: {} })).await;
+    let mut on_c = c.subscriber(json!({ &ch: {} })).await;
     let other = unique("elsewhere");
-    let _on_c_other = c.client(json!({ &other: {} })).await;
+    let _on_c_other = c.subscriber(json!({ &other: {} })).await;
 
     // Each node subscribes only to the channels it hosts (once), never to a pattern: the broker
     // server sees exactly these subscriptions, and each node reports its own.
@@ -101,7 +99,9 @@ pub async fn cross_node_delivery_exactly_once(broker: &mut dyn BrokerProcess) {
     }
 
     for i in 0..100 {
-        let offset = a.publish(&ch, json!({ "i": i })).await;
+        let offset = a.publish(&ch, json!({ "i": i })).await["offset"]
+            .as_u64()
+            .expect("offset");
         assert_eq!(offset, i + 1);
     }
     let all: Vec<u64> = (1..=100).collect();
@@ -150,7 +150,7 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
     let n = nodes(broker, &["a", "b", "c"]).await;
     let (a, b, c) = (&n[0], &n[1], &n[2]);
     let ch = unique("recover");
-    let mut first = a.client(json!({ &ch: {} })).await;
+    let mut first = a.subscriber(json!({ &ch: {} })).await;
     let epoch = first.connect_reply["subs"][&ch]["epoch"]
         .as_str()
         .expect("epoch")
@@ -168,7 +168,7 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
         c.publish(&ch, json!(i)).await;
     }
     let mut back = b
-        .client(json!({ &ch: { "since": { "epoch": &epoch, "offset": 3 } } }))
+        .subscriber(json!({ &ch: { "since": { "epoch": &epoch, "offset": 3 } } }))
         .await;
     let sub = &back.connect_reply["subs"][&ch];
     assert_eq!(sub["recovered"], json!(true), "{sub}");
@@ -191,7 +191,7 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
     // History through the API of any node agrees.
     for node in [a, b, c] {
         let (status, h) = node
-            .http("POST", "/api/history", Some(json!({ "channel": &ch })))
+            .api("/api/history", Some(json!({ "channel": &ch })))
             .await;
         assert_eq!(status, 200, "{h}");
         assert_eq!(h["offset"], json!(9), "{h}");
@@ -200,7 +200,7 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
 
     // From a stale epoch: told plainly, never given a partial history.
     let mut stale = c
-        .client(json!({ &ch: { "since": { "epoch": "not-the-epoch", "offset": 3 } } }))
+        .subscriber(json!({ &ch: { "since": { "epoch": "not-the-epoch", "offset": 3 } } }))
         .await;
     let sub = &stale.connect_reply["subs"][&ch];
     assert_eq!(sub["recovered"], json!(false), "{sub}");
@@ -220,7 +220,7 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
 pub async fn broker_restart_mid_stream_loses_nothing(broker: &mut dyn BrokerProcess) {
     let n = nodes(broker, &["a", "b"]).await;
     let ch = unique("restart");
-    let mut client = n[1].client(json!({ &ch: {} })).await;
+    let mut client = n[1].subscriber(json!({ &ch: {} })).await;
     let total = 60u64;
     let resume_at = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let resumed = std::sync::Arc::new(tokio::sync::Notify::new());
@@ -229,7 +229,7 @@ pub async fn broker_restart_mid_stream_loses_nothing(broker: &mut dyn BrokerProc
         let ch = ch.clone();
         let (resume_at, resumed) = (resume_at.clone(), resumed.clone());
         tokio::spawn(async move {
-            let a = harness::Node::attach("a", a_addr);
+            let a = Node::attach("a", a_addr);
             let mut refused = 0u32;
             let mut slowest_refusal = Duration::ZERO;
             for i in 1..=total {
@@ -318,10 +318,10 @@ pub async fn broker_restart_mid_stream_loses_nothing(broker: &mut dyn BrokerProc
 /// without reconnecting.
 pub async fn subscriber_node_blip_loses_nothing(broker: &mut dyn BrokerProcess) {
     let proxy = proxy::Proxy::start(broker.addr()).await;
-    let a = Node::start("a", &broker.url()).await;
-    let b = Node::start("b", &broker.url_via(proxy.addr)).await;
+    let a = Node::on_broker("a", &broker.url()).await;
+    let b = Node::on_broker("b", &broker.url_via(proxy.addr)).await;
     let ch = unique("blip");
-    let mut client = b.client(json!({ &ch: {} })).await;
+    let mut client = b.subscriber(json!({ &ch: {} })).await;
     for i in 1..=5 {
         a.publish(&ch, json!(i)).await;
     }
@@ -367,8 +367,8 @@ pub async fn subscriber_node_blip_loses_nothing(broker: &mut dyn BrokerProcess) 
 pub async fn presence_across_nodes(broker: &mut dyn BrokerProcess) {
     let n = nodes(broker, &["a", "b", "c"]).await;
     let ch = unique("who");
-    let mut on_a = n[0].client(json!({ &ch: {} })).await;
-    let _on_b = n[1].client(json!({ &ch: {} })).await;
+    let mut on_a = n[0].subscriber(json!({ &ch: {} })).await;
+    let _on_b = n[1].subscriber(json!({ &ch: {} })).await;
     // a hears about b's client joining.
     let mut joined = None;
     while let Some(m) = on_a.next_within(Duration::from_secs(5)).await {
@@ -386,7 +386,7 @@ pub async fn presence_across_nodes(broker: &mut dyn BrokerProcess) {
             .unwrap_or_default()
     };
     let (status, body) = n[2]
-        .http("POST", "/api/presence", Some(json!({ "channel": &ch })))
+        .api("/api/presence", Some(json!({ "channel": &ch })))
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(clients(&body).len(), 2, "{body}");
@@ -451,7 +451,7 @@ pub async fn nothing_lost_through(
 ) {
     use std::sync::{Arc, Mutex};
 
-    let mut live = b.client(json!({ channel: {} })).await;
+    let mut live = b.subscriber(json!({ channel: {} })).await;
     let epoch = live.connect_reply["subs"][channel]["epoch"].clone();
     let acked = Arc::new(Mutex::new(Vec::new()));
     let publisher = {
