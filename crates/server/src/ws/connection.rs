@@ -110,6 +110,7 @@ impl Connection {
     ///
     /// Not an `async fn`: an async fn's future holds its arguments twice (rust-lang/rust#62958),
     /// and this argument is the whole connection.
+    #[allow(clippy::manual_async_fn)]
     pub(super) fn run(mut self) -> impl Future<Output = ()> {
         async move {
             let end = loop {
@@ -255,6 +256,7 @@ impl Connection {
 
     /// Close the connection as `end` says, then end the session (it leaves its channels).
     /// Not an `async fn` for the reason [`run`](Self::run) is not.
+    #[allow(clippy::manual_async_fn)]
     fn end(mut self, end: End) -> impl Future<Output = ()> {
         async move {
             let limit = self.write_timeout();
