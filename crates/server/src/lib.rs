@@ -14,9 +14,12 @@
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
 //! - `compression`: permessage-deflate for both WebSocket endpoints: the offer, the answer, and
 //!   compressed messages (a fan-out's frame compressed once per worker thread).
-//! - [`ws`]: one WebSocket connection's task: read, dispatch, write in batches, ping, close;
-//!   it also enforces `limits.max_connections` (counted over connections that completed
-//!   `connect`, so sockets that never authenticate cannot lock others out).
+//! - [`ws`]: the `/ws` upgrade and running a client's text message (shared with emulated
+//!   connections); it also enforces `limits.max_connections` (counted over connections that
+//!   completed `connect`, so sockets that never authenticate cannot lock others out).
+//!   `ws::connection`: one WebSocket connection's task, a `Connection` with one method per event
+//!   (queued frames, a client message, a timer, the drain): read, dispatch, write in batches,
+//!   ping, close.
 //! - `liveness`: a two-way connection's timers (handshake, pings and pongs, token expiry), shared
 //!   by WebSocket and emulated connections.
 //! - [`tls`]: rustls server config from PEM files.

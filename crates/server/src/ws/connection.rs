@@ -1,0 +1,415 @@
+//! One WebSocket connection's task, as a [`Connection`] whose [`run`](Connection::run) waits for
+//! the next event and hands it to one method: a wakeup of the outbound queue
+//! ([`on_outbound`](Connection::on_outbound)), a message from the client
+//! ([`on_message`](Connection::on_message)), a timer ([`on_deadline`](Connection::on_deadline):
+//! the handshake deadline, pings and pongs, token expiry), the node starting to drain
+//! ([`on_drain`](Connection::on_drain)). Each returns a [`Step`]: serve on, or how the
+//! connection [`End`]s; [`end`](Connection::end) then closes it and the session leaves.
+//!
+//! One task (not a reader and a writer) keeps an idle connection small: no second task, no
+//! channel, no split lock. The outbound queue is drained whenever it is woken; several queued
+//! frames go out newline-joined in one WebSocket message and one flush.
+//!
+//! Memory: the task's future lives as long as the connection, and an async fn's state is as large
+//! as its largest await point. So the deep or rarely taken paths (commands, controls, timers, the
+//! close) are boxed, and an idle connection's future holds the connection, the four futures
+//! [`next_event`](Connection::next_event) waits on, and little more (`task_stays_small` guards
+//! its size).
+
+use std::future::Future;
+use std::ops::ControlFlow::{self, Break, Continue};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::{SinkExt, StreamExt};
+use herald_core::outbound::CloseRequest;
+use herald_core::proxy::ClientMeta;
+use herald_core::{Outbound, Session};
+use herald_protocol::encode::push_disconnect;
+use herald_protocol::CloseCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::{sleep_until, timeout};
+use tokio_websockets::Message;
+
+use super::{close_request, dispatch, handle_text};
+use crate::compression;
+use crate::handshake::Ws;
+use crate::http::App;
+use crate::liveness::Liveness;
+
+/// Largest batch of newline-joined frames in one WebSocket message.
+const BATCH_BYTES: usize = 64 * 1024;
+
+/// What the connection does after an event: serve on, or end.
+type Step = ControlFlow<End>;
+
+/// What woke the connection's task.
+enum Event {
+    /// Something was queued for the client (frames, controls, a close request).
+    Outbound,
+    /// A message from the client, a codec error, or the end of its input.
+    Message(Option<Result<Message, tokio_websockets::Error>>),
+    /// A timer's deadline passed.
+    Deadline,
+    /// The drain flag changed (`changed`: false when its sender is gone).
+    Drain { changed: bool },
+}
+
+/// How a connection ends.
+enum End {
+    /// Write these queued frames, the `disconnect` push and the close frame.
+    Close(Vec<Bytes>, CloseRequest),
+    /// The codec refused the input (too large, a WebSocket protocol error) and queued its own
+    /// close frame (1009, 1002): send it.
+    Linger,
+    /// Nothing more can be said: the client closed or left, or stopped reading.
+    Gone,
+}
+
+/// End with `code`, without the frames still queued.
+fn close(code: CloseCode, reason: &str) -> Step {
+    Break(End::Close(Vec::new(), close_request(code, reason)))
+}
+
+/// One WebSocket connection's state. See the module docs.
+pub(super) struct Connection {
+    app: Arc<App>,
+    ws: Ws,
+    session: Session,
+    /// The session's outbound queue: what the hub and the session queue for the client.
+    out: Arc<Outbound>,
+    liveness: Liveness,
+    draining: watch::Receiver<bool>,
+    _counted: Counted,
+}
+
+impl Connection {
+    /// A connection just upgraded, counted from now on.
+    pub(super) fn new(app: Arc<App>, ws: Ws, meta: Option<Box<ClientMeta>>) -> Self {
+        let config = &app.ctx.config;
+        let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
+        let mut session = Session::new(app.ctx.clone(), out.clone());
+        if let Some(meta) = meta {
+            session.set_client_meta(*meta);
+        }
+        Connection {
+            _counted: Counted::new(app.clone()),
+            liveness: Liveness::new(config),
+            draining: app.draining.clone(),
+            app,
+            ws,
+            session,
+            out,
+        }
+    }
+
+    /// Serve the connection until it ends.
+    ///
+    /// Not an `async fn`: an async fn's future holds its arguments twice (rust-lang/rust#62958),
+    /// and this argument is the whole connection.
+    #[allow(clippy::manual_async_fn)]
+    pub(super) fn run(mut self) -> impl Future<Output = ()> {
+        async move {
+            let end = loop {
+                let step = match self.next_event().await {
+                    Event::Outbound => Box::pin(self.on_outbound()).await,
+                    Event::Message(incoming) => self.on_message(incoming).await,
+                    Event::Deadline => Box::pin(self.on_deadline()).await,
+                    Event::Drain { changed } => self.on_drain(changed),
+                };
+                if let Break(end) = step {
+                    break end;
+                }
+            };
+            // Boxed: it is needed once, and inline it would add its state to every connection's.
+            Box::pin(self.end(end)).await;
+        }
+    }
+
+    /// Wait for the next event. The outbound queue goes first: what is queued goes out before
+    /// the next command is read.
+    async fn next_event(&mut self) -> Event {
+        let deadline = self.liveness.deadline(&self.session);
+        tokio::select! {
+            biased;
+            _ = self.out.ready() => Event::Outbound,
+            incoming = self.ws.next() => Event::Message(incoming),
+            _ = sleep_until(deadline) => Event::Deadline,
+            changed = self.draining.changed() => Event::Drain { changed: changed.is_ok() },
+        }
+    }
+
+    /// Something was queued: act on the controls, then close if asked to, or write the frames.
+    async fn on_outbound(&mut self) -> Step {
+        let drained = self.out.drain();
+        if !drained.controls.is_empty() {
+            Box::pin(self.session.handle_controls(drained.controls)).await;
+        }
+        if let Some(req) = drained.close {
+            self.count_slow_consumer(Some(&req));
+            return Break(End::Close(drained.frames, req));
+        }
+        let limit = self.write_timeout();
+        match write_batch(&mut self.ws, drained.frames, limit).await {
+            Ok(()) => Continue(()),
+            Err(()) => Break(self.write_failed()),
+        }
+    }
+
+    /// A message from the client, a codec error, or the end of its input.
+    async fn on_message(
+        &mut self,
+        incoming: Option<Result<Message, tokio_websockets::Error>>,
+    ) -> Step {
+        let message = match incoming {
+            Some(Ok(m)) => m,
+            Some(Err(_)) => return Break(End::Linger),
+            // Reset or EOF.
+            None => return Break(End::Gone),
+        };
+        if message.is_close() {
+            return Break(End::Gone);
+        }
+        // WebSocket pings and pongs do not answer our ping: only a message does, so a client
+        // cannot hold a never-finished fragmented message open with pings.
+        if message.is_ping() || message.is_pong() {
+            return Continue(());
+        }
+        self.liveness.heard();
+        let Some(text) = message.as_text() else {
+            return close(
+                CloseCode::BAD_REQUEST,
+                "binary frames are not part of the protocol",
+            );
+        };
+        if text.len() > self.app.ctx.config.limits.max_frame_bytes {
+            return close(CloseCode::MESSAGE_TOO_LARGE, "message too large");
+        }
+        if self.session.is_connected() {
+            return Box::pin(self.dispatch_writing(text)).await;
+        }
+        // `connect` is answered as a whole: the connection limit may still refuse it, and then
+        // none of its frames go out.
+        match Box::pin(handle_text(&self.app, &mut self.session, &self.out, text)).await {
+            Some((frames, req)) => Break(End::Close(frames, req)),
+            None => Continue(()),
+        }
+    }
+
+    /// Run a connected client's message while writing what is queued for the connection
+    /// meanwhile: a command waiting for the application's backend (a proxy hook) must not hold
+    /// back the connection's publications. Controls and a close request wait in the queue until
+    /// the command is done (they need the session, which the command holds); the task is woken
+    /// for them afterwards.
+    async fn dispatch_writing(&mut self, text: &str) -> Step {
+        let limit = self.write_timeout();
+        let mut write_failed = false;
+        let close = {
+            let dispatching = dispatch(&mut self.session, text);
+            tokio::pin!(dispatching);
+            loop {
+                tokio::select! {
+                    biased;
+                    close = &mut dispatching => break close,
+                    _ = self.out.ready(), if !write_failed => {
+                        let frames = self.out.drain_frames();
+                        write_failed = write_batch(&mut self.ws, frames, limit).await.is_err();
+                    }
+                }
+            }
+        };
+        self.out.wake();
+        if write_failed {
+            return Break(self.write_failed());
+        }
+        match close {
+            Some(req) => Break(End::Close(self.out.drain().frames, req)),
+            None => Continue(()),
+        }
+    }
+
+    /// The timers' deadline passed: close (handshake, pong or token too late), or ping.
+    async fn on_deadline(&mut self) -> Step {
+        match self.liveness.on_timer(&mut self.session, &self.out).await {
+            Some((frames, req)) => Break(End::Close(frames, req)),
+            None => Continue(()),
+        }
+    }
+
+    /// The node started draining: ask the client to reconnect elsewhere, each after a random
+    /// delay within the drain window, so that reconnects spread instead of arriving as one herd.
+    /// The close request goes through the queue, after what is queued before it.
+    fn on_drain(&mut self, changed: bool) -> Step {
+        if changed && *self.draining.borrow() {
+            let after_ms = rand::random_range(0..self.app.ctx.config.drain_ms.max(1));
+            self.out.close(CloseRequest {
+                code: CloseCode::SHUTDOWN,
+                reason: "server shutdown".into(),
+                after_ms: Some(after_ms),
+            });
+        }
+        Continue(())
+    }
+
+    /// Close the connection as `end` says, then end the session (it leaves its channels).
+    /// Not an `async fn` for the reason [`run`](Self::run) is not.
+    #[allow(clippy::manual_async_fn)]
+    fn end(mut self, end: End) -> impl Future<Output = ()> {
+        async move {
+            let limit = self.write_timeout();
+            match end {
+                End::Close(frames, req) => finish(&mut self.ws, frames, &req, limit).await,
+                End::Linger => linger(&mut self.ws, limit).await,
+                End::Gone => {}
+            }
+            self.session.end().await;
+        }
+    }
+
+    /// A write timed out or failed. A client that stopped reading blocks the write until it
+    /// times out, and its queue overflows meanwhile: it is a slow consumer even though the jammed
+    /// socket cannot carry the 4001 any more.
+    fn write_failed(&self) -> End {
+        self.count_slow_consumer(self.out.drain().close.as_ref());
+        End::Gone
+    }
+
+    fn count_slow_consumer(&self, close: Option<&CloseRequest>) {
+        if close.is_some_and(|req| req.code == CloseCode::SLOW_CONSUMER) {
+            self.app.ctx.hub.metrics().slow_consumers.inc();
+        }
+    }
+
+    fn write_timeout(&self) -> Duration {
+        Duration::from_millis(self.app.ctx.config.limits.write_timeout_ms)
+    }
+}
+
+/// Counts the connection while it lives.
+struct Counted(Arc<App>);
+
+impl Counted {
+    fn new(app: Arc<App>) -> Self {
+        app.ws_connections.fetch_add(1, Ordering::Relaxed);
+        let metrics = app.ctx.hub.metrics();
+        metrics.connections.inc();
+        metrics.connections_accepted.inc();
+        Counted(app)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.ws_connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.ctx.hub.metrics().connections.dec();
+    }
+}
+
+/// Write queued frames: one frame as it is (its bytes are shared with other subscribers),
+/// several newline-joined into messages of at most [`BATCH_BYTES`], then one flush.
+///
+/// With compression, a lone frame is compressed once per fan-out (crate::compression caches it
+/// by its shared bytes); a batch is this connection's own, so it is compressed here.
+async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
+    if frames.is_empty() {
+        return Ok(());
+    }
+    let compress = ws.compression();
+    let write = async {
+        if frames.len() == 1 {
+            let frame = frames.into_iter().next().expect("one frame");
+            return ws.send(compression::text(frame, compress, true)).await;
+        }
+        let mut batch = BytesMut::new();
+        for frame in frames {
+            if !batch.is_empty() && batch.len() + 1 + frame.len() > BATCH_BYTES {
+                ws.feed(compression::text(batch.split().freeze(), compress, false))
+                    .await?;
+            }
+            if !batch.is_empty() {
+                batch.extend_from_slice(b"\n");
+            }
+            batch.extend_from_slice(&frame);
+        }
+        if !batch.is_empty() {
+            ws.feed(compression::text(batch.freeze(), compress, false))
+                .await?;
+        }
+        ws.flush().await
+    };
+    match timeout(limit, write).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(()),
+    }
+}
+
+/// Flush the close frame the codec queued, then read off what the peer still sends (the rest of
+/// an oversized frame) for a moment: closing a socket with unread input resets the connection,
+/// and the peer would lose the close frame.
+async fn linger(ws: &mut Ws, limit: Duration) {
+    if !matches!(timeout(limit, ws.flush()).await, Ok(Ok(()))) {
+        return;
+    }
+    let io = ws.get_mut();
+    let _ = timeout(Duration::from_secs(1), async {
+        let _ = io.shutdown().await;
+        // On the heap: an array here would live in every connection's task state.
+        let mut buf = vec![0u8; 8192];
+        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// Send what is queued, the `disconnect` push and the close frame; wait briefly for the peer's
+/// close so that it sees a clean closing handshake.
+async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, req: &CloseRequest, limit: Duration) {
+    frames.push(push_disconnect(req.code, &req.reason, req.after_ms));
+    if write_batch(ws, frames, limit).await.is_err() {
+        return;
+    }
+    let code = tokio_websockets::CloseCode::try_from(req.code.0)
+        .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
+    let mut reason = req.reason.clone();
+    // A close frame's reason must fit in 123 bytes.
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    if timeout(limit, ws.send(Message::close(Some(code), &reason)))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let _ = timeout(Duration::from_secs(1), async {
+        while ws.next().await.is_some() {}
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Largest allowed size of the idle connection's task state. Measured 1,136 bytes with Rust
+    /// 1.95 (1,704 before the task became a `Connection`).
+    const MAX_TASK_BYTES: usize = 1200;
+
+    /// The size of the future `f` returns, without calling it.
+    fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// Every idle connection keeps its task's future: growing it is memory per connection.
+    #[test]
+    fn task_stays_small() {
+        let size = future_size(Connection::run);
+        assert!(
+            size <= MAX_TASK_BYTES,
+            "the connection task's future is {size} bytes (at most {MAX_TASK_BYTES}): box state \
+             that only a rare path needs, or measure idle memory and raise the limit"
+        );
+    }
+}
