@@ -141,6 +141,11 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub compression: bool,
+    /// PEM CA certificate to trust for `wss://` and `https://` URLs (a node started with
+    /// `--tls-cert`/`--tls-key`; scripts/bench-tls-cert.sh makes a test CA and certificate).
+    #[arg(long)]
+    #[serde(default)]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl Params {

@@ -14,7 +14,7 @@ use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
 use tokio_websockets::{ClientBuilder, Message, WebSocketStream};
@@ -23,6 +23,7 @@ use crate::accounting::{Delivery, Expected, Seen, SubAccount};
 use crate::hist::{self, new_hist};
 use crate::params::{place, Params, Scenario, Shard, Transport};
 use crate::sse::{self, SseConn};
+use crate::tls;
 use crate::wire::{self, Since};
 
 /// Nanoseconds since the UNIX epoch on the realtime clock: the one clock publisher and receivers
@@ -212,11 +213,12 @@ impl Ctx {
     }
 }
 
-/// `ws://host:port/path` → the address to dial.
+/// `ws://host:port/path` (or `wss://`) → the address to dial.
 fn ws_addr(url: &str) -> Result<SocketAddr> {
     let rest = url
         .strip_prefix("ws://")
-        .with_context(|| format!("only ws:// URLs are supported: {url}"))?;
+        .or_else(|| url.strip_prefix("wss://"))
+        .with_context(|| format!("only ws:// and wss:// URLs are supported: {url}"))?;
     let authority = rest.split('/').next().unwrap_or(rest);
     let authority = authority.replace("localhost", "127.0.0.1");
     authority
@@ -403,7 +405,7 @@ enum Why {
     Broken,
 }
 
-type Ws = WebSocketStream<TcpStream>;
+type Ws = WebSocketStream<tls::Stream>;
 
 /// A client's connection: WebSocket, or (`--transport sse`) an SSE stream whose events come out
 /// as the WebSocket protocol's lines, so both go through the same accounting.
@@ -687,6 +689,7 @@ async fn connect_once(
         .map_err(|e| format!("bind {source}: {}", io_kind(&e)))?;
     let tcp = sock.connect(addr).await.map_err(|e| io_kind(&e))?;
     let _ = tcp.set_nodelay(true);
+    let tcp = tls::wrap(tcp, tls::is_tls_url(url), tls::url_host(url)).await?;
     if p.transport == Transport::Sse {
         return sse_subscribe(tcp, url, channel, since).await;
     }
@@ -785,7 +788,7 @@ async fn connect_once(
 /// first publication (the id-only block after `connected`), which stands for the `connect`
 /// reply's offset.
 async fn sse_subscribe(
-    tcp: TcpStream,
+    tcp: tls::Stream,
     url: &str,
     channel: &str,
     since: Option<&Since>,
