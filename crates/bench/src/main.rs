@@ -76,14 +76,14 @@ async fn coordinate(cli: Cli) -> Result<()> {
     for w in plan {
         let mut p = cli.params.clone();
         p.workers = w;
-        let servers = Servers::start(
+        let mut servers = Servers::start(
             &cli.server_cmds,
             &cli.server_pids,
             &p,
             cli.server_log.as_deref(),
         )
         .await?;
-        let r = coordinator::run_once(p, cli.scenario, &servers).await;
+        let r = coordinator::run_once(p, cli.scenario, &mut servers).await;
         servers.stop().await;
         let r = r?;
         print!("{}", report::table(&r));
