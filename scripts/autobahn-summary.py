@@ -53,8 +53,16 @@ def main():
                 print(f"  {cat:>3} {name:<45} {sum(c.values()):>4}: {cells}")
         total = collections.Counter(r["behavior"] for r in cases.values())
         print("  total: " + ", ".join(f"{b} {total[b]}" for b in ORDER if total.get(b)))
+        tally = collections.Counter(
+            (r["behavior"], r["behaviorClose"], r.get("remoteCloseCode"))
+            for r in cases.values()
+            if not (r["behavior"] == "OK" and r["behaviorClose"] == "OK")
+        )
+        print("  not OK, by (behaviour, close behaviour, the server's close code):")
+        for (b, bc, code), n in sorted(tally.items(), key=lambda kv: -kv[1]):
+            print(f"    {n:>4}  {b} / {bc}, close {code}")
         print()
-        print("cases not OK (behaviour / close behaviour, Herald's close code, the suite's reason):")
+        print("cases not OK (behaviour / close behaviour, the server's close code, the suite's reason):")
         for case in sorted(cases, key=case_key):
             r = cases[case]
             if r["behavior"] == "OK" and r["behaviorClose"] == "OK":
