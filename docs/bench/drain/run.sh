@@ -5,6 +5,7 @@
 # and starts it again on the same port; the table's `drain` row is the time from the signal until
 # 95% / 100% of the clients were back and re-subscribed with `since`.
 #   docs/bench/drain/run.sh [DRAIN_MS…]      (default: 5000 2000)
+#   SUFFIX=-2 docs/bench/drain/run.sh …       (file names drain-19k-<ms>ms<SUFFIX>, for repeats)
 # Needs redis-server; it starts one on 127.0.0.1:18633 (no persistence) and stops it after.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
@@ -24,7 +25,7 @@ drains=("$@")
 [ ${#drains[@]} -gt 0 ] || drains=(5000 2000)
 for ms in "${drains[@]}"; do
   settle
-  name="drain-19k-${ms}ms"
+  name="drain-19k-${ms}ms${SUFFIX:-}"
   echo "== $name ($(date -u +%H:%M:%S), load $(cut -d' ' -f1-3 /proc/loadavg))"
   HERALD_BROKER_URL=redis://127.0.0.1:18633 HERALD_DRAIN_MS="$ms" \
     target/release/herald-bench drain -n 19000 -r 2 -d 20 --source-base 127.0.9.7 \
