@@ -37,6 +37,11 @@ pub struct Servers {
     /// Pids sampled for RSS and CPU.
     pub pids: Vec<u32>,
     children: Vec<Child>,
+    /// The `--server-cmd`s, to start them again (`drain`).
+    cmds: Vec<String>,
+    log_dir: Option<String>,
+    /// Processes told to stop that may still be draining; reaped in [`Servers::stop`].
+    stopping: Vec<Child>,
 }
 
 impl Servers {
@@ -54,44 +59,107 @@ impl Servers {
         let mut s = Servers {
             pids: pids.to_vec(),
             children: Vec::new(),
+            cmds: cmds.to_vec(),
+            log_dir: log_dir.map(str::to_owned),
+            stopping: Vec::new(),
         };
-        for (i, cmd) in cmds.iter().enumerate() {
-            let mut parts = cmd.split_whitespace();
-            let prog = parts.next().context("empty --server-cmd")?;
-            let mut c = Command::new(prog);
-            c.args(parts)
-                .env("HERALD_API_KEY", &p.api_key)
-                .stdin(Stdio::null())
-                .kill_on_drop(true);
-            match log_dir {
-                Some(d) => {
-                    let f = std::fs::File::create(format!("{d}/server{i}.log"))?;
-                    c.stdout(f.try_clone()?).stderr(f);
-                }
-                None => {
-                    c.stdout(Stdio::null()).stderr(Stdio::null());
-                }
-            }
-            let child = c.spawn().with_context(|| format!("starting {cmd}"))?;
+        for i in 0..cmds.len() {
+            let child = s.spawn(i, p, "")?;
             s.pids.push(child.id().context("server exited at once")?);
             s.children.push(child);
-            let api = p
-                .api_urls
-                .get(i)
-                .or(p.api_urls.first())
-                .context("no --api")?;
-            crate::http::wait_healthy(api, Duration::from_secs(20)).await?;
+            crate::http::wait_healthy(api_url(p, i)?, Duration::from_secs(20)).await?;
         }
         Ok(s)
     }
 
-    /// Stops the servers we started.
+    /// Spawns `--server-cmd` number `i`; its log (with `--server-log`) is `server{i}{suffix}.log`.
+    fn spawn(&self, i: usize, p: &Params, suffix: &str) -> Result<Child> {
+        let cmd = &self.cmds[i];
+        let mut parts = cmd.split_whitespace();
+        let prog = parts.next().context("empty --server-cmd")?;
+        let mut c = Command::new(prog);
+        c.args(parts)
+            .env("HERALD_API_KEY", &p.api_key)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        match &self.log_dir {
+            Some(d) => {
+                let f = std::fs::File::create(format!("{d}/server{i}{suffix}.log"))?;
+                c.stdout(f.try_clone()?).stderr(f);
+            }
+            None => {
+                c.stdout(Stdio::null()).stderr(Stdio::null());
+            }
+        }
+        c.spawn().with_context(|| format!("starting {cmd}"))
+    }
+
+    /// `drain`: sends SIGTERM to every server we started (each drains: its clients get a
+    /// `disconnect` with `after_ms` and it closes its listener at once) and starts each command
+    /// again on the same port, retrying while the old process still holds it. Returns the seconds
+    /// until every replacement answered `/health`; from then on the replacements are sampled.
+    ///
+    /// # Errors
+    /// No server started by us, or a replacement that never became healthy within 20 s.
+    pub async fn drain_and_restart(&mut self, p: &Params) -> Result<f64> {
+        anyhow::ensure!(
+            !self.children.is_empty(),
+            "drain needs the server started by the tool (--server-cmd)"
+        );
+        let t = Instant::now();
+        let given = self.pids.len() - self.children.len();
+        for c in &self.children {
+            if let Some(pid) = c.id() {
+                // tokio's Child can only SIGKILL; the drain needs SIGTERM.
+                Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await
+                    .context("kill -TERM")?;
+            }
+        }
+        for i in 0..self.children.len() {
+            // Until the old node has closed its listener, /health would still be its answer.
+            let api = api_url(p, i)?;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while crate::http::get(api, "/health").await.is_ok() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            let fresh = loop {
+                let mut c = self.spawn(i, p, "-restarted")?;
+                // A replacement that exits at once lost the race for the port: try again.
+                let healthy = crate::http::wait_healthy(api, Duration::from_secs(20));
+                tokio::select! {
+                    _ = c.wait() => {
+                        anyhow::ensure!(Instant::now() < deadline, "the restarted server kept exiting");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    r = healthy => { r?; break c; }
+                }
+            };
+            self.pids[given + i] = fresh.id().context("restarted server exited at once")?;
+            let old = std::mem::replace(&mut self.children[i], fresh);
+            self.stopping.push(old);
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Stops the servers we started (and reaps those still draining).
     pub async fn stop(mut self) {
-        for c in &mut self.children {
+        for c in self.children.iter_mut().chain(self.stopping.iter_mut()) {
             let _ = c.start_kill();
             let _ = c.wait().await;
         }
     }
+}
+
+/// The API URL of node `i` (the first one when fewer are given).
+fn api_url(p: &Params, i: usize) -> Result<&str> {
+    p.api_urls
+        .get(i)
+        .or(p.api_urls.first())
+        .map(String::as_str)
+        .context("no --api")
 }
 
 /// One server process's figures.
@@ -166,8 +234,11 @@ pub struct RunResult {
     pub reach_all: Summary,
     /// Reconnect-to-recovered-reply time, µs.
     pub recovery: Summary,
-    /// `storm`: clients dropped, back, and the time until 95% / 100% were back (ms).
+    /// `storm`, `drain`: clients dropped, back, and the time until 95% / 100% were back (ms).
     pub storm: Option<StormFigures>,
+    /// `drain`: seconds from SIGTERM until the restarted node(s) answered `/health`.
+    #[serde(default)]
+    pub restart_s: Option<f64>,
     /// Summed worker counters.
     pub counters: Counters,
     /// Unique deliveries per second since t0 (summed over workers).
@@ -308,7 +379,11 @@ impl Progress {
 ///
 /// # Errors
 /// Workers that cannot be started or that die before reporting.
-pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> Result<RunResult> {
+pub async fn run_once(
+    mut p: Params,
+    scenario: Scenario,
+    servers: &mut Servers,
+) -> Result<RunResult> {
     for u in &p.api_urls {
         crate::http::Target::parse(u)?;
     }
@@ -454,7 +529,8 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
         let mut pub_task = tokio::spawn(async move {
             publisher::run(&pp, scenario, &chans, Duration::from_millis(100)).await
         });
-        let mut storm_sent = scenario != Scenario::Storm;
+        let storms = matches!(scenario, Scenario::Storm | Scenario::Drain);
+        let mut storm_sent = !storms;
         let storm_at = Instant::now() + Duration::from_secs_f64((p.duration / 3.0).max(1.0));
         let mut storm_done = 0;
         let mut storm = StormFigures::default();
@@ -469,15 +545,21 @@ pub async fn run_once(mut p: Params, scenario: Scenario, servers: &Servers) -> R
                 },
                 _ = tokio::time::sleep_until(storm_at), if !storm_sent => {
                     storm_sent = true;
-                    let at_ns = worker::now_ns() + 200_000_000;
+                    let cmd = match scenario {
+                        Scenario::Drain => worker::Command::Drain { at_ns: worker::now_ns() },
+                        _ => worker::Command::Drop { at_ns: worker::now_ns() + 200_000_000 },
+                    };
                     for w in &mut procs {
-                        w.stdin.write_all(format!("{}\n", serde_json::to_string(&worker::Command::Drop { at_ns })?).as_bytes()).await?;
+                        w.stdin.write_all(format!("{}\n", serde_json::to_string(&cmd)?).as_bytes()).await?;
+                    }
+                    if scenario == Scenario::Drain {
+                        res.restart_s = Some(servers.drain_and_restart(&p).await?);
                     }
                 }
             }
         };
         // A storm may outlast the publisher: wait for every worker's StormDone.
-        if scenario == Scenario::Storm {
+        if storms {
             while storm_done < nworkers {
                 match ev_rx.recv().await {
                     Some(Event::StormDone { back, dropped, .. }) => {

@@ -1,5 +1,6 @@
-//! A tiny HTTP/1.1 keep-alive client over `TcpStream`: enough for `POST /api/*`, `GET /metrics` and
-//! `GET /health`, with nothing between the publisher's schedule and the socket.
+//! A tiny HTTP/1.1 keep-alive client over TCP (or TLS for `https://`, see [`crate::tls`]): enough
+//! for `POST /api/*`, `GET /metrics` and `GET /health`, with nothing between the publisher's
+//! schedule and the socket.
 
 use std::time::Duration;
 
@@ -7,24 +8,32 @@ use anyhow::{bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use crate::tls::Stream;
+
 /// A base URL split into what a request needs.
 #[derive(Debug, Clone)]
 pub struct Target {
     /// `host:port` to dial and to send as `Host`.
     pub authority: String,
+    /// `https://`: TLS to the node (the CA from `--tls-ca`).
+    pub tls: bool,
 }
 
 impl Target {
-    /// Parses `http://host:port` (a trailing path is ignored).
+    /// Parses `http://host:port` or `https://host:port` (a trailing path is ignored).
     ///
     /// # Errors
-    /// Not an `http://` URL.
+    /// Not an `http://` or `https://` URL.
     pub fn parse(url: &str) -> Result<Self> {
         let rest = url
             .strip_prefix("http://")
-            .with_context(|| format!("not an http:// URL: {url}"))?;
+            .or_else(|| url.strip_prefix("https://"))
+            .with_context(|| format!("not an http:// or https:// URL: {url}"))?;
         let authority = rest.split('/').next().unwrap_or(rest).to_string();
-        Ok(Self { authority })
+        Ok(Self {
+            authority,
+            tls: crate::tls::is_tls_url(url),
+        })
     }
 }
 
@@ -32,7 +41,7 @@ impl Target {
 pub struct Client {
     target: Target,
     auth: Option<String>,
-    conn: Option<BufReader<TcpStream>>,
+    conn: Option<BufReader<Stream>>,
 }
 
 /// A response: status and body.
@@ -89,6 +98,10 @@ impl Client {
             .await
             .context("connect timed out")??;
             s.set_nodelay(true)?;
+            let host = crate::tls::url_host(&self.target.authority);
+            let s = crate::tls::wrap(s, self.target.tls, host)
+                .await
+                .map_err(anyhow::Error::msg)?;
             self.conn = Some(BufReader::new(s));
         }
         let res = self.exchange(method, path, body).await;
@@ -119,7 +132,7 @@ impl Client {
     }
 }
 
-async fn read_response(conn: &mut BufReader<TcpStream>) -> Result<(Response, bool)> {
+async fn read_response(conn: &mut BufReader<Stream>) -> Result<(Response, bool)> {
     let mut line = String::new();
     if conn.read_line(&mut line).await? == 0 {
         bail!("connection closed");

@@ -16,6 +16,7 @@
 //! - [`wire`]: the part of the Herald protocol the clients speak.
 //! - [`sse`]: `--transport sse`: the SSE client, its events turned into protocol lines.
 //! - [`http`]: a minimal HTTP/1.1 keep-alive client.
+//! - [`tls`]: `--tls-ca`: TLS for every client (`wss://`, `https://`).
 //! - [`sysstat`]: `/proc` sampling (RSS, CPU) and `/metrics` scrapes.
 //! - [`report`]: table, JSON and HTML/SVG output.
 
@@ -28,5 +29,6 @@ pub mod publisher;
 pub mod report;
 pub mod sse;
 pub mod sysstat;
+pub mod tls;
 pub mod wire;
 pub mod worker;

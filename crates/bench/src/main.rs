@@ -57,6 +57,9 @@ fn main() -> Result<()> {
 }
 
 async fn coordinate(cli: Cli) -> Result<()> {
+    if let Some(ca) = &cli.params.tls_ca {
+        herald_bench::tls::trust(ca)?;
+    }
     if cli.params.transport == Transport::Sse {
         anyhow::ensure!(
             matches!(cli.scenario, Scenario::Idle | Scenario::Broadcast) && !cli.params.pusher,
@@ -73,14 +76,14 @@ async fn coordinate(cli: Cli) -> Result<()> {
     for w in plan {
         let mut p = cli.params.clone();
         p.workers = w;
-        let servers = Servers::start(
+        let mut servers = Servers::start(
             &cli.server_cmds,
             &cli.server_pids,
             &p,
             cli.server_log.as_deref(),
         )
         .await?;
-        let r = coordinator::run_once(p, cli.scenario, &servers).await;
+        let r = coordinator::run_once(p, cli.scenario, &mut servers).await;
         servers.stop().await;
         let r = r?;
         print!("{}", report::table(&r));
@@ -117,6 +120,9 @@ async fn worker_main() -> Result<()> {
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let init: WorkerInit =
         serde_json::from_str(&lines.next_line().await?.context("no init line on stdin")?)?;
+    if let Some(ca) = &init.params.tls_ca {
+        herald_bench::tls::trust(ca)?;
+    }
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         while let Ok(Some(l)) = lines.next_line().await {

@@ -16,6 +16,11 @@ pub enum Scenario {
     Jitter,
     /// Drop every client at once; time until 95% / 100% are back and re-subscribed.
     Storm,
+    /// SIGTERM the node(s) started with `--server-cmd` a third of the way in (they drain: a
+    /// `disconnect` with `after_ms` spread over `drain_ms`) and start them again; time from the
+    /// signal until 95% / 100% are back and re-subscribed with `since`. Recovery across the
+    /// restart needs a shared broker (`HERALD_BROKER_URL`).
+    Drain,
     /// Rooms of ~12 members spread over several nodes: latency and broker messages per node.
     Rooms,
     /// One `/api/broadcast` to K personal channels: time to deliver to all K.
@@ -30,6 +35,7 @@ impl Scenario {
             Scenario::Broadcast => "broadcast",
             Scenario::Jitter => "jitter",
             Scenario::Storm => "storm",
+            Scenario::Drain => "drain",
             Scenario::Rooms => "rooms",
             Scenario::Fanin => "fanin",
         }
@@ -141,6 +147,11 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub compression: bool,
+    /// PEM CA certificate to trust for `wss://` and `https://` URLs (a node started with
+    /// `--tls-cert`/`--tls-key`; scripts/bench-tls-cert.sh makes a test CA and certificate).
+    #[arg(long)]
+    #[serde(default)]
+    pub tls_ca: Option<std::path::PathBuf>,
 }
 
 impl Params {

@@ -161,7 +161,14 @@ pub fn table(r: &RunResult) -> String {
         let _ = writeln!(
             o,
             "{:<26} {} dropped, {} back; 95% back in {:.0} ms, 100% in {:.0} ms",
-            "storm", s.dropped, s.back, s.p95_ms, s.p100_ms
+            r.scenario, s.dropped, s.back, s.p95_ms, s.p100_ms
+        );
+    }
+    if let Some(t) = r.restart_s {
+        let _ = writeln!(
+            o,
+            "{:<26} SIGTERM → restarted node healthy in {:.2} s (times above count from the SIGTERM)",
+            "restart", t
         );
     }
     for b in &r.broker {
@@ -203,7 +210,7 @@ pub fn headline(r: &RunResult) -> Vec<(String, f64)> {
             ),
             ("connect rate (/s)".into(), r.connect_rate),
         ],
-        "storm" => {
+        "storm" | "drain" => {
             let s = r.storm.clone().unwrap_or_default();
             vec![
                 ("95% back (ms)".into(), s.p95_ms),

@@ -12,22 +12,24 @@
 
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
+use crate::tls::Stream;
 use crate::wire::Since;
 
 /// Where the SSE endpoint of a node is, from its `--ws` URL (`ws://host:port/…`).
 pub fn endpoint(ws_url: &str) -> String {
     let rest = ws_url
         .strip_prefix("ws://")
+        .or_else(|| ws_url.strip_prefix("wss://"))
         .or_else(|| ws_url.strip_prefix("http://"))
+        .or_else(|| ws_url.strip_prefix("https://"))
         .unwrap_or(ws_url);
     rest.split('/').next().unwrap_or(rest).to_owned()
 }
 
 /// One open SSE stream.
 pub struct SseConn {
-    tcp: TcpStream,
+    tcp: Stream,
     /// Bytes read and not yet decoded (chunk framing included).
     raw: BytesMut,
     /// Decoded body bytes not yet parsed into events.
@@ -57,7 +59,7 @@ impl SseConn {
     /// # Errors
     /// I/O errors and a status other than 200, as the worker's error kinds.
     pub async fn open(
-        mut tcp: TcpStream,
+        mut tcp: Stream,
         host: &str,
         channel: &str,
         since: Option<&Since>,

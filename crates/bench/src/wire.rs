@@ -215,6 +215,22 @@ impl Incoming<'_> {
     }
 }
 
+/// The part of a `disconnect` push a client acts on.
+#[derive(Debug, Deserialize)]
+struct Disconnect {
+    #[serde(default)]
+    reconnect: bool,
+    #[serde(default)]
+    after_ms: u64,
+}
+
+/// A `disconnect` push's reconnect hint: `Some(after_ms)` (0 when absent) when the client is told
+/// to reconnect, `None` when it is told to stay away or the push is malformed.
+pub fn reconnect_after_ms(disconnect: &RawValue) -> Option<u64> {
+    let d: Disconnect = serde_json::from_str(disconnect.get()).ok()?;
+    d.reconnect.then_some(d.after_ms)
+}
+
 /// Parses one line of a frame.
 ///
 /// # Errors
@@ -279,5 +295,18 @@ mod tests {
             }),
         )]);
         assert!(cmd.contains(r#""since":{"epoch":"e","offset":3}"#));
+    }
+
+    #[test]
+    fn disconnect_reconnect_hint() {
+        let d = parse(
+            r#"{"disconnect":{"code":4000,"reason":"shutdown","reconnect":true,"after_ms":1234}}"#,
+        )
+        .unwrap();
+        assert_eq!(reconnect_after_ms(&d.disconnect.unwrap()), Some(1234));
+        let d = parse(r#"{"disconnect":{"code":4000,"reason":"x","reconnect":true}}"#).unwrap();
+        assert_eq!(reconnect_after_ms(&d.disconnect.unwrap()), Some(0));
+        let d = parse(r#"{"disconnect":{"code":4501,"reason":"x","reconnect":false}}"#).unwrap();
+        assert_eq!(reconnect_after_ms(&d.disconnect.unwrap()), None);
     }
 }

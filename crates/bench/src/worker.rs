@@ -14,7 +14,7 @@ use futures_util::{SinkExt, StreamExt};
 use hdrhistogram::Histogram;
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::time::Instant;
 use tokio_websockets::{ClientBuilder, Message, WebSocketStream};
@@ -23,6 +23,7 @@ use crate::accounting::{Delivery, Expected, Seen, SubAccount};
 use crate::hist::{self, new_hist};
 use crate::params::{place, Params, Scenario, Shard, Transport};
 use crate::sse::{self, SseConn};
+use crate::tls;
 use crate::wire::{self, Since};
 
 /// Nanoseconds since the UNIX epoch on the realtime clock: the one clock publisher and receivers
@@ -45,6 +46,12 @@ const MAX_SEQ: usize = 2_000_000;
 pub enum Command {
     /// Drop every connection at `at_ns` and reconnect at once (`storm`).
     Drop {
+        /// When, ns since the UNIX epoch.
+        at_ns: u64,
+    },
+    /// The coordinator sends the node SIGTERM at `at_ns` (`drain`): clients told to reconnect
+    /// wait the push's `after_ms`, then come back with `since`; time to back counts from `at_ns`.
+    Drain {
         /// When, ns since the UNIX epoch.
         at_ns: u64,
     },
@@ -82,7 +89,7 @@ pub enum Event {
         /// Publications received so far (duplicates included).
         deliveries: u64,
     },
-    /// After a `Drop`: everyone is back, or the retry window ran out.
+    /// After a `Drop` or `Drain`: everyone is back, or the retry window ran out.
     StormDone {
         /// Worker index.
         index: usize,
@@ -196,6 +203,8 @@ struct Ctx {
     unique: AtomicU64,
     deliveries: AtomicU64,
     back: AtomicU64,
+    /// `drain`: when the node was sent SIGTERM (ns since the UNIX epoch); 0 before that.
+    drain_at_ns: AtomicU64,
     first_start_ns: AtomicU64,
     last_done_ns: AtomicU64,
 }
@@ -212,11 +221,12 @@ impl Ctx {
     }
 }
 
-/// `ws://host:port/path` → the address to dial.
+/// `ws://host:port/path` (or `wss://`) → the address to dial.
 fn ws_addr(url: &str) -> Result<SocketAddr> {
     let rest = url
         .strip_prefix("ws://")
-        .with_context(|| format!("only ws:// URLs are supported: {url}"))?;
+        .or_else(|| url.strip_prefix("wss://"))
+        .with_context(|| format!("only ws:// and wss:// URLs are supported: {url}"))?;
     let authority = rest.split('/').next().unwrap_or(rest);
     let authority = authority.replace("localhost", "127.0.0.1");
     authority
@@ -266,6 +276,7 @@ pub async fn run(
         unique: AtomicU64::new(0),
         deliveries: AtomicU64::new(0),
         back: AtomicU64::new(0),
+        drain_at_ns: AtomicU64::new(0),
         first_start_ns: AtomicU64::new(u64::MAX),
         last_done_ns: AtomicU64::new(0),
     });
@@ -320,21 +331,14 @@ pub async fn run(
                 let dropped = ctx.connected_now.load(Relaxed);
                 ctx.back.store(0, Relaxed);
                 let _ = control_tx.send(Control::Drop(at_ns));
-                let ctx = ctx.clone();
-                let events = events.clone();
-                tokio::spawn(async move {
-                    let deadline = Instant::now()
-                        + Duration::from_secs_f64(ctx.p.retry_for + 5.0)
-                        + Duration::from_nanos(at_ns.saturating_sub(now_ns()));
-                    while ctx.back.load(Relaxed) < dropped && Instant::now() < deadline {
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                    }
-                    let _ = events.send(Event::StormDone {
-                        index,
-                        back: ctx.back.load(Relaxed),
-                        dropped,
-                    });
-                });
+                report_when_back(ctx.clone(), events.clone(), at_ns, dropped);
+            }
+            Some(Command::Drain { at_ns }) => {
+                let dropped = ctx.connected_now.load(Relaxed);
+                ctx.back.store(0, Relaxed);
+                ctx.drain_at_ns.store(at_ns, Relaxed);
+                // Extra time: the node spreads its `after_ms` over `drain_ms` (5 s by default).
+                report_when_back(ctx.clone(), events.clone(), at_ns + 10_000_000_000, dropped);
             }
             Some(Command::Finish { expect }) => break expect,
             None => break BTreeMap::new(),
@@ -394,6 +398,23 @@ pub async fn run(
     Ok(())
 }
 
+/// Sends `StormDone` once `dropped` clients are back, or `retry_for` + 5 s after `at_ns`.
+fn report_when_back(ctx: Arc<Ctx>, events: mpsc::UnboundedSender<Event>, at_ns: u64, dropped: u64) {
+    tokio::spawn(async move {
+        let deadline = Instant::now()
+            + Duration::from_secs_f64(ctx.p.retry_for + 5.0)
+            + Duration::from_nanos(at_ns.saturating_sub(now_ns()));
+        while ctx.back.load(Relaxed) < dropped && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = events.send(Event::StormDone {
+            index: ctx.shard.index,
+            back: ctx.back.load(Relaxed),
+            dropped,
+        });
+    });
+}
+
 /// Why a client is (re)connecting.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Why {
@@ -403,7 +424,7 @@ enum Why {
     Broken,
 }
 
-type Ws = WebSocketStream<TcpStream>;
+type Ws = WebSocketStream<tls::Stream>;
 
 /// A client's connection: WebSocket, or (`--transport sse`) an SSE stream whose events come out
 /// as the WebSocket protocol's lines, so both go through the same accounting.
@@ -687,6 +708,7 @@ async fn connect_once(
         .map_err(|e| format!("bind {source}: {}", io_kind(&e)))?;
     let tcp = sock.connect(addr).await.map_err(|e| io_kind(&e))?;
     let _ = tcp.set_nodelay(true);
+    let tcp = tls::wrap(tcp, tls::is_tls_url(url), tls::url_host(url)).await?;
     if p.transport == Transport::Sse {
         return sse_subscribe(tcp, url, channel, since).await;
     }
@@ -785,7 +807,7 @@ async fn connect_once(
 /// first publication (the id-only block after `connected`), which stands for the `connect`
 /// reply's offset.
 async fn sse_subscribe(
-    tcp: TcpStream,
+    tcp: tls::Stream,
     url: &str,
     channel: &str,
     since: Option<&Since>,
@@ -912,8 +934,10 @@ async fn receive(
     } else {
         "{}"
     };
+    // The reconnect hint of a `disconnect` push, if one came.
+    let mut after_ms = None;
     if let Some(text) = first {
-        if on_frame(ctx, &text, channel, acct, live_from) && !ws.pong(pong).await {
+        if on_frame(ctx, &text, channel, acct, live_from, &mut after_ms) && !ws.pong(pong).await {
             ctx.shared().counters.server_closes += 1;
             return Some(Why::Broken);
         }
@@ -942,10 +966,19 @@ async fn receive(
                     Got::Sse(line) => line.as_str(),
                     Got::Closed => {
                         ctx.shared().counters.server_closes += 1;
-                        return Some(Why::Broken);
+                        let drain_at = ctx.drain_at_ns.load(Relaxed);
+                        if drain_at == 0 {
+                            return Some(Why::Broken);
+                        }
+                        // Drain: do what the SDK does, wait the hint, then back with `since`.
+                        let wait = Duration::from_millis(after_ms.unwrap_or(0));
+                        if sleep_or_stop(wait, ctl).await {
+                            return None;
+                        }
+                        return Some(Why::Storm(drain_at));
                     }
                 };
-                if on_frame(ctx, text, channel, acct, live_from) && !ws.pong(pong).await {
+                if on_frame(ctx, text, channel, acct, live_from, &mut after_ms) && !ws.pong(pong).await {
                     ctx.shared().counters.server_closes += 1;
                     return Some(Why::Broken);
                 }
@@ -992,7 +1025,15 @@ async fn receive(
 }
 
 /// Handles one text frame; true if it held a ping to answer.
-fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount, live_from: u64) -> bool {
+/// A `disconnect` push's reconnect hint goes into `after_ms`.
+fn on_frame(
+    ctx: &Ctx,
+    text: &str,
+    channel: &str,
+    acct: &mut SubAccount,
+    live_from: u64,
+    after_ms: &mut Option<u64>,
+) -> bool {
     if ctx.p.pusher {
         return on_pusher_message(ctx, text, channel, acct, live_from);
     }
@@ -1020,8 +1061,9 @@ fn on_frame(ctx: &Ctx, text: &str, channel: &str, acct: &mut SubAccount, live_fr
                     count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
                 }
             }
-        } else if inc.disconnect.is_some() {
+        } else if let Some(d) = &inc.disconnect {
             s.counters.disconnect_pushes += 1;
+            *after_ms = wire::reconnect_after_ms(d);
         } else if inc.unsub.is_some() {
             s.counters.unsub_pushes += 1;
         } else if inc.join.is_some() {

@@ -184,6 +184,18 @@ async fn history_server(
     off_by_one: bool,
     stop_at: u64,
 ) -> (String, tokio::sync::watch::Receiver<bool>) {
+    let (_never, drain) = tokio::sync::watch::channel(());
+    history_server_draining(off_by_one, stop_at, drain).await
+}
+
+/// [`history_server`] that also drains like a node told SIGTERM each time `drain` changes: every
+/// connection open then gets `disconnect` 4000 with `after_ms` in [0, 200) and a close; the
+/// connections that come after are served as before (the restarted node).
+async fn history_server_draining(
+    off_by_one: bool,
+    stop_at: u64,
+    mut drain: tokio::sync::watch::Receiver<()>,
+) -> (String, tokio::sync::watch::Receiver<bool>) {
     let (done_tx, done_rx) = tokio::sync::watch::channel(false);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
@@ -204,6 +216,9 @@ async fn history_server(
         loop {
             let (s, _) = l.accept().await.unwrap();
             let log = log.clone();
+            // A drain already signalled is not this connection's.
+            drain.borrow_and_update();
+            let mut drain = drain.clone();
             tokio::spawn(async move {
                 let Ok((_, mut ws)) = ServerBuilder::new().accept(s).await else {
                     return;
@@ -241,6 +256,14 @@ async fn history_server(
                 }
                 loop {
                     tokio::select! {
+                        Ok(()) = drain.changed() => {
+                            let after_ms = rand::random_range(0..200u64);
+                            let push = format!(r#"{{"disconnect":{{"code":4000,"reason":"shutdown","reconnect":true,"after_ms":{after_ms}}}}}"#);
+                            let _ = ws.send(Message::text(push)).await;
+                            let code = tokio_websockets::CloseCode::try_from(4000).unwrap();
+                            let _ = ws.send(Message::close(Some(code), "shutdown")).await;
+                            return;
+                        }
                         m = ws.next() => if !matches!(m, Some(Ok(_))) { return },
                         p = rx.recv() => match p {
                             Ok(line) => if ws.send(Message::text(line)).await.is_err() { return },
@@ -313,4 +336,70 @@ async fn off_by_one_recovery_shows_up_as_duplicates() {
         r.delivery
     );
     assert_eq!(r.delivery.delivered, r.delivery.expected);
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
+    tokio::time::timeout(Duration::from_secs(20), rx.recv())
+        .await
+        .expect("worker stalled")
+        .expect("worker ended")
+}
+
+/// `drain`: clients told `disconnect` with `after_ms` come back with `since`, all of them, and
+/// nothing is lost or repeated.
+#[tokio::test(flavor = "current_thread")]
+async fn drained_clients_wait_the_hint_and_recover_everything() {
+    let (drain_tx, drain_rx) = tokio::sync::watch::channel(());
+    let (url, mut published) = history_server_draining(false, 150, drain_rx).await;
+    let p = params(&url, &[]);
+    let n = 4;
+    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
+    let shard = Shard {
+        index: 0,
+        start: 0,
+        end: n,
+        source: "127.0.0.2".parse().unwrap(),
+        t0_ns: now_ns(),
+    };
+    let w = tokio::spawn(worker::run(p, Scenario::Drain, shard, cmd_rx, ev_tx));
+    while !matches!(next(&mut ev_rx).await, Event::Ready { .. }) {}
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cmd_tx.send(Command::Drain { at_ns: now_ns() }).unwrap();
+    drain_tx.send(()).unwrap();
+    let (back, dropped) = loop {
+        if let Event::StormDone { back, dropped, .. } = next(&mut ev_rx).await {
+            break (back, dropped);
+        }
+    };
+    assert_eq!((back, dropped), (n as u64, n as u64));
+    let _ = published.wait_for(|done| *done).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut m = BTreeMap::new();
+    m.insert(
+        "t0".to_string(),
+        Expected {
+            epoch: "E".into(),
+            first: 1,
+            last: 150,
+            count: 150,
+        },
+    );
+    cmd_tx.send(Command::Finish { expect: m }).unwrap();
+    let r = loop {
+        if let Event::Result(r) = next(&mut ev_rx).await {
+            break r;
+        }
+    };
+    w.await.unwrap().unwrap();
+    let c = &r.counters;
+    assert_eq!(
+        (c.disconnect_pushes, c.reconnects, c.recovered),
+        (4, 4, 4),
+        "{c:?}"
+    );
+    let d = &r.delivery;
+    assert_eq!(d.delivered, d.expected, "{d:?}");
+    assert_eq!((d.counts.duplicates, d.counts.gap_events), (0, 0), "{d:?}");
+    assert_eq!(herald_bench::hist::decode(&r.storm).unwrap().len(), 4);
 }
