@@ -30,7 +30,7 @@ const MAX_BATCH: usize = 10;
 /// Longest event name.
 const MAX_EVENT_NAME: usize = 200;
 /// The close code `terminate_connections` ends connections with (Pusher's "unauthorized").
-const TERMINATED: u16 = 4009;
+const TERMINATED: u16 = super::codes::UNAUTHORIZED;
 
 /// A refused request: status and plain-text message.
 #[derive(Debug)]

@@ -19,6 +19,7 @@ use serde_json::value::RawValue;
 use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
 use super::auth::{channel_authorized, user_authenticated};
 use super::census::Census;
+use super::codes;
 use super::shared::SharedFrames;
 use super::webhooks::Webhooks;
 use super::wire::{
@@ -149,7 +150,10 @@ impl PusherConn {
             "pusher:signin" => {
                 return match wire::parse_data::<SigninData>(message.data.as_deref()) {
                     Some(data) => self.signin(data).await,
-                    None => Some((4009, "pusher:signin needs auth and user_data".into())),
+                    None => Some((
+                        codes::UNAUTHORIZED,
+                        "pusher:signin needs auth and user_data".into(),
+                    )),
                 }
             }
             name if name.starts_with("client-") => self.client_event(message).await,
@@ -170,11 +174,19 @@ impl PusherConn {
             &data.user_data,
             &data.auth,
         ) {
-            return Some((4009, "Invalid signature for pusher:signin".into()));
+            return Some((
+                codes::UNAUTHORIZED,
+                "Invalid signature for pusher:signin".into(),
+            ));
         }
         let user = match serde_json::from_str::<UserData>(&data.user_data) {
             Ok(u) if !u.id.is_empty() => u.id,
-            _ => return Some((4009, "user_data must be JSON with a string id".into())),
+            _ => {
+                return Some((
+                    codes::UNAUTHORIZED,
+                    "user_data must be JSON with a string id".into(),
+                ))
+            }
         };
         self.ctx
             .hub
@@ -504,7 +516,10 @@ impl PusherConn {
             );
         }
         if !self.client_events.try_take(Instant::now()) {
-            return self.error(Some(4301), "Client event rejected due to rate limit");
+            return self.error(
+                Some(codes::CLIENT_EVENT_RATE_LIMITED),
+                "Client event rejected due to rate limit",
+            );
         }
         let null = RawValue::from_string("null".into()).expect("null is JSON");
         let data = message.data.as_deref().unwrap_or(&null);

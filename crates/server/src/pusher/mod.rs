@@ -5,6 +5,7 @@
 //! - [`apps`]: `[[pusher.apps]]` and `HERALD_PUSHER_APP_*`, and the channel mapping: Pusher
 //!   channel `X` of app `ID` is the Herald channel `pusher:ID:X`.
 //! - [`auth`]: channel authorization and HTTP request signatures.
+//! - [`codes`]: the Pusher close and error codes Herald sends.
 //! - [`wire`]: protocol messages and the envelope a Pusher event travels in.
 //! - [`conn`]: one connection's subscriptions, presence and client events.
 //! - [`shared`]: each publication translated into a Pusher event once for all its subscribers.
@@ -19,6 +20,7 @@ pub mod api;
 pub mod apps;
 pub mod auth;
 pub mod census;
+pub mod codes;
 pub mod conn;
 pub mod shared;
 pub mod webhooks;

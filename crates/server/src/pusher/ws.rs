@@ -20,6 +20,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 use tokio_websockets::Message;
 
 use super::apps::PusherApp;
+use super::codes;
 use super::conn::{ConnContext, PusherConn};
 use super::wire;
 use crate::compression;
@@ -44,9 +45,12 @@ fn close(code: u16, message: impl Into<String>) -> Close {
 /// A close the hub or the Herald API asked for, in Pusher's codes.
 fn from_request(req: &CloseRequest) -> Close {
     match req.code {
-        CloseCode::SLOW_CONSUMER => close(4100, "Over capacity: the connection fell behind"),
-        CloseCode::SHUTDOWN => close(4200, "Server is draining: reconnect"),
-        _ => close(4009, req.reason.clone()),
+        CloseCode::SLOW_CONSUMER => close(
+            codes::OVER_CAPACITY,
+            "Over capacity: the connection fell behind",
+        ),
+        CloseCode::SHUTDOWN => close(codes::RECONNECT_NOW, "Server is draining: reconnect"),
+        _ => close(codes::UNAUTHORIZED, req.reason.clone()),
     }
 }
 
@@ -71,12 +75,21 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     });
     let pusher_app = app.pusher.by_key(&key).cloned();
     let refusal = match (&pusher_app, protocol.as_deref()) {
-        (None, _) => Some(close(4001, format!("App key {key} does not exist"))),
-        (_, None) => Some(close(4008, "No protocol version supplied")),
-        (_, Some(p)) if !matches!(p.parse::<u32>(), Ok(5..=7)) => {
-            Some(close(4007, format!("Unsupported protocol version {p}")))
+        (None, _) => Some(close(
+            codes::APP_NOT_FOUND,
+            format!("App key {key} does not exist"),
+        )),
+        (_, None) => Some(close(
+            codes::NO_PROTOCOL_VERSION,
+            "No protocol version supplied",
+        )),
+        (_, Some(p)) if !matches!(p.parse::<u32>(), Ok(5..=7)) => Some(close(
+            codes::UNSUPPORTED_PROTOCOL,
+            format!("Unsupported protocol version {p}"),
+        )),
+        _ if *app.draining.borrow() => {
+            Some(close(codes::RECONNECT_NOW, "Server is draining: reconnect"))
         }
-        _ if *app.draining.borrow() => Some(close(4200, "Server is draining: reconnect")),
         _ => None,
     };
 
@@ -95,7 +108,8 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
                 match (refusal, pusher_app) {
                     (None, Some(pusher_app)) => run(app, pusher_app, ws).await,
                     (refusal, _) => {
-                        let refusal = refusal.unwrap_or_else(|| close(4001, "unknown app"));
+                        let refusal =
+                            refusal.unwrap_or_else(|| close(codes::APP_NOT_FOUND, "unknown app"));
                         let limit = write_timeout(&app);
                         finish(&mut ws, Vec::new(), &refusal, limit).await;
                     }
@@ -134,7 +148,10 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
     let _counted = Counted(app.clone(), pusher_app.clone());
     let max = pusher_app.config.max_connections;
     if max > 0 && open > max {
-        let refusal = close(4100, "Over capacity: the app's connection limit is reached");
+        let refusal = close(
+            codes::OVER_CAPACITY,
+            "Over capacity: the app's connection limit is reached",
+        );
         finish(&mut ws, Vec::new(), &refusal, write_timeout(&app)).await;
         return;
     }
@@ -163,7 +180,7 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
     if limits.max_connections > 0 && app.ctx.hub.connection_count() > limits.max_connections {
         out.drain();
         let refusal = close(
-            4100,
+            codes::OVER_CAPACITY,
             "Over capacity: the node's connection limit is reached",
         );
         finish(&mut ws, Vec::new(), &refusal, write_timeout(&app)).await;
@@ -225,7 +242,7 @@ async fn run(app: Arc<App>, pusher_app: Arc<PusherApp>, mut ws: Ws) {
             _ = sleep_until(deadline) => {
                 let now = Instant::now();
                 if pong_due.is_some_and(|due| due <= now) {
-                    break Some((Vec::new(), close(4201, "Pong reply not received")));
+                    break Some((Vec::new(), close(codes::PONG_NOT_RECEIVED, "Pong reply not received")));
                 }
                 out.push(wire::ping());
                 pong_due = Some(now + pong_timeout);
