@@ -81,6 +81,43 @@ async fn message_over_max_frame_bytes_closes_with_4503() {
     assert_usable(&node, &mut other, "room").await;
 }
 
+/// A message fragmented past the codec's limit fails the connection with 1009, as one oversized
+/// frame does (found by the Autobahn run: the codec once sent no close frame here).
+#[tokio::test]
+async fn a_message_fragmented_past_the_limit_gets_1009() {
+    let node = Node::dev().await;
+    let mut other = node.connected(&["room"]).await;
+    other.push("join").await;
+    let tcp = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    let (ws, _) = tokio_websockets::ClientBuilder::from_uri(node.ws_url().parse().unwrap())
+        .config(tokio_websockets::Config::default().frame_size(64 * 1024))
+        .connect_on(Box::new(tcp) as Box<dyn Io>)
+        .await
+        .unwrap();
+    let mut c = Client::open_ws(ws);
+    // 2 MiB in 64 KiB fragments: over the codec's 1 MiB before the last one.
+    let huge = json!({"id": 4, "publish": {"channel": "x", "data": "a".repeat(2 << 20)}});
+    let _ = c.try_send_raw(&huge.to_string()).await;
+    let closed = c.closed().await;
+    assert_eq!(closed.code, Some(1009), "{closed:?}");
+    assert_usable(&node, &mut other, "room").await;
+}
+
+/// A client's close frame is answered with one (RFC 6455 5.5.1), not with a dropped connection.
+#[tokio::test]
+async fn a_client_close_is_answered_with_a_close_frame() {
+    let node = Node::dev().await;
+    let mut c = node.connected(&["room"]).await;
+    c.ws.send(tokio_websockets::Message::close(
+        Some(tokio_websockets::CloseCode::NORMAL_CLOSURE),
+        "bye",
+    ))
+    .await
+    .unwrap();
+    let closed = c.closed().await;
+    assert_eq!(closed.code, Some(1000), "{closed:?}");
+}
+
 #[tokio::test]
 async fn a_frame_of_megabytes_gets_1009_not_a_reset() {
     // With the default limit (64 KiB) the codec refuses frames over 1 MiB; a client that sends

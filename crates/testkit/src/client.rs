@@ -76,7 +76,12 @@ impl Client {
             )?;
         }
         let (ws, _) = builder.connect_on(io).await?;
-        Ok(Client {
+        Ok(Client::open_ws(ws))
+    }
+
+    /// A client on a WebSocket the test opened itself (e.g. with its own codec settings).
+    pub fn open_ws(ws: WebSocketStream<Box<dyn Io>>) -> Client {
+        Client {
             ws,
             pending: VecDeque::new(),
             next_id: 1,
@@ -84,7 +89,7 @@ impl Client {
             close_code: None,
             closed: false,
             connect_reply: Value::Null,
-        })
+        }
     }
 
     /// Send a text frame as is; panics if the connection is gone.

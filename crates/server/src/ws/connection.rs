@@ -62,8 +62,8 @@ enum Event {
 enum End {
     /// Write these queued frames, the `disconnect` push and the close frame.
     Close(Vec<Bytes>, CloseRequest),
-    /// The codec refused the input (too large, a WebSocket protocol error) and queued its own
-    /// close frame (1009, 1002): send it.
+    /// The codec queued a close frame: its answer to the client's close, or its own after
+    /// refusing the input (1009 too large, 1002 a WebSocket protocol error): send it.
     Linger,
     /// Nothing more can be said: the client closed or left, or stopped reading.
     Gone,
@@ -171,7 +171,8 @@ impl Connection {
             None => return Break(End::Gone),
         };
         if message.is_close() {
-            return Break(End::Gone);
+            // The codec queued the close frame that answers the client's (RFC 6455 5.5.1).
+            return Break(End::Linger);
         }
         // WebSocket pings and pongs do not answer our ping: only a message does, so a client
         // cannot hold a never-finished fragmented message open with pings.

@@ -525,6 +525,17 @@ where
                 self.partial_compressed = compressed;
                 self.partial_payload = BytesMut::from(payload);
             } else if len > max_len {
+                // Herald's patch: fail the connection as a single oversized frame does, with a
+                // queued 1009 close frame (upstream returned the error and sent no close).
+                self.state = StreamState::ClosedByPeer;
+                self.partial_payload = BytesMut::new();
+                self.queue_frame(
+                    Message::close(
+                        Some(CloseCode::MESSAGE_TOO_BIG),
+                        &format!("max length: {max_len}"),
+                    )
+                    .into(),
+                );
                 return Poll::Ready(Some(Err(Error::PayloadTooLong { len, max_len })));
             } else {
                 self.partial_payload.extend_from_slice(&payload);
