@@ -97,8 +97,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Socket<S> {
 
 /// `chunk` framed as one HTTP/1.1 chunk.
 pub(crate) fn chunked(chunk: &[u8]) -> BytesMut {
-    let mut framed = BytesMut::with_capacity(chunk.len() + 12);
-    framed.put_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+    use std::fmt::Write;
+    let mut framed = BytesMut::with_capacity(chunk.len() + 20);
+    let _ = write!(framed, "{:x}\r\n", chunk.len());
     framed.put_slice(chunk);
     framed.put_slice(b"\r\n");
     framed
