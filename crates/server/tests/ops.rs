@@ -377,7 +377,11 @@ async fn tls_serves_https_and_wss() {
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
     assert!(seen.starts_with("HTTP/1.1 200 OK\r\n"), "{seen:?}");
-    assert_eq!(c.push("join").await["channel"], "secure", "the SSE client joined");
+    assert_eq!(
+        c.push("join").await["channel"],
+        "secure",
+        "the SSE client joined"
+    );
     assert_eq!(c.push("pub").await["data"], json!({"again": "tls"}));
 
     // Plain HTTP to the TLS port gets no HTTP answer.

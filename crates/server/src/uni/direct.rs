@@ -123,7 +123,7 @@ enum Head {
     /// Not enough bytes to tell.
     Partial,
     /// An SSE request, parsed.
-    Complete(Request<()>),
+    Complete(Box<Request<()>>),
 }
 
 fn sse_head(buf: &[u8]) -> Head {
@@ -170,7 +170,9 @@ fn sse_head(buf: &[u8]) -> Head {
         }
         builder = builder.header(name, value);
     }
-    builder.body(()).map_or(Head::NotSse, Head::Complete)
+    builder
+        .body(())
+        .map_or(Head::NotSse, |req| Head::Complete(Box::new(req)))
 }
 
 /// A response's status line and headers, with `framing` (`content-length: …`,

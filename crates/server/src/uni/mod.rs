@@ -302,9 +302,13 @@ struct Admitted {
     meta: Option<ClientMeta>,
 }
 
-fn admitted<B>(app: &App, req: &Request<B>, format: Format) -> Result<Admitted, StreamResponse> {
+fn admitted<B>(
+    app: &App,
+    req: &Request<B>,
+    format: Format,
+) -> Result<Admitted, Box<StreamResponse>> {
     let config = &app.ctx.config;
-    let origin = admit(app, req, true).map_err(|refused| *refused)?;
+    let origin = admit(app, req, true)?;
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -334,7 +338,7 @@ pub(crate) async fn open_sse<B>(
     app: &Arc<App>,
     req: &Request<B>,
 ) -> Result<Opened, StreamResponse> {
-    let admitted = admitted(app, req, Format::Sse)?;
+    let admitted = admitted(app, req, Format::Sse).map_err(|refused| *refused)?;
     let wanted = sse_request(req).map_err(bad_request)?;
     Box::pin(open(app, admitted, wanted, Format::Sse)).await
 }
@@ -349,7 +353,7 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
                 Ok(wanted) => Box::pin(open(&app, admitted, wanted, Format::Ndjson)).await,
                 Err(response) => Err(response),
             },
-            Err(response) => Err(response),
+            Err(refused) => Err(*refused),
         },
         _ => Err(error(
             StatusCode::METHOD_NOT_ALLOWED,
