@@ -19,8 +19,11 @@ export HERALD_API_KEY=benchkey
 run() {
     name=$1; shift
     case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac
-    # Every run binds thousands of loopback ports: let the last run's TIME-WAIT ones go first.
-    while [ "$(ss -tan state time-wait | wc -l)" -gt 500 ]; do sleep 5; done
+    # Every run binds thousands of loopback ports: let the last run's TIME-WAIT ones (to or from
+    # this port; other tenants' do not take these addresses) go first.
+    while [ "$(ss -tan state time-wait '( sport = :18431 or dport = :18431 )' | wc -l)" -gt 500 ]; do
+        sleep 5
+    done
     echo "== $name: herald-bench $*" >&2
     $P $B "$@" $N --json $D/$name${SUFFIX:-}.json --server-cmd "$H" > $D/$name${SUFFIX:-}.txt
 }
