@@ -88,7 +88,11 @@ where
             super::stream_headers(&mut head, Format::Sse.content_type(), opened.origin);
             let mut bytes = response_head(&head, "transfer-encoding: chunked");
             bytes.put(run::chunked(&opened.first));
-            if matches!(timeout(write_limit, io.write_all(&bytes)).await, Ok(Ok(()))) {
+            let write = async {
+                io.write_all(&bytes).await?;
+                io.flush().await // TLS: the records may still sit in rustls's buffer
+            };
+            if matches!(timeout(write_limit, write).await, Ok(Ok(()))) {
                 drop(bytes);
                 // Its own task: sized to the stream, not to hyper's connection future.
                 let sink = Socket::new(io, write_limit);
