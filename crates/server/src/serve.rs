@@ -232,6 +232,14 @@ async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // An SSE request that opens the connection is served without hyper, which would keep its
+    // HTTP connection state for the stream's whole life (uni/direct.rs).
+    let Some(stream) =
+        crate::uni::direct::first_request(&app, stream, handshake_timeout, peer, slot.as_ref())
+            .await
+    else {
+        return;
+    };
     let service = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(PeerAddr(peer));
         if let Some(slot) = &slot {

@@ -348,6 +348,42 @@ async fn tls_serves_https_and_wss() {
         json!({"channel": "secure", "offset": 1, "data": {"over": "tls"}})
     );
 
+    // SSE over TLS (served on the raw connection, uni/direct.rs): each event arrives as written,
+    // not held in the TLS layer's buffer.
+    let mut sse = tls(&node).await;
+    sse.write_all(b"GET /connection/sse?channel=secure HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 4096];
+    let mut published = false;
+    while !seen.contains("\"data\":{\"again\":\"tls\"}") {
+        if !published && seen.contains("event: connected") {
+            published = true;
+            let (status, r) = https(
+                &node,
+                "POST",
+                "/api/publish",
+                Some(json!({"channel": "secure", "data": {"again": "tls"}})),
+            )
+            .await;
+            assert_eq!(status, 200, "{r}");
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), sse.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("SSE over TLS stalled: {seen:?}"))
+            .unwrap();
+        assert!(n > 0, "SSE over TLS ended: {seen:?}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(seen.starts_with("HTTP/1.1 200 OK\r\n"), "{seen:?}");
+    assert_eq!(
+        c.push("join").await["channel"],
+        "secure",
+        "the SSE client joined"
+    );
+    assert_eq!(c.push("pub").await["data"], json!({"again": "tls"}));
+
     // Plain HTTP to the TLS port gets no HTTP answer.
     let mut plain = TcpStream::connect(node.addr).await.unwrap();
     plain

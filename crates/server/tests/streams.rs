@@ -351,3 +351,93 @@ async fn a_reader_that_stops_is_dropped_and_drain_sends_a_retry_hint() {
         "{d}"
     );
 }
+
+/// Read from `tcp` into `seen` until it contains `needle` (10 s at most).
+async fn read_until(tcp: &mut tokio::net::TcpStream, seen: &mut String, needle: &str) {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    while !seen.contains(needle) {
+        let n = tokio::time::timeout(Duration::from_secs(10), tcp.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("{needle:?} in time; got {seen:?}"))
+            .unwrap();
+        assert!(n > 0, "closed before {needle:?}; got {seen:?}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}
+
+/// An SSE request that opens its connection is served on the raw socket, one that follows
+/// another request on a kept-alive connection by hyper: the same response either way.
+#[tokio::test]
+async fn sse_is_the_same_on_a_fresh_and_on_a_kept_alive_connection() {
+    use tokio::io::AsyncWriteExt;
+    let node = Node::dev().await;
+    let sse = b"GET /connection/sse?channel=news HTTP/1.1\r\nHost: localhost\r\nOrigin: http://localhost:3000\r\n\r\n";
+    let mut fresh = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    fresh.write_all(sse).await.unwrap();
+    let mut kept = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut health = String::new();
+    read_until(&mut kept, &mut health, "{\"status\":\"ok\"}").await;
+    kept.write_all(sse).await.unwrap();
+
+    let mut heads = Vec::new();
+    let mut streams = Vec::new();
+    for tcp in [&mut fresh, &mut kept] {
+        let mut seen = String::new();
+        read_until(tcp, &mut seen, "event: connected").await;
+        let (head, body) = seen.split_once("\r\n\r\n").unwrap();
+        let mut head: Vec<String> = head
+            .to_ascii_lowercase()
+            .lines()
+            .filter(|l| !l.starts_with("date:"))
+            .map(str::to_owned)
+            .collect();
+        head.sort();
+        heads.push(head);
+        // The body is chunked: a hex size line, then the chunk.
+        let (size, rest) = body.split_once("\r\n").unwrap();
+        assert!(rest.starts_with("retry: 2000\n\n"), "{body:?}");
+        assert!(usize::from_str_radix(size, 16).is_ok(), "{body:?}");
+        streams.push(String::new());
+    }
+    assert_eq!(heads[0], heads[1]);
+    for line in [
+        "http/1.1 200 ok",
+        "content-type: text/event-stream",
+        "cache-control: no-cache",
+        "transfer-encoding: chunked",
+        "access-control-allow-origin: http://localhost:3000",
+    ] {
+        assert!(
+            heads[0].iter().any(|l| l == line),
+            "{line} in {:?}",
+            heads[0]
+        );
+    }
+    node.publish("news", json!("both")).await;
+    for (tcp, seen) in [&mut fresh, &mut kept].into_iter().zip(&mut streams) {
+        read_until(tcp, seen, "\"data\":\"both\"").await;
+    }
+    assert_eq!(
+        node.metric("herald_stream_connections_open{transport=\"sse\"}")
+            .await,
+        2.0
+    );
+    // A client that leaves is noticed on both paths.
+    drop(fresh);
+    drop(kept);
+    let mut open = f64::NAN;
+    for _ in 0..50 {
+        open = node
+            .metric("herald_stream_connections_open{transport=\"sse\"}")
+            .await;
+        if open == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, 0.0, "streams still open after their clients left");
+}

@@ -4,12 +4,13 @@
 # fresh server on the same build; compare only within a pair (the machine is shared).
 # Run from the repository root after
 #   cargo build --release -p herald-server -p herald-bench
-# ONLY="idle-5k-ws idle-5k-sse" for a subset; SUFFIX=-2 to keep a repeat beside the first run.
+# ONLY="idle-5k-ws idle-5k-sse" for a subset; SUFFIX=-2 to keep a repeat beside the first run;
+# HERALD=path/to/herald to measure another build of the server (a before/after series).
 # Port 18431 and source addresses 127.0.9.x keep clear of other benchmarks on the same machine.
 set -u
 T=${CARGO_TARGET_DIR:-target}/release
 B=$T/herald-bench
-H="$T/herald serve --config docs/bench/transports/bench-compression.toml --port 18431"
+H="${HERALD:-$T/herald} serve --config docs/bench/transports/bench-compression.toml --port 18431"
 D=docs/bench/transports
 P=docs/bench/prio.sh
 N="--ws ws://127.0.0.1:18431/ws --api http://127.0.0.1:18431 --source-base 127.0.9.2"
@@ -18,6 +19,11 @@ export HERALD_API_KEY=benchkey
 run() {
     name=$1; shift
     case " ${ONLY:-$name} " in *" $name "*) ;; *) return ;; esac
+    # Every run binds thousands of loopback ports: let the last run's TIME-WAIT ones (to or from
+    # this port; other tenants' do not take these addresses) go first.
+    while [ "$(ss -tan state time-wait '( sport = :18431 or dport = :18431 )' | wc -l)" -gt 500 ]; do
+        sleep 5
+    done
     echo "== $name: herald-bench $*" >&2
     $P $B "$@" $N --json $D/$name${SUFFIX:-}.json --server-cmd "$H" > $D/$name${SUFFIX:-}.txt
 }

@@ -22,6 +22,16 @@ pub enum Format {
     Ndjson,
 }
 
+impl Format {
+    /// The response's `Content-Type`.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Sse => "text/event-stream",
+            Format::Ndjson => "application/x-ndjson",
+        }
+    }
+}
+
 /// Per-connection encoder: knows the requested channels and, for SSE, their positions.
 pub struct Encoder {
     format: Format,

@@ -6,8 +6,12 @@
 //!
 //! - [`event_id`]: the SSE event id that lets `Last-Event-ID` resume every channel.
 //! - [`format`]: Herald frames → SSE events or NDJSON lines.
-//! - [`run`]: the connection's task.
+//! - [`run`]: the connection's task, writing into hyper's response body or onto the raw socket.
+//! - [`direct`]: an SSE request that opens its connection, served on the raw socket without
+//!   hyper, so that an idle stream keeps no HTTP connection state (docs/benchmarks.md, "SSE
+//!   beside WebSocket").
 
+pub mod direct;
 pub mod event_id;
 pub mod format;
 pub mod run;
@@ -17,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use herald_core::proxy::ClientMeta;
 use herald_core::{Outbound, Session};
 use herald_protocol::command::{ConnectParams, Message, SubOptions};
 use herald_protocol::{Command, ErrorCode, StreamPosition};
@@ -28,7 +33,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use crate::guard::{loopback_host, origin_listed, PeerAddr};
+use crate::guard::{loopback_host, origin_listed, IpSlot, PeerAddr};
 use crate::http::App;
 use format::{Encoder, Format};
 
@@ -71,7 +76,7 @@ struct Wanted {
 
 /// `GET /connection/sse?channel=a&channel=b&token=…` (also `channels=a,b`), resumed from the
 /// `Last-Event-ID` header (or a `last_event_id` query parameter).
-fn sse_request(req: &Request<Incoming>) -> Result<Wanted, &'static str> {
+fn sse_request<B>(req: &Request<B>) -> Result<Wanted, &'static str> {
     let mut params = ConnectParams::default();
     let mut channels: Vec<String> = Vec::new();
     let mut last_event_id = req
@@ -186,9 +191,9 @@ async fn ndjson_request(app: &App, req: Request<Incoming>) -> Result<Wanted, Str
 /// `--dev` node answers loopback hosts only, the `Origin` must be allowed, the node must not be
 /// draining, and (for a request that opens a connection, `opens`) the per-IP handshake rate
 /// holds. `Ok` carries the request's `Origin`, to echo in `Access-Control-Allow-Origin`.
-pub(crate) fn admit(
+pub(crate) fn admit<B>(
     app: &App,
-    req: &Request<Incoming>,
+    req: &Request<B>,
     opens: bool,
 ) -> Result<Option<String>, Box<StreamResponse>> {
     let config = &app.ctx.config;
@@ -252,13 +257,22 @@ pub(crate) fn stream_response(
             .map(|chunk| (Ok::<_, Infallible>(Frame::data(chunk)), rx))
     });
     let mut response = Response::new(StreamBody::new(stream).boxed());
+    stream_headers(&mut response, content_type, origin);
+    response
+}
+
+/// The headers every stream's response carries.
+pub(crate) fn stream_headers<B>(
+    response: &mut Response<B>,
+    content_type: &'static str,
+    origin: Option<String>,
+) {
     let h = response.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     // Ask reverse proxies (nginx) not to buffer the stream.
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    allow_origin(&mut response, origin);
-    response
+    allow_origin(response, origin);
 }
 
 /// Echo an allowed `Origin` so that a browser on another origin may read the response.
@@ -270,31 +284,38 @@ pub(crate) fn allow_origin<B>(response: &mut Response<B>, origin: Option<String>
     }
 }
 
-/// Serve a one-way transport request.
-pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
-    let format = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/connection/sse") => Format::Sse,
-        (&Method::POST, "/connection/stream") => Format::Ndjson,
-        _ => {
-            return error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                ErrorCode::BadRequest.as_u16(),
-                "use GET /connection/sse or POST /connection/stream",
-            )
-        }
-    };
-    let config = app.ctx.config.clone();
-    let origin = match admit(&app, &req, true) {
-        Ok(origin) => origin,
-        Err(refused) => return *refused,
-    };
+/// A stream the node accepted: its session connected and its first chunk encoded.
+pub(crate) struct Opened {
+    /// What the stream's task runs.
+    pub stream: run::Stream,
+    /// The first chunk of the body (SSE: `retry`, `connected`, recovered publications, the id).
+    pub first: Bytes,
+    /// The request's allowed `Origin`, to echo.
+    pub origin: Option<String>,
+}
+
+/// What is known of a request before its parameters are read: it passed [`admit`].
+struct Admitted {
+    origin: Option<String>,
+    bearer: Option<String>,
+    ip_slot: Option<Arc<IpSlot>>,
+    meta: Option<ClientMeta>,
+}
+
+fn admitted<B>(
+    app: &App,
+    req: &Request<B>,
+    format: Format,
+) -> Result<Admitted, Box<StreamResponse>> {
+    let config = &app.ctx.config;
+    let origin = admit(app, req, true)?;
     let bearer = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(|t| t.trim().to_owned());
-    let ip_slot = req.extensions().get::<Arc<crate::guard::IpSlot>>().cloned();
+    let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
     let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
     let meta = config.proxy.enabled().then(|| {
         let transport = match format {
@@ -303,30 +324,82 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         };
         crate::proxy::client_meta(&config.proxy, req.headers(), peer, transport)
     });
-    let mut wanted = match format {
-        Format::Sse => match sse_request(&req) {
-            Ok(w) => w,
-            Err(why) => return bad_request(why),
+    Ok(Admitted {
+        origin,
+        bearer,
+        ip_slot,
+        meta,
+    })
+}
+
+/// Admit and connect an SSE request (`GET /connection/sse`), whatever carried it: hyper, or
+/// [`direct`] on a connection whose first request it was.
+pub(crate) async fn open_sse<B>(
+    app: &Arc<App>,
+    req: &Request<B>,
+) -> Result<Opened, StreamResponse> {
+    let admitted = admitted(app, req, Format::Sse).map_err(|refused| *refused)?;
+    let wanted = sse_request(req).map_err(bad_request)?;
+    Box::pin(open(app, admitted, wanted, Format::Sse)).await
+}
+
+/// Serve a one-way transport request that came through hyper: the body is fed to hyper through
+/// a channel. (An SSE request that opens its connection is served by [`direct`] instead.)
+pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
+    let opened = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/connection/sse") => open_sse(&app, &req).await,
+        (&Method::POST, "/connection/stream") => match admitted(&app, &req, Format::Ndjson) {
+            Ok(admitted) => match ndjson_request(&app, req).await {
+                Ok(wanted) => Box::pin(open(&app, admitted, wanted, Format::Ndjson)).await,
+                Err(response) => Err(response),
+            },
+            Err(refused) => Err(*refused),
         },
-        Format::Ndjson => match ndjson_request(&app, req).await {
-            Ok(w) => w,
-            Err(response) => return response,
-        },
+        _ => Err(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::BadRequest.as_u16(),
+            "use GET /connection/sse or POST /connection/stream",
+        )),
     };
+    let opened = match opened {
+        Ok(opened) => opened,
+        Err(response) => return response,
+    };
+    let content_type = opened.stream.format.content_type();
+    let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS);
+    let _ = tx.try_send(opened.first);
+    let write_limit = Duration::from_millis(app.ctx.config.limits.write_timeout_ms);
+    tokio::spawn(run::run(
+        app,
+        opened.stream,
+        run::Channel::new(tx, write_limit),
+    ));
+    stream_response(rx, content_type, opened.origin)
+}
+
+/// Connect the session before answering, so that a refused token is an HTTP error, not a
+/// stream that ends.
+async fn open(
+    app: &Arc<App>,
+    admitted: Admitted,
+    mut wanted: Wanted,
+    format: Format,
+) -> Result<Opened, StreamResponse> {
+    let config = app.ctx.config.clone();
     if wanted.params.token.is_none() {
-        wanted.params.token = bearer;
+        wanted.params.token = admitted.bearer;
     }
     if wanted.channels.len() > config.limits.max_channels_per_connection {
-        return error(
+        return Err(error(
             StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::LimitExceeded.as_u16(),
             "too many channels",
-        );
+        ));
     }
     if format == Format::Sse {
         for (i, (channel, since)) in wanted.channels.iter().zip(&wanted.since).enumerate() {
             if wanted.channels[..i].contains(channel) {
-                return bad_request("a channel is named twice");
+                return Err(bad_request("a channel is named twice"));
             }
             wanted.params.subs.insert(
                 channel.clone(),
@@ -338,10 +411,9 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         }
     }
 
-    // Connect before answering, so a refused token is an HTTP error, not a stream that ends.
     let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
     let mut session = Session::new(app.ctx.clone(), out.clone());
-    if let Some(meta) = meta {
+    if let Some(meta) = admitted.meta {
         session.set_client_meta(meta);
     }
     let connect = Message::Command {
@@ -376,16 +448,16 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
         } else {
             StatusCode::BAD_REQUEST
         };
-        return error(status, code, &message);
+        return Err(error(status, code, &message));
     }
     let limits = &config.limits;
     if limits.max_connections > 0 && app.ctx.hub.connection_count() > limits.max_connections {
         session.end().await;
-        return error(
+        return Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::LimitExceeded.as_u16(),
             "connection limit reached",
-        );
+        ));
     }
 
     let mut encoder = Encoder::new(format, wanted.channels, wanted.since);
@@ -399,23 +471,16 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     for frame in frames {
         end = end.or(encoder.push(&frame, &mut first));
     }
-
-    let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS);
-    let _ = tx.try_send(first.freeze());
-    tokio::spawn(run::run(
-        app.clone(),
-        session,
-        out,
-        encoder,
-        tx,
-        end,
-        format,
-        ip_slot,
-    ));
-
-    let content_type = match format {
-        Format::Sse => "text/event-stream",
-        Format::Ndjson => "application/x-ndjson",
-    };
-    stream_response(rx, content_type, origin)
+    Ok(Opened {
+        stream: run::Stream {
+            session,
+            out,
+            encoder,
+            end,
+            format,
+            ip_slot: admitted.ip_slot,
+        },
+        first: first.freeze(),
+        origin: admitted.origin,
+    })
 }
