@@ -210,7 +210,7 @@ impl Encoder {
         let resubscribe = push
             .unsub
             .and_then(|u| serde_json::from_str::<Located>(u.get()).ok())
-            .filter(|u| (4000..4500).contains(&u.code))
+            .filter(|u| CloseCode(u.code).reconnect())
             .map(|u| CloseRequest {
                 code: CloseCode::INSUFFICIENT_STATE,
                 reason: format!("subscription to {} must be recovered", u.channel),
