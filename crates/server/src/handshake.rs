@@ -1,6 +1,8 @@
 //! The WebSocket opening handshake both WebSocket endpoints share (`/ws` for Herald's protocol,
-//! `/app/{key}` for Pusher's): the checks every upgrade passes, the `101` answer, and the codec
-//! the upgraded socket is served with.
+//! `/app/{key}` for Pusher's): the checks every upgrade passes, the `101` answer, the codec
+//! the upgraded socket is served with, and the closing handshake both end with.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use herald_protocol::ErrorCode;
@@ -121,4 +123,25 @@ pub(crate) fn serve(upgraded: Upgraded, max_frame: usize, compression: bool) -> 
         .limits(limits)
         .config(tokio_websockets::Config::default().compression(compression))
         .serve(TokioIo::new(upgraded))
+}
+
+/// Send a close frame with `code` (1008 when it is not a valid close code) and `reason` (cut to
+/// the 123 bytes a close frame holds), then read off what the peer still sends for up to a second,
+/// so that it sees a clean closing handshake.
+pub(crate) async fn close_and_wait(ws: &mut Ws, code: u16, reason: &str, limit: Duration) {
+    use futures_util::{SinkExt, StreamExt};
+    let code = tokio_websockets::CloseCode::try_from(code)
+        .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
+    let mut reason = reason.to_owned();
+    while reason.len() > 123 {
+        reason.pop();
+    }
+    let close = tokio_websockets::Message::close(Some(code), &reason);
+    if tokio::time::timeout(limit, ws.send(close)).await.is_err() {
+        return;
+    }
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while ws.next().await.is_some() {}
+    })
+    .await;
 }

@@ -17,7 +17,6 @@ use herald_protocol::CloseCode;
 use hyper::body::Incoming;
 use hyper::Request;
 use tokio::time::{sleep_until, timeout, Instant};
-use tokio_websockets::Message;
 
 use super::apps::PusherApp;
 use super::codes;
@@ -286,20 +285,5 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, why: &Close, limit: Duratio
     if write_frames(ws, frames, limit).await.is_err() {
         return;
     }
-    let code = tokio_websockets::CloseCode::try_from(why.code)
-        .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
-    let mut reason = why.message.clone();
-    while reason.len() > 123 {
-        reason.pop();
-    }
-    if timeout(limit, ws.send(Message::close(Some(code), &reason)))
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let _ = timeout(Duration::from_secs(1), async {
-        while ws.next().await.is_some() {}
-    })
-    .await;
+    handshake::close_and_wait(ws, why.code, &why.message, limit).await;
 }

@@ -36,7 +36,7 @@ use tokio_websockets::Message;
 
 use super::{close_request, dispatch, handle_text};
 use crate::compression;
-use crate::handshake::Ws;
+use crate::handshake::{close_and_wait, Ws};
 use crate::http::App;
 use crate::liveness::Liveness;
 
@@ -371,23 +371,7 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, req: &CloseRequest, limit: 
     if write_batch(ws, frames, limit).await.is_err() {
         return;
     }
-    let code = tokio_websockets::CloseCode::try_from(req.code.0)
-        .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);
-    let mut reason = req.reason.clone();
-    // A close frame's reason must fit in 123 bytes.
-    while reason.len() > 123 {
-        reason.pop();
-    }
-    if timeout(limit, ws.send(Message::close(Some(code), &reason)))
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let _ = timeout(Duration::from_secs(1), async {
-        while ws.next().await.is_some() {}
-    })
-    .await;
+    close_and_wait(ws, req.code.0, &req.reason, limit).await;
 }
 
 #[cfg(test)]
