@@ -254,9 +254,6 @@ pub struct Limits {
     /// WebSocket compression (permessage-deflate, no context takeover) for clients that offer
     /// it, on `/ws` and Pusher's `/app/{key}`. Off by default: it costs CPU per message.
     pub compression: bool,
-    /// Threads that split the fan-out of a channel with 2,048 or more subscribers on this node:
-    /// 0 (the default) one per core on a machine of 4 cores or more and none on fewer, 1 none.
-    pub fanout_threads: usize,
 }
 
 impl Default for Limits {
@@ -279,7 +276,6 @@ impl Default for Limits {
             handshakes_per_ip_per_s: 0,
             handshake_burst_per_ip: 20,
             compression: false,
-            fanout_threads: 0,
         }
     }
 }

@@ -102,8 +102,6 @@ pub async fn run(
     broker.register_metrics(metrics.registry_mut());
     let metrics = Arc::new(metrics);
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
-    hub.set_fanout_threads(config.limits.fanout_threads)
-        .context("starting the fan-out threads")?;
     hub.start().await.context("starting the broker")?;
     let proxy: Option<Arc<dyn herald_core::proxy::Proxy>> = match config.proxy.enabled() {
         true => Some(Arc::new(

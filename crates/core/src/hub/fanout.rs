@@ -1,8 +1,6 @@
 //! Fan-out and continuity: delivering a publication to a channel's subscribers in offset order,
 //! catching up a gap from history, and losing the channel when history cannot fill it.
 
-use rayon::prelude::*;
-
 use super::*;
 
 impl Hub {
@@ -72,32 +70,18 @@ impl Hub {
         ch.last_offset = Some(p.offset);
         ch.active = true;
         let frame = push_publication(channel, &p);
-        let delivered = match self.shared.fanout.get() {
-            Some(pool) if ch.subscribers.len() >= PARALLEL_FANOUT_MIN => {
-                let mut subs: Vec<&mut Subscriber> = ch.subscribers.values_mut().collect();
-                let chunk = subs.len().div_ceil(pool.current_num_threads()).max(1);
-                // Still under the shard lock: the next publication of this channel waits for
-                // every chunk of this one, so each connection gets them in order.
-                pool.install(|| {
-                    subs.par_chunks_mut(chunk)
-                        .map(|chunk| {
-                            // A copy per chunk: the chunks' threads do not contend on one
-                            // reference count when they clone and their connections drop it.
-                            let frame = Bytes::copy_from_slice(&frame);
-                            chunk
-                                .iter_mut()
-                                .map(|sub| offer(sub, &p, &frame))
-                                .sum::<u64>()
-                        })
-                        .sum()
-                })
+        let mut delivered = 0;
+        for sub in ch.subscribers.values_mut() {
+            match &mut sub.mode {
+                Mode::Pending(waiting) => waiting.push(p.clone()),
+                Mode::Live { skip_until } if p.offset > *skip_until => {
+                    if sub.out.push(frame.clone()) {
+                        delivered += 1;
+                    }
+                }
+                Mode::Live { .. } | Mode::Lost => {}
             }
-            _ => ch
-                .subscribers
-                .values_mut()
-                .map(|sub| offer(sub, &p, &frame))
-                .sum(),
-        };
+        }
         self.shared.metrics.deliveries.inc_by(delivered);
         Ok(())
     }
@@ -235,18 +219,3 @@ impl Hub {
 
 /// Offsets skipped: catch up from history first.
 pub(super) struct Gap;
-
-/// Hand one in-order publication to one subscriber: keep it while its reply is being built,
-/// queue its frame when live and not already in the reply. Returns the deliveries queued (0 or 1).
-fn offer(sub: &mut Subscriber, p: &Publication, frame: &Bytes) -> u64 {
-    match &mut sub.mode {
-        Mode::Pending(waiting) => {
-            waiting.push(p.clone());
-            0
-        }
-        Mode::Live { skip_until } if p.offset > *skip_until => {
-            u64::from(sub.out.push(frame.clone()))
-        }
-        Mode::Live { .. } | Mode::Lost => 0,
-    }
-}

@@ -42,7 +42,7 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crate::flights::Flights;
@@ -81,9 +81,6 @@ pub const TAIL_CHECK_EVERY: Duration = Duration::from_secs(1);
 const TAIL_CHECKS_PER_TICK: usize = 512;
 /// Deliveries held for a channel that has no baseline yet (while its first reply is built).
 const EARLY_MAX: usize = 10_000;
-/// Subscribers a channel needs on this node before its fan-out is split over the fan-out pool's
-/// threads. Below it one thread queues every frame in well under a millisecond.
-const PARALLEL_FANOUT_MIN: usize = 2048;
 
 /// A connection's key in the hub (cheaper than its client id string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -206,9 +203,6 @@ struct Shared {
     incarnations: AtomicU64,
     /// History reads in flight, shared by subscribers asking the same at the same generation.
     flights: Flights,
-    /// Threads that split a large channel's fan-out (see [`Hub::set_fanout_threads`]); unset:
-    /// one thread queues every frame.
-    fanout: OnceLock<rayon::ThreadPool>,
 }
 
 /// Cheap-to-clone handle to the hub.
@@ -268,32 +262,8 @@ impl Hub {
                 sweep: AtomicU64::new(0),
                 incarnations: AtomicU64::new(0),
                 flights: Flights::default(),
-                fanout: OnceLock::new(),
             }),
         }
-    }
-
-    /// Split the fan-out of channels with at least [`PARALLEL_FANOUT_MIN`] subscribers on this
-    /// node over `threads` threads (0: one per core on a machine of 4 cores or more, else none; 1:
-    /// none). On many cores one thread queueing 20,000 frames and waking their connections takes
-    /// about 20 ms, which the last subscriber waits for; split, the wake-ups start on every core at
-    /// once. Call before the first publication; later calls change nothing.
-    pub fn set_fanout_threads(&self, threads: usize) -> Result<(), rayon::ThreadPoolBuildError> {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = match threads {
-            0 if cores >= 4 => cores,
-            0 => 1,
-            n => n,
-        };
-        if threads < 2 {
-            return Ok(());
-        }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("herald-fanout-{i}"))
-            .build()?;
-        let _ = self.shared.fanout.set(pool);
-        Ok(())
     }
 
     /// Connect the broker to the hub and start the node-info heartbeat.

@@ -424,35 +424,3 @@ async fn last_unsubscribe_removes_the_channel() {
     publish(&hub, "ch", 1).await;
     assert_eq!(hub.metrics().publications_without_subscriber.get(), 1);
 }
-
-#[tokio::test]
-async fn a_split_fan_out_delivers_each_publication_once_in_order_and_keeps_pending_ones() {
-    let hub = hub().await;
-    hub.set_fanout_threads(4).unwrap();
-    assert!(hub.shared.fanout.get().is_some(), "the pool was built");
-    let mut live = Vec::new();
-    for i in 0..PARALLEL_FANOUT_MIN + 100 {
-        live.push(subscribed(&hub, "big", &format!("c{i}")).await.1);
-    }
-    // One subscriber whose reply is still being built when the publications arrive.
-    let out = Arc::new(Outbound::new(1 << 20));
-    let key = hub.register("pending".into(), "u".into(), out.clone());
-    let since = hub
-        .prepare_subscription("big", key, &out, None, &ns())
-        .await
-        .unwrap()
-        .position;
-    let before = hub.metrics().deliveries.get();
-    publish(&hub, "big", 5).await;
-    assert_eq!(
-        hub.metrics().deliveries.get() - before,
-        5 * live.len() as u64,
-        "one delivery per live subscriber and publication"
-    );
-    for out in &live {
-        assert_eq!(offsets(out), [1, 2, 3, 4, 5]);
-    }
-    assert!(out.drain().frames.is_empty(), "nothing before the reply");
-    hub.activate("big", key, &since);
-    assert_eq!(offsets(&out), [1, 2, 3, 4, 5], "kept while pending");
-}
