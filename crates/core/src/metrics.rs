@@ -42,6 +42,8 @@ pub struct Metrics {
     pub recovery_over_budget: Counter,
     /// Subscriptions whose history read was shared with another subscriber's read in flight.
     pub history_reads_shared: Counter,
+    /// Subscriptions answered from what the node holds for the channel, with no broker read.
+    pub history_reads_local: Counter,
     /// Gap or reconnect catch-ups from history.
     pub catchups: Counter,
     /// Subscriptions ended with `unsub` 4003 because the node lost the channel's continuity.
@@ -172,6 +174,11 @@ impl Metrics {
             history_reads_shared: reg!(
                 "history_reads_shared",
                 "Subscriptions whose history read was shared with another one in flight (same channel, since and generation)",
+                Counter::default()
+            ),
+            history_reads_local: reg!(
+                "history_reads_local",
+                "Subscriptions answered from the channel's position and recent publications on this node, without a broker read",
                 Counter::default()
             ),
             recovery_over_budget: reg!(

@@ -69,6 +69,7 @@ impl Hub {
         }
         ch.last_offset = Some(p.offset);
         ch.active = true;
+        ch.remember(&p);
         let frame = push_publication(channel, &p);
         let mut delivered = 0;
         for sub in ch.subscribers.values_mut() {
@@ -191,6 +192,7 @@ impl Hub {
         ch.catchup = None;
         ch.early = Vec::new();
         ch.tail_ahead = None;
+        ch.forget_recent();
     }
 
     /// After a broker reconnect: catch up every channel this node hosts.

@@ -39,7 +39,7 @@
 //! - [`control`]: control messages between nodes and node liveness.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -48,8 +48,8 @@ use std::time::{Duration, Instant};
 use crate::flights::Flights;
 use bytes::Bytes;
 use herald_broker::{
-    Backoff, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, NodeInfo, PublishOptions,
-    SharedBroker, StreamOptions,
+    Backoff, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult, NodeInfo,
+    PublishOptions, SharedBroker, StreamOptions,
 };
 use herald_protocol::encode::{push_presence_change, push_publication};
 use herald_protocol::{ClientInfo, CloseCode, Publication, StreamPosition};
@@ -81,6 +81,14 @@ pub const TAIL_CHECK_EVERY: Duration = Duration::from_secs(1);
 const TAIL_CHECKS_PER_TICK: usize = 512;
 /// Deliveries held for a channel that has no baseline yet (while its first reply is built).
 const EARLY_MAX: usize = 10_000;
+/// The newest publications a channel keeps on its node, so that a subscriber coming back with
+/// `since` a few publications behind is answered without a broker read (a reconnect storm
+/// otherwise sends the broker one read per channel and `since`): at most this many and
+/// [`RECENT_MAX_BYTES`] of data, and only for channels with [`RECENT_MIN_SUBSCRIBERS`] or more
+/// subscribers on the node, so that many small channels hold nothing extra.
+const RECENT_MAX: usize = 64;
+const RECENT_MAX_BYTES: usize = 64 * 1024;
+const RECENT_MIN_SUBSCRIBERS: usize = 16;
 
 /// A connection's key in the hub (cheaper than its client id string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,6 +117,10 @@ struct Channel {
     early: Vec<(String, Publication)>,
     /// Some while a catch-up from history runs: live publications wait here.
     catchup: Option<Vec<Publication>>,
+    /// The newest publications delivered, contiguous and ending at `last_offset` (see
+    /// [`RECENT_MAX`]), and the bytes of their data.
+    recent: VecDeque<Publication>,
+    recent_bytes: usize,
     /// Delivered since the last tail check.
     active: bool,
     /// The broker's position when the last tail check found it ahead of the baseline.
@@ -129,10 +141,71 @@ impl Channel {
             last_offset: None,
             early: Vec::new(),
             catchup: None,
+            recent: VecDeque::new(),
+            recent_bytes: 0,
             active: false,
             tail_ahead: None,
             opts,
         }
+    }
+
+    /// Keep `p`, just delivered in order, among the channel's recent publications.
+    fn remember(&mut self, p: &Publication) {
+        if self.subscribers.len() < RECENT_MIN_SUBSCRIBERS || p.data.len() > RECENT_MAX_BYTES {
+            // Skipping one would leave a hole: start again from the next.
+            self.forget_recent();
+            return;
+        }
+        self.recent_bytes += p.data.len();
+        self.recent.push_back(p.clone());
+        while self.recent.len() > RECENT_MAX || self.recent_bytes > RECENT_MAX_BYTES {
+            let dropped = self.recent.pop_front().expect("not empty");
+            self.recent_bytes -= dropped.data.len();
+        }
+    }
+
+    fn forget_recent(&mut self) {
+        self.recent = VecDeque::new();
+        self.recent_bytes = 0;
+    }
+
+    /// The history a new subscriber's reply needs, if the node holds it: the channel's position
+    /// (its baseline) and, with `since` in the same epoch, the publications after it, at most
+    /// `max` of them (the namespace's history size, so never more than the broker would keep).
+    /// `None`: ask the broker.
+    ///
+    /// Answering from the baseline is what a broker read followed by the first deliveries gives:
+    /// publications the broker holds beyond the baseline reach the subscriber (pending from the
+    /// same moment) through delivery, and an epoch the node has not seen change yet is found by
+    /// the next delivery or tail check, which tells the subscriber (`unsub` 4003).
+    fn local_history(&self, since: Option<&StreamPosition>, max: usize) -> Option<HistoryResult> {
+        if self.catchup.is_some() {
+            return None;
+        }
+        let (epoch, last) = (self.epoch.as_ref()?, self.last_offset?);
+        let position = StreamPosition {
+            epoch: epoch.clone(),
+            offset: last,
+        };
+        let publications = match since {
+            None => Vec::new(),
+            Some(since) if since.epoch == *epoch && since.offset <= last => {
+                let missed = usize::try_from(last - since.offset).ok()?;
+                if missed > max || missed > self.recent.len() {
+                    return None;
+                }
+                self.recent
+                    .range(self.recent.len() - missed..)
+                    .cloned()
+                    .collect()
+            }
+            Some(_) => return None,
+        };
+        Some(HistoryResult {
+            position,
+            publications,
+            continuous: true,
+        })
     }
 
     fn has_pending(&self) -> bool {

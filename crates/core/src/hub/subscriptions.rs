@@ -16,11 +16,11 @@ impl Hub {
         ns: &NamespaceConfig,
     ) -> Result<SubscribeResult, BrokerError> {
         let opts = ns.stream_options();
-        let generation = {
+        let (generation, local) = {
             let _transition = self.shared.transitions[stripe(channel, TRANSITION_STRIPES)]
                 .lock()
                 .await;
-            let (first, generation) = {
+            let (first, generation, local) = {
                 let mut shard = self.shard(channel).lock().expect("hub lock");
                 let first = !shard.contains_key(channel);
                 let ch = shard.entry(Arc::from(channel)).or_insert_with(|| {
@@ -34,7 +34,10 @@ impl Hub {
                         mode: Mode::Pending(Vec::new()),
                     },
                 );
-                (first, ch.generation)
+                // Read under the same lock that made the subscriber pending: what the channel
+                // delivers from here on is kept for it, so the answer and delivery meet exactly.
+                let local = ch.local_history(since, ns.history_size);
+                (first, ch.generation, local)
             };
             if first {
                 self.shared.metrics.channels.inc();
@@ -44,21 +47,16 @@ impl Hub {
                     return Err(e);
                 }
             }
-            generation
+            (generation, local)
         };
         self.shared.metrics.subscriptions.inc();
-        let query = HistoryQuery {
-            since: since.cloned(),
-            limit: if since.is_some() { None } else { Some(0) },
+        let history = match local {
+            Some(answer) => {
+                self.shared.metrics.history_reads_local.inc();
+                Ok(answer)
+            }
+            None => self.read_history(channel, since, &opts, generation).await,
         };
-        let (history, shared) = self
-            .shared
-            .flights
-            .history(&self.shared.broker, channel, &query, &opts, generation)
-            .await;
-        if shared {
-            self.shared.metrics.history_reads_shared.inc();
-        }
         let history = match history {
             Ok(h) => h,
             Err(e) => {
@@ -73,6 +71,29 @@ impl Hub {
             None => 0,
         };
         Ok(result)
+    }
+
+    /// The broker's answer for a new subscriber: the position, and with `since` what came after.
+    async fn read_history(
+        &self,
+        channel: &str,
+        since: Option<&StreamPosition>,
+        opts: &StreamOptions,
+        generation: u64,
+    ) -> Result<HistoryResult, BrokerError> {
+        let query = HistoryQuery {
+            since: since.cloned(),
+            limit: if since.is_some() { None } else { Some(0) },
+        };
+        let (history, shared) = self
+            .shared
+            .flights
+            .history(&self.shared.broker, channel, &query, opts, generation)
+            .await;
+        if shared {
+            self.shared.metrics.history_reads_shared.inc();
+        }
+        history
     }
 
     /// Second half: the reply is queued; queue what arrived meanwhile (after the reply's
@@ -120,6 +141,7 @@ impl Hub {
             Mode::Live { .. } => {}
         }
         if ch.last_offset.is_none() {
+            ch.forget_recent();
             ch.epoch = Some(position.epoch.clone());
             ch.last_offset = Some(top);
             ch.active = true;

@@ -424,3 +424,106 @@ async fn last_unsubscribe_removes_the_channel() {
     publish(&hub, "ch", 1).await;
     assert_eq!(hub.metrics().publications_without_subscriber.get(), 1);
 }
+
+/// A subscriber coming back with `since` on a channel of RECENT_MIN_SUBSCRIBERS: its reply.
+async fn come_back(hub: &Hub, since: Option<StreamPosition>) -> (SubscribeResult, Arc<Outbound>) {
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register("back".into(), "u".into(), out.clone());
+    let reply = hub
+        .prepare_subscription("ch", key, &out, since.as_ref(), &ns())
+        .await
+        .unwrap();
+    hub.activate("ch", key, &reply.position);
+    (reply, out)
+}
+
+async fn epoch_of(hub: &Hub) -> String {
+    let (opts, query) = (ns().stream_options(), HistoryQuery::default());
+    let history = hub.broker().history("ch", &query, &opts);
+    history.await.unwrap().position.epoch
+}
+
+fn reply_offsets(reply: &SubscribeResult) -> Vec<u64> {
+    reply.publications.iter().map(|p| p.offset).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_large_channel_answers_a_returning_subscriber_from_its_recent_publications() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    for i in 0..RECENT_MIN_SUBSCRIBERS {
+        subscribed(&hub, "ch", &format!("c{i}")).await;
+    }
+    // The first set the channel's baseline from the broker; the others got it from the node.
+    let local = || hub.metrics().history_reads_local.get();
+    assert_eq!(local(), RECENT_MIN_SUBSCRIBERS as u64 - 1);
+    publish(&hub, "ch", 5).await;
+    let epoch = epoch_of(&hub).await;
+    let at = |offset| StreamPosition {
+        epoch: epoch.clone(),
+        offset,
+    };
+    let (reply, _) = come_back(&hub, Some(at(2))).await;
+    assert_eq!(reply.recovered, Some(true));
+    assert_eq!(
+        (reply_offsets(&reply), reply.position.offset),
+        (vec![3, 4, 5], 5)
+    );
+    let (fresh, _) = come_back(&hub, None).await;
+    assert_eq!((fresh.position.clone(), fresh.recovered), (at(5), None));
+    assert_eq!(local(), RECENT_MIN_SUBSCRIBERS as u64 + 1, "no broker read");
+
+    // 6 is stored but never reaches the node: the baseline answers 5, and delivery brings 6.
+    broker.lose(&[6]);
+    publish(&hub, "ch", 1).await;
+    let (reply, out) = come_back(&hub, Some(at(4))).await;
+    assert_eq!((reply_offsets(&reply), reply.position.offset), (vec![5], 5));
+    publish(&hub, "ch", 1).await; // 7 reveals the gap at 6
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        offsets(&out),
+        vec![6, 7],
+        "nothing lost after a local answer"
+    );
+    assert!(lost(&out).is_empty());
+
+    // The caught-up publications are recent ones too.
+    let (reply, _) = come_back(&hub, Some(at(0))).await;
+    assert_eq!(reply_offsets(&reply), (1..=7).collect::<Vec<_>>());
+    assert_eq!(local(), RECENT_MIN_SUBSCRIBERS as u64 + 3);
+
+    // Older than what the node keeps, or another epoch: the broker answers.
+    publish(&hub, "ch", RECENT_MAX as u64).await;
+    let (reply, _) = come_back(&hub, Some(at(6))).await;
+    assert_eq!(
+        reply_offsets(&reply),
+        (7..=7 + RECENT_MAX as u64).collect::<Vec<_>>()
+    );
+    let other = StreamPosition {
+        epoch: "gone".into(),
+        offset: 3,
+    };
+    let (reply, _) = come_back(&hub, Some(other)).await;
+    assert_eq!(reply.recovered, Some(false));
+    assert_eq!(local(), RECENT_MIN_SUBSCRIBERS as u64 + 3);
+}
+
+#[tokio::test]
+async fn a_small_channel_keeps_no_recent_publications_and_asks_the_broker() {
+    let hub = hub().await;
+    subscribed(&hub, "ch", "c1").await;
+    publish(&hub, "ch", 3).await;
+    {
+        let shard = hub.shard("ch").lock().unwrap();
+        assert!(shard.get("ch").unwrap().recent.is_empty());
+    }
+    let since = StreamPosition {
+        epoch: epoch_of(&hub).await,
+        offset: 1,
+    };
+    let (reply, _) = come_back(&hub, Some(since)).await;
+    assert_eq!(reply_offsets(&reply), [2, 3]);
+    // The first subscriber set the baseline from the broker; nothing was answered locally.
+    assert_eq!(hub.metrics().history_reads_local.get(), 0);
+}
