@@ -165,44 +165,43 @@ pub async fn run(
     }
 
     let handshake_timeout = Duration::from_millis(config.limits.handshake_timeout_ms);
-    let (stop_accepting, stop) = watch::channel(false);
-    let runtime = tokio::runtime::Handle::current();
-    let acceptor = {
-        let app = app.clone();
-        spawn_acceptor(listener, stop, move |stream, peer| {
-            let Some(slot) = app.per_ip.admit(peer.ip()) else {
-                tracing::debug!(ip = %peer.ip(), "connection refused: limits.max_connections_per_ip");
-                return; // dropping the stream closes it
-            };
-            let _ = stream.set_nodelay(true);
-            let app = app.clone();
-            let tls = tls.clone();
-            let slot = slot.map(Arc::new);
-            runtime.spawn(async move {
-                let stream = match tokio::net::TcpStream::from_std(stream) {
-                    Ok(stream) => stream,
-                    Err(e) => return tracing::warn!(cause = %e, "accepted stream not registered"),
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(s) => s,
+                    Err(e) => {
+                        // EMFILE and friends: back off briefly instead of spinning.
+                        tracing::warn!(cause = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
                 };
-                match tls {
-                    Some(acceptor) => {
-                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
-                        {
-                            Ok(Ok(s)) => {
-                                serve_connection(app, s, handshake_timeout, peer, slot).await
-                            }
+                let Some(slot) = app.per_ip.admit(peer.ip()) else {
+                    tracing::debug!(ip = %peer.ip(), "connection refused: limits.max_connections_per_ip");
+                    continue; // dropping the stream closes it
+                };
+                let _ = stream.set_nodelay(true);
+                let app = app.clone();
+                let tls = tls.clone();
+                let slot = slot.map(Arc::new);
+                tokio::spawn(async move {
+                    match tls {
+                        Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, peer, slot).await,
                             Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
                             Err(_) => tracing::debug!("TLS handshake timed out"),
-                        }
+                        },
+                        None => serve_connection(app, stream, handshake_timeout, peer, slot).await,
                     }
-                    None => serve_connection(app, stream, handshake_timeout, peer, slot).await,
-                }
-            });
-        })?
-    };
-    shutdown.await;
-    // The listener is closed once the acceptor returns: new connections are refused from here.
-    let _ = stop_accepting.send(true);
-    let _ = tokio::task::spawn_blocking(move || acceptor.join()).await;
+                });
+            }
+            _ = &mut shutdown => break,
+        }
+    }
+
+    drop(listener);
     let open = app.open_connections();
     tracing::info!(
         connections = open,
@@ -220,49 +219,6 @@ pub async fn run(
     consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
-}
-
-/// Accept on a thread of its own until `stop` turns true, handing each connection to `accepted`
-/// (which spawns its task on the node's runtime); the listener is closed when the thread ends.
-///
-/// Why a thread: in a reconnect storm the runtime's queue holds thousands of handshakes, and an
-/// accept loop waiting its turn behind them let the kernel's accept queue (at most
-/// `net.core.somaxconn`, 4096 by default) overflow; every client whose handshake the kernel
-/// dropped came back only after a retransmit a second or more later. Accepted at once, a
-/// connection waits in the runtime's queue instead, where nothing is dropped.
-fn spawn_acceptor(
-    listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
-    accepted: impl Fn(std::net::TcpStream, std::net::SocketAddr) + Send + 'static,
-) -> anyhow::Result<std::thread::JoinHandle<()>> {
-    let listener = listener.into_std()?;
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let thread = std::thread::Builder::new()
-        .name("herald-accept".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                let listener = match TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => return tracing::error!(cause = %e, "listener not registered"),
-                };
-                loop {
-                    tokio::select! {
-                        result = listener.accept() => match result.and_then(|(s, peer)| Ok((s.into_std()?, peer))) {
-                            Ok((stream, peer)) => accepted(stream, peer),
-                            Err(e) => {
-                                // EMFILE and friends: back off briefly instead of spinning.
-                                tracing::warn!(cause = %e, "accept failed");
-                                tokio::time::sleep(Duration::from_millis(50)).await;
-                            }
-                        },
-                        _ = stop.changed() => return,
-                    }
-                }
-            })
-        })?;
-    Ok(thread)
 }
 
 /// Serve HTTP on one connection. Its per-IP slot travels with each request, so that a WebSocket
