@@ -341,6 +341,16 @@ where
         }
     }
 
+    /// The read buffer's size when it is allocated again after being freed (Herald's patch): a
+    /// server reads into [`RAW_STREAM_READ_BUFFER`] bytes, a client into `FramedRead`'s usual
+    /// 8 KiB (the codec reserves more for a large frame either way).
+    fn read_buffer_size(&self) -> usize {
+        match self.inner.decoder().role {
+            Role::Server => RAW_STREAM_READ_BUFFER,
+            Role::Client => 8 * 1024,
+        }
+    }
+
     /// Returns a reference to the inner websocket limits.
     pub fn limits(&self) -> &Limits {
         &self.inner.decoder().limits
@@ -391,7 +401,19 @@ where
             ))?;
         }
 
-        let frame = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+        // Herald's patch: the read buffer is freed while the connection waits for input with
+        // nothing buffered (below), and allocated again here before the next read.
+        if self.inner.read_buffer().capacity() == 0 {
+            let size = self.read_buffer_size();
+            self.inner.read_buffer_mut().reserve(size);
+        }
+        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        if polled.is_pending() && self.inner.read_buffer().is_empty() {
+            // Nothing buffered and nothing to read: an idle connection keeps no read buffer.
+            // (A frame's payload split off the buffer keeps its own part of the allocation.)
+            *self.inner.read_buffer_mut() = BytesMut::new();
+        }
+        let frame = match ready!(polled) {
             Some(Ok(frame)) => frame,
             Some(Err(e)) => {
                 if matches!(e, Error::Io(_)) || self.state == StreamState::ClosedByUs {
