@@ -78,7 +78,8 @@ impl FrameQueue {
     #[cfg(any(feature = "client", feature = "server"))]
     fn new() -> Self {
         Self {
-            queue: VecDeque::with_capacity(1),
+            // Herald's patch: no room until a frame is queued (was `with_capacity(1)`).
+            queue: VecDeque::new(),
             bytes_written: 0,
             pending_bytes: 0,
         }
@@ -649,6 +650,11 @@ where
                 this.state = StreamState::CloseAcknowledged;
                 return Poll::Ready(Err(Error::Io(io::ErrorKind::WriteZero.into())));
             }
+        }
+        // Herald's patch: everything queued is written: free the queue's room, so that an idle
+        // connection keeps none (the next frame allocates it again).
+        if frame_queue.queue.capacity() != 0 {
+            frame_queue.queue = VecDeque::new();
         }
 
         match Pin::new(io).poll_flush(cx) {

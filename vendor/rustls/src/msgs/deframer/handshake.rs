@@ -339,6 +339,11 @@ impl<'b> Iterator for HandshakeIter<'_, 'b> {
 impl Drop for HandshakeIter<'_, '_> {
     fn drop(&mut self) {
         self.deframer.spans.drain(..self.index);
+        // Herald's patch: no handshake message pending (after the handshake, for the
+        // connection's whole life): free the spans' room (16 spans, 640 bytes, from `default`).
+        if self.deframer.spans.is_empty() {
+            self.deframer.spans = Vec::new();
+        }
     }
 }
 
