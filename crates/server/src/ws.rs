@@ -3,15 +3,20 @@
 //! [`connection::Connection`]: it reads commands, hands them to the [`Session`], writes queued
 //! frames in batches, pings, and closes with the protocol's close codes.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::future::Either;
+use futures_util::FutureExt;
 use herald_core::outbound::CloseRequest;
+use herald_core::proxy::ClientMeta;
 use herald_core::{Outbound, Session};
 use herald_protocol::command::parse_frame;
 use herald_protocol::{CloseCode, ErrorCode, SUBPROTOCOL};
 use hyper::body::Incoming;
 use hyper::header;
+use hyper::upgrade::OnUpgrade;
 use hyper::{Request, StatusCode};
 
 use crate::api;
@@ -74,18 +79,53 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     // Only the upgrade itself travels into the task, not the request: the task's size is
     // memory every idle connection keeps.
     let on_upgrade = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        let _ip_slot = ip_slot;
-        match on_upgrade.await {
-            Ok(upgraded) => {
-                let ws = handshake::serve(upgraded, max_frame, compress);
-                Connection::new(app, ws, meta).run().await
-            }
-            Err(e) => tracing::debug!(cause = %e, "upgrade failed"),
-        }
-    });
+    tokio::spawn(connection_task(Upgrade {
+        app,
+        on_upgrade,
+        meta,
+        ip_slot,
+        max_frame,
+        compress,
+    }));
 
     handshake::switching_protocols(&accept, subprotocol, extensions)
+}
+
+/// What a connection's task starts from: the pending upgrade, and what the connection needs.
+struct Upgrade {
+    app: Arc<App>,
+    on_upgrade: OnUpgrade,
+    meta: Option<Box<ClientMeta>>,
+    ip_slot: Option<Arc<IpSlot>>,
+    max_frame: usize,
+    compress: bool,
+}
+
+/// A connection's task: wait for the upgrade, then serve the connection.
+///
+/// A combinator, not an `async` block: an async block keeps what it captured for its whole life,
+/// beside the state of the connection it awaits, while here the upgrade's state and the
+/// connection's take turns in one place. The task lives as long as the connection
+/// (`tests::task_fits_its_size_class`).
+fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
+    let Upgrade {
+        app,
+        on_upgrade,
+        meta,
+        ip_slot,
+        max_frame,
+        compress,
+    } = u;
+    on_upgrade.then(move |upgraded| match upgraded {
+        Ok(upgraded) => {
+            let ws = handshake::serve(upgraded, max_frame, compress);
+            Either::Left(Connection::new(app, ws, meta, ip_slot).run())
+        }
+        Err(e) => {
+            tracing::debug!(cause = %e, "upgrade failed");
+            Either::Right(std::future::ready(()))
+        }
+    })
 }
 
 /// A close request with no reconnect hint.
@@ -136,4 +176,35 @@ async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The size of the future `f` returns, without calling it.
+    fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// tokio (1.54, x86-64) allocates a task as one cell: a 32-byte header, the scheduler's
+    /// handle and the task id (16), the stage's tag (8), the future, a 48-byte trailer, the
+    /// whole aligned to 128 bytes. jemalloc's size classes around it are 1,024, 1,280 and
+    /// 1,536 bytes: a cell of 1,281 bytes costs 1,536.
+    fn task_cell_size(future: usize) -> usize {
+        (32 + 16 + 8 + future + 48).next_multiple_of(128)
+    }
+
+    /// Every idle WebSocket connection keeps its task: it must stay in jemalloc's 1,280-byte
+    /// size class (docs/bench/idle13: the class above costs 256 bytes more per connection).
+    #[test]
+    fn task_fits_its_size_class() {
+        let size = future_size(connection_task);
+        let cell = task_cell_size(size);
+        assert!(
+            cell <= 1280,
+            "the connection task's future is {size} bytes, its task cell about {cell} (at most \
+             1,280): box state that only a rare path needs, or measure idle memory"
+        );
+    }
 }

@@ -36,6 +36,7 @@ use tokio_websockets::Message;
 
 use super::{close_request, dispatch, handle_text};
 use crate::compression;
+use crate::guard::IpSlot;
 use crate::handshake::{close_and_wait, Ws};
 use crate::http::App;
 use crate::liveness::Liveness;
@@ -84,11 +85,18 @@ pub(super) struct Connection {
     liveness: Liveness,
     draining: watch::Receiver<bool>,
     _counted: Counted,
+    /// The connection's place in `limits.max_connections_per_ip`, while it lives.
+    _ip_slot: Option<Arc<IpSlot>>,
 }
 
 impl Connection {
     /// A connection just upgraded, counted from now on.
-    pub(super) fn new(app: Arc<App>, ws: Ws, meta: Option<Box<ClientMeta>>) -> Self {
+    pub(super) fn new(
+        app: Arc<App>,
+        ws: Ws,
+        meta: Option<Box<ClientMeta>>,
+        ip_slot: Option<Arc<IpSlot>>,
+    ) -> Self {
         let config = &app.ctx.config;
         let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
         let mut session = Session::new(app.ctx.clone(), out.clone());
@@ -97,6 +105,7 @@ impl Connection {
         }
         Connection {
             _counted: Counted::new(app.clone()),
+            _ip_slot: ip_slot,
             liveness: Liveness::new(config),
             draining: app.draining.clone(),
             app,

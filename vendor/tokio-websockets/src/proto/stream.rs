@@ -78,7 +78,8 @@ impl FrameQueue {
     #[cfg(any(feature = "client", feature = "server"))]
     fn new() -> Self {
         Self {
-            queue: VecDeque::with_capacity(1),
+            // Herald's patch: no room until a frame is queued (was `with_capacity(1)`).
+            queue: VecDeque::new(),
             bytes_written: 0,
             pending_bytes: 0,
         }
@@ -341,6 +342,16 @@ where
         }
     }
 
+    /// The read buffer's size when it is allocated again after being freed (Herald's patch): a
+    /// server reads into [`RAW_STREAM_READ_BUFFER`] bytes, a client into `FramedRead`'s usual
+    /// 8 KiB (the codec reserves more for a large frame either way).
+    fn read_buffer_size(&self) -> usize {
+        match self.inner.decoder().role {
+            Role::Server => RAW_STREAM_READ_BUFFER,
+            Role::Client => 8 * 1024,
+        }
+    }
+
     /// Returns a reference to the inner websocket limits.
     pub fn limits(&self) -> &Limits {
         &self.inner.decoder().limits
@@ -391,7 +402,19 @@ where
             ))?;
         }
 
-        let frame = match ready!(Pin::new(&mut self.inner).poll_next(cx)) {
+        // Herald's patch: the read buffer is freed while the connection waits for input with
+        // nothing buffered (below), and allocated again here before the next read.
+        if self.inner.read_buffer().capacity() == 0 {
+            let size = self.read_buffer_size();
+            self.inner.read_buffer_mut().reserve(size);
+        }
+        let polled = Pin::new(&mut self.inner).poll_next(cx);
+        if polled.is_pending() && self.inner.read_buffer().is_empty() {
+            // Nothing buffered and nothing to read: an idle connection keeps no read buffer.
+            // (A frame's payload split off the buffer keeps its own part of the allocation.)
+            *self.inner.read_buffer_mut() = BytesMut::new();
+        }
+        let frame = match ready!(polled) {
             Some(Ok(frame)) => frame,
             Some(Err(e)) => {
                 if matches!(e, Error::Io(_)) || self.state == StreamState::ClosedByUs {
@@ -627,6 +650,11 @@ where
                 this.state = StreamState::CloseAcknowledged;
                 return Poll::Ready(Err(Error::Io(io::ErrorKind::WriteZero.into())));
             }
+        }
+        // Herald's patch: everything queued is written: free the queue's room, so that an idle
+        // connection keeps none (the next frame allocates it again).
+        if frame_queue.queue.capacity() != 0 {
+            frame_queue.queue = VecDeque::new();
         }
 
         match Pin::new(io).poll_flush(cx) {
