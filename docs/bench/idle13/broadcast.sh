@@ -3,6 +3,7 @@
 # nothing to read): 2,000 subscribers of one channel, 10 publications/s (20,000 deliveries/s),
 # 20 s, plain then TLS, each binary in turn:
 #   docs/bench/idle13/broadcast.sh ROUNDS LABEL=BINARY [LABEL=BINARY…]
+# FIRST_ROUND=3 numbers the rounds from 3 (to add rounds to a series).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 out=docs/bench/idle13
@@ -15,7 +16,8 @@ settle() {
     sleep 2
   done
 }
-for round in $(seq 1 "$rounds"); do
+first=${FIRST_ROUND:-1}
+for round in $(seq "$first" $((first + rounds - 1))); do
   for mode in plain tls; do
     for pair in "$@"; do
       label=${pair%%=*}
