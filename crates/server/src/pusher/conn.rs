@@ -75,6 +75,10 @@ pub struct PusherConn {
     key: ConnKey,
     socket_id: Arc<str>,
     channels: HashMap<String, Subscription>,
+    /// The channel of the last publication translated (its shared name, see
+    /// [`super::shared`]) and whether its events carry positions: a fan-out's delivery then
+    /// reads nothing but this connection's task state. Cleared whenever `channels` changes.
+    recent: Option<(Arc<str>, bool)>,
     client_events: TokenBucket,
     /// The user this connection signed in as (`pusher:signin`).
     user: Option<String>,
@@ -106,6 +110,7 @@ impl PusherConn {
             key,
             socket_id,
             channels: HashMap::new(),
+            recent: None,
             client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
             user: None,
         }
@@ -366,6 +371,7 @@ impl PusherConn {
                 tracing::warn!(channel = %internal, cause = %e, "member_added not published");
             }
         }
+        self.recent = None;
         self.channels.insert(
             channel.clone(),
             Subscription {
@@ -456,6 +462,7 @@ impl PusherConn {
         let Some(sub) = self.channels.remove(channel) else {
             return false;
         };
+        self.recent = None;
         self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
         if let Some(census) = &self.ctx.census {
             census.changed();
@@ -582,10 +589,17 @@ impl PusherConn {
             if event.exclude.as_deref() == Some(&*self.socket_id) {
                 return None;
             }
-            let positions = self
-                .channels
-                .get(&event.channel)
-                .is_some_and(|s| s.positions);
+            let positions = match &self.recent {
+                Some((name, positions)) if Arc::ptr_eq(name, &event.channel) => *positions,
+                _ => {
+                    let positions = self
+                        .channels
+                        .get(&*event.channel)
+                        .is_some_and(|s| s.positions);
+                    self.recent = Some((event.channel.clone(), positions));
+                    positions
+                }
+            };
             return Some(match positions {
                 true => event.positioned.clone(),
                 false => event.plain.clone(),
