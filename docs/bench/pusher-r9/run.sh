@@ -1,15 +1,20 @@
 #!/bin/sh
-# Round 9: Pusher beside Herald, broadcast, before and after the Pusher fan-out change, alternated
-# in one series (docs/bench/pusher-r9/section.md). Run from the repository root with two builds:
-#   before: commit 8ec0cb8 (server and rig), binaries ./herald-base and ./herald-bench-base
-#   after:  commit 67517f2 (server and rig), binaries ./herald-new and ./herald-bench-new
-# each from `cargo build --release -p herald-server -p herald-bench` (copy target/release/herald
-# and target/release/herald-bench). In every run the server and the rig come from the same build,
-# and both protocols of a build use the same rig binary.
-# Usage: docs/bench/pusher-r9/run.sh [FIRST_PAIR [LAST_PAIR]]
+# Round 9: Pusher beside Herald, broadcast, builds alternated in one series
+# (docs/bench/pusher-r9/section.md). Run from the repository root with the builds' binaries:
+#   before: commit 8ec0cb8 (server and rig): ./herald-base, ./herald-bench-base
+#   after:  commit 67517f2 (server and rig): ./herald-new,  ./herald-bench-new
+#   final:  commit 1f64b55 server ./herald-mem with the rig of 67517f2 ./herald-bench-new (the
+#           rig did not change after 67517f2)
+# each from `cargo build --release -p herald-server -p herald-bench` at that commit (copy
+# target/release/herald and target/release/herald-bench). In every run server and rig come from
+# the same row above, and both protocols of a build use the same rig binary.
+# Usage: [BUILDS="before after"] docs/bench/pusher-r9/run.sh [FIRST_PAIR [LAST_PAIR]]
+#   pairs 1-4: BUILDS="before after" (the default); pairs 5-8: BUILDS="before final".
+# Odd pairs run the builds in order (Herald, then Pusher), even pairs in reverse (Pusher first).
 set -uf
 D=docs/bench/pusher-r9
 first=${1:-1} last=${2:-3}
+BUILDS=${BUILDS:-before after}
 wait_ports() {
     while [ "$(ss -tan state time-wait | wc -l)" -gt 500 ]; do sleep 2; done
 }
@@ -19,6 +24,7 @@ one() { # build protocol pair
     case $build in
         before) S=./herald-base B=./herald-bench-base ;;
         after) S=./herald-new B=./herald-bench-new ;;
+        final) S=./herald-mem B=./herald-bench-new ;;
     esac
     port=$((18651 + n % 9)) src=127.0.$((50 + n % 10)).2
     n=$((n + 1))
@@ -29,14 +35,20 @@ one() { # build protocol pair
     fi
     wait_ports
     echo "$(date -u +%H:%M:%S) $build $proto $pair port $port source $src" >&2
+    # Other benchmarks on the machine at the start (another engineer's rig), for the record.
+    ps -eo args | grep "[h]erald-bench \(broadcast\|idle\|storm\|jitter\|drain\|rooms\|fanin\)" | grep -v pusher-r9 | sed "s/^/  other: /" | cut -c1-160 >&2
     docs/bench/prio.sh $B broadcast -n 2000 -r 10 -d 20 $ARGS --api http://127.0.0.1:$port \
         --source-base $src --server-cmd "$S serve --config docs/bench/pusher.toml --port $port" \
         --json $D/$build-$proto-$pair.json > $D/$build-$proto-$pair.txt
 }
 for pair in $(seq "$first" "$last"); do
-    if [ $((pair % 2)) = 1 ]; then
-        one before herald $pair; one before pusher $pair; one after herald $pair; one after pusher $pair
-    else
-        one after pusher $pair; one after herald $pair; one before pusher $pair; one before herald $pair
-    fi
+    order=$BUILDS
+    [ $((pair % 2)) = 1 ] || order=$(echo "$BUILDS" | awk '{for (i = NF; i > 0; i--) printf "%s ", $i}')
+    for build in $order; do
+        if [ $((pair % 2)) = 1 ]; then
+            one $build herald $pair; one $build pusher $pair
+        else
+            one $build pusher $pair; one $build herald $pair
+        fi
+    done
 done

@@ -25,7 +25,7 @@ def quiet(r):
     return others(r) <= 10
 
 rows = []
-for build in ("before", "after"):
+for build in ("before", "after", "final"):
     pairs = sorted({int(re.search(r"-(\d+)\.txt$", f)[1])
                     for f in glob.glob(f"{D}/{build}-herald-*.txt")})
     for pair in pairs:
@@ -44,7 +44,7 @@ for build, pair, h, p in rows:
     print(f"| {build} | {pair} | {h['p50']:.2f} / {h['p99']:.2f} ms | {p['p50']:.2f} / {p['p99']:.2f} ms "
           f"| {d50:+.1f}% / {d99:+.1f}% | {h['cpu']}% / {p['cpu']}% | {h['rig']}% / {p['rig']}% "
           f"| {h['idle']}% / {p['idle']}% | {others(h)}% / {others(p)}% | {h['load']} / {p['load']} |")
-for build in ("before", "after"):
+for build in ("before", "after", "final"):
     r = [(h, p) for b, _, h, p in rows if b == build]
     if not r:
         continue
@@ -65,3 +65,19 @@ for build in ("before", "after"):
         print("  quiet pairs (others' CPU <= 10% in both runs): none")
     bad = [(h, p) for h, p in r if h["dup"] or h["gaps"] or p["dup"] or p["gaps"] or h["delivered"] != "100.0000" or p["delivered"] != "100.0000"]
     print(f"  runs with losses, duplicates or gaps: {len(bad)}")
+
+print()
+print("| idle, 5,000 connections | Herald RSS / connection | Pusher RSS / connection | Pusher vs Herald | others' CPU H / P |")
+print("| --- | --- | --- | --- | --- |")
+for f in sorted(glob.glob(f"{D}/idle-*-herald*.txt")):
+    pf = f.replace("-herald", "-pusher")
+    if not os.path.exists(pf):
+        continue
+    def idle(path):
+        t = open(path).read()
+        kb = float(re.search(r"server RSS / connection\s+([\d.]+) KB", t)[1])
+        m = re.search(r"idle (\d+)%; load ([\d.]+)", t)
+        return kb, 100 - int(m[1])
+    (hk, ho), (pk, po) = idle(f), idle(pf)
+    name = os.path.basename(f).replace("idle-", "").replace("-herald", "").replace(".txt", "")
+    print(f"| {name} | {hk:.2f} KB | {pk:.2f} KB | {(pk / hk - 1) * 100:+.1f}% | {ho}% / {po}% (all but idle) |")
