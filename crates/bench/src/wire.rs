@@ -58,9 +58,10 @@ pub struct PusherIncoming<'a> {
     /// Channel, for channel events.
     #[serde(borrow, default)]
     pub channel: Option<std::borrow::Cow<'a, str>>,
-    /// Event data: for our events and `subscription_succeeded` a JSON string.
-    #[serde(default)]
-    pub data: Option<Box<RawValue>>,
+    /// Event data: for our events and `subscription_succeeded` a JSON string (borrowed from
+    /// the message: no copy per event).
+    #[serde(borrow, default)]
+    pub data: Option<&'a RawValue>,
     /// The publication's offset (catch-up extension).
     #[serde(default)]
     pub herald_offset: Option<u64>,
@@ -70,7 +71,6 @@ impl PusherIncoming<'_> {
     /// Our payload, from an event whose data is the payload's JSON text.
     pub fn payload(&self) -> Data {
         self.data
-            .as_ref()
             .and_then(|d| serde_json::from_str::<String>(d.get()).ok())
             .and_then(|s| serde_json::from_str(&s).ok())
             .unwrap_or_default()

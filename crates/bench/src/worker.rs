@@ -890,7 +890,6 @@ async fn pusher_subscribe(
                 }
                 let data: String = inc
                     .data
-                    .as_ref()
                     .and_then(|d| serde_json::from_str(d.get()).ok())
                     .unwrap_or_default();
                 let s: Succeeded = serde_json::from_str(&data)
@@ -933,6 +932,13 @@ async fn receive(
         wire::PUSHER_PONG
     } else {
         "{}"
+    };
+    // What events name the channel: Pusher events carry the name without the app's prefix
+    // (worked out once here, not once per event).
+    let channel = if ctx.p.pusher {
+        wire::pusher_channel(channel)
+    } else {
+        channel
     };
     // The reconnect hint of a `disconnect` push, if one came.
     let mut after_ms = None;
@@ -1026,6 +1032,7 @@ async fn receive(
 
 /// Handles one text frame; true if it held a ping to answer.
 /// A `disconnect` push's reconnect hint goes into `after_ms`.
+/// `channel`: as events name it (for `--pusher`, without the app prefix).
 fn on_frame(
     ctx: &Ctx,
     text: &str,
@@ -1081,6 +1088,7 @@ fn on_frame(
 }
 
 /// `--pusher`: one message (Pusher sends one per WebSocket message); true if it was a ping.
+/// `channel` is the Pusher channel name ([`wire::pusher_channel`]).
 fn on_pusher_message(
     ctx: &Ctx,
     text: &str,
@@ -1102,7 +1110,7 @@ fn on_pusher_message(
         "pusher:error" => s.counters.error_replies += 1,
         "herald:reset" => s.counters.unsub_pushes += 1,
         wire::PUSHER_EVENT => {
-            if inc.channel.as_deref() != Some(wire::pusher_channel(channel)) {
+            if inc.channel.as_deref() != Some(channel) {
                 return false;
             }
             let Some(offset) = inc.herald_offset else {

@@ -57,15 +57,30 @@ struct Member {
     sockets: Vec<Box<str>>,
 }
 
+/// One channel of the connection. Kept small: every subscribed connection holds one per
+/// channel, and a map's entries are allocated in fours.
 struct Subscription {
     internal: String,
     kind: ChannelKind,
-    /// This connection as a presence member.
-    me: Option<ClientInfo>,
-    /// Presence members by user id.
-    members: HashMap<String, Member>,
     /// Events carry `herald_offset` (the catch-up extension).
     positions: bool,
+    /// Presence channels only (boxed: other channels do not pay for it).
+    presence: Option<Box<Presence>>,
+}
+
+/// A presence channel's side of a subscription.
+struct Presence {
+    /// This connection as a presence member.
+    me: ClientInfo,
+    /// Presence members by user id.
+    members: HashMap<String, Member>,
+}
+
+impl Subscription {
+    /// This connection as a presence member.
+    fn me(&self) -> Option<&ClientInfo> {
+        self.presence.as_ref().map(|p| &p.me)
+    }
 }
 
 /// See the module docs.
@@ -75,6 +90,10 @@ pub struct PusherConn {
     key: ConnKey,
     socket_id: Arc<str>,
     channels: HashMap<String, Subscription>,
+    /// The channel of the last publication translated (its shared name, see
+    /// [`super::shared`]) and whether its events carry positions: a fan-out's delivery then
+    /// reads nothing but this connection's task state. Cleared whenever `channels` changes.
+    recent: Option<(Arc<str>, bool)>,
     client_events: TokenBucket,
     /// The user this connection signed in as (`pusher:signin`).
     user: Option<String>,
@@ -106,6 +125,7 @@ impl PusherConn {
             key,
             socket_id,
             channels: HashMap::new(),
+            recent: None,
             client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
             user: None,
         }
@@ -366,14 +386,14 @@ impl PusherConn {
                 tracing::warn!(channel = %internal, cause = %e, "member_added not published");
             }
         }
+        self.recent = None;
         self.channels.insert(
             channel.clone(),
             Subscription {
                 internal,
                 kind,
-                me,
-                members,
                 positions,
+                presence: me.map(|me| Box::new(Presence { me, members })),
             },
         );
         if presence {
@@ -391,7 +411,11 @@ impl PusherConn {
         let Ok(now) = self.ctx.hub.broker().presence(&sub.internal).await else {
             return;
         };
-        let Some(sub) = self.channels.get_mut(channel) else {
+        let Some(sub) = self
+            .channels
+            .get_mut(channel)
+            .and_then(|s| s.presence.as_deref_mut())
+        else {
             return;
         };
         let mut current: HashMap<&str, Vec<&ClientInfo>> = HashMap::new();
@@ -402,7 +426,7 @@ impl PusherConn {
             .members
             .keys()
             .filter(|user| !current.contains_key(user.as_str()))
-            .filter(|user| sub.me.as_ref().is_none_or(|me| me.user != **user))
+            .filter(|user| sub.me.user != **user)
             .cloned()
             .collect();
         for user in gone {
@@ -456,6 +480,7 @@ impl PusherConn {
         let Some(sub) = self.channels.remove(channel) else {
             return false;
         };
+        self.recent = None;
         self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
         if let Some(census) = &self.ctx.census {
             census.changed();
@@ -465,7 +490,7 @@ impl PusherConn {
                 hooks.unsubscribed(&self.ctx.app, &sub.internal);
             }
         }
-        if let Some(who) = &sub.me {
+        if let Some(who) = sub.me() {
             let broker = self.ctx.hub.broker();
             if let Err(e) = broker.remove_presence(&sub.internal, &who.client).await {
                 tracing::warn!(channel = %sub.internal, cause = %e, "presence not removed");
@@ -535,7 +560,7 @@ impl PusherConn {
         let envelope = Envelope {
             event: &message.event,
             data,
-            user_id: sub.me.as_ref().map(|m| m.user.as_str()),
+            user_id: sub.me().map(|m| m.user.as_str()),
             exclude: Some(&self.socket_id),
         };
         let opts = PublishOptions {
@@ -553,7 +578,7 @@ impl PusherConn {
                 "data": text,
                 "socket_id": &*self.socket_id,
             });
-            if let Some(me) = &sub.me {
+            if let Some(me) = sub.me() {
                 event["user_id"] = serde_json::Value::from(me.user.as_str());
             }
             hooks.event(&self.ctx.app, event);
@@ -582,10 +607,17 @@ impl PusherConn {
             if event.exclude.as_deref() == Some(&*self.socket_id) {
                 return None;
             }
-            let positions = self
-                .channels
-                .get(&event.channel)
-                .is_some_and(|s| s.positions);
+            let positions = match &self.recent {
+                Some((name, positions)) if Arc::ptr_eq(name, &event.channel) => *positions,
+                _ => {
+                    let positions = self
+                        .channels
+                        .get(&*event.channel)
+                        .is_some_and(|s| s.positions);
+                    self.recent = Some((event.channel.clone(), positions));
+                    positions
+                }
+            };
             return Some(match positions {
                 true => event.positioned.clone(),
                 false => event.plain.clone(),
@@ -598,8 +630,7 @@ impl PusherConn {
             (None, None) => return None,
         };
         let channel = self.ctx.app.external(change.channel)?;
-        let sub = self.channels.get_mut(channel)?;
-        sub.me.as_ref()?;
+        let sub = self.channels.get_mut(channel)?.presence.as_deref_mut()?;
         let who = change.info;
         if *who.client == *self.socket_id {
             return None;

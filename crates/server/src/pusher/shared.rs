@@ -5,7 +5,14 @@
 //! allocation's address; the others find it there. An entry keeps the source bytes alive, so the
 //! address cannot be reused by another frame while the entry exists: a hit is always the same
 //! publication.
+//!
+//! Channel names are shared too: every translation of a channel's publications carries the same
+//! `Arc<str>` while the name stays in [`NAME_SLOTS`], so that a connection can recognise the
+//! channel of its previous delivery by the pointer alone (see `PusherConn::translate`) instead of
+//! looking the name up in its own subscription map, whose memory is cold by the time the next
+//! publication arrives.
 
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -17,10 +24,15 @@ use super::wire;
 /// again, which is only slower). Bounds the memory the cache holds to this many frames.
 const SLOTS: usize = 256;
 
+/// Slots for shared channel names. A name pushed out by another with the same slot is allocated
+/// again at its next publication (its connections then look it up once more: only slower).
+const NAME_SLOTS: usize = 64;
+
 /// A publication as Pusher clients receive it.
 pub struct Translated {
-    /// The Pusher channel.
-    pub channel: String,
+    /// The Pusher channel (the same allocation for every publication of the channel while it
+    /// keeps its name slot).
+    pub channel: Arc<str>,
     /// The socket that must not receive it.
     pub exclude: Option<String>,
     /// The event frame.
@@ -35,12 +47,16 @@ type Slot = Mutex<Option<(Bytes, Arc<Translated>)>>;
 /// See the module docs.
 pub struct SharedFrames {
     slots: Box<[Slot]>,
+    names: Box<[Mutex<Option<Arc<str>>>]>,
+    hasher: std::collections::hash_map::RandomState,
 }
 
 impl Default for SharedFrames {
     fn default() -> Self {
         SharedFrames {
             slots: (0..SLOTS).map(|_| Mutex::new(None)).collect(),
+            names: (0..NAME_SLOTS).map(|_| Mutex::new(None)).collect(),
+            hasher: Default::default(),
         }
     }
 }
@@ -59,13 +75,27 @@ impl SharedFrames {
                 }
             }
         }
-        let translated = Arc::new(translate(frame, app)?);
+        let translated = Arc::new(translate(frame, app, |c| self.name(c))?);
         *slot.lock().expect("frames lock") = Some((frame.clone(), translated.clone()));
         Some(translated)
     }
+
+    /// The shared allocation of a channel name (once per publication, not per delivery).
+    fn name(&self, channel: &str) -> Arc<str> {
+        let slot = &self.names[(self.hasher.hash_one(channel) as usize) % NAME_SLOTS];
+        let mut held = slot.lock().expect("names lock");
+        match held.as_ref() {
+            Some(name) if **name == *channel => name.clone(),
+            _ => held.insert(Arc::from(channel)).clone(),
+        }
+    }
 }
 
-fn translate(frame: &[u8], app: &PusherApp) -> Option<Translated> {
+fn translate(
+    frame: &[u8],
+    app: &PusherApp,
+    name: impl FnOnce(&str) -> Arc<str>,
+) -> Option<Translated> {
     let push: wire::HubPush<'_> = serde_json::from_slice(frame).ok()?;
     let p = push.publication?;
     let channel = app.external(p.channel)?;
@@ -80,7 +110,7 @@ fn translate(frame: &[u8], app: &PusherApp) -> Option<Translated> {
         )
     };
     Some(Translated {
-        channel: channel.to_owned(),
+        channel: name(channel),
         exclude: envelope.exclude.map(str::to_owned),
         plain: event(None),
         positioned: event(Some(p.offset)),
@@ -130,7 +160,7 @@ mod tests {
         let first = frames.publication(&a, &app).unwrap();
         let again = frames.publication(&a.clone(), &app).unwrap();
         assert!(Arc::ptr_eq(&first, &again), "the same bytes hit the cache");
-        assert_eq!(first.channel, "news");
+        assert_eq!(&*first.channel, "news");
         assert_eq!(first.exclude.as_deref(), Some("1.2"));
         let v: serde_json::Value = serde_json::from_slice(&first.positioned).unwrap();
         assert_eq!(v["herald_offset"], 3);
@@ -142,6 +172,10 @@ mod tests {
         );
         let other = frames.publication(&b, &app).unwrap();
         assert_eq!(other.plain, first.plain);
+        assert!(
+            Arc::ptr_eq(&other.channel, &first.channel),
+            "one name per channel"
+        );
         assert!(frames
             .publication(&frame("pusher:8:news", 1, "1"), &app)
             .is_none());
