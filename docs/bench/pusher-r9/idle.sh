@@ -1,7 +1,7 @@
 #!/bin/sh
 # Idle memory at 5,000 subscribed connections, Pusher beside Herald, same binaries as run.sh.
 # Usage: [BUILDS="after before"] docs/bench/pusher-r9/idle.sh
-#   first series: BUILDS="after before"; second: BUILDS="final before" with SUFFIX=-2
+#   as run: BUILDS="after before"; then BUILDS="final before" SUFFIX=-2; then BUILDS=final SUFFIX=-3
 set -uf
 D=docs/bench/pusher-r9
 BUILDS=${BUILDS:-after before}

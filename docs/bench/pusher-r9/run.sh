@@ -9,7 +9,8 @@
 # target/release/herald and target/release/herald-bench). In every run server and rig come from
 # the same row above, and both protocols of a build use the same rig binary.
 # Usage: [BUILDS="before after"] docs/bench/pusher-r9/run.sh [FIRST_PAIR [LAST_PAIR]]
-#   pairs 1-4: BUILDS="before after" (the default); pairs 5-8: BUILDS="before final".
+#   as run: pairs 1-3 and 4 with BUILDS="before after" (the default), pairs 5-8 and 9-10 with
+#   BUILDS="before final" (docs/bench/pusher-r9/series-*.log).
 # Odd pairs run the builds in order (Herald, then Pusher), even pairs in reverse (Pusher first).
 set -uf
 D=docs/bench/pusher-r9

@@ -67,7 +67,7 @@ for build in ("before", "after", "final"):
     print(f"  runs with losses, duplicates or gaps: {len(bad)}")
 
 print()
-print("| idle, 5,000 connections | Herald RSS / connection | Pusher RSS / connection | Pusher vs Herald | others' CPU H / P |")
+print("| idle, 5,000 connections | Herald RSS / connection | Pusher RSS / connection | Pusher vs Herald | machine busy (not idle) H / P |")
 print("| --- | --- | --- | --- | --- |")
 for f in sorted(glob.glob(f"{D}/idle-*-herald*.txt")):
     pf = f.replace("-herald", "-pusher")
@@ -80,4 +80,4 @@ for f in sorted(glob.glob(f"{D}/idle-*-herald*.txt")):
         return kb, 100 - int(m[1])
     (hk, ho), (pk, po) = idle(f), idle(pf)
     name = os.path.basename(f).replace("idle-", "").replace("-herald", "").replace(".txt", "")
-    print(f"| {name} | {hk:.2f} KB | {pk:.2f} KB | {(pk / hk - 1) * 100:+.1f}% | {ho}% / {po}% (all but idle) |")
+    print(f"| {name} | {hk:.2f} KB | {pk:.2f} KB | {(pk / hk - 1) * 100:+.1f}% | {ho}% / {po}% |")
