@@ -76,8 +76,9 @@ impl Default for PusherConfig {
 pub struct PusherApp {
     /// Its configuration.
     pub config: AppConfig,
-    /// `pusher:ID:`, the prefix of its Herald channels.
-    pub prefix: String,
+    /// `pusher:ID:`, the prefix of its Herald channels, and the Herald user of its connections
+    /// until they sign in (shared by all of them).
+    pub prefix: Arc<str>,
     /// Its open connections on this node.
     pub connections: AtomicUsize,
 }
@@ -90,7 +91,7 @@ impl PusherApp {
 
     /// The Pusher channel of a Herald channel of this app.
     pub fn external<'a>(&self, internal: &'a str) -> Option<&'a str> {
-        internal.strip_prefix(&self.prefix)
+        internal.strip_prefix(&*self.prefix)
     }
 }
 
@@ -173,7 +174,7 @@ impl Apps {
             }
             let app = Arc::new(PusherApp {
                 config: config.clone(),
-                prefix: format!("{NAMESPACE}:{}:", config.id),
+                prefix: format!("{NAMESPACE}:{}:", config.id).into(),
                 connections: AtomicUsize::new(0),
             });
             if by_key.insert(config.key.clone(), app.clone()).is_some() {

@@ -26,29 +26,60 @@ use super::wire::{
     self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
     UserData,
 };
+use crate::http::App;
 
-/// What the connection shares with the node.
+/// What the connection shares with the node: two handles, read through accessors (every idle
+/// connection keeps this, so it holds no copies of settings).
 pub struct ConnContext {
-    /// The hub.
-    pub hub: Hub,
+    /// The node.
+    pub node: Arc<App>,
     /// The connection's app.
     pub app: Arc<PusherApp>,
+}
+
+impl ConnContext {
+    fn hub(&self) -> &Hub {
+        &self.node.ctx.hub
+    }
+
     /// Stream options of Pusher channels.
-    pub namespace: Arc<NamespaceConfig>,
+    fn namespace(&self) -> &Arc<NamespaceConfig> {
+        &self.node.pusher.namespace
+    }
+
     /// Channels one connection may join.
-    pub max_channels: usize,
+    fn max_channels(&self) -> usize {
+        self.node.ctx.config.limits.max_channels_per_connection
+    }
+
     /// Largest event data.
-    pub max_event_bytes: usize,
-    /// Client events per second.
-    pub client_events_per_second: u32,
-    /// The webhook sender, when the app has webhooks.
-    pub webhooks: Option<Arc<Webhooks>>,
-    /// The node's subscription counts shared with the cluster.
-    pub census: Option<Arc<Census>>,
+    fn max_event_bytes(&self) -> usize {
+        self.node.pusher.settings.max_event_bytes
+    }
+
     /// Bytes of publications one catch-up may replay.
-    pub max_recovery_bytes: usize,
+    fn max_recovery_bytes(&self) -> usize {
+        self.node.ctx.config.limits.max_recovery_bytes
+    }
+
+    /// The webhook sender, when this app has webhooks.
+    fn webhooks(&self) -> Option<&Arc<Webhooks>> {
+        self.node
+            .pusher
+            .webhooks
+            .as_ref()
+            .filter(|_| !self.app.config.webhooks.is_empty())
+    }
+
+    /// The node's subscription counts shared with the cluster.
+    fn census(&self) -> Option<&Arc<Census>> {
+        self.node.pusher.census.as_ref()
+    }
+
     /// Publications translated once for every Pusher subscriber.
-    pub frames: Arc<SharedFrames>,
+    fn frames(&self) -> &SharedFrames {
+        &self.node.pusher.frames
+    }
 }
 
 /// A presence member as one subscriber sees it: one user, any number of sockets.
@@ -58,9 +89,9 @@ struct Member {
 }
 
 /// One channel of the connection. Kept small: every subscribed connection holds one per
-/// channel, and a map's entries are allocated in fours.
+/// channel, and a map's entries are allocated in fours. Its Herald channel is not kept: it is
+/// the app's prefix and the name ([`PusherApp::internal`]), made again on the rare paths.
 struct Subscription {
-    internal: String,
     kind: ChannelKind,
     /// Events carry `herald_offset` (the catch-up extension).
     positions: bool,
@@ -89,7 +120,7 @@ pub struct PusherConn {
     out: Arc<Outbound>,
     key: ConnKey,
     socket_id: Arc<str>,
-    channels: HashMap<String, Subscription>,
+    channels: HashMap<Box<str>, Subscription>,
     /// The channel of the last publication translated (its shared name, see
     /// [`super::shared`]) and whether its events carry positions: a fan-out's delivery then
     /// reads nothing but this connection's task state. Cleared whenever `channels` changes.
@@ -110,15 +141,13 @@ impl PusherConn {
             rand::random_range(1..1_000_000_000u64),
             rand::random_range(1..1_000_000_000u64)
         ));
-        // Until it signs in, the connection's user is the app's empty user (`pusher:ID:`), which
-        // no Herald token and no other app can name.
-        let key = ctx.hub.register(
-            socket_id.clone(),
-            Arc::from(ctx.app.internal("")),
-            out.clone(),
-        );
+        // Until it signs in, the connection's user is the app's empty user (`pusher:ID:`, the
+        // app's prefix, shared), which no Herald token and no other app can name.
+        let key = ctx
+            .hub()
+            .register(socket_id.clone(), ctx.app.prefix.clone(), out.clone());
         out.push(wire::connection_established(&socket_id, activity_timeout_s));
-        let rate = ctx.client_events_per_second;
+        let rate = ctx.node.pusher.settings.client_events_per_second;
         PusherConn {
             ctx,
             out,
@@ -209,7 +238,7 @@ impl PusherConn {
             }
         };
         self.ctx
-            .hub
+            .hub()
             .set_user(&self.socket_id, Arc::from(self.ctx.app.internal(&user)));
         if let Some(previous) = self.user.replace(user) {
             // Signed in again as someone else: the previous user's channel is not theirs.
@@ -237,10 +266,10 @@ impl PusherConn {
                 400,
             );
         }
-        if self.channels.contains_key(&channel) {
+        if self.channels.contains_key(channel.as_str()) {
             return; // already subscribed: nothing changes
         }
-        if self.channels.len() >= self.ctx.max_channels {
+        if self.channels.len() >= self.ctx.max_channels() {
             return self.refuse(
                 &channel,
                 "LimitReached",
@@ -312,8 +341,8 @@ impl PusherConn {
         let positions = data.herald_positions || since.is_some();
         let prepared = self
             .ctx
-            .hub
-            .prepare_subscription(&internal, self.key, &self.out, since, &self.ctx.namespace)
+            .hub()
+            .prepare_subscription(&internal, self.key, &self.out, since, self.ctx.namespace())
             .await;
         let mut result = match prepared {
             Ok(r) => r,
@@ -331,7 +360,7 @@ impl PusherConn {
             None => serde_json::json!({}),
         };
         if positions {
-            let mut budget = self.ctx.max_recovery_bytes;
+            let mut budget = self.ctx.max_recovery_bytes();
             result.charge(&mut budget);
             succeeded["herald"] = serde_json::json!({
                 "epoch": result.position.epoch,
@@ -356,17 +385,15 @@ impl PusherConn {
                 ));
             }
         }
-        self.ctx.hub.activate(&internal, self.key, &result.position);
-        if let Some(census) = &self.ctx.census {
+        self.ctx
+            .hub()
+            .activate(&internal, self.key, &result.position);
+        if let Some(census) = self.ctx.census() {
             census.changed();
         }
         let presence = me.is_some();
         // A user's own channel is private plumbing: no occupancy webhooks for it.
-        let hooks = self
-            .ctx
-            .webhooks
-            .as_ref()
-            .filter(|_| kind != ChannelKind::User);
+        let hooks = self.ctx.webhooks().filter(|_| kind != ChannelKind::User);
         if let Some(hooks) = hooks {
             hooks.subscribed(&self.ctx.app, &internal);
             let first_socket = me
@@ -381,16 +408,15 @@ impl PusherConn {
             }
         }
         if let Some(who) = &me {
-            let broker = self.ctx.hub.broker();
+            let broker = self.ctx.hub().broker();
             if let Err(e) = broker.publish_presence_change(&internal, true, who).await {
                 tracing::warn!(channel = %internal, cause = %e, "member_added not published");
             }
         }
         self.recent = None;
         self.channels.insert(
-            channel.clone(),
+            channel.as_str().into(),
             Subscription {
-                internal,
                 kind,
                 positions,
                 presence: me.map(|me| Box::new(Presence { me, members })),
@@ -405,10 +431,11 @@ impl PusherConn {
     /// connection: read the list again now that it is live and announce the difference. Changes
     /// queued since are deduplicated by socket in [`Self::translate`].
     async fn reconcile_members(&mut self, channel: &str) {
-        let Some(sub) = self.channels.get(channel) else {
+        if !self.channels.contains_key(channel) {
             return;
-        };
-        let Ok(now) = self.ctx.hub.broker().presence(&sub.internal).await else {
+        }
+        let internal = self.ctx.app.internal(channel);
+        let Ok(now) = self.ctx.hub().broker().presence(&internal).await else {
             return;
         };
         let Some(sub) = self
@@ -454,7 +481,7 @@ impl PusherConn {
 
     /// Record this connection as a member and read the members (itself included).
     async fn join_presence(&self, internal: &str, who: &ClientInfo) -> HashMap<String, Member> {
-        let broker = self.ctx.hub.broker();
+        let broker = self.ctx.hub().broker();
         if let Err(e) = broker.add_presence(internal, who).await {
             tracing::warn!(channel = %internal, cause = %e, "presence not recorded");
         }
@@ -481,30 +508,28 @@ impl PusherConn {
             return false;
         };
         self.recent = None;
-        self.ctx.hub.unsubscribe(&sub.internal, self.key).await;
-        if let Some(census) = &self.ctx.census {
+        let internal = self.ctx.app.internal(channel);
+        self.ctx.hub().unsubscribe(&internal, self.key).await;
+        if let Some(census) = self.ctx.census() {
             census.changed();
         }
-        if let Some(hooks) = self.ctx.webhooks.as_ref() {
+        if let Some(hooks) = self.ctx.webhooks() {
             if sub.kind != ChannelKind::User {
-                hooks.unsubscribed(&self.ctx.app, &sub.internal);
+                hooks.unsubscribed(&self.ctx.app, &internal);
             }
         }
         if let Some(who) = sub.me() {
-            let broker = self.ctx.hub.broker();
-            if let Err(e) = broker.remove_presence(&sub.internal, &who.client).await {
-                tracing::warn!(channel = %sub.internal, cause = %e, "presence not removed");
+            let broker = self.ctx.hub().broker();
+            if let Err(e) = broker.remove_presence(&internal, &who.client).await {
+                tracing::warn!(channel = %internal, cause = %e, "presence not removed");
             }
-            if let Err(e) = broker
-                .publish_presence_change(&sub.internal, false, who)
-                .await
-            {
-                tracing::warn!(channel = %sub.internal, cause = %e, "member_removed not published");
+            if let Err(e) = broker.publish_presence_change(&internal, false, who).await {
+                tracing::warn!(channel = %internal, cause = %e, "member_removed not published");
             }
-            if let Some(hooks) = &self.ctx.webhooks {
+            if let Some(hooks) = self.ctx.webhooks() {
                 // The user's last socket anywhere in the cluster?
                 let gone = broker
-                    .presence(&sub.internal)
+                    .presence(&internal)
                     .await
                     .is_ok_and(|all| all.iter().all(|c| c.user != who.user));
                 if gone {
@@ -548,12 +573,12 @@ impl PusherConn {
         }
         let null = RawValue::from_string("null".into()).expect("null is JSON");
         let data = message.data.as_deref().unwrap_or(&null);
-        if data.get().len() > self.ctx.max_event_bytes {
+        if data.get().len() > self.ctx.max_event_bytes() {
             return self.error(
                 None,
                 &format!(
                     "Client event data is over {} bytes",
-                    self.ctx.max_event_bytes
+                    self.ctx.max_event_bytes()
                 ),
             );
         }
@@ -564,10 +589,10 @@ impl PusherConn {
             exclude: Some(&self.socket_id),
         };
         let opts = PublishOptions {
-            stream: self.ctx.namespace.stream_options(),
+            stream: self.ctx.namespace().stream_options(),
             idempotency_key: None,
         };
-        if let Some(hooks) = &self.ctx.webhooks {
+        if let Some(hooks) = self.ctx.webhooks() {
             // Pusher's webhook carries the data as a string.
             let text = serde_json::from_str::<String>(data.get())
                 .unwrap_or_else(|_| data.get().to_owned());
@@ -583,10 +608,10 @@ impl PusherConn {
             }
             hooks.event(&self.ctx.app, event);
         }
-        let internal = sub.internal.clone();
+        let internal = self.ctx.app.internal(channel);
         if let Err(e) = self
             .ctx
-            .hub
+            .hub()
             .publish(&internal, envelope.to_bytes(), None, &opts)
             .await
         {
@@ -603,7 +628,7 @@ impl PusherConn {
             return Some(frame);
         }
         if frame.starts_with(b"{\"pub\":") {
-            let event = self.ctx.frames.publication(&frame, &self.ctx.app)?;
+            let event = self.ctx.frames().publication(&frame, &self.ctx.app)?;
             if event.exclude.as_deref() == Some(&*self.socket_id) {
                 return None;
             }
@@ -670,21 +695,27 @@ impl PusherConn {
             let Some(name) = self.ctx.app.external(&channel).map(str::to_owned) else {
                 continue;
             };
-            if !self.channels.contains_key(&name) {
+            if !self.channels.contains_key(name.as_str()) {
                 continue;
             }
-            self.ctx.hub.unsubscribe(&channel, self.key).await;
+            self.ctx.hub().unsubscribe(&channel, self.key).await;
             match self
                 .ctx
-                .hub
-                .prepare_subscription(&channel, self.key, &self.out, None, &self.ctx.namespace)
+                .hub()
+                .prepare_subscription(&channel, self.key, &self.out, None, self.ctx.namespace())
                 .await
             {
                 Ok(result) => {
-                    if self.channels.get(&name).is_some_and(|s| s.positions) {
+                    if self
+                        .channels
+                        .get(name.as_str())
+                        .is_some_and(|s| s.positions)
+                    {
                         self.out.push(wire::reset(&name, &result.position));
                     }
-                    self.ctx.hub.activate(&channel, self.key, &result.position)
+                    self.ctx
+                        .hub()
+                        .activate(&channel, self.key, &result.position)
                 }
                 Err(e) => {
                     tracing::warn!(channel, cause = %e, "pusher channel not rejoined");
@@ -696,11 +727,11 @@ impl PusherConn {
 
     /// The connection is gone: leave every channel and forget it.
     pub async fn end(mut self) {
-        let channels: Vec<String> = self.channels.keys().cloned().collect();
+        let channels: Vec<Box<str>> = self.channels.keys().cloned().collect();
         for channel in channels {
             self.leave(&channel).await;
         }
-        self.ctx.hub.unregister(&self.socket_id);
+        self.ctx.hub().unregister(&self.socket_id);
     }
 }
 
