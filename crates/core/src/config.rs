@@ -254,6 +254,11 @@ pub struct Limits {
     /// WebSocket compression (permessage-deflate, no context takeover) for clients that offer
     /// it, on `/ws` and Pusher's `/app/{key}`. Off by default: it costs CPU per message.
     pub compression: bool,
+    /// Listening sockets the node binds on its port (`SO_REUSEPORT`), each with its own accept
+    /// queue of up to `net.core.somaxconn`: the kernel spreads new connections over them, so a
+    /// reconnect storm larger than one queue is not dropped and retransmitted (1 s later). 1
+    /// binds one plain socket.
+    pub accept_queues: usize,
 }
 
 impl Default for Limits {
@@ -276,6 +281,7 @@ impl Default for Limits {
             handshakes_per_ip_per_s: 0,
             handshake_burst_per_ip: 20,
             compression: false,
+            accept_queues: 8,
         }
     }
 }

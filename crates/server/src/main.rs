@@ -119,8 +119,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         // Handlers first: a SIGTERM that arrives once the node says it listens must drain it,
         // not kill it.
         let shutdown = shutdown_signal()?;
-        let listener = herald_server::serve::bind(&config.bind, config.port).await?;
-        herald_server::serve::run(listener, config, shutdown).await
+        let queues = config.limits.accept_queues;
+        let listeners = herald_server::serve::bind(&config.bind, config.port, queues).await?;
+        herald_server::serve::run(listeners, config, shutdown).await
     })
 }
 

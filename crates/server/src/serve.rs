@@ -25,9 +25,26 @@ use crate::http::{route, App};
 /// 1, 3, 7 and 15 s retransmits (measured with herald-bench storm; see docs/benchmarks.md).
 const LISTEN_BACKLOG: u32 = 4096;
 
-/// Bind the listener with a deep accept backlog, and lift this process's open-file limit to
-/// its hard limit (each connection is a descriptor).
-pub async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
+/// The node's listening sockets: one, or several sharing the port (`limits.accept_queues`).
+pub struct Listeners(Vec<TcpListener>);
+
+impl Listeners {
+    /// The address they listen on.
+    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.0[0].local_addr()
+    }
+}
+
+/// Bind `queues` listeners with deep accept backlogs, and lift this process's open-file limit
+/// to its hard limit (each connection is a descriptor).
+///
+/// Several listeners share the port through `SO_REUSEPORT`; the kernel caps each accept queue
+/// at `net.core.somaxconn` (4096 on common distributions), and a storm of 19,000 reconnects
+/// overflowed one queue: the dropped handshakes came back a second later on the client's
+/// retransmit (docs/benchmarks.md, round 10). A plain socket is bound first, so a port already
+/// in use is refused as before (a `SO_REUSEPORT` bind alone would join another process's
+/// group), and port 0 resolves to one free port for all of them.
+pub async fn bind(host: &str, port: u16, queues: usize) -> anyhow::Result<Listeners> {
     match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(limit) => tracing::debug!(limit, "open-file limit"),
         Err(e) => tracing::warn!(cause = %e, "could not raise the open-file limit"),
@@ -37,28 +54,51 @@ pub async fn bind(host: &str, port: u16) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("resolving {host}"))?
         .next()
         .with_context(|| format!("{host} resolves to no address"))?;
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
+    let new_socket = || {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        Ok::<_, std::io::Error>(socket)
     };
-    socket.set_reuseaddr(true)?;
-    socket
+    let probe = new_socket()?;
+    probe
         .bind(addr)
         .with_context(|| format!("binding {addr}"))?;
-    socket
-        .listen(LISTEN_BACKLOG)
-        .with_context(|| format!("listening on {addr}"))
+    if queues <= 1 {
+        let listener = probe
+            .listen(LISTEN_BACKLOG)
+            .with_context(|| format!("listening on {addr}"))?;
+        return Ok(Listeners(vec![listener]));
+    }
+    let addr = probe.local_addr()?;
+    drop(probe);
+    let mut listeners = Vec::with_capacity(queues);
+    for _ in 0..queues {
+        let socket = new_socket()?;
+        socket.set_reuseport(true)?;
+        socket
+            .bind(addr)
+            .with_context(|| format!("binding {addr}"))?;
+        listeners.push(
+            socket
+                .listen(LISTEN_BACKLOG)
+                .with_context(|| format!("listening on {addr}"))?,
+        );
+    }
+    Ok(Listeners(listeners))
 }
 
 /// Serve until `shutdown` resolves, then drain: every client is told to reconnect (4000 with a
 /// jittered `after_ms`), and the function returns once they are gone or the window has passed.
 pub async fn run(
-    listener: TcpListener,
+    listeners: Listeners,
     mut config: Config,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let addr = listener.local_addr()?;
+    let addr = listeners.local_addr()?;
     let api_key = match (&config.api_key, config.dev) {
         (Some(k), _) if !k.is_empty() => Some(k.clone()),
         (_, true) => {
@@ -165,43 +205,27 @@ pub async fn run(
     }
 
     let handshake_timeout = Duration::from_millis(config.limits.handshake_timeout_ms);
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(s) => s,
-                    Err(e) => {
-                        // EMFILE and friends: back off briefly instead of spinning.
-                        tracing::warn!(cause = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Some(slot) = app.per_ip.admit(peer.ip()) else {
-                    tracing::debug!(ip = %peer.ip(), "connection refused: limits.max_connections_per_ip");
-                    continue; // dropping the stream closes it
-                };
-                let _ = stream.set_nodelay(true);
-                let app = app.clone();
-                let tls = tls.clone();
-                let slot = slot.map(Arc::new);
-                tokio::spawn(async move {
-                    match tls {
-                        Some(acceptor) => match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, peer, slot).await,
-                            Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
-                            Err(_) => tracing::debug!("TLS handshake timed out"),
-                        },
-                        None => serve_connection(app, stream, handshake_timeout, peer, slot).await,
-                    }
-                });
-            }
-            _ = &mut shutdown => break,
-        }
+    // One accept loop per listener; they end (and the listeners close) when the node drains.
+    let accepting: Vec<_> = listeners
+        .0
+        .into_iter()
+        .map(|listener| {
+            tokio::spawn(accept_loop(
+                listener,
+                app.clone(),
+                tls.clone(),
+                handshake_timeout,
+            ))
+        })
+        .collect();
+    shutdown.await;
+    for task in &accepting {
+        task.abort();
+    }
+    for task in accepting {
+        let _ = task.await;
     }
 
-    drop(listener);
     let open = app.open_connections();
     tracing::info!(
         connections = open,
@@ -219,6 +243,46 @@ pub async fn run(
     consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
+}
+
+/// Accept connections on one listener and serve each in its own task, until aborted.
+async fn accept_loop(
+    listener: TcpListener,
+    app: Arc<App>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    handshake_timeout: Duration,
+) {
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: back off briefly instead of spinning.
+                tracing::warn!(cause = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Some(slot) = app.per_ip.admit(peer.ip()) else {
+            tracing::debug!(ip = %peer.ip(), "connection refused: limits.max_connections_per_ip");
+            continue; // dropping the stream closes it
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let tls = tls.clone();
+        let slot = slot.map(Arc::new);
+        tokio::spawn(async move {
+            match tls {
+                Some(acceptor) => {
+                    match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                        Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, peer, slot).await,
+                        Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
+                None => serve_connection(app, stream, handshake_timeout, peer, slot).await,
+            }
+        });
+    }
 }
 
 /// Serve HTTP on one connection. Its per-IP slot travels with each request, so that a WebSocket

@@ -517,3 +517,29 @@ async fn herald_token_prints_a_working_token() {
     let out = herald(&["token", "--sub", "x"], &[]);
     assert!(!out.status.success());
 }
+
+/// The node binds several listeners on its port (`limits.accept_queues`, `SO_REUSEPORT`): a
+/// second node started on the same port must still be refused, not join the first one's group
+/// and take half its connections.
+#[tokio::test]
+async fn a_port_in_use_is_refused() {
+    let node = Node::dev().await;
+    let port = node.addr.port().to_string();
+    for queues in ["8", "1"] {
+        let out = herald(
+            &["serve", "--dev", "--port", &port],
+            &[("HERALD_LIMITS__ACCEPT_QUEUES", queues)],
+        );
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "accept_queues={queues}: {stderr}");
+        assert!(
+            stderr.contains("binding"),
+            "accept_queues={queues}: {stderr}"
+        );
+    }
+    // The first node is unharmed and still takes every connection.
+    for _ in 0..16 {
+        let mut client = node.connected(&["room"]).await;
+        client.ws_ping().await;
+    }
+}
