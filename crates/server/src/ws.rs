@@ -178,12 +178,12 @@ async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
     None
 }
 
+/// The size of a connection's task, for the tests that keep it in its allocator size class
+/// (this module's and the Pusher endpoint's).
 #[cfg(test)]
-mod tests {
-    use super::*;
-
+pub(crate) mod task_size {
     /// The size of the future `f` returns, without calling it.
-    fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
+    pub(crate) fn future_size<A, F: std::future::Future>(_: fn(A) -> F) -> usize {
         std::mem::size_of::<F>()
     }
 
@@ -191,9 +191,15 @@ mod tests {
     /// handle and the task id (16), the stage's tag (8), the future, a 48-byte trailer, the
     /// whole aligned to 128 bytes. jemalloc's size classes around it are 1,024, 1,280 and
     /// 1,536 bytes: a cell of 1,281 bytes costs 1,536.
-    fn task_cell_size(future: usize) -> usize {
+    pub(crate) fn task_cell_size(future: usize) -> usize {
         (32 + 16 + 8 + future + 48).next_multiple_of(128)
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::task_size::{future_size, task_cell_size};
+    use super::*;
 
     /// Every idle WebSocket connection keeps its task: it must stay in jemalloc's 1,280-byte
     /// size class (docs/bench/idle13: the class above costs 256 bytes more per connection).

@@ -4,6 +4,8 @@
 # HERALD_LIMITS__ACCEPT_QUEUES differs), in memory, then one run each on Redis and NATS.
 # Binaries in $BIN: herald-base, herald-bench-base (78c7949), herald-new, herald-bench-new.
 # Then the Pusher broadcast pair (2,000 subscribers, 10/s), base and new alternated.
+# As run: PARTS="idle idle19 storm brokers", then PARTS=bcast, then
+# PARTS=bcast BCAST_BUILDS=new BCAST_ROUNDS="3 4 5 6" (log series-bcast2.log).
 # Usage: BIN=/tmp/bin [PARTS="idle idle19 storm brokers bcast"] docs/bench/round10/run.sh
 set -uf
 D=docs/bench/round10
@@ -14,17 +16,20 @@ wait_ports() {
 }
 overflows() { nstat -az TcpExtListenOverflows | awk '/ListenOverflows/ {print $2}'; }
 n=0
+next_run() { # proto: the next port and source address, the client flags, quiet ports
+    port=$((18656 + n % 4)) src=127.0.$((56 + n % 4)).2
+    n=$((n + 1))
+    if [ "$1" = pusher ]; then
+        ARGS="--pusher --prefix pusher:bench-app:bench --ws ws://127.0.0.1:$port/app/bench-key?protocol=7"
+    else
+        ARGS="--ws ws://127.0.0.1:$port/ws"
+    fi
+    wait_ports
+}
 idle_pair() { # build count suffix
     build=$1 count=$2 suffix=$3
     for proto in herald pusher; do
-        port=$((18656 + n % 4)) src=127.0.$((56 + n % 4)).2
-        n=$((n + 1))
-        if [ "$proto" = pusher ]; then
-            ARGS="--pusher --prefix pusher:bench-app:bench --ws ws://127.0.0.1:$port/app/bench-key?protocol=7"
-        else
-            ARGS="--ws ws://127.0.0.1:$port/ws"
-        fi
-        wait_ports
+        next_run $proto
         echo "$(date -u +%H:%M:%S) idle $count $build $proto port $port source $src" >&2
         docs/bench/prio.sh $BIN/herald-bench-$build idle -n $count -d 10 $ARGS --api http://127.0.0.1:$port \
             --source-base $src --server-cmd "$BIN/herald-$build serve --config docs/bench/pusher.toml --port $port" \
@@ -49,14 +54,7 @@ storm() { # label queues [broker-url]
 broadcast_pair() { # build suffix
     build=$1 suffix=$2
     for proto in herald pusher; do
-        port=$((18656 + n % 4)) src=127.0.$((56 + n % 4)).2
-        n=$((n + 1))
-        if [ "$proto" = pusher ]; then
-            ARGS="--pusher --prefix pusher:bench-app:bench --ws ws://127.0.0.1:$port/app/bench-key?protocol=7"
-        else
-            ARGS="--ws ws://127.0.0.1:$port/ws"
-        fi
-        wait_ports
+        next_run $proto
         echo "$(date -u +%H:%M:%S) broadcast 2000x10 $build $proto port $port source $src" >&2
         docs/bench/prio.sh $BIN/herald-bench-$build broadcast -n 2000 -r 10 -d 20 $ARGS --api http://127.0.0.1:$port \
             --source-base $src --server-cmd "$BIN/herald-$build serve --config docs/bench/pusher.toml --port $port" \
@@ -73,9 +71,10 @@ for part in $PARTS; do
             done ;;
         idle19) idle_pair new 19000 "" ;;
         bcast)
-            for round in 1 2; do
-                broadcast_pair base -$round
-                broadcast_pair new -$round
+            for round in ${BCAST_ROUNDS:-1 2}; do
+                for build in ${BCAST_BUILDS:-base new}; do
+                    broadcast_pair $build -$round
+                done
             done ;;
         storm)
             for round in 1 2 3; do

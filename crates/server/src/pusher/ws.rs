@@ -135,16 +135,8 @@ struct Upgrade {
 /// state and the connection's take turns in one place instead of sitting side by side for the
 /// connection's whole life (`tests::task_fits_its_size_class`).
 fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
-    let Upgrade {
-        app,
-        pusher_app,
-        refusal,
-        on_upgrade,
-        ip_slot,
-        max_frame,
-        compress,
-    } = u;
-    on_upgrade.then(move |upgraded| {
+    // The closure takes the other fields of `u` one by one (disjoint captures).
+    u.on_upgrade.then(move |upgraded| {
         let upgraded = match upgraded {
             Ok(upgraded) => upgraded,
             Err(e) => {
@@ -152,11 +144,11 @@ fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
                 return Either::Right(Either::Right(std::future::ready(())));
             }
         };
-        let ws = handshake::serve(upgraded, max_frame, compress);
-        match (refusal, pusher_app) {
-            (None, Some(pusher_app)) => Either::Left(run(app, pusher_app, ws, ip_slot)),
+        let ws = handshake::serve(upgraded, u.max_frame, u.compress);
+        match (u.refusal, u.pusher_app) {
+            (None, Some(pusher_app)) => Either::Left(run(u.app, pusher_app, ws, u.ip_slot)),
             // Boxed: inline, the refusal's state would be part of every connection's task.
-            (refusal, _) => Either::Right(Either::Left(Box::pin(refuse(app, ws, refusal)))),
+            (refusal, _) => Either::Right(Either::Left(Box::pin(refuse(u.app, ws, refusal)))),
         }
     })
 }
@@ -336,19 +328,7 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, why: &Close, limit: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The size of the future `f` returns, without calling it.
-    fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    /// tokio (1.54, x86-64) allocates a task as one cell: a 32-byte header, the scheduler's
-    /// handle and the task id (16), the stage's tag (8), the future, a 48-byte trailer, the
-    /// whole aligned to 128 bytes. jemalloc's size classes around it are 1,024, 1,280 and
-    /// 1,536 bytes: a cell of 1,281 bytes costs 1,536.
-    fn task_cell_size(future: usize) -> usize {
-        (32 + 16 + 8 + future + 48).next_multiple_of(128)
-    }
+    use crate::ws::task_size::{future_size, task_cell_size};
 
     /// Every idle Pusher connection keeps its task: it must stay in jemalloc's 1,280-byte size
     /// class, as a Herald WebSocket connection's does (the class above costs 256 bytes more per
