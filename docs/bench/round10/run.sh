@@ -5,7 +5,9 @@
 # Binaries in $BIN: herald-base, herald-bench-base (78c7949), herald-new, herald-bench-new.
 # Then the Pusher broadcast pair (2,000 subscribers, 10/s), base and new alternated.
 # As run: PARTS="idle idle19 storm brokers", then PARTS=bcast, then
-# PARTS=bcast BCAST_BUILDS=new BCAST_ROUNDS="3 4 5 6" (log series-bcast2.log).
+# PARTS=bcast BCAST_BUILDS=new BCAST_ROUNDS="3 4 5 6" (log series-bcast2.log), then
+# PARTS=bcast50k (Herald's 2-core goal run, 50,000/s to 10,000, base and new; series-50k.log),
+# then PARTS=bcast50k BCAST_ROUNDS="3 4" (series-50k-2.log).
 # Usage: BIN=/tmp/bin [PARTS="idle idle19 storm brokers bcast"] docs/bench/round10/run.sh
 set -uf
 D=docs/bench/round10
@@ -70,6 +72,18 @@ for part in $PARTS; do
                 idle_pair new 5000 -$round
             done ;;
         idle19) idle_pair new 19000 "" ;;
+        bcast50k)
+            for round in ${BCAST_ROUNDS:-1 2}; do
+                for build in base new; do
+                    next_run herald
+                    echo "$(date -u +%H:%M:%S) broadcast 10000x5 $build" >&2
+                    docs/bench/prio.sh $BIN/herald-bench-$build broadcast -n 10000 -r 5 -d 30 $ARGS \
+                        --api http://127.0.0.1:$port --source-base $src \
+                        --server-cmd "$BIN/herald-$build serve --config docs/bench/bench.toml --port $port" \
+                        --json $D/bcast50k-$build-$round.json > $D/bcast50k-$build-$round.txt 2>&1
+                    grep -E "^delivery latency|^delivered|^server " $D/bcast50k-$build-$round.txt >&2
+                done
+            done ;;
         bcast)
             for round in ${BCAST_ROUNDS:-1 2}; do
                 for build in ${BCAST_BUILDS:-base new}; do
