@@ -58,7 +58,7 @@ fn main() -> Result<()> {
 
 async fn coordinate(cli: Cli) -> Result<()> {
     if let Some(ca) = &cli.params.tls_ca {
-        herald_bench::tls::trust(ca)?;
+        herald_bench::tls::trust(ca, cli.params.tls_resume)?;
     }
     if cli.params.transport == Transport::Sse {
         anyhow::ensure!(
@@ -121,7 +121,7 @@ async fn worker_main() -> Result<()> {
     let init: WorkerInit =
         serde_json::from_str(&lines.next_line().await?.context("no init line on stdin")?)?;
     if let Some(ca) = &init.params.tls_ca {
-        herald_bench::tls::trust(ca)?;
+        herald_bench::tls::trust(ca, init.params.tls_resume)?;
     }
     let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {

@@ -152,6 +152,12 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub tls_ca: Option<std::path::PathBuf>,
+    /// With `--tls-ca`: keep every TLS 1.3 session ticket the node sends and resume a session
+    /// with one on each reconnect, as a browser does (rustls' own store keeps 8 per server name,
+    /// too few for thousands of clients of one node). Off: every handshake is a full one.
+    #[arg(long, requires = "tls_ca")]
+    #[serde(default)]
+    pub tls_resume: bool,
 }
 
 impl Params {

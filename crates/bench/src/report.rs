@@ -89,6 +89,16 @@ pub fn table(r: &RunResult) -> String {
             g("herald_subscriptions")
         );
     }
+    for (i, m) in r.metrics_delta.iter().enumerate() {
+        if let Some(tls) = m.get("herald_tls_handshakes_total") {
+            let resumed = m.get("herald_tls_resumed_total").copied().unwrap_or(0.0);
+            let _ = writeln!(
+                o,
+                "{:<26} node {i}: {tls:.0} TLS handshakes, {resumed:.0} of them resumed with a ticket (server's /metrics, whole run)",
+                "server-side TLS",
+            );
+        }
+    }
     if r.rss_per_connection != 0.0 {
         let _ = writeln!(
             o,

@@ -6,12 +6,16 @@
 //! from the run's [`Params`](crate::params::Params), and every client the process opens (WebSocket,
 //! SSE, the HTTP API) reads it from here.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
+use rustls::client::{ClientSessionMemoryCache, ClientSessionStore, Resumption};
+use rustls::client::{Tls12ClientSessionValue, Tls13ClientSessionValue};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::NamedGroup;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
@@ -20,11 +24,12 @@ pub type Stream = tokio_util::either::Either<TcpStream, tokio_rustls::client::Tl
 
 static CONNECTOR: OnceLock<TlsConnector> = OnceLock::new();
 
-/// Trusts the CA certificate(s) in the PEM file `ca` for every TLS client of this process.
+/// Trusts the CA certificate(s) in the PEM file `ca` for every TLS client of this process;
+/// `resume`: keep every session ticket and resume with one on each reconnect ([`TicketPool`]).
 ///
 /// # Errors
 /// Unreadable or empty PEM, or a certificate rustls rejects.
-pub fn trust(ca: &Path) -> Result<()> {
+pub fn trust(ca: &Path, resume: bool) -> Result<()> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(ca)
         .with_context(|| format!("reading CA certificate {}", ca.display()))?
@@ -44,9 +49,79 @@ pub fn trust(ca: &Path) -> Result<()> {
         .with_no_client_auth();
     // The node offers only HTTP/1.1 (the WebSocket upgrade and the API need it).
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    if resume {
+        config.resumption = Resumption::store(Arc::new(TicketPool::default()));
+    }
     // Setting it twice with the same file is harmless: the first one stays.
     let _ = CONNECTOR.set(TlsConnector::from(Arc::new(config)));
     Ok(())
+}
+
+/// A session store that keeps every TLS 1.3 ticket (up to [`TicketPool::MAX_TICKETS`] per server
+/// name), so that each of a worker's thousands of clients of one node can resume once per ticket
+/// the node sent, as thousands of browsers with a ticket each would. Each ticket is handed out
+/// once, oldest first. The rest (key-exchange hint, TLS 1.2 sessions) is rustls' own store.
+#[derive(Debug)]
+struct TicketPool {
+    tickets: Mutex<HashMap<ServerName<'static>, VecDeque<Tls13ClientSessionValue>>>,
+    rest: ClientSessionMemoryCache,
+}
+
+impl TicketPool {
+    /// More than one worker's clients (the node sends one or two tickets per handshake).
+    const MAX_TICKETS: usize = 100_000;
+}
+
+impl Default for TicketPool {
+    fn default() -> Self {
+        TicketPool {
+            tickets: Mutex::default(),
+            rest: ClientSessionMemoryCache::new(16),
+        }
+    }
+}
+
+impl ClientSessionStore for TicketPool {
+    fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
+        self.rest.set_kx_hint(server_name, group);
+    }
+
+    fn kx_hint(&self, server_name: &ServerName<'_>) -> Option<NamedGroup> {
+        self.rest.kx_hint(server_name)
+    }
+
+    fn set_tls12_session(&self, server_name: ServerName<'static>, value: Tls12ClientSessionValue) {
+        self.rest.set_tls12_session(server_name, value);
+    }
+
+    fn tls12_session(&self, server_name: &ServerName<'_>) -> Option<Tls12ClientSessionValue> {
+        self.rest.tls12_session(server_name)
+    }
+
+    fn remove_tls12_session(&self, server_name: &ServerName<'static>) {
+        self.rest.remove_tls12_session(server_name);
+    }
+
+    fn insert_tls13_ticket(
+        &self,
+        server_name: ServerName<'static>,
+        value: Tls13ClientSessionValue,
+    ) {
+        let mut tickets = self.tickets.lock().expect("ticket pool lock");
+        let pool = tickets.entry(server_name).or_default();
+        if pool.len() == Self::MAX_TICKETS {
+            pool.pop_front();
+        }
+        pool.push_back(value);
+    }
+
+    fn take_tls13_ticket(
+        &self,
+        server_name: &ServerName<'static>,
+    ) -> Option<Tls13ClientSessionValue> {
+        let mut tickets = self.tickets.lock().expect("ticket pool lock");
+        tickets.get_mut(server_name)?.pop_front()
+    }
 }
 
 /// Whether a URL asks for TLS (`wss://`, `https://`).

@@ -65,7 +65,7 @@ async fn https_health_through_a_private_ca() {
     // Before the CA is trusted, an https:// URL is refused with a clear cause.
     let err = herald_bench::http::get(&url, "/health").await.unwrap_err();
     assert!(err.to_string().contains("--tls-ca"), "{err}");
-    herald_bench::tls::trust(&ca_file).unwrap();
+    herald_bench::tls::trust(&ca_file, false).unwrap();
     herald_bench::http::wait_healthy(&url, Duration::from_secs(5))
         .await
         .unwrap();

@@ -17,6 +17,10 @@ pub struct Metrics {
     pub connections_accepted: Counter,
     /// WebSocket handshakes refused by `limits.handshakes_per_ip_per_s`.
     pub handshakes_refused: Counter,
+    /// TLS handshakes completed (a node serving TLS).
+    pub tls_handshakes: Counter,
+    /// TLS handshakes that resumed a session with a ticket (no certificate sent).
+    pub tls_resumed: Counter,
     /// Client subscriptions (connection × channel).
     pub subscriptions: Gauge,
     /// Channels with at least one local subscriber.
@@ -123,6 +127,16 @@ impl Metrics {
             handshakes_refused: reg!(
                 "handshakes_refused",
                 "WebSocket handshakes refused by the per-IP rate",
+                Counter::default()
+            ),
+            tls_handshakes: reg!(
+                "tls_handshakes",
+                "TLS handshakes completed",
+                Counter::default()
+            ),
+            tls_resumed: reg!(
+                "tls_resumed",
+                "TLS handshakes that resumed a session with a ticket",
                 Counter::default()
             ),
             subscriptions: reg!("subscriptions", "Client subscriptions", Gauge::default()),

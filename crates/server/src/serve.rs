@@ -13,6 +13,7 @@ use http_body_util::BodyExt;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use rustls::HandshakeKind;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
@@ -274,7 +275,14 @@ async fn accept_loop(
             match tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                        Ok(Ok(s)) => serve_connection(app, s, handshake_timeout, peer, slot).await,
+                        Ok(Ok(s)) => {
+                            let metrics = app.ctx.hub.metrics();
+                            metrics.tls_handshakes.inc();
+                            if s.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed) {
+                                metrics.tls_resumed.inc();
+                            }
+                            serve_connection(app, s, handshake_timeout, peer, slot).await
+                        }
                         Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }

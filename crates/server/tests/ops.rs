@@ -398,6 +398,62 @@ async fn tls_serves_https_and_wss() {
     assert!(r.get("presence").is_some(), "{r}");
 }
 
+/// A client that comes back resumes its TLS session with the node's ticket (no certificate sent
+/// again), even after more clients than a session cache would hold came and went (a reconnect
+/// storm); a ticket from another node, whose key differs, falls back to a full handshake.
+#[tokio::test]
+async fn tls_sessions_resume_on_the_issuing_node() {
+    use rustls::HandshakeKind::{Full, Resumed};
+    let cert = fixture("tls_cert.pem");
+    let key = fixture("tls_key.pem");
+    let flags = ["--dev", "--tls-cert", &cert, "--tls-key", &key];
+    let (a, b) = tokio::join!(Node::start(&flags, &[]), Node::start(&flags, &[]));
+    // One connector: its session store (keyed by the name "localhost") is shared by every
+    // connection below, as a browser's is.
+    let connector = tls_connector();
+    let handshake = |node: &Node| {
+        let connector = connector.clone();
+        let addr = node.addr;
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+            let mut s = connector.connect(name, tcp).await.expect("TLS handshake");
+            let kind = s.get_ref().1.handshake_kind();
+            // The ticket arrives after the handshake: read the answer to take it in.
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .await
+                .unwrap();
+            let mut raw = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await;
+            assert!(
+                String::from_utf8_lossy(&raw).starts_with("HTTP/1.1 200"),
+                "{raw:?}"
+            );
+            kind
+        }
+    };
+    assert_eq!(handshake(&a).await, Some(Full), "first visit");
+    // 300 other clients: more than the 256 sessions rustls' default server cache would keep.
+    let others = tls_connector();
+    for _ in 0..300 {
+        let tcp = TcpStream::connect(a.addr).await.unwrap();
+        let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+        others.connect(name, tcp).await.expect("TLS handshake");
+    }
+    assert_eq!(handshake(&a).await, Some(Resumed), "back to the same node");
+    let (_, metrics) = https(&a, "GET", "/metrics", None).await;
+    let metrics = metrics.as_str().unwrap_or_default().to_owned();
+    assert!(
+        metrics.contains("herald_tls_resumed_total 1\n"),
+        "the node counts the resumed handshake: {metrics}"
+    );
+    assert_eq!(
+        handshake(&b).await,
+        Some(Full),
+        "another node cannot read the ticket: a full handshake, not a failure"
+    );
+}
+
 #[tokio::test]
 async fn tls_flags_go_together_and_bad_files_fail() {
     let out = herald(
