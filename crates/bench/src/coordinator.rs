@@ -762,6 +762,7 @@ fn add_counters(a: &mut Counters, b: &Counters) {
     a.error_replies += b.error_replies;
     a.parse_errors += b.parse_errors;
     a.compressed += b.compressed;
+    a.retried_attempts += b.retried_attempts;
     a.deliveries += b.deliveries;
 }
 

@@ -152,9 +152,10 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub tls_ca: Option<std::path::PathBuf>,
-    /// With `--tls-ca`: keep every TLS 1.3 session ticket the node sends and resume a session
-    /// with one on each reconnect, as a browser does (rustls' own store keeps 8 per server name,
-    /// too few for thousands of clients of one node). Off: every handshake is a full one.
+    /// With `--tls-ca`: each client keeps the TLS 1.3 session tickets the node sends it and
+    /// resumes its session with one when it reconnects, as a browser does (rustls' own store
+    /// keeps 8 per server name for the whole process, too few for thousands of clients of one
+    /// node). Off: every handshake is a full one.
     #[arg(long, requires = "tls_ca")]
     #[serde(default)]
     pub tls_resume: bool,

@@ -157,13 +157,14 @@ pub fn table(r: &RunResult) -> String {
     if c.reconnects > 0 || c.client_drops > 0 {
         let _ = writeln!(
             o,
-            "{:<26} drops {}, reconnects {}, recovered {}, not recovered {}, epoch changes {}",
+            "{:<26} drops {}, reconnects {}, recovered {}, not recovered {}, epoch changes {}, failed attempts retried {}",
             "reconnects",
             c.client_drops,
             c.reconnects,
             c.recovered,
             c.not_recovered,
-            c.epoch_changes
+            c.epoch_changes,
+            c.retried_attempts
         );
         o.push_str(&lat_row("reconnect → recovered", &r.recovery));
     }

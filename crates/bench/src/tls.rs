@@ -6,7 +6,7 @@
 //! from the run's [`Params`](crate::params::Params), and every client the process opens (WebSocket,
 //! SSE, the HTTP API) reads it from here.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -25,7 +25,8 @@ pub type Stream = tokio_util::either::Either<TcpStream, tokio_rustls::client::Tl
 static CONNECTOR: OnceLock<TlsConnector> = OnceLock::new();
 
 /// Trusts the CA certificate(s) in the PEM file `ca` for every TLS client of this process;
-/// `resume`: keep every session ticket and resume with one on each reconnect ([`TicketPool`]).
+/// `resume`: each client keeps its session tickets and resumes with one on reconnecting
+/// ([`TicketStore`]).
 ///
 /// # Errors
 /// Unreadable or empty PEM, or a certificate rustls rejects.
@@ -50,38 +51,51 @@ pub fn trust(ca: &Path, resume: bool) -> Result<()> {
     // The node offers only HTTP/1.1 (the WebSocket upgrade and the API need it).
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     if resume {
-        config.resumption = Resumption::store(Arc::new(TicketPool::default()));
+        config.resumption = Resumption::store(Arc::new(TicketStore::default()));
     }
     // Setting it twice with the same file is harmless: the first one stays.
     let _ = CONNECTOR.set(TlsConnector::from(Arc::new(config)));
     Ok(())
 }
 
-/// A session store that keeps every TLS 1.3 ticket (up to [`TicketPool::MAX_TICKETS`] per server
-/// name), so that each of a worker's thousands of clients of one node can resume once per ticket
-/// the node sent, as thousands of browsers with a ticket each would. Each ticket is handed out
-/// once, oldest first. The rest (key-exchange hint, TLS 1.2 sessions) is rustls' own store.
+tokio::task_local! {
+    /// Which of the worker's clients the running task is: its TLS tickets are its own.
+    static CLIENT: usize;
+}
+
+/// Runs `client` as client `index`: with `--tls-resume`, it resumes with the tickets its own
+/// earlier connections received, as one browser does on reconnecting.
+pub async fn as_client<F: std::future::Future>(index: usize, client: F) -> F::Output {
+    CLIENT.scope(index, client).await
+}
+
+/// A session store that keeps each client's TLS 1.3 tickets for that client alone (the task's
+/// [`CLIENT`]; tasks outside [`as_client`], such as the API client, share one place), up to
+/// [`TicketStore::PER_CLIENT`] each, handed out once, newest first. rustls' own store keeps 8
+/// per server name for the whole process: thousands of clients of one node would take each
+/// other's, and a reconnect after a storm would find none left. The rest (key-exchange hint,
+/// TLS 1.2 sessions) is rustls' own store.
 #[derive(Debug)]
-struct TicketPool {
-    tickets: Mutex<HashMap<ServerName<'static>, VecDeque<Tls13ClientSessionValue>>>,
+struct TicketStore {
+    tickets: Mutex<HashMap<Option<usize>, Vec<Tls13ClientSessionValue>>>,
     rest: ClientSessionMemoryCache,
 }
 
-impl TicketPool {
-    /// More than one worker's clients (the node sends one or two tickets per handshake).
-    const MAX_TICKETS: usize = 100_000;
+impl TicketStore {
+    /// The node sends one or two per handshake; a client needs one per reconnect.
+    const PER_CLIENT: usize = 2;
 }
 
-impl Default for TicketPool {
+impl Default for TicketStore {
     fn default() -> Self {
-        TicketPool {
+        TicketStore {
             tickets: Mutex::default(),
             rest: ClientSessionMemoryCache::new(16),
         }
     }
 }
 
-impl ClientSessionStore for TicketPool {
+impl ClientSessionStore for TicketStore {
     fn set_kx_hint(&self, server_name: ServerName<'static>, group: NamedGroup) {
         self.rest.set_kx_hint(server_name, group);
     }
@@ -102,25 +116,23 @@ impl ClientSessionStore for TicketPool {
         self.rest.remove_tls12_session(server_name);
     }
 
-    fn insert_tls13_ticket(
-        &self,
-        server_name: ServerName<'static>,
-        value: Tls13ClientSessionValue,
-    ) {
-        let mut tickets = self.tickets.lock().expect("ticket pool lock");
-        let pool = tickets.entry(server_name).or_default();
-        if pool.len() == Self::MAX_TICKETS {
-            pool.pop_front();
+    fn insert_tls13_ticket(&self, _: ServerName<'static>, value: Tls13ClientSessionValue) {
+        let client = CLIENT.try_with(|i| *i).ok();
+        let mut tickets = self.tickets.lock().expect("ticket store lock");
+        let mine = tickets.entry(client).or_default();
+        if mine.len() == Self::PER_CLIENT {
+            mine.remove(0);
         }
-        pool.push_back(value);
+        mine.push(value);
     }
 
-    fn take_tls13_ticket(
-        &self,
-        server_name: &ServerName<'static>,
-    ) -> Option<Tls13ClientSessionValue> {
-        let mut tickets = self.tickets.lock().expect("ticket pool lock");
-        tickets.get_mut(server_name)?.pop_front()
+    fn take_tls13_ticket(&self, _: &ServerName<'static>) -> Option<Tls13ClientSessionValue> {
+        let client = CLIENT.try_with(|i| *i).ok();
+        self.tickets
+            .lock()
+            .expect("ticket store lock")
+            .get_mut(&client)?
+            .pop()
     }
 }
 

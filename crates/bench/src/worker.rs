@@ -167,6 +167,9 @@ pub struct Counters {
     /// WebSocket connections that negotiated permessage-deflate (`--compression`).
     #[serde(default)]
     pub compressed: u64,
+    /// Reconnect attempts that failed (refused, timed out, broken handshake) and were retried.
+    #[serde(default)]
+    pub retried_attempts: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -282,7 +285,7 @@ pub async fn run(
     });
     let mut tasks = Vec::with_capacity(share as usize);
     for i in ctx.shard.start..ctx.shard.end {
-        tasks.push(tokio::spawn(client(ctx.clone(), i)));
+        tasks.push(tokio::spawn(tls::as_client(i, client(ctx.clone(), i))));
     }
     let index = ctx.shard.index;
 
@@ -659,6 +662,7 @@ async fn connect_retrying(
             Ok(ok) => return Ok(Some(ok)),
             Err(e) if why == Why::First || Instant::now() > give_up => return Err(e),
             Err(_) => {
+                ctx.shared().counters.retried_attempts += 1;
                 let wait = backoff + Duration::from_millis(rand::rng().random_range(0..50));
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 if sleep_or_stop(wait, ctl).await {
