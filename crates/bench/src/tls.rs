@@ -65,8 +65,14 @@ tokio::task_local! {
 
 /// Runs `client` as client `index`: with `--tls-resume`, it resumes with the tickets its own
 /// earlier connections received, as one browser does on reconnecting.
-pub async fn as_client<F: std::future::Future>(index: usize, client: F) -> F::Output {
-    CLIENT.scope(index, client).await
+///
+/// Not an `async fn`: its future would hold `client` twice (rust-lang/rust#62958), 8.7 KB more
+/// per client.
+pub fn as_client<F: std::future::Future>(
+    index: usize,
+    client: F,
+) -> impl std::future::Future<Output = F::Output> {
+    CLIENT.scope(index, client)
 }
 
 /// A session store that keeps each client's TLS 1.3 tickets for that client alone (the task's

@@ -1,9 +1,12 @@
 #!/bin/sh
 # Round 11 (issue 13), 2-core machine. BIN holds herald-cur / herald-bench-cur (a83fe99, the start
 # of the session) and herald-tix / herald-bench-tix (this round's build: TLS session tickets,
-# herald-bench --tls-resume). Run from the repository root, on a quiet machine.
+# herald-bench --tls-resume; herald-bench-tix is 1596f65's rig, series 2 (RIG=herald-bench-tix2)
+# the final one, whose as_client no longer doubles each client's future). Run from the
+# repository root, on a quiet machine.
 # PARTS: profile (bcast50k under perf), shards (bcast50k with 1, 2, 4 rig workers),
-#        tls-idle (idle over TLS at 19,000), tls-storm (storm over TLS, three builds alternated).
+#        tls-idle (idle over TLS at 19,000), tls-storm (storm over TLS, three builds alternated),
+#        tls-storm2 (two of them again with the final rig).
 # TLS parts need scripts/bench-tls-cert.sh first.
 set -uf
 D=docs/bench/round11
@@ -30,7 +33,7 @@ storm_tls() { # build label [herald-bench flags]
     next_run
     port=$((18744 + n % 4)) src=127.0.$((64 + n % 8)).2
     echo "$(date -u +%H:%M:%S) storm tls 19000 server=$build $label $*" >> $D/series.log
-    docs/bench/prio.sh $BIN/herald-bench-tix storm -n 19000 -r 2 -d 20 --source-base $src \
+    docs/bench/prio.sh $BIN/${RIG:-herald-bench-tix} storm -n 19000 -r 2 -d 20 --source-base $src \
         --tls-ca target/bench-tls/ca.pem --ws wss://127.0.0.1:$port/ws --api https://127.0.0.1:$port "$@" \
         --json $D/$label.json \
         --server-cmd "$BIN/herald-$build serve --config docs/bench/bench.toml --port $port --tls-cert target/bench-tls/server.pem --tls-key target/bench-tls/server.key" \
@@ -60,6 +63,11 @@ for part in $PARTS; do
                 storm_tls cur storm-tls-cur-full-$r
                 storm_tls tix storm-tls-tix-resume-$r --tls-resume
                 storm_tls tix storm-tls-tix-full-$r
+            done ;;
+        tls-storm2)
+            for r in 1 2; do
+                RIG=herald-bench-tix2 storm_tls cur storm-tls-rig2-cur-full-$r
+                RIG=herald-bench-tix2 storm_tls tix storm-tls-rig2-tix-resume-$r --tls-resume
             done ;;
     esac
 done
