@@ -29,10 +29,10 @@ pub fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<tokio_rustls::TlsAcce
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     // Stateless session tickets: a client that comes back (a dropped network, a reconnect storm)
     // resumes its session without the certificate and its signature, and the node keeps no state
-    // per session. The ticket key lives in memory and rotates every 6 hours (rustls' `Ticketer`),
-    // so a ticket resumes only on the node that issued it and until that node restarts; anywhere
-    // else the client falls back to a full handshake. One ticket is enough for the one reconnect
-    // a client makes at a time (rustls sends two by default).
+    // per session. The key lives in memory and rotates every 6 hours (rustls' `Ticketer`; a
+    // ticket lives 12 hours), so a ticket resumes only on the node that issued it and until that
+    // node restarts; anywhere else the client falls back to a full handshake. One ticket is
+    // enough for the one reconnect a client makes at a time (rustls sends two by default).
     config.ticketer = rustls::crypto::ring::Ticketer::new().context("TLS session tickets")?;
     config.send_tls13_tickets = 1;
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
