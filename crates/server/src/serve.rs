@@ -2,8 +2,8 @@
 
 use std::future::Future;
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use herald_core::auth::TokenVerifier;
@@ -207,6 +207,7 @@ pub async fn run(
 
     let handshake_timeout = Duration::from_millis(config.limits.handshake_timeout_ms);
     // One accept loop per listener; they end (and the listeners close) when the node drains.
+    let failures = Arc::new(AcceptFailures::default());
     let accepting: Vec<_> = listeners
         .0
         .into_iter()
@@ -216,6 +217,7 @@ pub async fn run(
                 app.clone(),
                 tls.clone(),
                 handshake_timeout,
+                failures.clone(),
             ))
         })
         .collect();
@@ -246,19 +248,52 @@ pub async fn run(
     Ok(())
 }
 
+/// The accept loops' failures (EMFILE and friends), logged at most once a second across all
+/// loops, with how many went unlogged since the last line: each of `limits.accept_queues` loops
+/// retries every 50 ms, so a descriptor shortage would otherwise log 160 lines a second.
+#[derive(Default)]
+struct AcceptFailures(Mutex<FailureLog>);
+
+#[derive(Default)]
+struct FailureLog {
+    last_logged: Option<Instant>,
+    unlogged: u64,
+}
+
+impl AcceptFailures {
+    /// A failure at `now`: `Some(unlogged since the last line)` when it is to be logged.
+    fn note(&self, now: Instant) -> Option<u64> {
+        let mut log = self.0.lock().expect("accept failures lock");
+        match log.last_logged {
+            Some(t) if now.duration_since(t) < Duration::from_secs(1) => {
+                log.unlogged += 1;
+                None
+            }
+            _ => {
+                log.last_logged = Some(now);
+                Some(std::mem::take(&mut log.unlogged))
+            }
+        }
+    }
+}
+
 /// Accept connections on one listener and serve each in its own task, until aborted.
 async fn accept_loop(
     listener: TcpListener,
     app: Arc<App>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
+    failures: Arc<AcceptFailures>,
 ) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(cause = %e, "accept failed");
+                // EMFILE and friends: the connection waits in the kernel's queue; back off
+                // briefly instead of spinning, and take it once a descriptor is free.
+                if let Some(unlogged) = failures.note(Instant::now()) {
+                    tracing::warn!(cause = %e, unlogged, "accept failed");
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -366,7 +401,25 @@ pub fn redact_url(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::redact_url;
+    use std::time::{Duration, Instant};
+
+    use super::{redact_url, AcceptFailures};
+
+    #[test]
+    fn accept_failures_log_once_a_second_with_the_count_between() {
+        let failures = AcceptFailures::default();
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!(failures.note(at(0)), Some(0), "the first one is logged");
+        assert_eq!(failures.note(at(50)), None);
+        assert_eq!(failures.note(at(999)), None);
+        assert_eq!(
+            failures.note(at(1000)),
+            Some(2),
+            "a second later, with the two between"
+        );
+        assert_eq!(failures.note(at(5000)), Some(0));
+    }
 
     #[test]
     fn passwords_never_reach_the_logs() {

@@ -599,3 +599,83 @@ async fn a_port_in_use_is_refused() {
         client.ws_ping().await;
     }
 }
+
+/// Out of descriptors (EMFILE), the node keeps its accept loops: connections wait in the kernel's
+/// queue and are taken once descriptors are free again, and the failures are logged about once
+/// a second, not by every loop every 50 ms.
+#[tokio::test]
+async fn accepting_survives_running_out_of_descriptors() {
+    use tokio::io::AsyncBufReadExt;
+    // A hard limit of 64 descriptors: about 40 left for connections after the node's own.
+    let mut cmd = tokio::process::Command::new("prlimit");
+    cmd.args(["--nofile=64:64", "--"])
+        .arg(herald_bin())
+        .args(["serve", "--dev", "--port", "0"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut node = cmd
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("prlimit (util-linux) runs the node");
+    let mut stdout = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
+    let line = stdout.next_line().await.unwrap().expect("listening line");
+    let addr: std::net::SocketAddr = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("listening line: {line}"));
+    let mut stderr = node.stderr.take().unwrap();
+    let log = tokio::spawn(async move {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text).await;
+        text
+    });
+
+    // 100 idle connections: more than the node has descriptors for.
+    let mut held = Vec::new();
+    for _ in 0..100 {
+        held.push(TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    drop(held);
+
+    // Once they are gone, the node answers again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = async {
+            let mut s = TcpStream::connect(addr).await.ok()?;
+            s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .await
+                .ok()?;
+            let mut raw = Vec::new();
+            s.read_to_end(&mut raw).await.ok()?;
+            Some(String::from_utf8_lossy(&raw).into_owned())
+        };
+        let answer = tokio::time::timeout(Duration::from_secs(2), answer).await;
+        if matches!(&answer, Ok(Some(text)) if text.starts_with("HTTP/1.1 200")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer after EMFILE: {answer:?}"
+        );
+    }
+    node.kill().await.unwrap();
+    let log = log.await.unwrap();
+    let failures = log.matches("accept failed").count();
+    assert!(
+        failures >= 1,
+        "the node never ran out of descriptors: {log}"
+    );
+    assert!(
+        failures <= 4,
+        "{failures} lines in 1.5 s: accept failures are logged once a second\n{log}"
+    );
+}
