@@ -145,8 +145,7 @@ async fn serve(node: Arc<Node>, mut tcp: TcpStream) -> Result<()> {
     tcp.set_nodelay(true)?;
     let mut carry = Vec::new();
     while let Some(head) = read_head(&mut tcp, std::mem::take(&mut carry)).await? {
-        if head.headers.get("upgrade").map(|u| u.to_ascii_lowercase()) == Some("websocket".into())
-        {
+        if head.headers.get("upgrade").map(|u| u.to_ascii_lowercase()) == Some("websocket".into()) {
             return subscriber(node, tcp, head).await;
         }
         let len: usize = head
@@ -204,7 +203,10 @@ fn publish(node: &Node, body: &[u8]) -> Result<(&'static str, String)> {
     for w in &node.writers {
         let _ = w.send(Job::Frame(frame.clone()));
     }
-    Ok(("200 OK", format!(r#"{{"epoch":"floor","offset":{offset}}}"#)))
+    Ok((
+        "200 OK",
+        format!(r#"{{"epoch":"floor","offset":{offset}}}"#),
+    ))
 }
 
 /// An unmasked server text frame.
