@@ -128,7 +128,12 @@ pub(crate) fn serve(upgraded: Upgraded, max_frame: usize, compression: bool) -> 
 /// Send a close frame with `code` (1008 when it is not a valid close code) and `reason` (cut to
 /// the 123 bytes a close frame holds), then read off what the peer still sends for up to a second,
 /// so that it sees a clean closing handshake.
-pub(crate) async fn close_and_wait(ws: &mut Ws, code: u16, reason: &str, limit: Duration) {
+pub(crate) async fn close_and_wait<S>(ws: &mut S, code: u16, reason: &str, limit: Duration)
+where
+    S: futures_util::Sink<tokio_websockets::Message, Error = tokio_websockets::Error>
+        + futures_util::Stream<Item = Result<tokio_websockets::Message, tokio_websockets::Error>>
+        + Unpin,
+{
     use futures_util::{SinkExt, StreamExt};
     let code = tokio_websockets::CloseCode::try_from(code)
         .unwrap_or(tokio_websockets::CloseCode::POLICY_VIOLATION);

@@ -25,6 +25,7 @@ use crate::handshake;
 use crate::http::{App, HttpResponse};
 
 mod connection;
+mod shared;
 
 use connection::Connection;
 

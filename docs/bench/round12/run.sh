@@ -2,7 +2,8 @@
 # Round 12 (issue 13), 2-core machine: the 2-core broadcast goal's run (10,000 subscribers, 5/s,
 # 30 s) against Herald and against herald-fanout-floor (the least a server can do for the rig:
 # one write(2) per subscriber from plain threads, see its module docs), alternated.
-# BIN holds herald, herald-bench and herald-fanout-floor (release builds). Run from the
+# BIN holds herald, herald-bench and herald-fanout-floor (release builds), and herald-timer
+# (the node with the connection's timer and drain signal kept across waits; PARTS=timer). Run from the
 # repository root, on a quiet machine.
 set -uf
 D=docs/bench/round12
@@ -34,6 +35,24 @@ profiled() { # label server-command-with-PORT: perf record -a, 10 s from the 12t
       perf report -i /tmp/$1.perf --sort comm,sym --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
     } > $D/profile-$1.txt
 }
+idle() { # build
+    settle
+    echo "$(date -u +%H:%M:%S) idle 19000 $1" >> $D/series.log
+    docs/bench/prio.sh $BIN/herald-bench idle -n 19000 -d 10 --source-base 127.0.41.1 \
+        --ws ws://127.0.0.1:18642/ws --api http://127.0.0.1:18642 \
+        --server-cmd "$BIN/$1 serve --config docs/bench/bench.toml --port 18642" \
+        --json $D/idle19k-$1.json > $D/idle19k-$1.txt 2>&1
+    grep -E '^server RSS|^connect  ' $D/idle19k-$1.txt >> $D/series.log
+}
+storm() { # build
+    settle
+    echo "$(date -u +%H:%M:%S) storm 19000 $1" >> $D/series.log
+    docs/bench/prio.sh $BIN/herald-bench storm -n 19000 -r 2 -d 20 --source-base 127.0.50.2 \
+        --ws ws://127.0.0.1:18744/ws --api http://127.0.0.1:18744 \
+        --server-cmd "$BIN/$1 serve --config docs/bench/bench.toml --port 18744" \
+        --json $D/storm19k-$1.json > $D/storm19k-$1.txt 2>&1
+    grep -E '^storm|^delivered' $D/storm19k-$1.txt >> $D/series.log
+}
 for part in $PARTS; do
     case $part in
         series)
@@ -45,6 +64,15 @@ for part in $PARTS; do
         profile)
             profiled bcast50k-herald-profiled "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor --port PORT --writers 2" ;;
+        timer)
+            for r in 1 2 3; do
+                bcast bcast50k-base-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
+                bcast bcast50k-timer-$r "$BIN/herald-timer serve --config docs/bench/bench.toml --port PORT"
+            done
+            profiled bcast50k-base-profiled "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
+            profiled bcast50k-timer-profiled "$BIN/herald-timer serve --config docs/bench/bench.toml --port PORT"
+            idle herald; idle herald-timer
+            storm herald; storm herald-timer ;;
         profile-floor)
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor --port PORT --writers 2" ;;
     esac

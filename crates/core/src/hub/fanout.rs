@@ -7,12 +7,16 @@ impl Hub {
     /// A publication from the broker: deliver it in order, or catch up first if offsets skip.
     pub fn deliver(&self, channel: &str, epoch: &str, publication: Publication) {
         self.shared.metrics.publications_received.inc();
-        let mut shard = self.shard(channel).lock().expect("hub lock");
-        let Some(ch) = shard.get_mut(channel) else {
-            self.shared.metrics.publications_without_subscriber.inc();
-            return;
-        };
-        self.deliver_to(channel, ch, epoch, publication);
+        let mut direct = Vec::new();
+        {
+            let mut shard = self.shard(channel).lock().expect("hub lock");
+            let Some(ch) = shard.get_mut(channel) else {
+                self.shared.metrics.publications_without_subscriber.inc();
+                return;
+            };
+            self.deliver_to(channel, ch, epoch, publication, Some(&mut direct));
+        }
+        write_direct(direct);
     }
 
     /// Deliver to a channel whose shard lock is held: buffer during a catch-up, start one on a
@@ -23,18 +27,23 @@ impl Hub {
         ch: &mut Channel,
         epoch: &str,
         publication: Publication,
+        direct: Option<&mut Vec<Arc<Outbound>>>,
     ) {
         ch.generation += 1;
         if let Some(waiting) = &mut ch.catchup {
             waiting.push(publication);
             return;
         }
-        if let Err(Gap) = self.deliver_in_order(channel, ch, epoch, publication.clone()) {
+        if let Err(Gap) = self.deliver_in_order(channel, ch, epoch, publication.clone(), direct) {
             self.begin_catchup(channel, ch, Some(publication));
         }
     }
 
     /// Deliver one publication if it is the next offset; skip it if already delivered.
+    ///
+    /// With `direct`, connections that can be written from here are queued without a wake-up
+    /// and collected there, for [`write_direct`] once the lock is released; without it every
+    /// connection's task is woken.
     ///
     /// Lock: the channel's shard lock is held.
     pub(super) fn deliver_in_order(
@@ -43,6 +52,7 @@ impl Hub {
         ch: &mut Channel,
         epoch: &str,
         p: Publication,
+        mut direct: Option<&mut Vec<Arc<Outbound>>>,
     ) -> Result<(), Gap> {
         let Some(last) = ch.last_offset else {
             // No baseline yet: hold it until the first reply's position is known (or drop it
@@ -75,11 +85,22 @@ impl Hub {
         for sub in ch.subscribers.values_mut() {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
-                Mode::Live { skip_until } if p.offset > *skip_until => {
-                    if sub.out.push(frame.clone()) {
-                        delivered += 1;
+                Mode::Live { skip_until } if p.offset > *skip_until => match &mut direct {
+                    Some(list) => match sub.out.push_for_fanout(frame.clone()) {
+                        Some(write) => {
+                            delivered += 1;
+                            if write {
+                                list.push(sub.out.clone());
+                            }
+                        }
+                        None => {}
+                    },
+                    None => {
+                        if sub.out.push(frame.clone()) {
+                            delivered += 1;
+                        }
                     }
-                }
+                },
                 Mode::Live { .. } | Mode::Lost => {}
             }
         }
@@ -154,7 +175,7 @@ impl Hub {
         };
         let epoch = history.position.epoch.clone();
         for p in history.publications.into_iter().chain(waiting) {
-            if let Err(Gap) = self.deliver_in_order(channel, ch, &epoch, p) {
+            if let Err(Gap) = self.deliver_in_order(channel, ch, &epoch, p, None) {
                 return self.lose_continuity(channel, ch, "gap after catch-up");
             }
             if ch.last_offset.is_none() {
@@ -221,3 +242,29 @@ impl Hub {
 
 /// Offsets skipped: catch up from history first.
 pub(super) struct Gap;
+
+/// Up to this many connections the deliverer writes them itself (a personal channel costs no
+/// task wake-up at all).
+const DIRECT_INLINE_MAX: usize = 16;
+
+/// Connections per task when a fan-out's writes are spread over the runtime: small enough that
+/// the workers share them and other tasks run in between (each piece is a few milliseconds of
+/// `write`s), large enough that spawning costs nothing beside them.
+const DIRECT_PIECE: usize = 256;
+
+/// Write to the connections a fan-out queued for direct writes: on the caller's thread for a
+/// few; for more, in pieces spawned on the runtime, so that every worker takes part in the
+/// kernel's per-write work (most of a delivery's cost). Outside a runtime, all here.
+fn write_direct(mut outs: Vec<Arc<Outbound>>) {
+    let handle = match tokio::runtime::Handle::try_current() {
+        Ok(h) if outs.len() > DIRECT_INLINE_MAX => h,
+        _ => {
+            outs.iter().for_each(|o| o.flush_direct());
+            return;
+        }
+    };
+    while !outs.is_empty() {
+        let piece = outs.split_off(outs.len().saturating_sub(DIRECT_PIECE));
+        handle.spawn(async move { piece.iter().for_each(|o| o.flush_direct()) });
+    }
+}

@@ -3,7 +3,9 @@
 //!
 //! # Data path of one publication
 //! broker → [`Hub::deliver`] → the channel's subscriber map → the frame, encoded once, is pushed
-//! to each connection's [`Outbound`] queue → the connection task writes it.
+//! to each connection's [`Outbound`] queue → once the channel's lock is released, the hub writes
+//! it to the connections that allow direct writes (spread over the runtime's workers for a large
+//! channel), and each connection's task writes the rest, woken by its queue.
 //!
 //! # Continuity
 //! The hub remembers, per channel, the epoch and the last offset it delivered (its *baseline*). A

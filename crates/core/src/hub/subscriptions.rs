@@ -159,7 +159,7 @@ impl Hub {
                 }
             }
             for (epoch, p) in early {
-                self.deliver_to(channel, ch, &epoch, p);
+                self.deliver_to(channel, ch, &epoch, p, None);
             }
         }
     }

@@ -7,8 +7,10 @@
 //! connection [`End`]s; [`end`](Connection::end) then closes it and the session leaves.
 //!
 //! One task (not a reader and a writer) keeps an idle connection small: no second task, no
-//! channel, no split lock. The outbound queue is drained whenever it is woken; several queued
-//! frames go out newline-joined in one WebSocket message and one flush.
+//! channel. The outbound queue is drained whenever it is woken; several queued frames go out
+//! newline-joined in one WebSocket message and one flush. The fan-out writes publications itself
+//! where the socket takes them at once, through the same codec (super::shared), and wakes the
+//! task only for what it could not finish.
 //!
 //! Memory: the task's future lives as long as the connection, and an async fn's state is as large
 //! as its largest await point. So the deep or rarely taken paths (commands, controls, timers, the
@@ -28,27 +30,24 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use herald_core::outbound::CloseRequest;
 use herald_core::proxy::ClientMeta;
 use herald_core::{Outbound, Session};
 use herald_protocol::encode::push_disconnect;
 use herald_protocol::CloseCode;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::ReadBuf;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, timeout, Sleep};
 use tokio_websockets::Message;
 
+use super::shared::{messages, SharedWs};
 use super::{close_request, dispatch, handle_text};
-use crate::compression;
 use crate::guard::IpSlot;
 use crate::handshake::{close_and_wait, Ws};
 use crate::http::App;
 use crate::liveness::Liveness;
-
-/// Largest batch of newline-joined frames in one WebSocket message.
-const BATCH_BYTES: usize = 64 * 1024;
 
 /// What the connection does after an event: serve on, or end.
 type Step = ControlFlow<End>;
@@ -98,7 +97,7 @@ fn close(code: CloseCode, reason: &str) -> Step {
 /// One WebSocket connection's state. See the module docs.
 pub(super) struct Connection {
     app: Arc<App>,
-    ws: Ws,
+    ws: SharedWs,
     session: Session,
     /// The session's outbound queue: what the hub and the session queue for the client.
     out: Arc<Outbound>,
@@ -108,6 +107,7 @@ pub(super) struct Connection {
     /// The node's drain flag, waited on across events.
     draining: DrainSignal,
     _counted: Counted,
+    _direct: DirectGuard,
     /// The connection's place in `limits.max_connections_per_ip`, while it lives.
     _ip_slot: Option<Arc<IpSlot>>,
 }
@@ -122,12 +122,15 @@ impl Connection {
     ) -> Self {
         let config = &app.ctx.config;
         let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
+        let ws = SharedWs::new(ws);
+        out.set_direct(Some(ws.direct()));
         let mut session = Session::new(app.ctx.clone(), out.clone());
         if let Some(meta) = meta {
             session.set_client_meta(*meta);
         }
         Connection {
             _counted: Counted::new(app.clone()),
+            _direct: DirectGuard(out.clone()),
             _ip_slot: ip_slot,
             liveness: Liveness::new(config),
             timer: Box::pin(sleep_until(tokio::time::Instant::now())),
@@ -181,6 +184,10 @@ impl Connection {
     /// Something was queued: act on the controls, then close if asked to, or write the frames.
     async fn on_outbound(&mut self) -> Step {
         let drained = self.out.drain();
+        if drained.busy {
+            // The fan-out is writing; it wakes the task again when it is done.
+            return Continue(());
+        }
         if !drained.controls.is_empty() {
             Box::pin(self.session.handle_controls(drained.controls)).await;
         }
@@ -189,7 +196,13 @@ impl Connection {
             return Break(End::Close(drained.frames, req));
         }
         let limit = self.write_timeout();
-        match write_batch(&mut self.ws, drained.frames, limit).await {
+        let written = if drained.frames.is_empty() && drained.needs_flush {
+            flush(&mut self.ws, limit).await
+        } else {
+            write_batch(&mut self.ws, drained.frames, limit).await
+        };
+        self.out.written();
+        match written {
             Ok(()) => Continue(()),
             Err(()) => Break(self.write_failed()),
         }
@@ -252,8 +265,10 @@ impl Connection {
                     biased;
                     close = &mut dispatching => break close,
                     _ = self.out.ready(), if !write_failed => {
-                        let frames = self.out.drain_frames();
-                        write_failed = write_batch(&mut self.ws, frames, limit).await.is_err();
+                        if let Some(frames) = self.out.drain_frames() {
+                            write_failed = write_batch(&mut self.ws, frames, limit).await.is_err();
+                            self.out.written();
+                        }
                     }
                 }
             }
@@ -303,6 +318,8 @@ impl Connection {
     #[allow(clippy::manual_async_fn)]
     fn end(mut self, end: End) -> impl Future<Output = ()> {
         async move {
+            // The fan-out writes nothing more, and the queue no longer holds the socket.
+            self.out.set_direct(None);
             let limit = self.write_timeout();
             match end {
                 End::Close(frames, req) => finish(&mut self.ws, frames, &req, limit).await,
@@ -332,6 +349,16 @@ impl Connection {
     }
 }
 
+/// Takes the direct writer back from the queue however the task ends (cancelled with the runtime,
+/// too): the hub may hold the queue a while longer, and must not keep the socket open through it.
+struct DirectGuard(Arc<Outbound>);
+
+impl Drop for DirectGuard {
+    fn drop(&mut self) {
+        self.0.set_direct(None);
+    }
+}
+
 /// Counts the connection while it lives.
 struct Counted(Arc<App>);
 
@@ -352,35 +379,15 @@ impl Drop for Counted {
     }
 }
 
-/// Write queued frames: one frame as it is (its bytes are shared with other subscribers),
-/// several newline-joined into messages of at most [`BATCH_BYTES`], then one flush.
-///
-/// With compression, a lone frame is compressed once per fan-out (crate::compression caches it
-/// by its shared bytes); a batch is this connection's own, so it is compressed here.
-async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
+/// Write queued frames as [`messages`] makes them, then one flush.
+async fn write_batch(ws: &mut SharedWs, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
     if frames.is_empty() {
         return Ok(());
     }
     let compress = ws.compression();
     let write = async {
-        if frames.len() == 1 {
-            let frame = frames.into_iter().next().expect("one frame");
-            return ws.send(compression::text(frame, compress, true)).await;
-        }
-        let mut batch = BytesMut::new();
-        for frame in frames {
-            if !batch.is_empty() && batch.len() + 1 + frame.len() > BATCH_BYTES {
-                ws.feed(compression::text(batch.split().freeze(), compress, false))
-                    .await?;
-            }
-            if !batch.is_empty() {
-                batch.extend_from_slice(b"\n");
-            }
-            batch.extend_from_slice(&frame);
-        }
-        if !batch.is_empty() {
-            ws.feed(compression::text(batch.freeze(), compress, false))
-                .await?;
+        for message in messages(frames, compress) {
+            ws.feed(message).await?;
         }
         ws.flush().await
     };
@@ -390,26 +397,39 @@ async fn write_batch(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result
     }
 }
 
+/// Flush what a direct write left in the codec's buffer.
+async fn flush(ws: &mut SharedWs, limit: Duration) -> Result<(), ()> {
+    match timeout(limit, ws.flush()).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(()),
+    }
+}
+
 /// Flush the close frame the codec queued, then read off what the peer still sends (the rest of
 /// an oversized frame) for a moment: closing a socket with unread input resets the connection,
 /// and the peer would lose the close frame.
-async fn linger(ws: &mut Ws, limit: Duration) {
-    if !matches!(timeout(limit, ws.flush()).await, Ok(Ok(()))) {
+async fn linger(ws: &mut SharedWs, limit: Duration) {
+    if flush(ws, limit).await.is_err() {
         return;
     }
-    let io = ws.get_mut();
     let _ = timeout(Duration::from_secs(1), async {
-        let _ = io.shutdown().await;
+        let _ = std::future::poll_fn(|cx| ws.poll_shutdown(cx)).await;
         // On the heap: an array here would live in every connection's task state.
         let mut buf = vec![0u8; 8192];
-        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+        loop {
+            let mut read = ReadBuf::new(&mut buf);
+            match std::future::poll_fn(|cx| ws.poll_read(cx, &mut read)).await {
+                Ok(()) if !read.filled().is_empty() => {}
+                _ => break,
+            }
+        }
     })
     .await;
 }
 
 /// Send what is queued, the `disconnect` push and the close frame; wait briefly for the peer's
 /// close so that it sees a clean closing handshake.
-async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, req: &CloseRequest, limit: Duration) {
+async fn finish(ws: &mut SharedWs, mut frames: Vec<Bytes>, req: &CloseRequest, limit: Duration) {
     frames.push(push_disconnect(req.code, &req.reason, req.after_ms));
     if write_batch(ws, frames, limit).await.is_err() {
         return;
@@ -421,10 +441,10 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, req: &CloseRequest, limit: 
 mod tests {
     use super::*;
 
-    /// Largest allowed size of the idle connection's task state. Measured 968 bytes with Rust
-    /// 1.95 (1,136 while the timer and the drain signal were made anew in each wait, 1,704 before
-    /// the task became a `Connection`).
-    const MAX_TASK_BYTES: usize = 1024;
+    /// Largest allowed size of the idle connection's task state. Measured 712 bytes with Rust
+    /// 1.95 (968 while the WebSocket stream lived in it, 1,136 while the timer and the drain
+    /// signal were made anew in each wait, 1,704 before the task became a `Connection`).
+    const MAX_TASK_BYTES: usize = 768;
 
     /// The size of the future `f` returns, without calling it.
     fn future_size<A, F: Future>(_: fn(A) -> F) -> usize {
