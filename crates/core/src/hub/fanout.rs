@@ -86,15 +86,14 @@ impl Hub {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
                 Mode::Live { skip_until } if p.offset > *skip_until => match &mut direct {
-                    Some(list) => match sub.out.push_for_fanout(frame.clone()) {
-                        Some(write) => {
+                    Some(list) => {
+                        if let Some(write) = sub.out.push_for_fanout(frame.clone()) {
                             delivered += 1;
                             if write {
                                 list.push(sub.out.clone());
                             }
                         }
-                        None => {}
-                    },
+                    }
                     None => {
                         if sub.out.push(frame.clone()) {
                             delivered += 1;
