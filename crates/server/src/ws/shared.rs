@@ -9,7 +9,7 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{Sink, SinkExt, Stream, StreamExt};
@@ -103,7 +103,7 @@ impl DirectWrite for Locked {
         let Ok(mut ws) = self.0.try_lock() else {
             return Err(frames);
         };
-        let mut cx = Context::from_waker(Waker::noop());
+        let mut cx = Context::from_waker(futures_util::task::noop_waker_ref());
         match ws.poll_ready_unpin(&mut cx) {
             Poll::Ready(Ok(())) => {}
             // A failed codec: the task's own write finds out and ends the connection.
