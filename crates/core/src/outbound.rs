@@ -93,6 +93,13 @@ impl State {
         true
     }
 
+    /// Whether the queue was closed for passing its bound (its frames freed).
+    fn overflowed(&self) -> bool {
+        self.close
+            .as_ref()
+            .is_some_and(|c| c.code == CloseCode::SLOW_CONSUMER)
+    }
+
     /// Whether the task has anything to do.
     fn has_work(&self) -> bool {
         !self.frames.is_empty()
@@ -300,6 +307,8 @@ impl Outbound {
         match result {
             Ok(Flushed::All) => {}
             Ok(Flushed::Partly) => state.needs_flush = true,
+            // The queue overflowed meanwhile: what it held was freed, and these go with it.
+            Err(_) if state.overflowed() => {}
             Err(frames) => {
                 // Back in front of whatever came meanwhile, in order.
                 state.bytes += frames.iter().map(Bytes::len).sum::<usize>();

@@ -197,3 +197,63 @@ async fn subprotocol_negotiation() {
     .await;
     assert!(refused.is_err(), "unknown subprotocol must be refused");
 }
+
+/// The fan-out writes a large channel's publications to the sockets itself, in pieces spread over
+/// the node's workers, while each connection's task writes its replies: every subscriber still
+/// gets every publication once and in order, and its replies, whatever raced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_channel_gets_every_publication_in_order_with_replies_between() {
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        allow_anonymous = true
+        [default_namespace]
+        subscribe = "anonymous"
+        publish = true
+        history = true
+        history_size = 1000
+        presence = false
+        join_leave = false
+        "#,
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    // More than one piece of direct writes (256 connections each).
+    let mut clients = Vec::new();
+    for _ in 0..300 {
+        clients.push(node.connected(&["big"]).await);
+    }
+    const N: u64 = 60;
+    let mut asked = Vec::new();
+    for i in 1..=N {
+        node.publish("big", json!(i)).await;
+        if i % 10 == 0 {
+            // A reply and a subscription change in the middle of the stream.
+            let id = clients[0]
+                .send("history", json!({"channel": "big", "limit": 1}))
+                .await;
+            asked.push(id);
+            let ch = format!("side{i}");
+            clients[1].send("subscribe", json!({"channel": ch})).await;
+        }
+    }
+    for (n, c) in clients.iter_mut().enumerate() {
+        let mut offsets = Vec::new();
+        let mut replies = Vec::new();
+        while offsets.len() < N as usize || (n == 0 && replies.len() < asked.len()) {
+            let m = c
+                .next_within(std::time::Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("client {n}: stalled after offsets {offsets:?}"));
+            if m["pub"]["channel"] == "big" {
+                offsets.push(m["pub"]["offset"].as_u64().unwrap());
+            } else if let Some(id) = m["id"].as_u64() {
+                assert!(m.get("error").is_none(), "client {n}: {m}");
+                replies.push(id);
+            }
+        }
+        assert_eq!(offsets, (1..=N).collect::<Vec<_>>(), "client {n}");
+        if n == 0 {
+            assert_eq!(replies, asked);
+        }
+    }
+}
