@@ -3,7 +3,9 @@
 # 30 s) against Herald and against herald-fanout-floor (the least a server can do for the rig:
 # one write(2) per subscriber from plain threads, see its module docs), alternated.
 # BIN holds herald, herald-bench and herald-fanout-floor (release builds), and herald-timer
-# (the node with the connection's timer and drain signal kept across waits; PARTS=timer). Run from the
+# (the node with the connection's timer and drain signal kept across waits; PARTS=timer), and
+# herald-direct (the fan-out writing to sockets itself; PARTS=direct), and herald-final (the
+# round's end: direct writes, the timer kept, the drain signal as before; PARTS=final). Run from the
 # repository root, on a quiet machine.
 set -uf
 D=docs/bench/round12
@@ -73,6 +75,29 @@ for part in $PARTS; do
             profiled bcast50k-timer-profiled "$BIN/herald-timer serve --config docs/bench/bench.toml --port PORT"
             idle herald; idle herald-timer
             storm herald; storm herald-timer ;;
+        direct)
+            for r in 1 2 3; do
+                bcast bcast50k-dbase-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
+                bcast bcast50k-dtimer-$r "$BIN/herald-timer serve --config docs/bench/bench.toml --port PORT"
+                bcast bcast50k-direct-$r "$BIN/herald-direct serve --config docs/bench/bench.toml --port PORT"
+            done
+            profiled bcast50k-direct-profiled "$BIN/herald-direct serve --config docs/bench/bench.toml --port PORT"
+            idle herald-direct
+            storm herald-direct
+            settle
+            echo "$(date -u +%H:%M:%S) jitter 10000x5 herald-direct" >> $D/series.log
+            docs/bench/prio.sh $BIN/herald-bench jitter -n 10000 -r 5 -d 60 --source-base 127.0.52.2 \
+                --ws ws://127.0.0.1:18750/ws --api http://127.0.0.1:18750 \
+                --server-cmd "$BIN/herald-direct serve --config docs/bench/bench.toml --port 18750" \
+                --json $D/jitter10k-herald-direct.json > $D/jitter10k-herald-direct.txt 2>&1
+            grep -E '^delivered|^recovery|^delivery latency' $D/jitter10k-herald-direct.txt >> $D/series.log ;;
+        final)
+            for r in 1 2 3; do
+                bcast bcast50k-fbase-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
+                bcast bcast50k-final-$r "$BIN/herald-final serve --config docs/bench/bench.toml --port PORT"
+            done
+            idle herald-final
+            storm herald-final ;;
         profile-floor)
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor --port PORT --writers 2" ;;
     esac
