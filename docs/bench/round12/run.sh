@@ -5,7 +5,9 @@
 # BIN holds herald, herald-bench and herald-fanout-floor (release builds), and herald-timer
 # (the node with the connection's timer and drain signal kept across waits; PARTS=timer), and
 # herald-direct (the fan-out writing to sockets itself; PARTS=direct), and herald-final (the
-# round's end: direct writes, the timer kept, the drain signal as before; PARTS=final). Run from the
+# round's end: direct writes, the timer kept, the drain signal as before; PARTS=final), and
+# herald-final2 (the same with the fan-out's pieces outside tokio's cooperative budget;
+# PARTS=final2). Run from the
 # repository root, on a quiet machine.
 set -uf
 D=docs/bench/round12
@@ -98,6 +100,14 @@ for part in $PARTS; do
             done
             idle herald-final
             storm herald-final ;;
+        final2)
+            for r in 1 2 3; do
+                bcast bcast50k-f2base-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
+                bcast bcast50k-final2-$r "$BIN/herald-final2 serve --config docs/bench/bench.toml --port PORT"
+            done
+            profiled bcast50k-final2-profiled "$BIN/herald-final2 serve --config docs/bench/bench.toml --port PORT"
+            idle herald-final2
+            storm herald-final2 ;;
         profile-floor)
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor --port PORT --writers 2" ;;
     esac
