@@ -57,6 +57,15 @@ storm() { # build
         --json $D/storm19k-$1.json > $D/storm19k-$1.txt 2>&1
     grep -E '^storm|^delivered' $D/storm19k-$1.txt >> $D/series.log
 }
+serve() { # build: the server command for bcast
+    echo "$BIN/$1 serve --config docs/bench/bench.toml --port PORT"
+}
+ab() { # base-label new-label new-build: three pairs, Herald at the round's start then new-build
+    for r in 1 2 3; do
+        bcast bcast50k-$1-$r "$(serve herald)"
+        bcast bcast50k-$2-$r "$(serve $3)"
+    done
+}
 for part in $PARTS; do
     case $part in
         series)
@@ -69,10 +78,7 @@ for part in $PARTS; do
             profiled bcast50k-herald-profiled "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor --port PORT --writers 2" ;;
         timer)
-            for r in 1 2 3; do
-                bcast bcast50k-base-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
-                bcast bcast50k-timer-$r "$BIN/herald-timer serve --config docs/bench/bench.toml --port PORT"
-            done
+            ab base timer herald-timer
             profiled bcast50k-base-profiled "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
             profiled bcast50k-timer-profiled "$BIN/herald-timer serve --config docs/bench/bench.toml --port PORT"
             idle herald; idle herald-timer
@@ -94,17 +100,11 @@ for part in $PARTS; do
                 --json $D/jitter10k-herald-direct.json > $D/jitter10k-herald-direct.txt 2>&1
             grep -E '^delivered|^recovery|^delivery latency' $D/jitter10k-herald-direct.txt >> $D/series.log ;;
         final)
-            for r in 1 2 3; do
-                bcast bcast50k-fbase-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
-                bcast bcast50k-final-$r "$BIN/herald-final serve --config docs/bench/bench.toml --port PORT"
-            done
+            ab fbase final herald-final
             idle herald-final
             storm herald-final ;;
         final2)
-            for r in 1 2 3; do
-                bcast bcast50k-f2base-$r "$BIN/herald serve --config docs/bench/bench.toml --port PORT"
-                bcast bcast50k-final2-$r "$BIN/herald-final2 serve --config docs/bench/bench.toml --port PORT"
-            done
+            ab f2base final2 herald-final2
             profiled bcast50k-final2-profiled "$BIN/herald-final2 serve --config docs/bench/bench.toml --port PORT"
             idle herald-final2
             storm herald-final2 ;;
