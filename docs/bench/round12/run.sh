@@ -39,23 +39,23 @@ profiled() { # label server-command-with-PORT: perf record -a, 10 s from the 12t
       perf report -i /tmp/$1.perf --sort comm,sym --stdio 2>/dev/null | grep -v '^#' | grep -v '^$' | head -40
     } > $D/profile-$1.txt
 }
-idle() { # build
+idle() { # build [label-suffix]
     settle
-    echo "$(date -u +%H:%M:%S) idle 19000 $1" >> $D/series.log
+    echo "$(date -u +%H:%M:%S) idle 19000 $1 ${HERALD_BROKER_URL:-memory}" >> $D/series.log
     docs/bench/prio.sh $BIN/herald-bench idle -n 19000 -d 10 --source-base 127.0.41.1 \
         --ws ws://127.0.0.1:18642/ws --api http://127.0.0.1:18642 \
         --server-cmd "$BIN/$1 serve --config docs/bench/bench.toml --port 18642" \
-        --json $D/idle19k-$1.json > $D/idle19k-$1.txt 2>&1
-    grep -E '^server RSS|^connect  ' $D/idle19k-$1.txt >> $D/series.log
+        --json $D/idle19k-$1${2:-}.json > $D/idle19k-$1${2:-}.txt 2>&1
+    grep -E '^server RSS|^connect  ' $D/idle19k-$1${2:-}.txt >> $D/series.log
 }
-storm() { # build
+storm() { # build [label-suffix]
     settle
-    echo "$(date -u +%H:%M:%S) storm 19000 $1" >> $D/series.log
+    echo "$(date -u +%H:%M:%S) storm 19000 $1 ${HERALD_BROKER_URL:-memory}" >> $D/series.log
     docs/bench/prio.sh $BIN/herald-bench storm -n 19000 -r 2 -d 20 --source-base 127.0.50.2 \
         --ws ws://127.0.0.1:18744/ws --api http://127.0.0.1:18744 \
         --server-cmd "$BIN/$1 serve --config docs/bench/bench.toml --port 18744" \
-        --json $D/storm19k-$1.json > $D/storm19k-$1.txt 2>&1
-    grep -E '^storm|^delivered' $D/storm19k-$1.txt >> $D/series.log
+        --json $D/storm19k-$1${2:-}.json > $D/storm19k-$1${2:-}.txt 2>&1
+    grep -E '^storm|^delivered' $D/storm19k-$1${2:-}.txt >> $D/series.log
 }
 serve() { # build: the server command for bcast
     echo "$BIN/$1 serve --config docs/bench/bench.toml --port PORT"
@@ -108,6 +108,28 @@ for part in $PARTS; do
             profiled bcast50k-final2-profiled "$BIN/herald-final2 serve --config docs/bench/bench.toml --port PORT"
             idle herald-final2
             storm herald-final2 ;;
+        brokers)
+            # The final build's idle memory and storm on Redis and on NATS JetStream, and idle
+            # memory over TLS (needs scripts/bench-tls-cert.sh).
+            redis-server --port 18740 --save '' --appendonly no > /dev/null 2>&1 &
+            rpid=$!
+            rm -rf /tmp/round12-js && mkdir -p /tmp/round12-js
+            nats-server -a 127.0.0.1 -p 18741 -js -sd /tmp/round12-js > /dev/null 2>&1 &
+            npid=$!
+            sleep 1
+            export HERALD_BROKER_URL=redis://127.0.0.1:18740
+            idle herald-final2 -redis; storm herald-final2 -redis
+            export HERALD_BROKER_URL=nats://127.0.0.1:18741
+            idle herald-final2 -nats; storm herald-final2 -nats
+            unset HERALD_BROKER_URL
+            kill $rpid $npid; wait $rpid $npid 2>/dev/null
+            settle
+            echo "$(date -u +%H:%M:%S) idle 19000 TLS herald-final2" >> $D/series.log
+            docs/bench/prio.sh $BIN/herald-bench idle -n 19000 -d 10 --source-base 127.0.43.1 \
+                --tls-ca target/bench-tls/ca.pem --ws wss://127.0.0.1:18643/ws --api https://127.0.0.1:18643 \
+                --server-cmd "$BIN/herald-final2 serve --config docs/bench/bench.toml --port 18643 --tls-cert target/bench-tls/server.pem --tls-key target/bench-tls/server.key" \
+                --json $D/idle19k-tls-herald-final2.json > $D/idle19k-tls-herald-final2.txt 2>&1
+            grep -E '^server RSS|^connect  ' $D/idle19k-tls-herald-final2.txt >> $D/series.log ;;
         profile-floor)
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor --port PORT --writers 2" ;;
     esac
