@@ -14,7 +14,7 @@
 //! `writing` role); whatever a direct write cannot finish goes back to the task.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::Bytes;
 use herald_protocol::CloseCode;
@@ -144,9 +144,16 @@ impl Outbound {
     /// Queue a frame. Returns false if the connection is closing (now or already); the frame is
     /// dropped then, and the connection will recover what it missed when it reconnects.
     pub fn push(&self, frame: Bytes) -> bool {
-        let mut state = self.state.lock().expect("outbound lock");
+        let state = self.state.lock().expect("outbound lock");
+        self.queue(state, frame, true).is_some()
+    }
+
+    /// Queue `frame` under the held lock: `None` if it was dropped (closing, or it overflowed
+    /// the bound, which closes), else whether it made the queue non-empty. That push, and only
+    /// that one, wakes the task when `wake` says so: the task drains everything.
+    fn queue(&self, mut state: MutexGuard<'_, State>, frame: Bytes, wake: bool) -> Option<bool> {
         if state.close.is_some() {
-            return false;
+            return None;
         }
         // A frame always fits an empty queue: a reply that carries a large recovery must reach
         // the client, or it would reconnect with the same `since` and overflow again forever.
@@ -160,17 +167,16 @@ impl Outbound {
             });
             drop(state);
             self.notify.notify_one();
-            return false;
+            return None;
         }
-        // Only the push that makes the queue non-empty wakes the writer: it drains everything.
-        let wake = state.frames.is_empty();
+        let first = state.frames.is_empty();
         state.bytes += frame.len();
         state.frames.push_back(frame);
         drop(state);
-        if wake {
+        if first && wake {
             self.notify.notify_one();
         }
-        true
+        Some(first)
     }
 
     /// Ask the connection to close after what is queued. The first request wins.
@@ -262,25 +268,13 @@ impl Outbound {
     /// `Some(true)`: the caller must call [`flush_direct`](Self::flush_direct) (after releasing
     /// its own locks); `Some(false)`: someone else writes it.
     pub fn push_for_fanout(&self, frame: Bytes) -> Option<bool> {
-        let mut state = self.state.lock().expect("outbound lock");
-        if state.direct.is_none() {
-            drop(state);
-            return self.push(frame).then_some(false);
-        }
-        if state.close.is_some() {
-            return None;
-        }
-        if state.bytes > 0 && state.bytes + frame.len() > self.limit {
-            drop(state);
-            // Over the bound: `push` closes the connection as a slow consumer.
-            return self.push(frame).then_some(false);
-        }
-        let first = state.frames.is_empty();
-        state.bytes += frame.len();
-        state.frames.push_back(frame);
+        let state = self.state.lock().expect("outbound lock");
         // A writer at work takes it when done (`written`, `flush_direct`); pending controls
         // have woken the task already, which drains frames too.
-        Some(first && !state.writing && state.controls.is_empty())
+        let direct = state.direct.is_some() && !state.writing && state.controls.is_empty();
+        let indirect = state.direct.is_none();
+        let first = self.queue(state, frame, indirect)?;
+        Some(first && direct)
     }
 
     /// Write what is queued from the caller's thread, through the direct writer, if nobody else

@@ -85,21 +85,22 @@ impl Hub {
         for sub in ch.subscribers.values_mut() {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
-                Mode::Live { skip_until } if p.offset > *skip_until => match &mut direct {
-                    Some(list) => {
-                        if let Some(write) = sub.out.push_for_fanout(frame.clone()) {
-                            delivered += 1;
-                            if write {
+                Mode::Live { skip_until } if p.offset > *skip_until => {
+                    let queued = match &mut direct {
+                        Some(list) => match sub.out.push_for_fanout(frame.clone()) {
+                            Some(true) => {
                                 list.push(sub.out.clone());
+                                true
                             }
-                        }
+                            Some(false) => true,
+                            None => false,
+                        },
+                        None => sub.out.push(frame.clone()),
+                    };
+                    if queued {
+                        delivered += 1;
                     }
-                    None => {
-                        if sub.out.push(frame.clone()) {
-                            delivered += 1;
-                        }
-                    }
-                },
+                }
                 Mode::Live { .. } | Mode::Lost => {}
             }
         }
