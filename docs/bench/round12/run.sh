@@ -7,7 +7,8 @@
 # herald-direct (the fan-out writing to sockets itself; PARTS=direct), and herald-final (the
 # round's end: direct writes, the timer kept, the drain signal as before; PARTS=final), and
 # herald-final2 (the same with the fan-out's pieces outside tokio's cooperative budget;
-# PARTS=final2). Run from the
+# PARTS=final2), and herald-final3 (final2 with push and push_for_fanout sharing one queueing
+# step; PARTS=final3, one pair as a check). Run from the
 # repository root, on a quiet machine.
 set -uf
 D=docs/bench/round12
@@ -108,6 +109,9 @@ for part in $PARTS; do
             profiled bcast50k-final2-profiled "$BIN/herald-final2 serve --config docs/bench/bench.toml --port PORT"
             idle herald-final2
             storm herald-final2 ;;
+        final3)
+            bcast bcast50k-f3base-1 "$(serve herald-final2)"
+            bcast bcast50k-final3-1 "$(serve herald-final3)" ;;
         brokers)
             # The final build's idle memory and storm on Redis and on NATS JetStream, and idle
             # memory over TLS (needs scripts/bench-tls-cert.sh).
