@@ -200,6 +200,17 @@ async fn two_nodes_share_one_outbox_without_reordering_or_duplicates() {
     let (b, _fb) = node(&redis.url(), &pg, consumer).await;
     let (watcher, _fw) = plain_node(&redis.url()).await;
     let mut sub = subscriber(&watcher, 4).await;
+    // Both consumers connected (four workers and a listener each) before the rows go in: a node
+    // still connecting when they arrive could find the outbox drained by the other.
+    eventually(
+        "both nodes' consumers connected",
+        Duration::from_secs(10),
+        || {
+            pg.psql("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'herald %'")
+                == "10"
+        },
+    )
+    .await;
     let per_partition = 150;
     insert_rows(&pg, 4, 0, per_partition);
     let mut got = Received::default();
