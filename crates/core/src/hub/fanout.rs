@@ -259,7 +259,14 @@ fn write_direct(mut outs: Vec<Arc<Outbound>>) {
     let handle = match tokio::runtime::Handle::try_current() {
         Ok(h) if outs.len() > DIRECT_INLINE_MAX => h,
         _ => {
-            outs.iter().for_each(|o| o.flush_direct());
+            // Outside the caller's cooperative budget too (see below): a caller that has spent
+            // it would otherwise see "not ready" and hand every write back to the tasks. The
+            // block never waits, so one poll completes it.
+            let inline = tokio::task::coop::unconstrained(async {
+                outs.iter().for_each(|o| o.flush_direct())
+            });
+            let done = futures_util::FutureExt::now_or_never(inline);
+            debug_assert!(done.is_some());
             return;
         }
     };
@@ -269,8 +276,48 @@ fn write_direct(mut outs: Vec<Arc<Outbound>>) {
         // polls in one task the budget would make the rest return "not ready", sending half of a
         // piece back to the connections' tasks (measured: half the direct writes). A piece is
         // bounded, so it cannot hog its worker.
-        handle.spawn(tokio::task::unconstrained(async move {
+        handle.spawn(tokio::task::coop::unconstrained(async move {
             piece.iter().for_each(|o| o.flush_direct())
         }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::outbound::{DirectWrite, Flushed};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::Poll;
+
+    /// Records whether tokio's cooperative budget had room when it was asked to write (a real
+    /// socket's readiness check returns "not ready" when it has none).
+    #[derive(Default)]
+    struct BudgetProbe(AtomicBool);
+
+    impl DirectWrite for BudgetProbe {
+        fn try_write(&self, _frames: Vec<Bytes>) -> Result<Flushed, Vec<Bytes>> {
+            self.0
+                .store(tokio::task::coop::has_budget_remaining(), Ordering::SeqCst);
+            Ok(Flushed::All)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_few_direct_writes_run_outside_a_spent_budget() {
+        let probe = Arc::new(BudgetProbe::default());
+        let q = Arc::new(Outbound::new(100));
+        q.set_direct(Some(probe.clone()));
+        assert_eq!(q.push_for_fanout(Bytes::from_static(b"x")), Some(true));
+        // Spend this task's budget within one poll, as a busy caller would have.
+        std::future::poll_fn(|cx| {
+            while let Poll::Ready(r) = tokio::task::coop::poll_proceed(cx) {
+                r.made_progress();
+            }
+            Poll::Ready(())
+        })
+        .await;
+        assert!(!tokio::task::coop::has_budget_remaining());
+        write_direct(vec![q]);
+        assert!(probe.0.load(Ordering::SeqCst), "the write saw no budget");
     }
 }
