@@ -1,0 +1,38 @@
+#!/bin/sh
+# Round 13 (issue 13), 2-core machine: workloads of many small channels, where the fan-out writes
+# to a channel's few subscribers itself (inline, no pieces), against builds before and after.
+# BIN holds herald-bench and the builds named in BUILDS: herald (76cc3fa, before writes from the
+# fan-out), herald-final3 (bd63165, round 12's end), herald-inline (the deliverer's own writes
+# outside its cooperative budget). Run from the repository root, on a quiet machine.
+set -uf
+D=docs/bench/round13
+BIN=${BIN:-/tmp/bin}
+ROUNDS=${ROUNDS:-1 2}
+BUILDS=${BUILDS:-herald herald-final3 herald-inline}
+PARTS=${PARTS:-fanin}
+n=0
+settle() { # wait for the previous run's sockets to leave TIME_WAIT
+    while [ "$(ss -tan state time-wait | wc -l)" -gt 500 ]; do sleep 2; done
+}
+run() { # label scenario-args...
+    label=$1; shift
+    n=$((n + 1))
+    settle
+    port=$((18790 + n % 4)) src=127.0.$((80 + n % 4)).2
+    echo "$(date -u +%H:%M:%S) $label: $*" >> $D/series.log
+    docs/bench/prio.sh $BIN/herald-bench "$@" --ws ws://127.0.0.1:$port/ws \
+        --api http://127.0.0.1:$port --source-base $src \
+        --server-cmd "$BIN/$build serve --config docs/bench/bench.toml --port $port" \
+        --json $D/$label.json > $D/$label.txt 2>&1
+    grep -E "^delivery latency|^server  |^machine|^rig|^delivered|^fanin|^api" $D/$label.txt >> $D/series.log
+}
+for round in $ROUNDS; do
+    for build in $BUILDS; do
+        case " $PARTS " in *" fanin "*)
+            # One POST /api/broadcast to 10,000 personal channels each second.
+            run fanin10k-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
+        case " $PARTS " in *" rooms "*)
+            # 10,000 subscribers in 1,000 channels of 10, 2,000 publications/s: 20,000 deliveries/s.
+            run small1k-$build-$round broadcast -n 10000 -c 1000 -r 2000 -d 20 ;; esac
+    done
+done
