@@ -26,13 +26,22 @@ run() { # label scenario-args...
         --json $D/$label.json > $D/$label.txt 2>&1
     grep -E "^delivery latency|^server  |^machine|^rig|^delivered|^fanin|^api" $D/$label.txt >> $D/series.log
 }
+case " $PARTS " in *" fanin-redis "*)
+    # The same broadcast through Redis: the node's broker receive loop delivers the 10,000.
+    redis-server --port 18780 --save '' --appendonly no > /dev/null 2>&1 &
+    rpid=$!
+    sleep 1
+    export HERALD_BROKER_URL=redis://127.0.0.1:18780 ;; esac
 for round in $ROUNDS; do
     for build in $BUILDS; do
         case " $PARTS " in *" fanin "*)
             # One POST /api/broadcast to 10,000 personal channels each second.
             run fanin10k-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
+        case " $PARTS " in *" fanin-redis "*)
+            run fanin10k-redis-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
         case " $PARTS " in *" rooms "*)
-            # 10,000 subscribers in 1,000 channels of 10, 2,000 publications/s: 20,000 deliveries/s.
-            run small1k-$build-$round broadcast -n 10000 -c 1000 -r 2000 -d 20 ;; esac
+            # 10,000 subscribers in 1,000 channels of 10, 5,000 publications/s: 50,000 deliveries/s.
+            run small1k-$build-$round broadcast -n 10000 -c 1000 -r 5000 -d 20 ;; esac
     done
 done
+case " $PARTS " in *" fanin-redis "*) kill $rpid; wait $rpid 2>/dev/null ;; esac
