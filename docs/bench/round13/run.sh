@@ -3,7 +3,8 @@
 # to a channel's few subscribers itself (inline, no pieces), against builds before and after.
 # BIN holds herald-bench and the builds named in BUILDS: herald (76cc3fa, before writes from the
 # fan-out), herald-final3 (bd63165, round 12's end), herald-inline (the deliverer's own writes
-# outside its cooperative budget). Run from the repository root, on a quiet machine.
+# outside its cooperative budget), herald-slices (a large broadcast published in one slice per
+# worker). Run from the repository root, on a quiet machine.
 set -uf
 D=docs/bench/round13
 BIN=${BIN:-/tmp/bin}
