@@ -26,6 +26,7 @@ run() { # label scenario-args...
         --server-cmd "$BIN/$build serve --config docs/bench/bench.toml --port $port" \
         --json $D/$label.json > $D/$label.txt 2>&1
     grep -E "^delivery latency|^server  |^machine|^rig|^delivered|^fanin|^api" $D/$label.txt >> $D/series.log
+    gzip -9 -n -f $D/$label.json  # the raw workers' results: megabytes each, a tenth gzipped
 }
 case " $PARTS " in *" fanin-redis "*)
     # The same broadcast through Redis: the node's broker receive loop delivers the 10,000.
