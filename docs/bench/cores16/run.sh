@@ -17,7 +17,7 @@ step() { # name herald label extra-args...
   echo "== $name $label $(date +%T) load $(cut -d' ' -f1 /proc/loadavg)"
   "$bench" broadcast -n "$n" -c 1 -w "$w" -d "$d" --source-base 127.0.$src.2 \
     --json "$out/$name-$label.json" "$@" > "$out/$name-$label.txt" 2>&1
-  echo "rc=$? $(grep -E 'p50|delivered|server' "$out/$name-$label.txt" | head -6 | tr '\n' ' ')"
+  echo "rc=$? $(grep -E '^delivery latency|^deliveries/s|^delivered|^server  ' "$out/$name-$label.txt" | tr -s ' ' | tr '\n' ' ')"
 }
 for rate in ${RATES:-1 10 30 100}; do
   for pair in "$@"; do
