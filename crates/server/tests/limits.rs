@@ -435,14 +435,15 @@ struct SlowOutcome {
 
 static SLOW_TESTS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A reader and a client that never reads share a channel while the API publishes 3000 × 8 KB
-/// into 256 KB outbound queues (far more than the kernel's socket buffers hold). The reader gets every publication in order,
-/// a bystander on another channel is untouched, the slow one is closed and counted.
-async fn slow_consumer(write_timeout_ms: &str) -> SlowOutcome {
+/// Readers and a client that never reads share a channel while the API publishes 3000 × 8 KB
+/// into 256 KB outbound queues (far more than the kernel's socket buffers hold). Every reader gets
+/// every publication in order, a bystander on another channel is untouched, the slow one is
+/// closed and counted.
+async fn slow_consumer(write_timeout_ms: &str, readers: usize) -> SlowOutcome {
     const TOTAL: u64 = 3000;
     const PUBLISHERS: u64 = 2;
-    // One at a time: on a loaded machine two of these at once starve the reader, which would then
-    // be (rightly) closed as a slow consumer too.
+    // One at a time: on a loaded machine two of these at once starve the readers, which would
+    // then be (rightly) closed as slow consumers too.
     let _one_at_a_time = SLOW_TESTS.lock().await;
     let node = Node::start(
         &["--dev"],
@@ -456,22 +457,28 @@ async fn slow_consumer(write_timeout_ms: &str) -> SlowOutcome {
     let mut bystander = node.connected(&["quiet"]).await;
     bystander.push("join").await;
 
-    // The reader drains its socket as fast as it can and must see every publication in order.
-    let mut reader = node.connected(&["firehose"]).await;
-    reader.push("join").await;
-    // The slow one subscribes and then does not read until the publishing is over.
+    // The readers drain their sockets as fast as they can and must see every publication in
+    // order. The slow one subscribes last and then does not read until the publishing is over.
+    let mut joined = Vec::new();
+    for _ in 0..readers {
+        joined.push(node.connected(&["firehose"]).await);
+    }
     let mut slow = node.connected(&["firehose"]).await;
-    reader.push("join").await;
-    let reader_task = tokio::spawn(async move {
-        let mut offsets = Vec::new();
-        while offsets.last().copied().unwrap_or(0) < TOTAL {
-            let m = reader.next().await;
-            if let Some(p) = m.get("pub") {
-                offsets.push(p["offset"].as_u64().unwrap());
-            }
-        }
-        (reader, offsets)
-    });
+    let readers: Vec<_> = joined
+        .into_iter()
+        .map(|mut reader| {
+            tokio::spawn(async move {
+                let mut offsets = Vec::new();
+                while offsets.last().copied().unwrap_or(0) < TOTAL {
+                    let m = reader.next().await;
+                    if let Some(p) = m.get("pub") {
+                        offsets.push(p["offset"].as_u64().unwrap());
+                    }
+                }
+                (reader, offsets)
+            })
+        })
+        .collect();
 
     let pad = "x".repeat(8000);
     let mut publishers = Vec::new();
@@ -488,11 +495,15 @@ async fn slow_consumer(write_timeout_ms: &str) -> SlowOutcome {
     for p in publishers {
         p.await.unwrap();
     }
-    let (mut reader, offsets) = tokio::time::timeout(Duration::from_secs(30), reader_task)
-        .await
-        .expect("the reader did not get everything")
-        .unwrap();
-    assert_eq!(offsets, (1..=TOTAL).collect::<Vec<_>>(), "reader");
+    let mut done = Vec::new();
+    for reader in readers {
+        let (reader, offsets) = tokio::time::timeout(Duration::from_secs(30), reader)
+            .await
+            .expect("a reader did not get everything")
+            .unwrap();
+        assert_eq!(offsets, (1..=TOTAL).collect::<Vec<_>>(), "reader");
+        done.push(reader);
+    }
 
     // Now read what reached the slow client: what the kernel buffered, then the end.
     let mut seen = Vec::new();
@@ -515,8 +526,10 @@ async fn slow_consumer(write_timeout_ms: &str) -> SlowOutcome {
     assert_eq!(seen, (1..=seen.len() as u64).collect::<Vec<_>>());
     assert_eq!(node.metric("herald_slow_consumers_total").await, 1.0);
 
-    // The reader and the bystander carry on.
-    assert_usable(&node, &mut reader, "firehose").await;
+    // The readers and the bystander carry on.
+    for reader in &mut done {
+        assert_usable(&node, reader, "firehose").await;
+    }
     assert_usable(&node, &mut bystander, "quiet").await;
     SlowOutcome {
         offsets: seen,
@@ -529,10 +542,22 @@ async fn slow_consumer(write_timeout_ms: &str) -> SlowOutcome {
 async fn slow_consumer_is_closed_with_4001_and_hurts_nobody() {
     // The write stays blocked while the client does not read; within the write timeout, the
     // server delivers the 4001 once the client reads again.
-    let slow = slow_consumer("30000").await;
+    let slow = slow_consumer("30000", 1).await;
     let d = slow.disconnect.expect("disconnect push");
     assert_eq!(d["code"], 4001, "{d}");
     assert_eq!(d["reconnect"], true, "{d}");
+    assert_eq!(slow.close, Some(4001));
+    assert!(!slow.offsets.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_consumer_in_a_large_channel_is_closed_and_the_readers_get_everything() {
+    // 20 readers and the slow one: more subscribers than the fan-out writes itself, so the
+    // channel is written in spawned pieces, and what the slow socket does not take goes back to
+    // its own task, which closes it.
+    let slow = slow_consumer("30000", 20).await;
+    let d = slow.disconnect.expect("disconnect push");
+    assert_eq!(d["code"], 4001, "{d}");
     assert_eq!(slow.close, Some(4001));
     assert!(!slow.offsets.is_empty());
 }
@@ -541,7 +566,7 @@ async fn slow_consumer_is_closed_with_4001_and_hurts_nobody() {
 async fn slow_consumer_past_the_write_timeout_is_dropped_and_counted() {
     // A client jammed longer than the write timeout: the socket cannot carry a close frame any
     // more; the connection is dropped and still counted as a slow consumer.
-    let slow = slow_consumer("500").await;
+    let slow = slow_consumer("500", 1).await;
     if let Some(d) = &slow.disconnect {
         assert_eq!(d["code"], 4001, "{d}");
     }
