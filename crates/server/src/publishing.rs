@@ -225,7 +225,8 @@ pub async fn execute(
             vec![publish_one(ctx, channel, data.clone(), key).await]
         }
         Command::Broadcast { channels, .. } => {
-            broadcast(ctx, channels, data, key, limits.broadcast_concurrency).await
+            let publish_all = broadcast(ctx, channels, data, key, limits.broadcast_concurrency);
+            ctx.hub.gathering_direct_writes(publish_all).await
         }
     };
     Ok(Executed { results })

@@ -257,3 +257,77 @@ async fn a_large_channel_gets_every_publication_in_order_with_replies_between() 
         }
     }
 }
+
+/// Broadcasts to hundreds of personal channels: the node gathers their direct writes across
+/// channels and writes them in pieces (and the rest when the broadcast is done). Every client gets
+/// every publication once and in order, one subscribed to channels in different pieces too, and
+/// a publish right after a broadcast comes after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcasts_to_many_channels_reach_every_subscriber_in_order() {
+    let cfg = config_file(
+        "herald.toml",
+        r#"
+        allow_anonymous = true
+        [default_namespace]
+        subscribe = "anonymous"
+        publish = true
+        history = true
+        presence = false
+        join_leave = false
+        "#,
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    const CHANNELS: usize = 600;
+    let channels: Vec<String> = (0..CHANNELS).map(|i| format!("own{i}")).collect();
+    let mut clients = Vec::new();
+    for ch in &channels {
+        clients.push(node.connected(&[ch.as_str()]).await);
+    }
+    let spread = ["own0", "own300", "own599"];
+    let mut wide = node.connected(&spread).await;
+    const N: u64 = 3;
+    for i in 1..=N {
+        let (status, r) = node
+            .api(
+                "/api/broadcast",
+                Some(json!({"channels": channels, "data": i})),
+            )
+            .await;
+        assert_eq!((status, &r["published"]), (200, &json!(CHANNELS)), "{r}");
+    }
+    node.publish("own0", json!("after")).await;
+    let next = |m: &serde_json::Value| (m["pub"]["channel"].clone(), m["pub"]["data"].clone());
+    for (n, c) in clients.iter_mut().enumerate() {
+        for i in 1..=N {
+            let m = c.next_within(std::time::Duration::from_secs(10)).await;
+            let m = m.unwrap_or_else(|| panic!("client {n}: nothing for broadcast {i}"));
+            assert_eq!(next(&m), (json!(channels[n]), json!(i)), "client {n}");
+        }
+    }
+    let m = clients[0]
+        .next_within(std::time::Duration::from_secs(10))
+        .await;
+    assert_eq!(
+        next(&m.expect("the publish")),
+        (json!("own0"), json!("after"))
+    );
+    let mut got: Vec<(serde_json::Value, serde_json::Value)> = Vec::new();
+    while got.len() < spread.len() * N as usize + 1 {
+        let m = wide.next_within(std::time::Duration::from_secs(10)).await;
+        got.push(next(
+            &m.unwrap_or_else(|| panic!("the wide client got only {got:?}")),
+        ));
+    }
+    for ch in spread {
+        let data: Vec<serde_json::Value> = got
+            .iter()
+            .filter(|(c, _)| c == ch)
+            .map(|(_, d)| d.clone())
+            .collect();
+        let mut want: Vec<serde_json::Value> = (1..=N).map(|i| json!(i)).collect();
+        if ch == "own0" {
+            want.push(json!("after"));
+        }
+        assert_eq!(data, want, "the wide client on {ch}");
+    }
+}

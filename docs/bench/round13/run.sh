@@ -4,7 +4,8 @@
 # BIN holds herald-bench and the builds named in BUILDS: herald (76cc3fa, before writes from the
 # fan-out), herald-final3 (bd63165, round 12's end), herald-inline (the deliverer's own writes
 # outside its cooperative budget), herald-slices (a large broadcast published in one slice per
-# worker). Run from the repository root, on a quiet machine.
+# worker), herald-gather (a broadcast's direct writes gathered across channels and written in
+# pieces). Run from the repository root, on a quiet machine.
 set -uf
 D=docs/bench/round13
 BIN=${BIN:-/tmp/bin}

@@ -252,10 +252,56 @@ const DIRECT_INLINE_MAX: usize = 16;
 /// `write`s), large enough that spawning costs nothing beside them.
 const DIRECT_PIECE: usize = 256;
 
+tokio::task_local! {
+    /// The direct writes of a task that delivers to many channels in a row (see
+    /// [`Hub::gathering_direct_writes`]).
+    static GATHERED: Gathered;
+}
+
+/// Direct writes put off by a gathering task; written in pieces as they fill, and the rest when
+/// the gathering ends, even if it ends by being dropped (its frames are queued without a
+/// wake-up: nobody else would write them).
+#[derive(Default)]
+struct Gathered(std::cell::RefCell<Vec<Arc<Outbound>>>);
+
+impl Drop for Gathered {
+    fn drop(&mut self) {
+        write_direct_now(self.0.take());
+    }
+}
+
+impl Hub {
+    /// Run `work` (a broadcast's publications, say) with the direct writes of its deliveries
+    /// gathered across channels and written in pieces spread over the workers, as one large
+    /// channel's are. Without it each delivery writes its channel's few connections itself, and
+    /// past the task's cooperative budget hands them to their tasks: a wake-up each.
+    pub async fn gathering_direct_writes<F: std::future::Future>(&self, work: F) -> F::Output {
+        GATHERED.scope(Gathered::default(), work).await
+    }
+}
+
+/// Write to the connections a fan-out queued for direct writes; in a gathering task, add them
+/// to its gathered writes instead, and spawn those a piece at a time.
+fn write_direct(mut outs: Vec<Arc<Outbound>>) {
+    if outs.is_empty() {
+        return;
+    }
+    let piece = GATHERED.try_with(|g| {
+        let mut g = g.0.borrow_mut();
+        g.append(&mut outs);
+        (g.len() >= DIRECT_PIECE).then(|| std::mem::take(&mut *g))
+    });
+    match piece {
+        Ok(Some(piece)) => write_direct_now(piece),
+        Ok(None) => {}
+        Err(_) => write_direct_now(outs),
+    }
+}
+
 /// Write to the connections a fan-out queued for direct writes: on the caller's thread for a
 /// few; for more, in pieces spawned on the runtime, so that every worker takes part in the
 /// kernel's per-write work (most of a delivery's cost). Outside a runtime, all here.
-fn write_direct(mut outs: Vec<Arc<Outbound>>) {
+fn write_direct_now(mut outs: Vec<Arc<Outbound>>) {
     let handle = match tokio::runtime::Handle::try_current() {
         Ok(h) if outs.len() > DIRECT_INLINE_MAX => h,
         _ => {
@@ -298,6 +344,72 @@ mod tests {
                 .store(tokio::task::coop::has_budget_remaining(), Ordering::SeqCst);
             Ok(Flushed::All)
         }
+    }
+
+    /// Counts the frames it was given, taking all of them.
+    #[derive(Default)]
+    struct Counter(std::sync::atomic::AtomicUsize);
+
+    impl DirectWrite for Counter {
+        fn try_write(&self, frames: Vec<Bytes>) -> Result<Flushed, Vec<Bytes>> {
+            self.0.fetch_add(frames.len(), Ordering::SeqCst);
+            Ok(Flushed::All)
+        }
+    }
+
+    impl Counter {
+        fn written(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// `n` queues writing through `counter`, each with one frame queued by a fan-out.
+    fn queued(counter: &Arc<Counter>, n: usize) -> Vec<Arc<Outbound>> {
+        (0..n)
+            .map(|_| {
+                let q = Arc::new(Outbound::new(100));
+                q.set_direct(Some(counter.clone()));
+                assert_eq!(q.push_for_fanout(Bytes::from_static(b"x")), Some(true));
+                q
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn gathered_writes_go_out_a_piece_at_a_time_and_the_rest_at_the_end() {
+        let counter = Arc::new(Counter::default());
+        let queues = queued(&counter, DIRECT_PIECE + 44);
+        GATHERED
+            .scope(Gathered::default(), async {
+                for q in &queues {
+                    write_direct(vec![q.clone()]);
+                }
+                // The first piece was spawned; it runs once this task yields.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                assert_eq!(counter.written(), DIRECT_PIECE);
+            })
+            .await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert_eq!(counter.written(), DIRECT_PIECE + 44);
+    }
+
+    #[tokio::test]
+    async fn gathered_writes_go_out_when_the_gathering_is_dropped() {
+        let counter = Arc::new(Counter::default());
+        let queues = queued(&counter, 3);
+        let stuck = GATHERED.scope(Gathered::default(), async {
+            for q in &queues {
+                write_direct(vec![q.clone()]);
+            }
+            std::future::pending::<()>().await
+        });
+        let dropped = tokio::time::timeout(std::time::Duration::from_millis(20), stuck).await;
+        assert!(dropped.is_err());
+        assert_eq!(
+            counter.written(),
+            3,
+            "written, though nothing woke their tasks"
+        );
     }
 
     /// The budget is what spreads a long run of small deliveries over the workers (see
