@@ -306,10 +306,10 @@ fn write_direct_now(mut outs: Vec<Arc<Outbound>>) {
         Ok(h) if outs.len() > DIRECT_INLINE_MAX => h,
         _ => {
             // Inside the caller's cooperative budget, on purpose: a task that delivers to many
-            // small channels in a row (a broadcast to 10,000 personal channels, a broker's
-            // receive loop) writes about 128 of them itself and hands the rest to the
-            // connections' tasks, spread over the workers. Written all here, the broadcast took
-            // 123 ms to reach everyone instead of 89–101 (docs/benchmarks.md, round 13).
+            // small channels in a row without gathering (a broker's receive loop) writes about
+            // 128 of them itself and hands the rest to the connections' tasks, spread over the
+            // workers. Written all here, a broadcast to 10,000 personal channels took 123 ms to
+            // reach everyone instead of 89–101 (docs/benchmarks.md, round 13).
             outs.iter().for_each(|o| o.flush_direct());
             return;
         }
