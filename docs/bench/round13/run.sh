@@ -42,6 +42,9 @@ for round in $ROUNDS; do
             run fanin10k-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
         case " $PARTS " in *" fanin-redis "*)
             run fanin10k-redis-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
+        case " $PARTS " in *" goal "*)
+            # Issue 13's 2-core goal run (one channel of 10,000, 5/s through /api/publish).
+            run bcast50k-$build-$round broadcast -n 10000 -r 5 -d 30 ;; esac
         case " $PARTS " in *" rooms "*)
             # 10,000 subscribers in 1,000 channels of 10, 5,000 publications/s: 50,000 deliveries/s.
             run small1k-$build-$round broadcast -n 10000 -c 1000 -r 5000 -d 20 ;; esac
