@@ -198,11 +198,9 @@ async fn subprotocol_negotiation() {
     assert!(refused.is_err(), "unknown subprotocol must be refused");
 }
 
-/// The fan-out writes a large channel's publications to the sockets itself, in pieces spread over
-/// the node's workers, while each connection's task writes its replies: every subscriber still
-/// gets every publication once and in order, and its replies, whatever raced.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_large_channel_gets_every_publication_in_order_with_replies_between() {
+/// A node where anonymous clients subscribe to and publish on any channel, with history and
+/// without presence; keep the config file as long as the node.
+async fn open_node() -> (Node, ConfigFile) {
     let cfg = config_file(
         "herald.toml",
         r#"
@@ -217,6 +215,15 @@ async fn a_large_channel_gets_every_publication_in_order_with_replies_between() 
         "#,
     );
     let node = Node::start(&["--config", &cfg], &[]).await;
+    (node, cfg)
+}
+
+/// The fan-out writes a large channel's publications to the sockets itself, in pieces spread over
+/// the node's workers, while each connection's task writes its replies: every subscriber still
+/// gets every publication once and in order, and its replies, whatever raced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_channel_gets_every_publication_in_order_with_replies_between() {
+    let (node, _cfg) = open_node().await;
     // More than one piece of direct writes (256 connections each).
     let mut clients = Vec::new();
     for _ in 0..300 {
@@ -264,19 +271,7 @@ async fn a_large_channel_gets_every_publication_in_order_with_replies_between() 
 /// a publish right after a broadcast comes after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcasts_to_many_channels_reach_every_subscriber_in_order() {
-    let cfg = config_file(
-        "herald.toml",
-        r#"
-        allow_anonymous = true
-        [default_namespace]
-        subscribe = "anonymous"
-        publish = true
-        history = true
-        presence = false
-        join_leave = false
-        "#,
-    );
-    let node = Node::start(&["--config", &cfg], &[]).await;
+    let (node, _cfg) = open_node().await;
     const CHANNELS: usize = 600;
     let channels: Vec<String> = (0..CHANNELS).map(|i| format!("own{i}")).collect();
     let mut clients = Vec::new();
