@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
     Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PublishOptions, SharedBroker, StreamOptions,
+    PublishOptions, PublishTarget, SharedBroker, StreamOptions,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
 use prometheus_client::registry::Registry;
@@ -116,6 +116,15 @@ impl Broker for RedisBroker {
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
         self.inner.publish(channel, data, info, opts).await
+    }
+
+    async fn publish_many(
+        &self,
+        targets: &[PublishTarget],
+        data: Bytes,
+        info: Option<ClientInfo>,
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        self.inner.publish_many(targets, data, info).await
     }
 
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError> {

@@ -1,23 +1,42 @@
 //! Publishing: the atomic publish script (offset, history append, pub/sub in one step, with
-//! idempotency keys and the rollback floor), and raw pub/sub payloads for presence changes and
-//! control messages.
+//! idempotency keys and the rollback floor), one call for one channel or for several of one
+//! slot, and raw pub/sub payloads for presence changes and control messages.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
-use herald_broker::{new_epoch, BrokerError, ControlMessage, PublishOptions};
+use futures_util::future::join_all;
+use herald_broker::{new_epoch, BrokerError, ControlMessage, PublishOptions, PublishTarget};
 use herald_protocol::{ClientInfo, StreamPosition};
 
 use crate::broker::Inner;
-use crate::{codec, scripts};
+use crate::{codec, names, scripts};
 
 /// How long an idempotency key is remembered (as in the memory broker).
 const IDEMPOTENCY_TTL_S: u64 = 300;
+
+/// A publisher's info as the script stores it: JSON, or empty for none.
+fn info_json(info: Option<&ClientInfo>) -> Result<Vec<u8>, BrokerError> {
+    match info {
+        Some(i) => {
+            serde_json::to_vec(i).map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))
+        }
+        None => Ok(Vec::new()),
+    }
+}
 
 /// Milliseconds for a script argument: at least 1, so a zero TTL never means "forever".
 pub(crate) fn ms(d: Duration) -> u64 {
     d.as_millis().clamp(1, u128::from(u64::MAX)) as u64
 }
+
+/// At most this many channels per script call. Redis spends about 8 µs a channel in it, so a
+/// call holds Redis's one thread for under a millisecond and other commands interleave.
+const MAX_CHANNELS_PER_CALL: usize = 64;
+
+/// One channel of a script call: its name and options.
+type Entry<'a> = (&'a str, &'a PublishOptions);
 
 impl Inner {
     /// Publish through the script: the position it got, or why not.
@@ -28,53 +47,145 @@ impl Inner {
         info: Option<ClientInfo>,
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
-        let k = self.names.channel(channel);
-        let idem = opts
-            .idempotency_key
-            .as_ref()
-            .map(|key| self.names.idempotency(channel, key));
-        let info_json = match &info {
-            Some(i) => serde_json::to_vec(i)
-                .map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))?,
-            None => Vec::new(),
+        let info_json = info_json(info.as_ref())?;
+        let shard = self.shard(channel);
+        let mut positions = self
+            .publish_call(shard, &[(channel, opts)], &data, &info_json)
+            .await?;
+        Ok(positions.remove(0))
+    }
+
+    /// Publish to several channels: one script call per slot (Cluster) or shard (standalone) and
+    /// idempotency (with a key or without), of at most [`MAX_CHANNELS_PER_CALL`] channels, the
+    /// calls concurrent. Results in `targets`' order.
+    pub(crate) async fn publish_many(
+        &self,
+        targets: &[PublishTarget],
+        data: Bytes,
+        info: Option<ClientInfo>,
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        let info_json = match info_json(info.as_ref()) {
+            Ok(json) => json,
+            Err(e) => return targets.iter().map(|_| Err(e.clone())).collect(),
         };
-        let s = &opts.stream;
-        let command = self.publish_command();
-        let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
-        let result = self
-            .run(self.shard(channel), |mut c| async move {
-                let mut inv = scripts::PUBLISH.prepare_invoke();
-                inv.key(&k.meta).key(&k.history);
-                if let Some(idem) = &idem {
-                    inv.key(idem);
+        // Group the targets' indices by where one call may take them.
+        let mut groups: HashMap<(usize, bool), Vec<usize>> = HashMap::new();
+        for (i, t) in targets.iter().enumerate() {
+            let place = if self.cluster {
+                usize::from(names::slot(&self.names.pubsub(&t.channel)))
+            } else {
+                self.shard(&t.channel)
+            };
+            let keyed = t.opts.idempotency_key.is_some();
+            groups.entry((place, keyed)).or_default().push(i);
+        }
+        let (data, info_json) = (&data, &info_json);
+        let calls = groups.iter().flat_map(|(&(place, _), indices)| {
+            let shard = if self.cluster { 0 } else { place };
+            indices.chunks(MAX_CHANNELS_PER_CALL).map(move |chunk| {
+                let entries: Vec<Entry> = chunk
+                    .iter()
+                    .map(|&i| (targets[i].channel.as_str(), &targets[i].opts))
+                    .collect();
+                async move {
+                    let result = self.publish_call(shard, &entries, data, info_json).await;
+                    (chunk, result)
                 }
-                inv.arg(&k.pubsub)
-                    .arg(command)
-                    .arg(new_epoch())
-                    .arg(s.history_size)
-                    .arg(ms(s.history_ttl))
-                    .arg(ms(s.meta_ttl))
-                    .arg(&info_json[..])
-                    .arg(&data[..])
-                    .arg(IDEMPOTENCY_TTL_S)
-                    .arg(&floor_epoch)
-                    .arg(floor_offset);
-                inv.invoke_async::<(String, u64, u8)>(&mut c).await
             })
-            .await;
-        match result {
-            Ok((epoch, offset, duplicate)) => {
-                self.dispatch.watermarks.observe(channel, &epoch, offset);
-                if duplicate == 0 {
-                    self.metrics.published.inc();
+        });
+        let mut results: Vec<Option<Result<StreamPosition, BrokerError>>> =
+            targets.iter().map(|_| None).collect();
+        for (chunk, result) in join_all(calls).await {
+            match result {
+                Ok(positions) => {
+                    for (&i, position) in chunk.iter().zip(positions) {
+                        results[i] = Some(Ok(position));
+                    }
                 }
-                Ok(StreamPosition { epoch, offset })
-            }
-            Err(e) => {
-                self.metrics.publish_errors.inc();
-                Err(e)
+                Err(e) => {
+                    for &i in chunk {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
             }
         }
+        results
+            .into_iter()
+            .map(|r| r.expect("every target is in one call"))
+            .collect()
+    }
+
+    /// One script call publishing `data` to `entries` (all on `shard`, and on one slot on a
+    /// Cluster; all with an idempotency key or all without): their positions in order.
+    async fn publish_call(
+        &self,
+        shard: usize,
+        entries: &[Entry<'_>],
+        data: &Bytes,
+        info_json: &[u8],
+    ) -> Result<Vec<StreamPosition>, BrokerError> {
+        let keyed = entries[0].1.idempotency_key.is_some();
+        let mut keys = Vec::with_capacity(entries.len() * 3);
+        let mut args = Vec::with_capacity(entries.len() * 7);
+        for (channel, opts) in entries {
+            let k = self.names.channel(channel);
+            keys.push(k.meta);
+            keys.push(k.history);
+            if let Some(key) = &opts.idempotency_key {
+                keys.push(self.names.idempotency(channel, key));
+            }
+            let s = &opts.stream;
+            let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
+            args.push(k.pubsub);
+            args.push(new_epoch());
+            args.push(s.history_size.to_string());
+            args.push(ms(s.history_ttl).to_string());
+            args.push(ms(s.meta_ttl).to_string());
+            args.push(floor_epoch);
+            args.push(floor_offset.to_string());
+        }
+        let command = self.publish_command();
+        let result = self
+            .run(shard, |mut c| async move {
+                let mut inv = scripts::PUBLISH.prepare_invoke();
+                for key in &keys {
+                    inv.key(key);
+                }
+                inv.arg(command)
+                    .arg(info_json)
+                    .arg(&data[..])
+                    .arg(IDEMPOTENCY_TTL_S)
+                    .arg(if keyed { 3 } else { 2 });
+                for arg in &args {
+                    inv.arg(arg);
+                }
+                inv.invoke_async::<Vec<(String, u64, u8)>>(&mut c).await
+            })
+            .await;
+        let stored = match result {
+            Ok(stored) if stored.len() == entries.len() => stored,
+            Ok(stored) => {
+                self.metrics.publish_errors.inc_by(entries.len() as u64);
+                return Err(BrokerError::internal(format!(
+                    "the publish script answered {} positions for {} channels",
+                    stored.len(),
+                    entries.len()
+                )));
+            }
+            Err(e) => {
+                self.metrics.publish_errors.inc_by(entries.len() as u64);
+                return Err(e);
+            }
+        };
+        let mut positions = Vec::with_capacity(stored.len());
+        for ((channel, _), (epoch, offset, duplicate)) in entries.iter().zip(stored) {
+            self.dispatch.watermarks.observe(channel, &epoch, offset);
+            if duplicate == 0 {
+                self.metrics.published.inc();
+            }
+            positions.push(StreamPosition { epoch, offset });
+        }
+        Ok(positions)
     }
 
     /// A join or leave, on the channel's pub/sub channel (not stored).

@@ -9,53 +9,71 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Publish. `KEYS`: meta, history, [idempotency]. `ARGV`: pub/sub channel, `PUBLISH` or
-/// `SPUBLISH`, candidate epoch, history size, history TTL (ms), meta TTL (ms), info JSON (or
-/// empty), data, idempotency TTL (s), watermark epoch, watermark offset. Returns `{epoch,
-/// offset, duplicate (0/1)}`.
+/// Publish the same data to one or more channels of one slot (one shard, standalone). `KEYS`:
+/// per channel meta, history and, when `ARGV[5]` is 3, its idempotency key. `ARGV`: `PUBLISH` or
+/// `SPUBLISH`, info JSON (or empty), data, idempotency TTL (s), keys per channel (2 or 3), then
+/// per channel seven: pub/sub channel, candidate epoch, history size, history TTL (ms), meta TTL
+/// (ms), watermark epoch, watermark offset. Returns `{epoch, offset, duplicate (0/1)}` per
+/// channel, flat, in order.
 ///
 /// A stream whose top is below the node's watermark in the same epoch rolled back (see
-/// `herald_broker::watermark`): it starts over with the candidate epoch.
+/// `herald_broker::watermark`): it starts over with the candidate epoch. One call for several
+/// channels saves Redis the per-command part of each (about a quarter of a publish's time there).
 pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local meta, hist = KEYS[1], KEYS[2]
-local epoch = redis.call('HGET', meta, 'e')
-if epoch and epoch == ARGV[10] and tonumber(redis.call('HGET', meta, 'o')) < tonumber(ARGV[11]) then
-  epoch = false
-end
-if not epoch then
-  epoch = ARGV[3]
-  redis.call('HSET', meta, 'e', epoch, 'o', 0)
-  redis.call('DEL', hist)
-end
-if KEYS[3] then
-  local seen = redis.call('GET', KEYS[3])
-  if seen then
-    local sep = string.find(seen, ':', 1, true)
-    if sep and string.sub(seen, 1, sep - 1) == epoch then
-      return {epoch, tonumber(string.sub(seen, sep + 1)), 1}
+local command, info, data, idem_ttl, stride = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+local function publish(meta, hist, idem, a)
+  local epoch = redis.call('HGET', meta, 'e')
+  if epoch and epoch == ARGV[a + 5] and tonumber(redis.call('HGET', meta, 'o')) < tonumber(ARGV[a + 6]) then
+    epoch = false
+  end
+  if not epoch then
+    epoch = ARGV[a + 1]
+    redis.call('HSET', meta, 'e', epoch, 'o', 0)
+    redis.call('DEL', hist)
+  end
+  if idem then
+    local seen = redis.call('GET', idem)
+    if seen then
+      local sep = string.find(seen, ':', 1, true)
+      if sep and string.sub(seen, 1, sep - 1) == epoch then
+        return epoch, tonumber(string.sub(seen, sep + 1)), 1
+      end
     end
   end
+  local offset = redis.call('HINCRBY', meta, 'o', 1)
+  redis.call('PEXPIRE', meta, ARGV[a + 4])
+  local size = tonumber(ARGV[a + 2])
+  if size > 0 then
+    redis.call('XADD', hist, 'MAXLEN', size, '*', 'o', offset, 'd', data, 'i', info)
+    redis.call('XTRIM', hist, 'MINID', string.format('%d', now - tonumber(ARGV[a + 3])))
+    redis.call('PEXPIRE', hist, ARGV[a + 3])
+  else
+    redis.call('DEL', hist)
+  end
+  if idem then
+    redis.call('SET', idem, epoch .. ':' .. offset, 'EX', idem_ttl)
+  end
+  local msg = 'p ' .. epoch .. ' ' .. offset .. ' ' .. string.len(info) .. ' ' .. info .. data
+  redis.call(command, ARGV[a], msg)
+  return epoch, offset, 0
 end
-local offset = redis.call('HINCRBY', meta, 'o', 1)
-redis.call('PEXPIRE', meta, ARGV[6])
-local size = tonumber(ARGV[4])
-if size > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  redis.call('XADD', hist, 'MAXLEN', size, '*', 'o', offset, 'd', ARGV[8], 'i', ARGV[7])
-  redis.call('XTRIM', hist, 'MINID', string.format('%d', now - tonumber(ARGV[5])))
-  redis.call('PEXPIRE', hist, ARGV[5])
-else
-  redis.call('DEL', hist)
+
+local out = {}
+for n = 0, #KEYS / stride - 1 do
+  local k = n * stride
+  local idem = nil
+  if stride == 3 then idem = KEYS[k + 3] end
+  local epoch, offset, duplicate = publish(KEYS[k + 1], KEYS[k + 2], idem, 6 + n * 7)
+  out[#out + 1] = epoch
+  out[#out + 1] = offset
+  out[#out + 1] = duplicate
 end
-if KEYS[3] then
-  redis.call('SET', KEYS[3], epoch .. ':' .. offset, 'EX', ARGV[9])
-end
-local msg = 'p ' .. epoch .. ' ' .. offset .. ' ' .. string.len(ARGV[7]) .. ' ' .. ARGV[7] .. ARGV[8]
-redis.call(ARGV[2], ARGV[1], msg)
-return {epoch, offset, 0}
+return out
 "#,
     )
 });

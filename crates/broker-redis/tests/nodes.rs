@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use herald_broker::conformance::{self, eventually, opts, unique, Recorder};
-use herald_broker::{BrokerError, ControlMessage, HistoryQuery, SharedBroker};
+use herald_broker::{BrokerError, ControlMessage, HistoryQuery, PublishTarget, SharedBroker};
 use herald_broker_redis::RedisConfig;
 use herald_protocol::{ClientInfo, StreamPosition};
 use herald_testkit::redis::{RedisCluster, RedisOptions, RedisServer};
@@ -377,7 +377,7 @@ async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
 }
 
 /// Channels spread over standalone shards by consistent hash, each with its history and pub/sub
-/// on its own shard.
+/// on its own shard, also when one publication goes to all of them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone_shards_spread_channels() {
     let r1 = RedisServer::start();
@@ -395,10 +395,27 @@ async fn standalone_shards_spread_channels() {
             .await
             .unwrap();
     }
+    // One publication to all of them: each shard's channels in that shard's own call.
+    let targets: Vec<PublishTarget> = channels
+        .iter()
+        .map(|ch| PublishTarget {
+            channel: ch.clone(),
+            opts: opts(5),
+        })
+        .collect();
+    for result in a
+        .publish_many(&targets, Bytes::from_static(b"{}"), None)
+        .await
+    {
+        assert_eq!(result.unwrap().offset, 2);
+    }
     eventually("all delivered", || {
-        rb.publications.lock().unwrap().len() == 20
+        rb.publications.lock().unwrap().len() == 40
     })
     .await;
+    for ch in &channels {
+        assert_eq!(rb.offsets(ch), vec![1, 2], "{ch}");
+    }
     let keys = |r: &RedisServer| r.cli(&["DBSIZE"]).parse::<u32>().unwrap();
     assert!(keys(&r1) > 0 && keys(&r2) > 0, "both shards used");
     // Control goes through shard 0 and reaches everyone.

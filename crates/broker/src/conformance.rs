@@ -18,7 +18,8 @@ use bytes::Bytes;
 use herald_protocol::{ClientInfo, Publication, StreamPosition};
 
 use crate::{
-    BrokerHandler, ControlMessage, HistoryQuery, PublishOptions, SharedBroker, StreamOptions,
+    BrokerHandler, ControlMessage, HistoryQuery, PublishOptions, PublishTarget, SharedBroker,
+    StreamOptions,
 };
 
 /// Everything a handler received, for assertions.
@@ -120,6 +121,7 @@ where
     subscribed_node_receives_in_order(make().await).await;
     history_and_recovery(make().await).await;
     idempotent_publish(make().await).await;
+    publish_many_matches_one_by_one(make().await).await;
     presence_add_list_remove(make().await).await;
     control_reaches_every_node(make().await).await;
 }
@@ -264,6 +266,126 @@ pub async fn idempotent_publish(broker: SharedBroker) {
         .await
         .unwrap();
     assert_eq!(h.publications.len(), 1);
+}
+
+/// One publication to many channels is, on each, what one publish would be: the stream goes on
+/// from earlier publishes, offsets are consecutive (a channel named twice gets two), each channel
+/// keeps its own history size, every subscribed channel receives it in order with its data and
+/// info, and a retry with the same idempotency key stores nothing twice. 150 channels, more than
+/// one call's worth for a broker that stores several per call.
+pub async fn publish_many_matches_one_by_one(broker: SharedBroker) {
+    let rec = started(&broker).await;
+    let base = unique("many");
+    let channels: Vec<String> = (0..150).map(|i| format!("{base}_{i}")).collect();
+    for ch in &channels {
+        broker.subscribe(ch).await.unwrap();
+    }
+    broker
+        .publish(
+            &channels[0],
+            Bytes::from_static(b"\"before\""),
+            None,
+            &opts(5),
+        )
+        .await
+        .unwrap();
+    // Even channels keep two publications, odd ones none; channel 1 is named twice.
+    let mut targets: Vec<PublishTarget> = channels
+        .iter()
+        .enumerate()
+        .map(|(i, ch)| PublishTarget {
+            channel: ch.clone(),
+            opts: opts(if i % 2 == 0 { 2 } else { 0 }),
+        })
+        .collect();
+    targets.push(targets[1].clone());
+    let who = who("many");
+    let mut positions = Vec::new();
+    for round in 0..2 {
+        let data = Bytes::from(format!("{{\"round\":{round}}}"));
+        let results = broker.publish_many(&targets, data, Some(who.clone())).await;
+        assert_eq!(results.len(), targets.len());
+        positions.push(
+            results
+                .into_iter()
+                .map(|r| r.expect("every channel published"))
+                .collect::<Vec<_>>(),
+        );
+    }
+    let offsets = |round: usize, i: usize| positions[round][i].offset;
+    assert_eq!((offsets(0, 0), offsets(1, 0)), (2, 3), "channel 0 went on");
+    assert_eq!(
+        (
+            offsets(0, 1),
+            offsets(0, 150),
+            offsets(1, 1),
+            offsets(1, 150)
+        ),
+        (1, 2, 3, 4),
+        "channel 1, named twice"
+    );
+    for (i, (a, b)) in positions[0]
+        .iter()
+        .zip(&positions[1])
+        .enumerate()
+        .take(150)
+        .skip(2)
+    {
+        assert_eq!((a.offset, b.offset), (1, 2), "channel {i}");
+        assert_eq!(a.epoch, b.epoch, "channel {i}");
+    }
+
+    eventually("every publication delivered", || {
+        // one publish before, then two rounds of 151
+        rec.publications.lock().unwrap().len() == 1 + 2 * 151
+    })
+    .await;
+    assert_eq!(rec.offsets(&channels[0]), vec![1, 2, 3]);
+    assert_eq!(rec.offsets(&channels[1]), vec![1, 2, 3, 4]);
+    for ch in &channels[2..] {
+        assert_eq!(rec.offsets(ch), vec![1, 2], "{ch}");
+    }
+    let last = rec
+        .publications
+        .lock()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|(c, _, _)| *c == channels[7])
+        .cloned();
+    let (_, epoch, publication) = last.expect("channel 7 delivered");
+    assert_eq!(epoch, positions[1][7].epoch);
+    assert_eq!(&publication.data[..], br#"{"round":1}"#);
+    assert_eq!(publication.info, Some(who.clone()));
+
+    for (i, kept) in [(0, vec![2, 3]), (4, vec![1, 2]), (5, vec![])] {
+        let h = broker
+            .history(
+                &channels[i],
+                &HistoryQuery::default(),
+                &targets[i].opts.stream,
+            )
+            .await
+            .unwrap();
+        let offsets: Vec<u64> = h.publications.iter().map(|p| p.offset).collect();
+        assert_eq!(offsets, kept, "history of channel {i}");
+        assert_eq!(h.position, positions[1][i]);
+    }
+
+    // With an idempotency key, a retry returns the same positions and stores nothing.
+    let mut keyed: Vec<PublishTarget> = targets[..3].to_vec();
+    for t in &mut keyed {
+        t.opts.idempotency_key = Some("many-k1".into());
+    }
+    let data = Bytes::from_static(b"\"keyed\"");
+    let first = broker.publish_many(&keyed, data.clone(), None).await;
+    let again = broker.publish_many(&keyed, data, None).await;
+    let tops = [3, 4, 2];
+    for (i, (a, b)) in first.into_iter().zip(again).enumerate() {
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(a, b, "channel {i}");
+        assert_eq!(a.offset, tops[i] + 1, "channel {i}");
+    }
 }
 
 /// Presence lists who was added and forgets who was removed.

@@ -231,6 +231,22 @@ pub trait Broker: Send + Sync + 'static {
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError>;
 
+    /// Publish the same data to several channels, each as [`publish`](Broker::publish) would:
+    /// results in `targets`' order, each channel stored or failed on its own (a channel may
+    /// appear more than once). The default runs the publishes concurrently; a broker that can
+    /// store several channels' publications in one round trip overrides it.
+    async fn publish_many(
+        &self,
+        targets: &[PublishTarget],
+        data: Bytes,
+        info: Option<ClientInfo>,
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        let publishes = targets
+            .iter()
+            .map(|t| self.publish(&t.channel, data.clone(), info.clone(), &t.opts));
+        futures_util::future::join_all(publishes).await
+    }
+
     /// Start delivering the channel's publications to this node. Returns once the subscription
     /// is in effect, so that a history read made afterwards misses nothing.
     async fn subscribe(&self, channel: &str) -> Result<(), BrokerError>;
@@ -288,6 +304,15 @@ pub struct PublishOptions {
     pub stream: StreamOptions,
     /// Deduplicates retried API publishes.
     pub idempotency_key: Option<String>,
+}
+
+/// One channel of [`Broker::publish_many`], with how its stream is kept.
+#[derive(Debug, Clone)]
+pub struct PublishTarget {
+    /// The channel.
+    pub channel: String,
+    /// Its stream options and idempotency key.
+    pub opts: PublishOptions,
 }
 
 /// A new random epoch: 8 bytes, hex.

@@ -11,7 +11,7 @@
 use bytes::Bytes;
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
-use herald_broker::PublishOptions;
+use herald_broker::{PublishOptions, PublishTarget};
 use herald_core::session::{check_data_depth, NodeContext};
 use herald_protocol::command::json_error_reason;
 use herald_protocol::{ErrorCode, StreamPosition};
@@ -232,7 +232,13 @@ pub async fn execute(
     Ok(Executed { results })
 }
 
-/// Publish to each channel, up to `concurrency` at once, results in the channels' order.
+/// At most this many channels per [`Hub::publish_many`](herald_core::hub::Hub::publish_many)
+/// call: a broker that stores several in one round trip (Redis) takes them in one script call.
+const CHANNELS_PER_CALL: usize = 64;
+
+/// Publish to each channel, up to `concurrency` publications in flight (in calls of up to
+/// [`CHANNELS_PER_CALL`] channels), results in the channels' order. A channel of no configured
+/// namespace fails alone.
 // A hand-kept `FuturesOrdered` rather than `stream::iter(..).map(..).buffered(..)`: the closure
 // in the latter makes the server's connection future fail the `Send` check (a known
 // higher-ranked lifetime limit of the compiler).
@@ -243,19 +249,54 @@ async fn broadcast(
     key: Option<&str>,
     concurrency: usize,
 ) -> Vec<Result<StreamPosition, ApiError>> {
-    let mut results = Vec::with_capacity(channels.len());
-    let mut in_flight = FuturesOrdered::new();
-    let mut next = channels.iter();
-    loop {
-        while in_flight.len() < concurrency.max(1) {
-            let Some(channel) = next.next() else { break };
-            in_flight.push_back(publish_one(ctx, channel, data.clone(), key));
-        }
-        match in_flight.next().await {
-            Some(result) => results.push(result),
-            None => return results,
+    let mut results: Vec<Option<Result<StreamPosition, ApiError>>> =
+        channels.iter().map(|_| None).collect();
+    let mut targets = Vec::with_capacity(channels.len());
+    let mut places = Vec::with_capacity(channels.len());
+    for (i, channel) in channels.iter().enumerate() {
+        match target(ctx, channel, key) {
+            Ok(t) => {
+                targets.push(t);
+                places.push(i);
+            }
+            Err(e) => results[i] = Some(Err(e)),
         }
     }
+    let per_call = CHANNELS_PER_CALL.min(concurrency.max(1));
+    let calls_at_once = (concurrency / per_call).max(1);
+    let mut chunks = targets.chunks(per_call).zip(places.chunks(per_call));
+    let mut in_flight = FuturesOrdered::new();
+    loop {
+        while in_flight.len() < calls_at_once {
+            let Some((chunk, at)) = chunks.next() else {
+                break;
+            };
+            let call = ctx.hub.publish_many(chunk, data.clone(), None);
+            in_flight.push_back(async move { (at, call.await) });
+        }
+        let Some((at, positions)) = in_flight.next().await else {
+            break;
+        };
+        for (&i, position) in at.iter().zip(positions) {
+            results[i] = Some(position.map_err(ApiError::from));
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("every channel has an outcome"))
+        .collect()
+}
+
+/// A channel's publish target: its namespace's stream options and the idempotency key.
+fn target(ctx: &NodeContext, channel: &str, key: Option<&str>) -> Result<PublishTarget, ApiError> {
+    let ns = ctx.namespaces.resolve(channel)?;
+    Ok(PublishTarget {
+        channel: channel.to_owned(),
+        opts: PublishOptions {
+            stream: ns.stream_options(),
+            idempotency_key: key.map(str::to_owned),
+        },
+    })
 }
 
 /// Publish to one channel of a configured namespace.
@@ -265,12 +306,8 @@ pub async fn publish_one(
     data: Bytes,
     key: Option<&str>,
 ) -> Result<StreamPosition, ApiError> {
-    let ns = ctx.namespaces.resolve(channel)?;
-    let opts = PublishOptions {
-        stream: ns.stream_options(),
-        idempotency_key: key.map(str::to_owned),
-    };
-    Ok(ctx.hub.publish(channel, data, None, &opts).await?)
+    let target = target(ctx, channel, key)?;
+    Ok(ctx.hub.publish(channel, data, None, &target.opts).await?)
 }
 
 #[cfg(test)]
