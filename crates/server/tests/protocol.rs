@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use herald_testkit::redis::RedisServer;
 use serde_json::json;
 
 #[tokio::test]
@@ -201,9 +202,19 @@ async fn subprotocol_negotiation() {
 /// A node where anonymous clients subscribe to and publish on any channel, with history and
 /// without presence; keep the config file as long as the node.
 async fn open_node() -> (Node, ConfigFile) {
+    open_node_on(None).await
+}
+
+/// [`open_node`] on a broker (`broker_url`), or in memory.
+async fn open_node_on(broker_url: Option<&str>) -> (Node, ConfigFile) {
+    let broker = broker_url
+        .map(|url| format!("broker_url = \"{url}\"\n"))
+        .unwrap_or_default();
     let cfg = config_file(
         "herald.toml",
-        r#"
+        &format!(
+            r#"
+        {broker}
         allow_anonymous = true
         [default_namespace]
         subscribe = "anonymous"
@@ -212,7 +223,8 @@ async fn open_node() -> (Node, ConfigFile) {
         history_size = 1000
         presence = false
         join_leave = false
-        "#,
+        "#
+        ),
     );
     let node = Node::start(&["--config", &cfg], &[]).await;
     (node, cfg)
@@ -272,6 +284,20 @@ async fn a_large_channel_gets_every_publication_in_order_with_replies_between() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcasts_to_many_channels_reach_every_subscriber_in_order() {
     let (node, _cfg) = open_node().await;
+    broadcasts_reach_every_subscriber_in_order(&node).await;
+}
+
+/// The same through Redis, where a broadcast stores up to 64 channels per script call: every
+/// call's channels, and each channel's publications, arrive in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broadcasts_through_redis_reach_every_subscriber_in_order() {
+    let redis = RedisServer::start();
+    let (node, _cfg) = open_node_on(Some(&redis.url())).await;
+    broadcasts_reach_every_subscriber_in_order(&node).await;
+}
+
+/// Three broadcasts to 600 personal channels of one client each, then a publish to one of them.
+async fn broadcasts_reach_every_subscriber_in_order(node: &Node) {
     const CHANNELS: usize = 600;
     let channels: Vec<String> = (0..CHANNELS).map(|i| format!("own{i}")).collect();
     let mut clients = Vec::new();
