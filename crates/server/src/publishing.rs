@@ -3,7 +3,8 @@
 //! `/api/publish` and `/api/broadcast` use this, and so do the consumers that take the same
 //! commands from a PostgreSQL outbox or a Kafka topic. A broadcast publishes to its channels
 //! concurrently (at most `limits.broadcast_concurrency` at once, so a Redis Cluster or several
-//! NATS stream leaders work in parallel), reports each channel's outcome, and carries one
+//! NATS stream leaders work in parallel), in calls of several channels to the broker (one script
+//! call on Redis), reports each channel's outcome, and carries one
 //! idempotency key to every channel's publication: brokers remember keys per channel, so a
 //! retry with the same key completes the channels that failed and publishes the others no
 //! second time.
