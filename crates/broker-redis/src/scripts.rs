@@ -19,8 +19,6 @@ use redis::Script;
 /// A stream whose top is below the node's watermark in the same epoch rolled back (see
 /// `herald_broker::watermark`): it starts over with the candidate epoch. One call for several
 /// channels saves Redis the per-command part of each (about a quarter of a publish's time there).
-/// History is trimmed by age every 16th publication only: reads skip entries past the TTL anyway,
-/// `MAXLEN` still bounds the stream, and the trim was a seventh of the script's time.
 pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -52,9 +50,7 @@ local function publish(meta, hist, idem, a)
   local size = tonumber(ARGV[a + 2])
   if size > 0 then
     redis.call('XADD', hist, 'MAXLEN', size, '*', 'o', offset, 'd', data, 'i', info)
-    if offset % 16 == 0 then
-      redis.call('XTRIM', hist, 'MINID', string.format('%d', now - tonumber(ARGV[a + 3])))
-    end
+    redis.call('XTRIM', hist, 'MINID', string.format('%d', now - tonumber(ARGV[a + 3])))
     redis.call('PEXPIRE', hist, ARGV[a + 3])
   else
     redis.call('DEL', hist)

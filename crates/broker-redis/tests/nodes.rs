@@ -188,33 +188,6 @@ async fn a_channel_only_read_keeps_its_epoch_for_the_empty_ttl() {
     );
 }
 
-/// Entries past the history TTL leave the stream at every 16th publication (reads skip them at
-/// once: `conformance::history_ttl_counts_old_entries_as_gone`); `MAXLEN` bounds it at every one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn history_is_trimmed_by_age_every_16th_publication() {
-    let redis = RedisServer::start();
-    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
-    let ch = unique("trim");
-    let mut o = opts(12);
-    o.stream.history_ttl = Duration::from_secs(3);
-    let xlen = || -> u64 {
-        let key = format!("herald:{{{ch}}}:h");
-        redis.cli(&["XLEN", &key]).trim().parse().unwrap()
-    };
-    // Offsets 1-5 at 0 s, 6-10 at 2 s, 11-15 at 3.5 s: then 1-5 are past the TTL, 6-10 not.
-    for (offsets, pause_ms) in [(1..=5, 2_000), (6..=10, 1_500), (11..=15, 0)] {
-        for offset in offsets {
-            let p = a.publish(&ch, Bytes::from_static(b"1"), None, &o).await;
-            assert_eq!(p.unwrap().offset, offset);
-        }
-        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
-    }
-    assert_eq!(xlen(), 12, "offsets 4-15: trimmed by size only");
-    let p = a.publish(&ch, Bytes::from_static(b"1"), None, &o).await;
-    assert_eq!(p.unwrap().offset, 16);
-    assert_eq!(xlen(), 11, "offsets 6-16: 4 and 5 trimmed by age");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_subscribes_are_batched() {
     let redis = RedisServer::start();
