@@ -29,7 +29,7 @@ run() { # label scenario-args...
         --server-cmd "$BIN/$build serve --config docs/bench/bench.toml --port $port" \
         --json $D/$label.json > $D/$label.txt 2>&1
     grep -E "^delivery latency|^server  |^machine|^rig|^delivered|^publication reached|^publish API" $D/$label.txt >> $D/series.log
-    if [ -n "${HERALD_BROKER_URL:-}" ]; then
+    if [ "${HERALD_BROKER_URL:-}" = "$REDIS_URL" ]; then
         redis-cli -p $RPORT INFO commandstats | tr -d '\r' | grep -E "evalsha|cmdstat_eval:" > $D/$label.redis.txt
         redis-cli -p $RPORT INFO cpu | tr -d '\r' | grep -E "used_cpu_(sys|user):" >> $D/$label.redis.txt
         sed 's/^/redis: /' $D/$label.redis.txt >> $D/series.log
@@ -42,6 +42,13 @@ redis-server --port $RPORT --save '' --appendonly no > /dev/null 2>&1 &
 rpid=$!
 sleep 1
 REDIS_URL=redis://127.0.0.1:$RPORT
+case " $PARTS " in *" fanin-nats "*)
+    # NATS JetStream for the NATS part (a broker without calls of several channels: its
+    # broadcast publishes run concurrently, 64 to a call, 256 in flight).
+    rm -rf /tmp/round14-js && mkdir -p /tmp/round14-js
+    nats-server -a 127.0.0.1 -p 18741 -js -sd /tmp/round14-js > /dev/null 2>&1 &
+    npid=$!
+    sleep 1 ;; esac
 for round in $ROUNDS; do
     for build in $BUILDS; do
         case " $PARTS " in *" fanin-redis "*)
@@ -50,9 +57,12 @@ for round in $ROUNDS; do
         case " $PARTS " in *" fanin "*)
             # The 10,000-channel broadcast in memory (no Redis involved).
             run fanin10k-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
+        case " $PARTS " in *" fanin-nats "*)
+            HERALD_BROKER_URL=nats://127.0.0.1:18741 run fanin10k-nats-$build-$round fanin -n 10000 -r 1 -d 20 ;; esac
         case " $PARTS " in *" fanin-redis-1k "*)
             # The same to 1,000 personal channels, 10 broadcasts a second.
             HERALD_BROKER_URL=$REDIS_URL run fanin1k-redis-$build-$round fanin -n 1000 -r 10 -d 20 ;; esac
     done
 done
 kill $rpid; wait $rpid 2>/dev/null
+case " $PARTS " in *" fanin-nats "*) kill $npid; wait $npid 2>/dev/null ;; esac
