@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use herald_testkit::redis::RedisServer;
+use herald_testkit::redis::{RedisOptions, RedisServer};
 use serde_json::json;
 
 #[tokio::test]
@@ -294,6 +294,62 @@ async fn broadcasts_through_redis_reach_every_subscriber_in_order() {
     let redis = RedisServer::start();
     let (node, _cfg) = open_node_on(Some(&redis.url())).await;
     broadcasts_reach_every_subscriber_in_order(&node).await;
+}
+
+/// A broadcast while Redis is down fails every channel with 111 (a call's channels fail
+/// together); sent again with its key once Redis is back (with its data: a persistent Redis, so
+/// the subscribers keep their streams), it publishes each channel once, and a further retry
+/// answers the same positions and publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broadcast_while_redis_is_down_fails_each_channel_and_its_retry_completes_them() {
+    let mut redis = RedisServer::start_with(RedisOptions {
+        persistent: true,
+        ..RedisOptions::default()
+    });
+    let (node, _cfg) = open_node_on(Some(&redis.url())).await;
+    let channels: Vec<String> = (0..150).map(|i| format!("down{i}")).collect();
+    let mut client = node.connected(&["down0", "down149"]).await;
+    let body = json!({"channels": channels, "data": "hi", "idempotency_key": "b-1"});
+    redis.stop();
+    let (status, r) = node.api("/api/broadcast", Some(body.clone())).await;
+    assert_eq!((status, &r["failed"]), (200, &json!(150)), "{r}");
+    for result in r["results"].as_array().expect("results") {
+        assert_eq!(result["error"]["code"], 111, "{r}");
+    }
+    redis.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let done = loop {
+        let (status, r) = node.api("/api/broadcast", Some(body.clone())).await;
+        assert_eq!(status, 200, "{r}");
+        if r["published"] == 150 {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "still failing: {r}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let (_, again) = node.api("/api/broadcast", Some(body)).await;
+    assert_eq!(again, done, "a retry publishes nothing new");
+    for result in done["results"].as_array().expect("results") {
+        assert_eq!(result["offset"], 1, "{done}");
+    }
+    node.publish("down0", json!("after")).await;
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let m = client.next_within(std::time::Duration::from_secs(10)).await;
+        let m = m.unwrap_or_else(|| panic!("the client got only {got:?}"));
+        if m.get("pub").is_some() {
+            got.push((m["pub"]["channel"].clone(), m["pub"]["data"].clone()));
+        }
+    }
+    got.sort_by_key(|(c, d)| (c.to_string(), d.to_string()));
+    assert_eq!(
+        got,
+        vec![
+            (json!("down0"), json!("after")),
+            (json!("down0"), json!("hi")),
+            (json!("down149"), json!("hi")),
+        ]
+    );
 }
 
 /// Three broadcasts to 600 personal channels of one client each, then a publish to one of them.
