@@ -38,6 +38,17 @@ const MAX_CHANNELS_PER_CALL: usize = 64;
 /// One channel of a script call: its name and options.
 type Entry<'a> = (&'a str, &'a PublishOptions);
 
+/// A channel's seven arguments of the publish script, in its order.
+struct ChannelArgs {
+    pubsub: String,
+    candidate_epoch: String,
+    history_size: usize,
+    history_ttl_ms: u64,
+    meta_ttl_ms: u64,
+    floor_epoch: String,
+    floor_offset: u64,
+}
+
 impl Inner {
     /// Publish through the script: the position it got, or why not.
     pub(crate) async fn publish(
@@ -126,7 +137,7 @@ impl Inner {
     ) -> Result<Vec<StreamPosition>, BrokerError> {
         let keyed = entries[0].1.idempotency_key.is_some();
         let mut keys = Vec::with_capacity(entries.len() * 3);
-        let mut args = Vec::with_capacity(entries.len() * 7);
+        let mut args = Vec::with_capacity(entries.len());
         for (channel, opts) in entries {
             let k = self.names.channel(channel);
             keys.push(k.meta);
@@ -136,13 +147,15 @@ impl Inner {
             }
             let s = &opts.stream;
             let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
-            args.push(k.pubsub);
-            args.push(new_epoch());
-            args.push(s.history_size.to_string());
-            args.push(ms(s.history_ttl).to_string());
-            args.push(ms(s.meta_ttl).to_string());
-            args.push(floor_epoch);
-            args.push(floor_offset.to_string());
+            args.push(ChannelArgs {
+                pubsub: k.pubsub,
+                candidate_epoch: new_epoch(),
+                history_size: s.history_size,
+                history_ttl_ms: ms(s.history_ttl),
+                meta_ttl_ms: ms(s.meta_ttl),
+                floor_epoch,
+                floor_offset,
+            });
         }
         let command = self.publish_command();
         let result = self
@@ -156,8 +169,14 @@ impl Inner {
                     .arg(&data[..])
                     .arg(IDEMPOTENCY_TTL_S)
                     .arg(if keyed { 3 } else { 2 });
-                for arg in &args {
-                    inv.arg(arg);
+                for a in &args {
+                    inv.arg(&a.pubsub)
+                        .arg(&a.candidate_epoch)
+                        .arg(a.history_size)
+                        .arg(a.history_ttl_ms)
+                        .arg(a.meta_ttl_ms)
+                        .arg(&a.floor_epoch)
+                        .arg(a.floor_offset);
                 }
                 inv.invoke_async::<Vec<(String, u64, u8)>>(&mut c).await
             })

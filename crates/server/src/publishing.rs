@@ -255,9 +255,10 @@ async fn broadcast(
     let mut targets = Vec::with_capacity(channels.len());
     let mut places = Vec::with_capacity(channels.len());
     for (i, channel) in channels.iter().enumerate() {
-        match target(ctx, channel, key) {
-            Ok(t) => {
-                targets.push(t);
+        match publish_options(ctx, channel, key) {
+            Ok(opts) => {
+                let channel = channel.clone();
+                targets.push(PublishTarget { channel, opts });
                 places.push(i);
             }
             Err(e) => results[i] = Some(Err(e)),
@@ -288,15 +289,16 @@ async fn broadcast(
         .collect()
 }
 
-/// A channel's publish target: its namespace's stream options and the idempotency key.
-fn target(ctx: &NodeContext, channel: &str, key: Option<&str>) -> Result<PublishTarget, ApiError> {
+/// A channel's publish options: its namespace's stream options and the idempotency key.
+fn publish_options(
+    ctx: &NodeContext,
+    channel: &str,
+    key: Option<&str>,
+) -> Result<PublishOptions, ApiError> {
     let ns = ctx.namespaces.resolve(channel)?;
-    Ok(PublishTarget {
-        channel: channel.to_owned(),
-        opts: PublishOptions {
-            stream: ns.stream_options(),
-            idempotency_key: key.map(str::to_owned),
-        },
+    Ok(PublishOptions {
+        stream: ns.stream_options(),
+        idempotency_key: key.map(str::to_owned),
     })
 }
 
@@ -307,8 +309,8 @@ pub async fn publish_one(
     data: Bytes,
     key: Option<&str>,
 ) -> Result<StreamPosition, ApiError> {
-    let target = target(ctx, channel, key)?;
-    Ok(ctx.hub.publish(channel, data, None, &target.opts).await?)
+    let opts = publish_options(ctx, channel, key)?;
+    Ok(ctx.hub.publish(channel, data, None, &opts).await?)
 }
 
 #[cfg(test)]
