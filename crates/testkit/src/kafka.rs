@@ -70,8 +70,20 @@ fn java_bin() -> String {
 }
 
 /// A random KRaft cluster id: 16 bytes, URL-safe base64 without padding (what
-/// `kafka-storage random-uuid` prints).
+/// `kafka-storage random-uuid` prints), never starting with `-`: `kafka-storage format -t` would
+/// read such an id as an option and fail ("expected one argument"), which it did for one start in
+/// 64. Kafka's own `Uuid.randomUuid` draws again in that case too.
 fn cluster_id() -> String {
+    loop {
+        let id = encoded_random_id();
+        if !id.starts_with('-') {
+            return id;
+        }
+    }
+}
+
+/// 16 random bytes in URL-safe base64 without padding.
+fn encoded_random_id() -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let bytes: [u8; 16] = rand::random();
     let mut bits = 0u32;
@@ -365,7 +377,7 @@ impl Drop for KafkaServer {
 
 #[cfg(test)]
 mod tests {
-    use super::cluster_id;
+    use super::{cluster_id, encoded_random_id};
 
     #[test]
     fn cluster_ids_are_22_url_safe_characters() {
@@ -374,5 +386,12 @@ mod tests {
         assert!(id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'));
+    }
+
+    #[test]
+    fn cluster_ids_never_start_with_a_dash() {
+        // One raw id in 64 starts with `-`: in 5,000 draws one does with near certainty.
+        assert!((0..5_000).any(|_| encoded_random_id().starts_with('-')));
+        assert!((0..5_000).all(|_| !cluster_id().starts_with('-')));
     }
 }
