@@ -3,7 +3,8 @@
 # with the build at the head of the branch (herald-head, 0a38eed: rounds 12-14's changes all in),
 # so that the figures in docs/benchmarks.md's summary are measured on the code as it stands, not
 # carried over from the round that last touched their path. BIN holds herald-head,
-# herald-bench-head and herald-fanout-floor-head (release builds of 0a38eed); the TLS part needs
+# herald-bench-head and herald-fanout-floor-head (release builds of 0a38eed), and herald-onesend
+# for PARTS=onesend (0a38eed with onesend/one-send.patch, not kept); the TLS part needs
 # scripts/bench-tls-cert.sh. SUFFIX names a repeat of the storm (storm19k-2: SUFFIX=-2). Run
 # from the repository root, on a quiet machine.
 set -uf
@@ -102,6 +103,14 @@ for part in $PARTS; do
             # The same runs under `perf record -a` (cpu-clock, 10 s from the 12th second).
             profiled bcast50k-herald-profiled "$(serve PORT)"
             profiled bcast50k-floor2-profiled "$BIN/herald-fanout-floor-head --port PORT --writers 2" ;;
+        onesend)
+            # The head against herald-onesend (the head with a WebSocket write of up to 16 KiB
+            # joined into one send(2) instead of a writev(2)), alternated, then profiled.
+            for r in ${ROUNDS:-1 2 3}; do
+                bcast bcast50k-head-$r "$(serve PORT)"
+                bcast bcast50k-onesend-$r "$BIN/herald-onesend serve --config docs/bench/bench.toml --port PORT"
+            done
+            profiled bcast50k-onesend-profiled "$BIN/herald-onesend serve --config docs/bench/bench.toml --port PORT" ;;
         bcast)
             # Herald against the floor (a server that does nothing but write), alternated.
             for r in 1 2 3; do
