@@ -392,6 +392,10 @@ pub struct ProxyConfig {
     pub cookies: Vec<String>,
     /// Largest backend answer read; a larger one is refused (internal error to the client).
     pub max_response_bytes: usize,
+    /// Most backend calls in flight at once from this node, and so most connections it holds
+    /// to the backend; a call past it waits for a free one within `timeout_ms`, then fails as
+    /// unavailable (error 112).
+    pub max_connections: usize,
 }
 
 impl Default for ProxyConfig {
@@ -408,23 +412,29 @@ impl Default for ProxyConfig {
             headers: Vec::new(),
             cookies: Vec::new(),
             max_response_bytes: 64 * 1024,
+            // Enough for a backend answering in 10 ms to take thousands of connects a second,
+            // few enough for a small app server's worker pool and its file descriptors.
+            max_connections: 64,
         }
     }
 }
 
 impl ProxyConfig {
+    /// The hooks' URLs with their keys, empty (off) ones included.
+    fn urls(&self) -> [(&'static str, &str); 6] {
+        [
+            ("proxy.connect_url", &self.connect_url),
+            ("proxy.refresh_url", &self.refresh_url),
+            ("proxy.subscribe_url", &self.subscribe_url),
+            ("proxy.sub_refresh_url", &self.sub_refresh_url),
+            ("proxy.publish_url", &self.publish_url),
+            ("proxy.rpc_url", &self.rpc_url),
+        ]
+    }
+
     /// Whether any hook is configured.
     pub fn enabled(&self) -> bool {
-        [
-            &self.connect_url,
-            &self.refresh_url,
-            &self.subscribe_url,
-            &self.sub_refresh_url,
-            &self.publish_url,
-            &self.rpc_url,
-        ]
-        .iter()
-        .any(|u| !u.is_empty())
+        self.urls().iter().any(|(_, u)| !u.is_empty())
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -434,8 +444,35 @@ impl ProxyConfig {
         if self.max_response_bytes < 64 {
             return Err("proxy.max_response_bytes must be at least 64".into());
         }
+        if self.max_connections == 0 {
+            return Err("proxy.max_connections must be at least 1".into());
+        }
+        for (key, url) in self.urls() {
+            if !url.is_empty() {
+                hook_url(key, url)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// A hook URL must be an absolute `http://` or `https://` URL with a host: anything else would
+/// fail every call at run time (as error 112, retried forever by clients). The error names the
+/// key and never repeats the URL, which may carry credentials.
+fn hook_url(key: &str, value: &str) -> Result<(), String> {
+    let parsed = url::Url::parse(value).map_err(|e| {
+        format!("{key} is not a valid URL ({e}); write it as http://host:port/path")
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!(
+            "{key} must be an http:// or https:// URL, not {}://",
+            parsed.scheme()
+        ));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(format!("{key} has no host"));
+    }
+    Ok(())
 }
 
 /// Secrets and names set from the environment may look like numbers (`HERALD_API_KEY=12345`);
@@ -522,5 +559,30 @@ mod tests {
         c.proxy.publish_url = "http://127.0.0.1:1/publish".into();
         c.proxy.timeout_ms = 0;
         assert!(c.validate().unwrap_err().contains("timeout_ms"));
+    }
+
+    #[test]
+    fn hook_urls_are_checked_at_start_up_without_repeating_them() {
+        for (bad, why) in [
+            ("127.0.0.1:8080/connect", "not a valid URL"),
+            ("localhost:8080/connect", "not localhost://"),
+            ("ftp://user:s3cret@app/connect", "not ftp://"),
+            ("/herald/connect", "not a valid URL"),
+            ("http://", "not a valid URL"),
+            ("unix:/run/app.sock", "not unix://"),
+        ] {
+            let mut c = Config::default();
+            c.proxy.rpc_url = bad.into();
+            let e = c.validate().unwrap_err();
+            assert!(e.starts_with("proxy.rpc_url "), "{bad}: {e}");
+            assert!(e.contains(why), "{bad}: {e}");
+            assert!(!e.contains("s3cret") && !e.contains("8080"), "{bad}: {e}");
+        }
+        let mut c = Config::default();
+        c.proxy.connect_url = "https://user:pw@app.internal/herald/connect".into();
+        c.proxy.rpc_url = "http://[::1]:9/rpc".into();
+        assert!(c.validate().is_ok());
+        c.proxy.max_connections = 0;
+        assert!(c.validate().unwrap_err().contains("max_connections"));
     }
 }

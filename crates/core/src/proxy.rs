@@ -244,40 +244,84 @@ pub(crate) fn parse_answer<T: DeserializeOwned>(body: &[u8]) -> Result<Answer<T>
     }
 }
 
-/// Whether a failure may be logged at warn/error level now: at most one line a second, so that a
-/// backend outage failing thousands of connects does not flood the log (the rest go to debug;
-/// the metrics count every failure).
-fn loud_now() -> bool {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let last = LAST_SECOND.load(Ordering::Relaxed);
-    last != now
-        && LAST_SECOND
-            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
+/// Why a call failed, for the log limiter: each hook's unavailable backend and bad answers are
+/// separate causes, so that a flood of one never hides the first line of another.
+fn cause(hook: Hook, e: &ProxyError) -> usize {
+    let kind = match e {
+        ProxyError::Unavailable(_) => 0,
+        ProxyError::BadAnswer(_) => 1,
+    };
+    hook as usize * 2 + kind
 }
+
+/// Causes the limiter tells apart: every [`Hook`] times the two kinds of [`ProxyError`].
+const CAUSES: usize = 12;
+
+/// At most one warn/error line a second per cause, so that a backend outage failing thousands of
+/// connects does not flood the log; the lines left out go to debug level and are counted, and the
+/// next line of the same cause says how many there were (the metrics count every failure).
+struct LogLimiter {
+    /// Per cause: the unix second of its last loud line (`u64::MAX`: none yet).
+    last: [std::sync::atomic::AtomicU64; CAUSES],
+    /// Per cause: the lines left out since its last loud one.
+    suppressed: [std::sync::atomic::AtomicU64; CAUSES],
+}
+
+impl LogLimiter {
+    const fn new() -> Self {
+        use std::sync::atomic::AtomicU64;
+        #[allow(clippy::declare_interior_mutable_const)] // only to initialize the arrays
+        const NONE: AtomicU64 = AtomicU64::new(u64::MAX);
+        #[allow(clippy::declare_interior_mutable_const)]
+        const ZERO: AtomicU64 = AtomicU64::new(0);
+        LogLimiter {
+            last: [NONE; CAUSES],
+            suppressed: [ZERO; CAUSES],
+        }
+    }
+
+    /// Whether a line of `cause` may be loud at unix second `now`: `Some(lines left out since
+    /// the last loud one)`, or `None` (and this one is counted as left out).
+    fn loud(&self, cause: usize, now: u64) -> Option<u64> {
+        use std::sync::atomic::Ordering;
+        let last = self.last[cause].load(Ordering::Relaxed);
+        if last != now
+            && self.last[cause]
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.suppressed[cause].swap(0, Ordering::Relaxed));
+        }
+        self.suppressed[cause].fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+static LIMITER: LogLimiter = LogLimiter::new();
 
 /// What a failed call becomes for the client: unavailable is retryable (112); anything else is
 /// an internal error whose cause only the log sees.
 pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
-    let loud = loud_now();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let loud = LIMITER.loud(cause(hook, &e), now);
     match e {
         ProxyError::Unavailable(cause) => {
-            if loud {
-                tracing::warn!(hook = hook.name(), %cause, "proxy call failed");
-            } else {
-                tracing::debug!(hook = hook.name(), %cause, "proxy call failed");
+            match loud {
+                Some(suppressed) => {
+                    tracing::warn!(hook = hook.name(), %cause, suppressed, "proxy call failed")
+                }
+                None => tracing::debug!(hook = hook.name(), %cause, "proxy call failed"),
             }
             ErrorCode::BackendUnavailable.into()
         }
         ProxyError::BadAnswer(cause) => {
-            if loud {
-                tracing::error!(hook = hook.name(), %cause, "proxy answer refused");
-            } else {
-                tracing::debug!(hook = hook.name(), %cause, "proxy answer refused");
+            match loud {
+                Some(suppressed) => {
+                    tracing::error!(hook = hook.name(), %cause, suppressed, "proxy answer refused")
+                }
+                None => tracing::debug!(hook = hook.name(), %cause, "proxy answer refused"),
             }
             ErrorCode::Internal.into()
         }
@@ -335,6 +379,39 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    #[test]
+    fn the_log_limiter_keeps_a_slot_per_cause_and_counts_what_it_left_out() {
+        let limiter = LogLimiter::new();
+        let unavailable = ProxyError::Unavailable(String::new());
+        let bad = ProxyError::BadAnswer(String::new());
+        let connect_down = cause(Hook::Connect, &unavailable);
+        // One loud line a second per cause; another cause in the same second is loud too.
+        assert_eq!(limiter.loud(connect_down, 10), Some(0));
+        assert_eq!(limiter.loud(connect_down, 10), None);
+        assert_eq!(limiter.loud(connect_down, 10), None);
+        assert_eq!(limiter.loud(cause(Hook::Connect, &bad), 10), Some(0));
+        assert_eq!(limiter.loud(cause(Hook::Rpc, &unavailable), 10), Some(0));
+        // The next second's line says how many were left out.
+        assert_eq!(limiter.loud(connect_down, 11), Some(2));
+        assert_eq!(limiter.loud(connect_down, 12), Some(0));
+        // Every hook and kind has its own slot.
+        let hooks = [
+            Hook::Connect,
+            Hook::Refresh,
+            Hook::Subscribe,
+            Hook::SubRefresh,
+            Hook::Publish,
+            Hook::Rpc,
+        ];
+        let mut all: Vec<usize> = hooks
+            .iter()
+            .flat_map(|&h| [cause(h, &unavailable), cause(h, &bad)])
+            .collect();
+        all.sort();
+        all.dedup();
+        assert_eq!(all, (0..CAUSES).collect::<Vec<_>>());
     }
 
     #[test]
