@@ -952,7 +952,14 @@ async fn receive(
             return Some(Why::Broken);
         }
     }
-    let jitter = ctx.scenario == Scenario::Jitter && *ctl.borrow() == Control::Run;
+    // One look at the control before waiting on its changes: `changed()` below only wakes for
+    // later sends, so a Stop sent while this client was (re)connecting ends it here, or it would
+    // wait for publications forever and its worker would never report.
+    let current = *ctl.borrow_and_update();
+    if current == Control::Stop {
+        return None;
+    }
+    let jitter = ctx.scenario == Scenario::Jitter && current == Control::Run;
     let mut drop_at = jitter.then(|| {
         let (lo, hi) = (
             ctx.p.drop_every[0],
@@ -961,7 +968,7 @@ async fn receive(
         Instant::now() + Duration::from_secs_f64(rand::rng().random_range(lo..=hi))
     });
     // A storm drop already under way (we reconnected before it fired) must not fire twice.
-    let seen_drop = match *ctl.borrow_and_update() {
+    let seen_drop = match current {
         Control::Drop(at) => Some(at),
         _ => None,
     };

@@ -3,6 +3,7 @@
 //! workers run in-process, exactly as in a child process, over real sockets.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -40,12 +41,97 @@ fn pub_line(offset: u64) -> String {
     )
 }
 
+/// Upper bound of every wait on the worker or the fake server: far above the few seconds a
+/// healthy run takes, so only a stuck run fails, and the message names what it waited for.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// `f`, or a failure naming `what` once [`WAIT`] passes.
+async fn within<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within {WAIT:?}"))
+}
+
+/// An in-process worker over real sockets, driven as the coordinator drives a child process.
+struct Worker {
+    cmds: mpsc::UnboundedSender<Command>,
+    events: mpsc::UnboundedReceiver<Event>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Worker {
+    /// Starts a worker holding `n` connections.
+    fn start(p: Params, scenario: Scenario, n: usize) -> Worker {
+        let (cmds, cmd_rx) = mpsc::unbounded_channel();
+        let (ev_tx, events) = mpsc::unbounded_channel();
+        let shard = Shard {
+            index: 0,
+            start: 0,
+            end: n,
+            source: "127.0.0.2".parse().unwrap(),
+            t0_ns: now_ns(),
+        };
+        let task = tokio::spawn(worker::run(p, scenario, shard, cmd_rx, ev_tx));
+        Worker { cmds, events, task }
+    }
+
+    /// The next event `pick` accepts, skipping the others, within [`WAIT`]. One deadline for the
+    /// whole wait: a timeout per event would never fire, as `Progress` comes every second even
+    /// from a worker that is stuck.
+    async fn event<T>(&mut self, what: &str, mut pick: impl FnMut(Event) -> Option<T>) -> T {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            match tokio::time::timeout_at(deadline, self.events.recv()).await {
+                Err(_) => panic!("no {what} from the worker within {WAIT:?}"),
+                Ok(None) => panic!("the worker ended before its {what}"),
+                Ok(Some(ev)) => {
+                    if let Some(t) = pick(ev) {
+                        return t;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits for `Ready` and checks that all `n` connections subscribed.
+    async fn ready(&mut self, n: usize) {
+        let got = self
+            .event("Ready", |ev| match ev {
+                Event::Ready {
+                    connected, failed, ..
+                } => Some((connected, failed)),
+                _ => None,
+            })
+            .await;
+        assert_eq!(got, (n as u64, 0), "(connected, failed)");
+    }
+
+    /// Tells the worker publishing is over (`expect` for channel `t0`) and returns its result.
+    async fn finish(mut self, expect: Expected) -> WorkerResult {
+        let mut m = BTreeMap::new();
+        m.insert("t0".to_string(), expect);
+        self.cmds.send(Command::Finish { expect: m }).unwrap();
+        let r = self
+            .event("result", |ev| match ev {
+                Event::Result(r) => Some(r),
+                _ => None,
+            })
+            .await;
+        within("end of the worker task", self.task)
+            .await
+            .unwrap()
+            .unwrap();
+        *r
+    }
+}
+
 /// When the test tells the worker to finish.
 enum Finish {
     /// A fixed time after the worker is ready.
     After(Duration),
-    /// After the fake server published its last publication, and a moment more.
-    Settled(tokio::sync::watch::Receiver<bool>),
+    /// Once the worker is ready, the history server publishes everything; then a moment more
+    /// for dropped clients to come back and recover.
+    Settled(History),
 }
 
 /// Runs one in-process worker over `n` connections and returns its result.
@@ -56,50 +142,16 @@ async fn run_worker(
     before_finish: Finish,
     expect: Expected,
 ) -> WorkerResult {
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-    let shard = Shard {
-        index: 0,
-        start: 0,
-        end: n,
-        source: "127.0.0.2".parse().unwrap(),
-        t0_ns: now_ns(),
-    };
-    let w = tokio::spawn(worker::run(p, scenario, shard, cmd_rx, ev_tx));
-    let mut finish_sent = false;
-    loop {
-        let ev = tokio::time::timeout(Duration::from_secs(20), ev_rx.recv())
-            .await
-            .expect("worker stalled");
-        match ev.expect("worker ended without a result") {
-            Event::Ready {
-                connected, failed, ..
-            } => {
-                assert_eq!((connected, failed), (n as u64, 0));
-                if !finish_sent {
-                    finish_sent = true;
-                    match &before_finish {
-                        Finish::After(d) => tokio::time::sleep(*d).await,
-                        Finish::Settled(published) => {
-                            // The fake server's timer runs late on a busy machine: wait for its
-                            // last publication, then for dropped clients to come back and recover.
-                            let mut published = published.clone();
-                            let _ = published.wait_for(|done| *done).await;
-                            tokio::time::sleep(Duration::from_millis(800)).await;
-                        }
-                    }
-                    let mut m = BTreeMap::new();
-                    m.insert("t0".to_string(), expect.clone());
-                    cmd_tx.send(Command::Finish { expect: m }).unwrap();
-                }
-            }
-            Event::Result(r) => {
-                w.await.unwrap().unwrap();
-                return *r;
-            }
-            _ => {}
+    let mut w = Worker::start(p, scenario, n);
+    w.ready(n).await;
+    match before_finish {
+        Finish::After(d) => tokio::time::sleep(d).await,
+        Finish::Settled(history) => {
+            history.publish_all().await;
+            tokio::time::sleep(Duration::from_millis(800)).await;
         }
     }
+    w.finish(expect).await
 }
 
 /// A server that, on every connection, answers `connect` at offset 0 with offset 1 in the same
@@ -178,12 +230,42 @@ async fn counts_drops_duplicates_reordering_and_gaps() {
     assert_eq!(lat.len(), 27, "latency recorded once per unique delivery");
 }
 
-/// A server with history: it publishes offset 1, 2, 3 … every 10 ms to every live connection and
-/// honours `since`; with `off_by_one` its recovery also resends the `since` offset itself.
-async fn history_server(
-    off_by_one: bool,
-    stop_at: u64,
-) -> (String, tokio::sync::watch::Receiver<bool>) {
+/// A fake server with history (see [`history_server`]).
+struct History {
+    url: String,
+    /// Starts the publisher.
+    start: tokio::sync::oneshot::Sender<()>,
+    /// True once the last publication is out.
+    published: tokio::sync::watch::Receiver<bool>,
+    /// Publications resent by off-by-one recoveries (each one a duplicate for its client).
+    resent: Arc<AtomicU64>,
+}
+
+impl History {
+    /// Starts publishing and waits for the last publication. The test starts it once every
+    /// client has subscribed: a publication made before a subscription is not owed to it, so an
+    /// early start (the timer fires while a loaded machine is still connecting) would make the
+    /// expected counts wrong.
+    async fn publish_all(self) {
+        let History {
+            start,
+            mut published,
+            ..
+        } = self;
+        start.send(()).expect("the fake server's publisher is gone");
+        within(
+            "last publication of the fake server",
+            published.wait_for(|done| *done),
+        )
+        .await
+        .expect("the fake server's publisher ended before its last publication");
+    }
+}
+
+/// A server with history: once started, it publishes offset 1, 2, 3 … every 10 ms to every live
+/// connection and honours `since`; with `off_by_one` its recovery also resends the `since` offset
+/// itself.
+async fn history_server(off_by_one: bool, stop_at: u64) -> History {
     let (_never, drain) = tokio::sync::watch::channel(());
     history_server_draining(off_by_one, stop_at, drain).await
 }
@@ -195,14 +277,19 @@ async fn history_server_draining(
     off_by_one: bool,
     stop_at: u64,
     mut drain: tokio::sync::watch::Receiver<()>,
-) -> (String, tokio::sync::watch::Receiver<bool>) {
-    let (done_tx, done_rx) = tokio::sync::watch::channel(false);
+) -> History {
+    let (start, start_rx) = tokio::sync::oneshot::channel::<()>();
+    let (done_tx, published) = tokio::sync::watch::channel(false);
+    let resent = Arc::new(AtomicU64::new(0));
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let log: Arc<Mutex<(Vec<String>, broadcast::Sender<String>)>> =
         Arc::new(Mutex::new((Vec::new(), broadcast::channel(1024).0)));
     let plog = log.clone();
     tokio::spawn(async move {
+        if start_rx.await.is_err() {
+            return;
+        }
         for o in 1..=stop_at {
             tokio::time::sleep(Duration::from_millis(10)).await;
             let mut g = plog.lock().unwrap();
@@ -212,10 +299,12 @@ async fn history_server_draining(
         }
         let _ = done_tx.send(true);
     });
+    let counted = resent.clone();
     tokio::spawn(async move {
         loop {
             let (s, _) = l.accept().await.unwrap();
             let log = log.clone();
+            let resent = counted.clone();
             // A drain already signalled is not this connection's.
             drain.borrow_and_update();
             let mut drain = drain.clone();
@@ -235,7 +324,12 @@ async fn history_server_draining(
                     let newest = g.0.len() as u64;
                     let sub = match since {
                         Some(o) => {
-                            let from = if off_by_one { o.saturating_sub(1) } else { o } as usize;
+                            let from = if off_by_one && o > 0 {
+                                resent.fetch_add(1, Relaxed);
+                                o - 1
+                            } else {
+                                o
+                            } as usize;
                             let pubs: Vec<serde_json::Value> = g.0[from.min(g.0.len())..]
                                 .iter()
                                 .map(|l| {
@@ -274,14 +368,19 @@ async fn history_server_draining(
             });
         }
     });
-    (format!("ws://{addr}/ws"), done_rx)
+    History {
+        url: format!("ws://{addr}/ws"),
+        start,
+        published,
+        resent,
+    }
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn jitter_clients_drop_and_recover_everything() {
-    let (url, published) = history_server(false, 150).await;
+    let history = history_server(false, 150).await;
     let p = params(
-        &url,
+        &history.url,
         &["--drop-every", "0.2", "0.4", "--offline", "0.1", "0.2"],
     );
     let expect = Expected {
@@ -290,7 +389,7 @@ async fn jitter_clients_drop_and_recover_everything() {
         last: 150,
         count: 150,
     };
-    let r = run_worker(p, Scenario::Jitter, 4, Finish::Settled(published), expect).await;
+    let r = run_worker(p, Scenario::Jitter, 4, Finish::Settled(history), expect).await;
     let d = &r.delivery;
     assert!(
         r.counters.client_drops >= 4,
@@ -317,9 +416,10 @@ async fn jitter_clients_drop_and_recover_everything() {
 
 #[tokio::test(flavor = "current_thread")]
 async fn off_by_one_recovery_shows_up_as_duplicates() {
-    let (url, published) = history_server(true, 120).await;
+    let history = history_server(true, 120).await;
+    let resent = history.resent.clone();
     let p = params(
-        &url,
+        &history.url,
         &["--drop-every", "0.2", "0.3", "--offline", "0.1", "0.1"],
     );
     let expect = Expected {
@@ -328,21 +428,14 @@ async fn off_by_one_recovery_shows_up_as_duplicates() {
         last: 120,
         count: 120,
     };
-    let r = run_worker(p, Scenario::Jitter, 2, Finish::Settled(published), expect).await;
-    assert!(r.counters.recovered >= 2);
-    assert_eq!(
-        r.delivery.counts.duplicates, r.counters.recovered,
-        "{:?}",
-        r.delivery
-    );
+    let r = run_worker(p, Scenario::Jitter, 2, Finish::Settled(history), expect).await;
+    let resent = resent.load(Relaxed);
+    assert!(r.counters.recovered >= 2, "{:?}", r.counters);
+    assert!(resent >= 2, "off-by-one recoveries: {resent}");
+    // Each resent `since` offset is one the client already had (a client that dropped before
+    // its first publication recovers from 0 and gets nothing twice).
+    assert_eq!(r.delivery.counts.duplicates, resent, "{:?}", r.delivery);
     assert_eq!(r.delivery.delivered, r.delivery.expected);
-}
-
-async fn next(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
-    tokio::time::timeout(Duration::from_secs(20), rx.recv())
-        .await
-        .expect("worker stalled")
-        .expect("worker ended")
 }
 
 /// `drain`: clients told `disconnect` with `after_ms` come back with `since`, all of them, and
@@ -350,48 +443,41 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<Event>) -> Event {
 #[tokio::test(flavor = "current_thread")]
 async fn drained_clients_wait_the_hint_and_recover_everything() {
     let (drain_tx, drain_rx) = tokio::sync::watch::channel(());
-    let (url, mut published) = history_server_draining(false, 150, drain_rx).await;
-    let p = params(&url, &[]);
+    let history = history_server_draining(false, 150, drain_rx).await;
     let n = 4;
-    let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel();
-    let shard = Shard {
-        index: 0,
-        start: 0,
-        end: n,
-        source: "127.0.0.2".parse().unwrap(),
-        t0_ns: now_ns(),
-    };
-    let w = tokio::spawn(worker::run(p, Scenario::Drain, shard, cmd_rx, ev_tx));
-    while !matches!(next(&mut ev_rx).await, Event::Ready { .. }) {}
+    let mut w = Worker::start(params(&history.url, &[]), Scenario::Drain, n);
+    w.ready(n).await;
+    let History {
+        start,
+        mut published,
+        ..
+    } = history;
+    start.send(()).unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    cmd_tx.send(Command::Drain { at_ns: now_ns() }).unwrap();
+    w.cmds.send(Command::Drain { at_ns: now_ns() }).unwrap();
     drain_tx.send(()).unwrap();
-    let (back, dropped) = loop {
-        if let Event::StormDone { back, dropped, .. } = next(&mut ev_rx).await {
-            break (back, dropped);
-        }
-    };
+    let (back, dropped) = w
+        .event("StormDone", |ev| match ev {
+            Event::StormDone { back, dropped, .. } => Some((back, dropped)),
+            _ => None,
+        })
+        .await;
     assert_eq!((back, dropped), (n as u64, n as u64));
-    let _ = published.wait_for(|done| *done).await;
+    within(
+        "last publication of the fake server",
+        published.wait_for(|done| *done),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let mut m = BTreeMap::new();
-    m.insert(
-        "t0".to_string(),
-        Expected {
+    let r = w
+        .finish(Expected {
             epoch: "E".into(),
             first: 1,
             last: 150,
             count: 150,
-        },
-    );
-    cmd_tx.send(Command::Finish { expect: m }).unwrap();
-    let r = loop {
-        if let Event::Result(r) = next(&mut ev_rx).await {
-            break r;
-        }
-    };
-    w.await.unwrap().unwrap();
+        })
+        .await;
     let c = &r.counters;
     assert_eq!(
         (c.disconnect_pushes, c.reconnects, c.recovered),
@@ -402,4 +488,97 @@ async fn drained_clients_wait_the_hint_and_recover_everything() {
     assert_eq!(d.delivered, d.expected, "{d:?}");
     assert_eq!((d.counts.duplicates, d.counts.gap_events), (0, 0), "{d:?}");
     assert_eq!(herald_bench::hist::decode(&r.storm).unwrap().len(), 4);
+}
+
+/// A server for the stop race: the first connection is answered at once; a reconnect's reply is
+/// held until `release` turns true, and `waiting` says when one arrived. Nothing is published.
+async fn held_reconnect_server() -> (
+    String,
+    mpsc::UnboundedReceiver<()>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let (waiting_tx, waiting) = mpsc::unbounded_channel();
+    let (release, release_rx) = tokio::sync::watch::channel(false);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        for nth in 0.. {
+            let (s, _) = l.accept().await.unwrap();
+            let waiting_tx = waiting_tx.clone();
+            let mut release = release_rx.clone();
+            tokio::spawn(async move {
+                let Ok((_, mut ws)) = ServerBuilder::new().accept(s).await else {
+                    return;
+                };
+                let Some(Ok(_connect)) = ws.next().await else {
+                    return;
+                };
+                let mut sub = serde_json::json!({"epoch":"E","offset":0,"recoverable":true});
+                if nth > 0 {
+                    let _ = waiting_tx.send(());
+                    if release.wait_for(|r| *r).await.is_err() {
+                        return;
+                    }
+                    sub["recovered"] = true.into();
+                }
+                let reply = serde_json::json!({"id":1,"connect":{"client":"c","subs":{"t0":sub}}});
+                if ws.send(Message::text(reply.to_string())).await.is_err() {
+                    return;
+                }
+                while let Some(Ok(_)) = ws.next().await {}
+            });
+        }
+    });
+    (format!("ws://{addr}/ws"), waiting, release)
+}
+
+/// A client whose reconnect is under way when the worker stops must stop too, not wait for
+/// publications forever once its reply comes (the worker then never reported, and a test
+/// waiting for its result hung).
+#[tokio::test(flavor = "current_thread")]
+async fn a_client_reconnecting_as_the_worker_stops_stops_too() {
+    let (url, mut waiting, release) = held_reconnect_server().await;
+    let p = params(
+        &url,
+        &["--drop-every", "0.05", "0.05", "--offline", "0", "0"],
+    );
+    let mut w = Worker::start(p, Scenario::Jitter, 1);
+    w.ready(1).await;
+    within("reconnect after the jitter drop", waiting.recv())
+        .await
+        .unwrap();
+    // Nothing is owed, so the worker sends its clients Stop at once ...
+    let mut m = BTreeMap::new();
+    m.insert(
+        "t0".to_string(),
+        Expected {
+            epoch: "E".into(),
+            first: 1,
+            last: 0,
+            count: 0,
+        },
+    );
+    w.cmds.send(Command::Finish { expect: m }).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // ... and only then does the reconnect get its reply.
+    release.send(true).unwrap();
+    let r = w
+        .event(
+            "result (a client that reconnected as the worker stopped did not stop)",
+            |ev| match ev {
+                Event::Result(r) => Some(r),
+                _ => None,
+            },
+        )
+        .await;
+    assert_eq!(
+        (r.counters.client_drops, r.counters.reconnects),
+        (1, 1),
+        "{:?}",
+        r.counters
+    );
+    within("end of the worker task", w.task)
+        .await
+        .unwrap()
+        .unwrap();
 }
