@@ -884,3 +884,232 @@ async fn channel_queries_answer_for_the_cluster(url: &str) {
     )
     .await;
 }
+
+/// Subscribe `c` (socket `socket`) to the private or presence `channel`, signed as the server SDKs
+/// sign it (`channel_data` for presence).
+async fn subscribe_signed(c: &mut Client, socket: &str, channel: &str, channel_data: Option<&str>) {
+    let signed = match channel_data {
+        Some(d) => format!("{socket}:{channel}:{d}"),
+        None => format!("{socket}:{channel}"),
+    };
+    let sig = herald_server::pusher::auth::sign("app-secret", &signed);
+    let mut data = json!({"channel": channel, "auth": format!("app-key:{sig}")});
+    if let Some(d) = channel_data {
+        data["channel_data"] = json!(d);
+    }
+    send(c, "pusher:subscribe", data).await;
+}
+
+/// Issue 29, item 7: Laravel broadcasts `App\Events\OrderShipped` (a JSON escape on the wire);
+/// such names, and presence user ids with escapes, must arrive decoded, and the sender's
+/// exclusion (`toOthers()`) must hold.
+#[tokio::test]
+async fn escaped_event_names_and_user_ids_arrive_decoded_and_excluded() {
+    let mut env = APP.to_vec();
+    env.push(("HERALD_PUSHER_APP_ENABLE_CLIENT_EVENTS", "true"));
+    let node = Node::start(&["--dev"], &env).await;
+    let (mut a, a_id) = connected(&node).await;
+    let (mut b, b_id) = connected(&node).await;
+    for c in [&mut a, &mut b] {
+        send(c, "pusher:subscribe", json!({"channel": "orders"})).await;
+        expect(c, "pusher_internal:subscription_succeeded").await;
+    }
+    let name = "App\\Events\\OrderShipped";
+    let (status, body) = signed(
+        &node,
+        "POST",
+        "/apps/7/events",
+        Some(json!({"name": name, "channel": "orders", "data": "{\"id\":1}", "socket_id": a_id})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let m = expect(&mut b, name).await;
+    assert_eq!(
+        (m["channel"].as_str(), m["data"].as_str()),
+        (Some("orders"), Some("{\"id\":1}"))
+    );
+    assert!(
+        a.next_within(Duration::from_millis(300)).await.is_none(),
+        "the excluded socket (toOthers) gets nothing"
+    );
+
+    // Presence: a user id with a quote and a backslash, and a client event with an escaped name.
+    let user = "a\"b\\c";
+    let a_data = json!({"user_id": user}).to_string();
+    subscribe_signed(&mut a, &a_id, "presence-room", Some(&a_data)).await;
+    expect(&mut a, "pusher_internal:subscription_succeeded").await;
+    let b_data = json!({"user_id": "bob"}).to_string();
+    subscribe_signed(&mut b, &b_id, "presence-room", Some(&b_data)).await;
+    let ok = expect(&mut b, "pusher_internal:subscription_succeeded").await;
+    let members: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+    assert!(members["presence"]["hash"].get(user).is_some(), "{members}");
+    let added = expect(&mut a, "pusher_internal:member_added").await;
+    assert_eq!(
+        added["data"],
+        json!({"user_id": "bob", "user_info": null}).to_string()
+    );
+    let event = "client-App\\Typing\"";
+    a.send_raw(&json!({"event": event, "channel": "presence-room", "data": {"x": 1}}).to_string())
+        .await;
+    let m = expect(&mut b, event).await;
+    assert_eq!(
+        (m["user_id"].as_str(), &m["data"]),
+        (Some(user), &json!({"x": 1}))
+    );
+    assert!(
+        a.next_within(Duration::from_millis(300)).await.is_none(),
+        "not echoed to the sender"
+    );
+}
+
+/// Issue 29, item 8: a retried webhook must not be overtaken by a later one of the same app
+/// (a retried `channel_occupied` after the later `channel_vacated`).
+#[tokio::test]
+async fn a_retried_webhook_is_not_overtaken_by_a_later_one() {
+    let (hook_url, mut hooks) = refusing_webhook_receiver(1).await;
+    let mut env = APP.to_vec();
+    env.push(("HERALD_PUSHER_APP_WEBHOOK_URL", &hook_url));
+    let node = Node::start(&["--dev"], &env).await;
+    let (mut c, _) = connected(&node).await;
+    send(&mut c, "pusher:subscribe", json!({"channel": "room"})).await;
+    expect(&mut c, "pusher_internal:subscription_succeeded").await;
+    let wait = Duration::from_secs(5);
+    let first = tokio::time::timeout(wait, hooks.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first["status"], 500, "{first}");
+    // The vacancy comes in a later batch, while the first one waits for its retry.
+    send(&mut c, "pusher:unsubscribe", json!({"channel": "room"})).await;
+    let mut accepted = Vec::new();
+    while accepted.len() < 2 {
+        let hook = tokio::time::timeout(wait, hooks.recv())
+            .await
+            .expect("two accepted webhooks within 5 s")
+            .unwrap();
+        assert_eq!(hook["status"], 200, "{hook}");
+        for e in hook["body"]["events"].as_array().unwrap() {
+            accepted.push(e["name"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(accepted, ["channel_occupied", "channel_vacated"]);
+}
+
+/// Issue 29, item 8: a frame over the codec's limit (16 × `limits.max_frame_bytes`, 1 MiB by
+/// default) gets `pusher:error` and a close frame (1009), not a dropped TCP connection; a frame
+/// over `max_frame_bytes` but under that limit gets `pusher:error` and the connection goes on.
+#[tokio::test]
+async fn an_oversized_frame_gets_pusher_error_and_a_close_code() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let (mut c, _) = connected(&node).await;
+    send(
+        &mut c,
+        "pusher:ping",
+        json!({"pad": "a".repeat(100 * 1024)}),
+    )
+    .await;
+    let e = expect(&mut c, "pusher:error").await;
+    assert!(
+        e["data"]["message"].as_str().unwrap().contains("too large"),
+        "{e}"
+    );
+    send(&mut c, "pusher:ping", json!({})).await;
+    expect(&mut c, "pusher:pong").await;
+
+    send(&mut c, "pusher:ping", json!({"pad": "a".repeat(2 << 20)})).await;
+    let e = expect(&mut c, "pusher:error").await;
+    assert_eq!(e["data"]["code"], 1009, "{e}");
+    assert_eq!(c.closed().await.code, Some(1009));
+}
+
+/// Issue 29, item 8: Pusher's limits: event names at most 200 characters, presence `user_info`
+/// at most 1 KB; client events on `private-encrypted-` channels are refused (the server cannot
+/// encrypt them). Each refusal is an error and the connection goes on.
+#[tokio::test]
+async fn pusher_limits_and_encrypted_client_events_are_refused() {
+    let mut env = APP.to_vec();
+    env.push(("HERALD_PUSHER_APP_ENABLE_CLIENT_EVENTS", "true"));
+    let node = Node::start(&["--dev"], &env).await;
+    let (mut a, a_id) = connected(&node).await;
+    let (mut b, b_id) = connected(&node).await;
+    for (c, id) in [(&mut a, &a_id), (&mut b, &b_id)] {
+        for channel in ["private-chat", "private-encrypted-chat"] {
+            subscribe_signed(c, id, channel, None).await;
+            expect(c, "pusher_internal:subscription_succeeded").await;
+        }
+    }
+    let long = format!("client-{}", "x".repeat(200));
+    a.send_raw(&json!({"event": long, "channel": "private-chat", "data": {}}).to_string())
+        .await;
+    let e = expect(&mut a, "pusher:error").await;
+    assert!(
+        e["data"]["message"].as_str().unwrap().contains("200"),
+        "{e}"
+    );
+    a.send_raw(
+        &json!({"event": "client-x", "channel": "private-encrypted-chat", "data": {}}).to_string(),
+    )
+    .await;
+    let e = expect(&mut a, "pusher:error").await;
+    assert!(
+        e["data"]["message"].as_str().unwrap().contains("encrypted"),
+        "{e}"
+    );
+    assert!(
+        b.next_within(Duration::from_millis(300)).await.is_none(),
+        "neither reached the other client"
+    );
+    // The HTTP API's limit is the same.
+    let (status, _) = signed(
+        &node,
+        "POST",
+        "/apps/7/events",
+        Some(json!({"name": "x".repeat(201), "channel": "private-chat", "data": "{}"})),
+    )
+    .await;
+    assert_eq!(status, 400);
+
+    let info = json!({"user_id": "u", "user_info": {"bio": "b".repeat(1100)}}).to_string();
+    subscribe_signed(&mut a, &a_id, "presence-room", Some(&info)).await;
+    let e = expect(&mut a, "pusher:subscription_error").await;
+    assert_eq!(e["data"]["type"], "LimitReached", "{e}");
+    // Still usable.
+    let ok = format!("client-{}", "x".repeat(193));
+    a.send_raw(&json!({"event": ok, "channel": "private-chat", "data": {}}).to_string())
+        .await;
+    expect(&mut b, &ok).await;
+}
+
+/// Issue 29, item 8: a draining node that still gets a Pusher upgrade (over a kept-alive
+/// connection, or a proxy's pooled one) must make the client back off (4100), not reconnect at
+/// once (4200), which would bring pusher-js straight back to it in a loop.
+#[tokio::test]
+async fn a_draining_node_makes_new_pusher_clients_back_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let node = Node::start(&["--dev"], &APP).await;
+    // Held open and not read: the node waits for its closing handshake, so it is still there.
+    let (_held, _) = connected(&node).await;
+    let mut tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
+    tcp.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&head).contains("\"ok\"") {
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .expect("health answered")
+            .unwrap();
+        assert!(n > 0, "closed early");
+        head.extend_from_slice(&buf[..n]);
+    }
+    node.sigterm();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let url = format!("ws://{}/app/app-key?protocol=7", node.addr);
+    let mut c = Client::open_on(Box::new(tcp), &url, &[])
+        .await
+        .expect("ws handshake");
+    let e = expect(&mut c, "pusher:error").await;
+    assert_eq!(e["data"]["code"], 4100, "{e}");
+    assert_eq!(c.closed().await.code, Some(4100));
+}

@@ -269,10 +269,10 @@ impl EventBody {
         }
         let data = serde_json::value::to_raw_value(&text).expect("a string is JSON");
         let envelope = Envelope {
-            event: &self.name,
+            event: self.name.as_str().into(),
             data: &data,
             user_id: None,
-            exclude: self.socket_id.as_deref(),
+            exclude: self.socket_id.as_deref().map(Into::into),
         }
         .to_bytes();
         Ok(Checked {

@@ -375,12 +375,12 @@ impl PusherConn {
         ));
         for p in &result.publications {
             let envelope = wire::envelope_of(p.data_raw());
-            if envelope.exclude != Some(&*self.socket_id) {
+            if envelope.exclude.as_deref() != Some(&*self.socket_id) {
                 self.out.push(wire::event(
-                    envelope.event,
+                    &envelope.event,
                     &channel,
                     envelope.data,
-                    envelope.user_id,
+                    envelope.user_id.as_deref(),
                     Some(p.offset),
                 ));
             }
@@ -583,10 +583,10 @@ impl PusherConn {
             );
         }
         let envelope = Envelope {
-            event: &message.event,
+            event: message.event.as_str().into(),
             data,
-            user_id: sub.me().map(|m| m.user.as_str()),
-            exclude: Some(&self.socket_id),
+            user_id: sub.me().map(|m| m.user.as_str().into()),
+            exclude: Some((*self.socket_id).into()),
         };
         let opts = PublishOptions {
             stream: self.ctx.namespace().stream_options(),
@@ -654,7 +654,7 @@ impl PusherConn {
             (None, Some(l)) => (false, l),
             (None, None) => return None,
         };
-        let channel = self.ctx.app.external(change.channel)?;
+        let channel = self.ctx.app.external(&change.channel)?;
         let sub = self.channels.get_mut(channel)?.presence.as_deref_mut()?;
         let who = change.info;
         if *who.client == *self.socket_id {

@@ -98,20 +98,20 @@ fn translate(
 ) -> Option<Translated> {
     let push: wire::HubPush<'_> = serde_json::from_slice(frame).ok()?;
     let p = push.publication?;
-    let channel = app.external(p.channel)?;
+    let channel = app.external(&p.channel)?;
     let envelope = wire::envelope_of(p.data);
     let event = |offset| {
         wire::event(
-            envelope.event,
+            &envelope.event,
             channel,
             envelope.data,
-            envelope.user_id,
+            envelope.user_id.as_deref(),
             offset,
         )
     };
     Some(Translated {
         channel: name(channel),
-        exclude: envelope.exclude.map(str::to_owned),
+        exclude: envelope.exclude.map(|e| e.into_owned()),
         plain: event(None),
         positioned: event(Some(p.offset)),
     })

@@ -7,6 +7,15 @@
 //! client event on a presence channel, `exclude` the socket that must not receive it (the HTTP
 //! API's `socket_id`, or the sender of a client event). A publication without an `event` string
 //! (a Herald client's own) reaches Pusher clients as event `herald:publication`.
+//!
+//! # Escapes
+//! Every string read from the wire may carry JSON escapes (Laravel's event names are
+//! `App\\Events\\…` on the wire, user ids may hold `\"`): the fields read here are `Cow<str>`,
+//! which borrow when the string has no escape and are decoded by serde_json when it has one. A
+//! borrowed `&str` field would fail on an escape and the whole frame would decode as something
+//! else.
+
+use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -109,16 +118,16 @@ pub fn parse_data<T: serde::de::DeserializeOwned>(data: Option<&RawValue>) -> Op
 pub struct Envelope<'a> {
     /// Event name.
     #[serde(borrow)]
-    pub event: &'a str,
+    pub event: Cow<'a, str>,
     /// Event data, as given.
     #[serde(borrow)]
     pub data: &'a RawValue,
     /// The sender of a client event on a presence channel.
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
-    pub user_id: Option<&'a str>,
+    pub user_id: Option<Cow<'a, str>>,
     /// The socket that does not receive it.
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
-    pub exclude: Option<&'a str>,
+    pub exclude: Option<Cow<'a, str>>,
 }
 
 impl Envelope<'_> {
@@ -273,7 +282,7 @@ pub struct HubPush<'a> {
 pub struct HubPublication<'a> {
     /// The Herald channel.
     #[serde(borrow)]
-    pub channel: &'a str,
+    pub channel: Cow<'a, str>,
     /// The offset in the channel's stream.
     pub offset: u64,
     /// The publication data.
@@ -286,7 +295,7 @@ pub struct HubPublication<'a> {
 pub struct HubPresence<'a> {
     /// The Herald channel.
     #[serde(borrow)]
-    pub channel: &'a str,
+    pub channel: Cow<'a, str>,
     /// Who.
     #[serde(borrow)]
     pub info: HubMember<'a>,
@@ -297,10 +306,10 @@ pub struct HubPresence<'a> {
 pub struct HubMember<'a> {
     /// The Pusher `user_id`.
     #[serde(borrow)]
-    pub user: std::borrow::Cow<'a, str>,
+    pub user: Cow<'a, str>,
     /// The socket id.
     #[serde(borrow)]
-    pub client: std::borrow::Cow<'a, str>,
+    pub client: Cow<'a, str>,
     /// The Pusher `user_info`.
     #[serde(default, borrow)]
     pub info: Option<&'a RawValue>,
@@ -311,7 +320,7 @@ pub fn envelope_of(data: &RawValue) -> Envelope<'_> {
     match serde_json::from_str::<Envelope<'_>>(data.get()) {
         Ok(envelope) => envelope,
         Err(_) => Envelope {
-            event: HERALD_PUBLICATION,
+            event: Cow::Borrowed(HERALD_PUBLICATION),
             data,
             user_id: None,
             exclude: None,
@@ -338,20 +347,38 @@ mod tests {
     fn envelopes_round_trip_and_foreign_data_is_wrapped() {
         let data = RawValue::from_string("\"{\\\"a\\\":1}\"".into()).unwrap();
         let bytes = Envelope {
-            event: "e",
+            event: "e".into(),
             data: &data,
             user_id: None,
-            exclude: Some("1.2"),
+            exclude: Some("1.2".into()),
         }
         .to_bytes();
         let raw: &RawValue = serde_json::from_slice(&bytes).unwrap();
         let back = envelope_of(raw);
         assert_eq!(
-            (back.event, back.data.get(), back.exclude),
+            (&*back.event, back.data.get(), back.exclude.as_deref()),
             ("e", data.get(), Some("1.2"))
         );
         let foreign = RawValue::from_string("{\"text\":\"hi\"}".into()).unwrap();
         assert_eq!(envelope_of(&foreign).event, HERALD_PUBLICATION);
+    }
+
+    #[test]
+    fn escaped_envelope_strings_are_decoded() {
+        // Laravel's default event name, a user id with a quote: escapes on the wire.
+        let bytes = Envelope {
+            event: "App\\Events\\OrderShipped".into(),
+            data: &RawValue::from_string("1".into()).unwrap(),
+            user_id: Some("a\"b".into()),
+            exclude: Some("1.2".into()),
+        }
+        .to_bytes();
+        assert!(bytes.windows(2).any(|w| w == b"\\\\"), "escaped on the wire");
+        let raw: &RawValue = serde_json::from_slice(&bytes).unwrap();
+        let back = envelope_of(raw);
+        assert_eq!(&*back.event, "App\\Events\\OrderShipped");
+        assert_eq!(back.user_id.as_deref(), Some("a\"b"));
+        assert_eq!(back.exclude.as_deref(), Some("1.2"));
     }
 
     #[test]
