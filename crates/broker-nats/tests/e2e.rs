@@ -103,7 +103,11 @@ async fn recovery_across_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restart_mid_stream_loses_nothing() {
-    multinode::broker_restart_mid_stream_loses_nothing(&mut Nats(NatsServer::start())).await;
+    multinode::broker_restart_mid_stream_loses_nothing(
+        &mut Nats(NatsServer::start()),
+        &[("HERALD_NATS__SYNCHRONOUS_PERSISTENCE", "true")],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,16 @@ impl Inner {
         }
     }
 
+    /// The server identity the publish and history scripts bind epochs to on `conn` (see
+    /// [`Conn::identity`]); empty, i.e. never bound, with `synchronous_persistence`.
+    pub(crate) fn identity(&self, conn: &Conn) -> std::sync::Arc<str> {
+        if self.cfg.synchronous_persistence {
+            std::sync::Arc::from("")
+        } else {
+            conn.identity()
+        }
+    }
+
     /// Run one command or script on `shard`'s command connection: measured, bounded by the
     /// command timeout, failing fast while the link is down.
     pub(crate) async fn run<T, F, Fut>(&self, shard: usize, f: F) -> Result<T, BrokerError>

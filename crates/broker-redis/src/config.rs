@@ -61,6 +61,14 @@ pub struct RedisConfig {
     pub presence_ttl_s: u64,
     /// At most this many channels in one `SUBSCRIBE` (concurrent subscribes are batched).
     pub subscribe_batch: usize,
+    /// The operator declares that Redis never loses an acknowledged write: `appendfsync always`,
+    /// no restore from older backups, no failover to a replica that may lag. Off (the default), a
+    /// stream's epoch is bound to the `run_id` of the Redis process that created it, so every
+    /// stream starts a new epoch after any Redis restart or failover (clients are told
+    /// `recovered: false`) and a rollback can never be continued in the old epoch. On, epochs
+    /// survive restarts, and only the nodes' watermarks catch a rollback (not one no running
+    /// node witnessed). See `docs/reliability.md`.
+    pub synchronous_persistence: bool,
 }
 
 /// A master found through Redis Sentinel.
@@ -97,6 +105,7 @@ impl Default for RedisConfig {
             health_check_ms: 2_000,
             presence_ttl_s: 60,
             subscribe_batch: 500,
+            synchronous_persistence: false,
         }
     }
 }

@@ -29,6 +29,7 @@ impl Inner {
         let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
         let reply = self
             .run(self.shard(channel), |mut c| async move {
+                let identity = self.identity(&c);
                 scripts::HISTORY
                     .key(&k.meta)
                     .key(&k.history)
@@ -40,6 +41,7 @@ impl Inner {
                     .arg(limit)
                     .arg(&floor_epoch)
                     .arg(floor_offset)
+                    .arg(&*identity)
                     .invoke_async::<Vec<Value>>(&mut c)
                     .await
             })

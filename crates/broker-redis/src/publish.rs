@@ -160,6 +160,7 @@ impl Inner {
         let command = self.publish_command();
         let result = self
             .run(shard, |mut c| async move {
+                let identity = self.identity(&c);
                 let mut inv = scripts::PUBLISH.prepare_invoke();
                 for key in &keys {
                     inv.key(key);
@@ -168,7 +169,8 @@ impl Inner {
                     .arg(info_json)
                     .arg(&data[..])
                     .arg(IDEMPOTENCY_TTL_S)
-                    .arg(if keyed { 3 } else { 2 });
+                    .arg(if keyed { 3 } else { 2 })
+                    .arg(&*identity);
                 for a in &args {
                     inv.arg(&a.pubsub)
                         .arg(&a.candidate_epoch)

@@ -4,6 +4,16 @@
 //! Publishing is one script: it assigns the offset (and the epoch, for a new stream), appends to
 //! the history stream, trims it by size and age, and publishes the message, so that no node can see
 //! a publication that is not stored, and a channel's messages leave Redis in offset order.
+//!
+//! # A stream's epoch is bound to the Redis process
+//! Anything kept in Redis is rewound with it when Redis comes back from older data, so a stream's
+//! epoch is bound to something a restart changes: the `run_id` of the Redis process that created
+//! it, kept in the meta hash's field `r`. A stream bound to another `run_id` starts a new epoch on
+//! its next publish or read, whichever node makes it, even one that never saw the stream. The
+//! scripts get the identity as one argument: the `run_id` the node read when its connection
+//! opened (standalone, shards, Sentinel: no extra round trip or Redis time per call), `*` to read
+//! it with `INFO server` inside the script (Cluster, where the node does not know which master a
+//! call reaches), or empty to bind nothing (the operator declared `synchronous_persistence`).
 
 use std::sync::LazyLock;
 
@@ -11,29 +21,39 @@ use redis::Script;
 
 /// Publish the same data to one or more channels of one slot (one shard, standalone). `KEYS`:
 /// per channel meta, history and, when `ARGV[5]` is 3, its idempotency key. `ARGV`: `PUBLISH` or
-/// `SPUBLISH`, info JSON (or empty), data, idempotency TTL (s), keys per channel (2 or 3), then
-/// per channel seven: pub/sub channel, candidate epoch, history size, history TTL (ms), meta TTL
-/// (ms), watermark epoch, watermark offset. Returns `{epoch, offset, duplicate (0/1)}` per
-/// channel, flat, in order.
+/// `SPUBLISH`, info JSON (or empty), data, idempotency TTL (s), keys per channel (2 or 3), server
+/// identity (see the module docs), then per channel seven: pub/sub channel, candidate epoch,
+/// history size, history TTL (ms), meta TTL (ms), watermark epoch, watermark offset. Returns
+/// `{epoch, offset, duplicate (0/1)}` per channel, flat, in order.
 ///
-/// A stream whose top is below the node's watermark in the same epoch rolled back (see
-/// `herald_broker::watermark`): it starts over with the candidate epoch. One call for several
-/// channels saves Redis the per-command part of each (about a quarter of a publish's time there).
+/// A stream starts over with the candidate epoch when it was bound to another server identity
+/// (Redis restarted or failed over since: its data may be older than what was acknowledged), or
+/// when its top is below the node's watermark in the same epoch (see
+/// `herald_broker::watermark`). One call for several channels saves Redis the per-command part
+/// of each (about a quarter of a publish's time there).
 pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local command, info, data, idem_ttl, stride = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
+local ident = ARGV[6]
+if ident == '*' then
+  ident = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 local function publish(meta, hist, idem, a)
-  local epoch = redis.call('HGET', meta, 'e')
-  if epoch and epoch == ARGV[a + 5] and tonumber(redis.call('HGET', meta, 'o')) < tonumber(ARGV[a + 6]) then
+  local m = redis.call('HMGET', meta, 'e', 'o', 'r')
+  local epoch = m[1]
+  if epoch and ident ~= '' and m[3] ~= ident then
+    epoch = false
+  elseif epoch and epoch == ARGV[a + 5] and tonumber(m[2]) < tonumber(ARGV[a + 6]) then
     epoch = false
   end
   if not epoch then
     epoch = ARGV[a + 1]
     redis.call('HSET', meta, 'e', epoch, 'o', 0)
+    if ident ~= '' then redis.call('HSET', meta, 'r', ident) end
     redis.call('DEL', hist)
   end
   if idem then
@@ -68,7 +88,7 @@ for n = 0, #KEYS / stride - 1 do
   local k = n * stride
   local idem = nil
   if stride == 3 then idem = KEYS[k + 3] end
-  local epoch, offset, duplicate = publish(KEYS[k + 1], KEYS[k + 2], idem, 6 + n * 7)
+  local epoch, offset, duplicate = publish(KEYS[k + 1], KEYS[k + 2], idem, 7 + n * 7)
   out[#out + 1] = epoch
   out[#out + 1] = offset
   out[#out + 1] = duplicate
@@ -82,8 +102,10 @@ return out
 /// (used when the stream does not exist: a read creates it, so that a subscriber and a later
 /// publisher agree on the epoch), empty-stream TTL (ms: how long a stream nothing was published
 /// to lives after its last read; each read of one extends it, a publish replaces it with the
-/// meta TTL), history TTL (ms), since epoch (or empty for no `since`), since offset, limit (-1: none), watermark epoch, watermark offset (a stream below
-/// the watermark rolled back and starts over, as in [`PUBLISH`]).
+/// meta TTL), history TTL (ms), since epoch (or empty for no `since`), since offset, limit (-1:
+/// none), watermark epoch, watermark offset (a stream below the watermark rolled back and starts
+/// over, as in [`PUBLISH`]), server identity (a stream bound to another starts over, as in
+/// [`PUBLISH`]).
 ///
 /// Returns `{epoch, top, continuous (0/1), o1, d1, i1, o2, d2, i2, …}` in offset order. With
 /// `since`, publications are returned only if every one after `since` is still kept (recovery is
@@ -93,14 +115,22 @@ pub(crate) static HISTORY: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local meta, hist = KEYS[1], KEYS[2]
-local epoch = redis.call('HGET', meta, 'e')
-if epoch and epoch == ARGV[7] and tonumber(redis.call('HGET', meta, 'o')) < tonumber(ARGV[8]) then
+local ident = ARGV[9]
+if ident == '*' then
+  ident = string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')
+end
+local m = redis.call('HMGET', meta, 'e', 'o', 'r')
+local epoch = m[1]
+if epoch and ident ~= '' and m[3] ~= ident then
+  epoch = false
+elseif epoch and epoch == ARGV[7] and tonumber(m[2]) < tonumber(ARGV[8]) then
   epoch = false
 end
 local top = 0
 if not epoch then
   epoch = ARGV[1]
   redis.call('HSET', meta, 'e', epoch, 'o', 0)
+  if ident ~= '' then redis.call('HSET', meta, 'r', ident) end
   redis.call('PEXPIRE', meta, ARGV[2])
   redis.call('DEL', hist)
 else

@@ -284,9 +284,75 @@ async fn subscription_blip_resubscribes_and_asks_for_catch_up() {
     );
 }
 
+/// Publish through `broker` until Redis is back (at most 5 s).
+async fn publish_when_back(broker: &SharedBroker, ch: &str) -> StreamPosition {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match broker
+            .publish(ch, Bytes::from_static(b"x"), None, &opts(100))
+            .await
+        {
+            Ok(p) => return p,
+            Err(e) => assert!(Instant::now() < deadline, "Redis never came back: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// By default a stream's epoch is bound to the Redis process (`run_id`): after a restart, even
+/// one that kept every write (fsynced AOF), the next publish or read by any node, here one that
+/// connected only after the restart, starts a new epoch, and an old position is not
+/// continuous. With `synchronous_persistence` the epoch survives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_starts_new_epochs_unless_persistence_is_declared_synchronous() {
+    let mut redis = RedisServer::start_with(RedisOptions {
+        persistent: true,
+        ..RedisOptions::default()
+    });
+    let strict = RedisConfig::from_url(&redis.url());
+    let mut durable = strict.clone();
+    durable.synchronous_persistence = true;
+    let (a, _) = node(&strict, "a").await;
+    let (d, _) = node(&durable, "d").await;
+    let (bound, kept) = (unique("bound"), unique("kept"));
+    let mut before = Vec::new();
+    for (broker, ch) in [(&a, &bound), (&d, &kept)] {
+        broker
+            .publish(ch, Bytes::from_static(b"1"), None, &opts(100))
+            .await
+            .unwrap();
+        before.push(
+            broker
+                .publish(ch, Bytes::from_static(b"2"), None, &opts(100))
+                .await
+                .unwrap(),
+        );
+    }
+    redis.restart();
+    let (fresh, _) = node(&strict, "fresh").await;
+    let since = HistoryQuery {
+        since: Some(before[0].clone()),
+        limit: None,
+    };
+    let h = fresh
+        .history(&bound, &since, &opts(100).stream)
+        .await
+        .unwrap();
+    assert!(!h.continuous, "{h:?}");
+    assert_ne!(h.position.epoch, before[0].epoch, "{h:?}");
+    let next = publish_when_back(&a, &bound).await;
+    assert_eq!((&next.epoch, next.offset), (&h.position.epoch, 1));
+    let next = publish_when_back(&d, &kept).await;
+    assert_eq!(
+        (&next.epoch, next.offset),
+        (&before[1].epoch, 3),
+        "declared durable"
+    );
+}
+
 /// Redis goes away: publishing and subscribing fail fast with "unavailable"; when Redis is back
-/// (with its data, here from an fsynced AOF) the stream continues in the same epoch and
-/// subscribers are restored.
+/// (with its data, here from an fsynced AOF, declared with `synchronous_persistence`) the stream
+/// continues in the same epoch and subscribers are restored.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_fails_fast_then_recovers() {
     let mut redis = RedisServer::start_with(RedisOptions {
@@ -294,6 +360,7 @@ async fn redis_restart_fails_fast_then_recovers() {
         ..RedisOptions::default()
     });
     let mut cfg = RedisConfig::from_url(&redis.url());
+    cfg.synchronous_persistence = true;
     cfg.command_timeout_ms = 1000;
     cfg.health_check_ms = 300;
     let (a, ra) = node(&cfg, "a").await;

@@ -274,12 +274,33 @@ impl RedisServer {
     /// Kill the process and start it from the last [`snapshot`](Self::snapshot), dropping the
     /// append-only file: whatever was written since the snapshot is lost, as when Redis comes
     /// back from an older RDB file (or a lagging replica is promoted).
+    ///
+    /// A `persistent` server starts without its AOF first: Redis 7 with `appendonly yes` and no
+    /// AOF would start *empty* and ignore the RDB (a wipe, not a rollback). Once the snapshot is
+    /// loaded, the AOF is turned back on and rewritten from it before this returns.
     pub fn restart_from_snapshot(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(self.dir().join("appendonlydir"));
         std::fs::copy(self.dir().join("older.rdb"), self.dir().join("dump.rdb"))
             .expect("put the older snapshot back");
+        let persistent = std::mem::replace(&mut self.options.persistent, false);
         self.restart();
+        self.options.persistent = persistent;
+        if persistent {
+            assert_eq!(self.cli(&["CONFIG", "SET", "appendonly", "yes"]), "OK");
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                let info = self.cli(&["INFO", "persistence"]);
+                let done = info.contains("aof_enabled:1")
+                    && info.contains("aof_rewrite_in_progress:0")
+                    && info.contains("aof_rewrite_scheduled:0");
+                if done {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "AOF rewrite never ended: {info}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
     }
 
     /// Whether the process is running.

@@ -5,10 +5,12 @@
 //! - [`chaos`]: the chaos soak (kills, link cuts and broker restarts under load).
 //! - [`proxy`]: a TCP proxy that can cut one node off the broker.
 //! - [`redis`]: [`BrokerProcess`] for a standalone Redis and a Redis Cluster.
+//! - [`rollback`]: a broker restored from an older snapshot with two nodes (issue 29 item 5).
 
 pub mod chaos;
 pub mod proxy;
 pub mod redis;
+pub mod rollback;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -50,9 +52,13 @@ fn unique(name: &str) -> String {
 }
 
 async fn nodes(broker: &dyn BrokerProcess, names: &[&str]) -> Vec<Node> {
+    nodes_with(broker, names, &[]).await
+}
+
+async fn nodes_with(broker: &dyn BrokerProcess, names: &[&str], env: &[(&str, &str)]) -> Vec<Node> {
     let mut out = Vec::new();
     for name in names {
-        out.push(Node::on_broker(name, &broker.url()).await);
+        out.push(Node::on_broker_with(name, &broker.url(), env).await);
     }
     out
 }
@@ -217,8 +223,15 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
 /// The broker restarts while a publisher is mid-stream: publishing fails fast (503) during the
 /// outage, and once the broker is back every publication the API acknowledged reaches the
 /// subscriber on another node, in order, exactly once, without the client reconnecting.
-pub async fn broker_restart_mid_stream_loses_nothing(broker: &mut dyn BrokerProcess) {
-    let n = nodes(broker, &["a", "b"]).await;
+///
+/// `env` must declare the broker's persistence synchronous (`HERALD_REDIS__SYNCHRONOUS_PERSISTENCE`
+/// or `HERALD_NATS__SYNCHRONOUS_PERSISTENCE`): otherwise every restart starts new epochs and the
+/// client is told to recover, by design.
+pub async fn broker_restart_mid_stream_loses_nothing(
+    broker: &mut dyn BrokerProcess,
+    env: &[(&str, &str)],
+) {
+    let n = nodes_with(broker, &["a", "b"], env).await;
     let ch = unique("restart");
     let mut client = n[1].subscriber(json!({ &ch: {} })).await;
     let total = 60u64;
