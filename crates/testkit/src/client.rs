@@ -56,14 +56,29 @@ pub struct Client {
 impl Client {
     /// A client on `ws://addr/ws` with extra handshake headers; panics if it cannot open.
     pub async fn open(addr: SocketAddr, headers: &[(&str, &str)]) -> Client {
-        let tcp = TcpStream::connect(addr).await.expect("tcp connect");
+        let tcp = tokio::time::timeout(WAIT, TcpStream::connect(addr))
+            .await
+            .unwrap_or_else(|_| panic!("no TCP connection to {addr} within {WAIT:?}"))
+            .expect("tcp connect");
         Client::open_on(Box::new(tcp), &format!("ws://{addr}/ws"), headers)
             .await
             .expect("ws handshake")
     }
 
-    /// A client over `io` (e.g. TLS) to `url`.
+    /// A client over `io` (e.g. TLS) to `url`; panics when the handshake gets no answer within
+    /// the harness's wait.
     pub async fn open_on(
+        io: Box<dyn Io>,
+        url: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<Client, tokio_websockets::Error> {
+        tokio::time::timeout(WAIT, Client::handshake(io, url, headers))
+            .await
+            .unwrap_or_else(|_| panic!("no WebSocket handshake answer from {url} within {WAIT:?}"))
+    }
+
+    /// The WebSocket handshake, unbounded: callers put the bound on it.
+    pub(crate) async fn handshake(
         io: Box<dyn Io>,
         url: &str,
         headers: &[(&str, &str)],
@@ -94,8 +109,7 @@ impl Client {
 
     /// Send a text frame as is; panics if the connection is gone.
     pub async fn send_raw(&mut self, text: &str) {
-        self.ws
-            .send(Message::text(text.to_owned()))
+        self.send_frame(Message::text(text.to_owned()))
             .await
             .expect("send");
     }
@@ -103,7 +117,20 @@ impl Client {
     /// Send a text frame; false when the connection is already gone (fuzzing sends into
     /// connections the server may have closed).
     pub async fn try_send_raw(&mut self, text: &str) -> bool {
-        self.ws.send(Message::text(text.to_owned())).await.is_ok()
+        self.send_frame(Message::text(text.to_owned()))
+            .await
+            .is_ok()
+    }
+
+    /// Every frame the client sends goes through here: a send that cannot finish within the
+    /// harness's wait (the node stopped reading and the socket's buffers are full) fails the test
+    /// instead of hanging it.
+    async fn send_frame(&mut self, m: Message) -> Result<(), tokio_websockets::Error> {
+        tokio::time::timeout(WAIT, self.ws.send(m))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("a send did not finish within {WAIT:?}: the node stopped reading")
+            })
     }
 
     /// Send a command; returns its id.
@@ -253,7 +280,7 @@ impl Client {
 
     /// Send a WebSocket-level ping frame (not the protocol's `{}`).
     pub async fn ws_ping(&mut self) {
-        let _ = self.ws.send(Message::ping(bytes::Bytes::new())).await;
+        let _ = self.send_frame(Message::ping(bytes::Bytes::new())).await;
     }
 
     /// Read until the connection closes; returns the disconnect push and close code.
@@ -268,5 +295,64 @@ impl Client {
             disconnect,
             code: self.close_code,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// Runs `f` (which must panic within the harness's wait) and returns its panic message.
+    async fn panic_message(f: impl std::future::Future<Output = ()> + Send + 'static) -> String {
+        let limit = WAIT + Duration::from_secs(10);
+        let err = tokio::time::timeout(limit, tokio::spawn(f))
+            .await
+            .unwrap_or_else(|_| panic!("still waiting after {limit:?}: the wait is unbounded"))
+            .expect_err("it should have failed");
+        let p = err.into_panic();
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn a_handshake_nobody_answers_fails_within_the_wait() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        // Accepts and holds the connection, and never answers the upgrade request.
+        tokio::spawn(async move {
+            let held = l.accept().await;
+            tokio::time::sleep(WAIT * 4).await;
+            drop(held);
+        });
+        let msg = panic_message(async move {
+            Client::open(addr, &[]).await;
+        })
+        .await;
+        assert!(msg.contains("no WebSocket handshake answer"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn a_send_the_peer_never_reads_fails_within_the_wait() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        // Completes the upgrade, then never reads: the socket's buffers fill up.
+        tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let held = tokio_websockets::ServerBuilder::new().accept(s).await;
+            tokio::time::sleep(WAIT * 4).await;
+            drop(held);
+        });
+        let msg = panic_message(async move {
+            let mut c = Client::open(addr, &[]).await;
+            let big = "x".repeat(1 << 20);
+            loop {
+                c.send_raw(&big).await;
+            }
+        })
+        .await;
+        assert!(msg.contains("a send did not finish"), "{msg}");
     }
 }

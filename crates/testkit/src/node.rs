@@ -196,7 +196,12 @@ impl Node {
     /// Kill the process at once (a crash).
     pub async fn kill(mut self) {
         if let Some(child) = self.child.as_mut() {
-            let _ = child.kill().await;
+            // SIGKILL, then reap: bounded, so a process stuck in the kernel fails the test.
+            let _ = tokio::time::timeout(WAIT, child.kill())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{} did not exit within {WAIT:?} of SIGKILL", self.name)
+                });
         }
     }
 
@@ -252,9 +257,11 @@ impl Node {
             .await
             .map_err(|_| "connect timeout".to_owned())?
             .map_err(|e| format!("connect: {e}"))?;
-        let mut c = Client::open_on(Box::new(tcp), &self.ws_url(), &[])
-            .await
-            .map_err(|e| format!("handshake: {e}"))?;
+        let mut c =
+            tokio::time::timeout(WAIT, Client::handshake(Box::new(tcp), &self.ws_url(), &[]))
+                .await
+                .map_err(|_| "handshake timeout".to_owned())?
+                .map_err(|e| format!("handshake: {e}"))?;
         let reply = c
             .try_call("connect", json!({ "subs": subs }))
             .await
@@ -366,8 +373,9 @@ impl Api {
         body: Option<String>,
         key: Option<&str>,
     ) -> Result<(u16, Value), String> {
-        let mut stream = TcpStream::connect(self.0)
+        let mut stream = tokio::time::timeout(WAIT, TcpStream::connect(self.0))
             .await
+            .map_err(|_| "connect timeout".to_owned())?
             .map_err(|e| format!("connect: {e}"))?;
         let body = body.unwrap_or_default();
         let auth = key
@@ -377,9 +385,9 @@ impl Api {
             "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
             body.len()
         );
-        stream
-            .write_all(req.as_bytes())
+        tokio::time::timeout(WAIT, stream.write_all(req.as_bytes()))
             .await
+            .map_err(|_| "write timeout".to_owned())?
             .map_err(|e| format!("write: {e}"))?;
         let mut raw = Vec::new();
         tokio::time::timeout(WAIT, stream.read_to_end(&mut raw))
