@@ -7,7 +7,8 @@
 //! # Layout
 //! - [`config`]: the configuration model, every key with its default.
 //! - [`auth`]: JWT verification of connection and subscription tokens.
-//! - [`namespace`]: channel names, namespaces and subscribe permissions.
+//! - [`namespace`]: channel names and namespaces.
+//! - [`permission`]: who may do what on a channel, the one decision every command asks.
 //! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
 //! - `flights`: subscribers asking the broker the same history question at once share one read.
 //! - [`outbound`]: a connection's bounded outbound queue.
@@ -24,6 +25,7 @@ pub mod hub;
 pub mod metrics;
 pub mod namespace;
 pub mod outbound;
+pub mod permission;
 pub mod proxy;
 pub mod rate;
 pub mod recovery;

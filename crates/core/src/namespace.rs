@@ -1,11 +1,12 @@
-//! Channel names, namespaces and who may do what on a channel.
+//! Channel names and the namespaces that govern them. Who may do what on a channel is decided
+//! in [`crate::permission`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use herald_protocol::{CommandError, ErrorCode};
 
-use crate::config::{Config, NamespaceConfig, SubscribePolicy};
+use crate::config::{Config, NamespaceConfig};
 
 /// Longest channel name in bytes.
 pub const MAX_CHANNEL_LEN: usize = 255;
@@ -15,8 +16,8 @@ pub fn is_name_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"_:.@=/#,-".contains(&b)
 }
 
-/// Why a channel name is refused or a subscription is not allowed. Always the client's fault;
-/// retrying the same request gets the same answer.
+/// Why a channel name is refused. Always the client's fault; retrying the same request gets the
+/// same answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NamespaceError {
     /// The name is empty or longer than [`MAX_CHANNEL_LEN`].
@@ -28,15 +29,6 @@ pub enum NamespaceError {
     /// The name's `ns:` prefix names no configured namespace.
     #[error("unknown namespace {0:?}")]
     UnknownNamespace(String),
-    /// A user-limited channel (`name#alice,bob`) does not list this user.
-    #[error("channel is limited to other users")]
-    OtherUsersOnly,
-    /// The namespace admits only holders of a subscription token.
-    #[error("channel needs a subscription token")]
-    NeedsSubscriptionToken,
-    /// The namespace admits only authenticated users.
-    #[error("channel needs an authenticated user")]
-    NeedsUser,
 }
 
 impl NamespaceError {
@@ -45,9 +37,6 @@ impl NamespaceError {
         match self {
             NamespaceError::BadLength | NamespaceError::BadCharacters(_) => ErrorCode::BadRequest,
             NamespaceError::UnknownNamespace(_) => ErrorCode::UnknownNamespace,
-            NamespaceError::OtherUsersOnly
-            | NamespaceError::NeedsSubscriptionToken
-            | NamespaceError::NeedsUser => ErrorCode::PermissionDenied,
         }
     }
 }
@@ -108,44 +97,6 @@ impl Namespaces {
     }
 }
 
-/// What the subscribing connection brings.
-pub struct Subscriber<'a> {
-    /// The connection's user ("" for anonymous).
-    pub user: &'a str,
-    /// The channel is in the connection token's `channels` claim.
-    pub granted_by_connection_token: bool,
-    /// A valid subscription token for this channel and user came with the request.
-    pub has_subscription_token: bool,
-}
-
-/// May this connection subscribe to `channel` in namespace `ns`?
-pub fn may_subscribe(
-    ns: &NamespaceConfig,
-    channel: &str,
-    who: &Subscriber<'_>,
-) -> Result<(), NamespaceError> {
-    if let Some(mut users) = allowed_users(channel) {
-        if who.user.is_empty() || !users.any(|u| u == who.user) {
-            return Err(NamespaceError::OtherUsersOnly);
-        }
-    }
-    if who.granted_by_connection_token || who.has_subscription_token {
-        return Ok(());
-    }
-    let allowed = match ns.subscribe {
-        SubscribePolicy::Anonymous => true,
-        SubscribePolicy::Authenticated => !who.user.is_empty(),
-        SubscribePolicy::Token => false,
-    };
-    if allowed {
-        Ok(())
-    } else if ns.subscribe == SubscribePolicy::Token {
-        Err(NamespaceError::NeedsSubscriptionToken)
-    } else {
-        Err(NamespaceError::NeedsUser)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,18 +105,9 @@ mod tests {
         let mut c = Config::default();
         c.namespaces.push(NamespaceConfig {
             name: "priv".into(),
-            subscribe: SubscribePolicy::Token,
             ..NamespaceConfig::default()
         });
         c
-    }
-
-    fn who(user: &str) -> Subscriber<'_> {
-        Subscriber {
-            user,
-            granted_by_connection_token: false,
-            has_subscription_token: false,
-        }
     }
 
     #[test]
@@ -184,46 +126,6 @@ mod tests {
         assert_eq!(
             ns.resolve(&"a".repeat(256)).unwrap_err().code(),
             ErrorCode::BadRequest
-        );
-    }
-
-    #[test]
-    fn policies() {
-        let c = config();
-        let def = &c.default_namespace;
-        assert!(
-            may_subscribe(def, "news", &who("")).is_err(),
-            "authenticated by default"
-        );
-        assert!(may_subscribe(def, "news", &who("bob")).is_ok());
-        let private = &c.namespaces[0];
-        assert!(may_subscribe(private, "priv:x", &who("bob")).is_err());
-        let with_token = Subscriber {
-            has_subscription_token: true,
-            ..who("bob")
-        };
-        assert!(may_subscribe(private, "priv:x", &with_token).is_ok());
-    }
-
-    #[test]
-    fn user_limited_channels() {
-        let c = config();
-        let def = &c.default_namespace;
-        assert!(may_subscribe(def, "dm#alice,bob", &who("alice")).is_ok());
-        assert!(may_subscribe(def, "dm#alice,bob", &who("bob")).is_ok());
-        assert_eq!(
-            may_subscribe(def, "dm#alice,bob", &who("eve"))
-                .unwrap_err()
-                .code(),
-            ErrorCode::PermissionDenied
-        );
-        let granted = Subscriber {
-            granted_by_connection_token: true,
-            ..who("eve")
-        };
-        assert!(
-            may_subscribe(def, "dm#alice,bob", &granted).is_err(),
-            "a token cannot widen a user list"
         );
     }
 }

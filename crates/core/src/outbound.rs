@@ -77,6 +77,9 @@ struct State {
     writing: bool,
     /// A direct write left bytes in the writer's buffer: the task must flush.
     needs_flush: bool,
+    /// Bytes of queued recovery replies, allowed on top of the bound until they are taken (see
+    /// [`Outbound::push_recovery`]).
+    headroom: usize,
 }
 
 impl State {
@@ -148,6 +151,28 @@ impl Outbound {
         self.queue(state, frame, true).is_some()
     }
 
+    /// Queue a reply that carries recovered publications. Its bytes do not count against the
+    /// bound while it waits: what follows it (the client's own join, live publications) still
+    /// gets the whole bound. A recovery the session allowed is then always deliverable; were it
+    /// counted, a recovery near the bound would close the connection with 4001 on every
+    /// reconnect, forever. The session keeps these bytes bounded ([`recovery_room`]).
+    ///
+    /// [`recovery_room`]: Self::recovery_room
+    pub fn push_recovery(&self, frame: Bytes) -> bool {
+        let mut state = self.state.lock().expect("outbound lock");
+        if state.close.is_some() {
+            return false;
+        }
+        state.headroom += frame.len();
+        self.queue(state, frame, true).is_some()
+    }
+
+    /// How many more bytes of recovery replies may wait in the queue, of `cap` in all: a client
+    /// that asks for recoveries without reading gets `recovered: false`, not unbounded memory.
+    pub fn recovery_room(&self, cap: usize) -> usize {
+        cap.saturating_sub(self.state.lock().expect("outbound lock").headroom)
+    }
+
     /// Queue `frame` under the held lock: `None` if it was dropped (closing, or it overflowed
     /// the bound, which closes), else whether it made the queue non-empty. That push, and only
     /// that one, wakes the task when `wake` says so: the task drains everything.
@@ -155,11 +180,12 @@ impl Outbound {
         if state.close.is_some() {
             return None;
         }
-        // A frame always fits an empty queue: a reply that carries a large recovery must reach
-        // the client, or it would reconnect with the same `since` and overflow again forever.
-        if state.bytes > 0 && state.bytes + frame.len() > self.limit {
+        // A frame always fits an empty queue: a reply larger than the bound must still reach
+        // the client.
+        if state.bytes > 0 && state.bytes + frame.len() > self.limit + state.headroom {
             state.frames = VecDeque::new();
             state.bytes = 0;
+            state.headroom = 0;
             state.close = Some(CloseRequest {
                 code: CloseCode::SLOW_CONSUMER,
                 reason: "slow consumer".into(),
@@ -215,6 +241,7 @@ impl Outbound {
             return None;
         }
         state.bytes = 0;
+        state.headroom = 0;
         Some(std::mem::take(&mut state.frames).into())
     }
 
@@ -236,6 +263,7 @@ impl Outbound {
             };
         }
         state.bytes = 0;
+        state.headroom = 0;
         Drained {
             frames: std::mem::take(&mut state.frames).into(),
             controls: std::mem::take(&mut state.controls),
@@ -294,6 +322,7 @@ impl Outbound {
         };
         state.writing = true;
         state.bytes = 0;
+        let headroom = std::mem::take(&mut state.headroom);
         let frames: Vec<Bytes> = std::mem::take(&mut state.frames).into();
         drop(state);
         let result = writer.try_write(frames);
@@ -304,8 +333,9 @@ impl Outbound {
             // The queue overflowed meanwhile: what it held was freed, and these go with it.
             Err(_) if state.overflowed() => {}
             Err(frames) => {
-                // Back in front of whatever came meanwhile, in order.
+                // Back in front of whatever came meanwhile, in order, with their headroom.
                 state.bytes += frames.iter().map(Bytes::len).sum::<usize>();
+                state.headroom += headroom;
                 for f in frames.into_iter().rev() {
                     state.frames.push_front(f);
                 }
@@ -346,6 +376,40 @@ mod tests {
         assert!(
             !q.push(Bytes::from_static(b"x")),
             "nothing more until drained"
+        );
+    }
+
+    #[test]
+    fn a_recovery_reply_leaves_the_whole_bound_to_what_follows() {
+        let q = Outbound::new(10);
+        assert!(q.push(Bytes::from_static(b"123")));
+        // Counted, this reply would pass the bound and close the connection with 4001.
+        assert!(q.push_recovery(Bytes::from(vec![b'r'; 40])));
+        assert!(
+            q.push(Bytes::from_static(b"join+4")),
+            "the join after it fits"
+        );
+        assert_eq!(q.recovery_room(100), 60);
+        assert!(
+            !q.push(Bytes::from_static(b"12")),
+            "the bound itself still holds"
+        );
+        let d = q.drain();
+        assert_eq!(d.close.map(|c| c.code), Some(CloseCode::SLOW_CONSUMER));
+        assert_eq!(q.recovery_room(100), 100, "freed with the queue");
+    }
+
+    #[test]
+    fn recovery_headroom_ends_when_the_reply_is_taken() {
+        let q = Outbound::new(10);
+        assert!(q.push_recovery(Bytes::from(vec![b'r'; 40])));
+        assert_eq!(q.drain().frames.len(), 1);
+        q.written();
+        assert_eq!(q.recovery_room(100), 100);
+        assert!(q.push(Bytes::from_static(b"123456")));
+        assert!(
+            !q.push(Bytes::from_static(b"123456")),
+            "back to the plain bound"
         );
     }
 

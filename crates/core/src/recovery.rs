@@ -62,6 +62,11 @@ impl SubscribeResult {
             .sum()
     }
 
+    /// Whether the reply carries recovered publications.
+    pub fn carries_publications(&self) -> bool {
+        !self.publications.is_empty()
+    }
+
     /// Take this result's recovered publications out of `budget`; past it, recovery fails
     /// plainly (`recovered: false`) instead of growing the reply. Returns false then.
     pub fn charge(&mut self, budget: &mut usize) -> bool {

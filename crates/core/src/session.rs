@@ -24,8 +24,9 @@ use serde_json::value::RawValue;
 use crate::auth::{AuthError, TokenVerifier};
 use crate::config::{Config, NamespaceConfig};
 use crate::hub::{ConnKey, Hub};
-use crate::namespace::{may_subscribe, NamespaceError, Namespaces, Subscriber};
+use crate::namespace::{NamespaceError, Namespaces};
 use crate::outbound::{CloseRequest, Control, Outbound};
+use crate::permission::{self, Action, Allowed};
 use crate::proxy::{
     ask, failure, Answer, ClientMeta, ConnectRequest, ConnectResult as ProxyConnectResult,
     ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal,
@@ -624,7 +625,7 @@ impl Session {
             }
         }
         let mut results: Vec<(String, Result<Prepared, Refusal>)> = Vec::new();
-        let mut budget = self.ctx.config.limits.max_recovery_bytes;
+        let mut budget = self.recovery_budget();
         for (channel, since, token, granted) in wanted {
             let mut r = self
                 .prepare(&channel, token.as_deref(), since.as_ref(), granted, None)
@@ -659,7 +660,11 @@ impl Session {
                 })
                 .collect(),
         };
-        self.out.push(reply(id, "connect", &connect_result));
+        let recovering = results.iter().any(|(_, r)| {
+            r.as_ref()
+                .is_ok_and(|(result, _)| result.carries_publications())
+        });
+        self.push_reply(reply(id, "connect", &connect_result), recovering);
         for (channel, r) in results {
             if let Ok((result, _)) = r {
                 self.activate(&channel, &result).await;
@@ -708,14 +713,15 @@ impl Session {
             },
             None => false,
         };
-        let by_proxy = !granted && !has_subscription_token && ns.subscribe_proxy;
-        let who = Subscriber {
+        let client = permission::Client {
             user: &conn.user,
-            // With the subscribe proxy the backend decides; only a user list is checked here.
-            granted_by_connection_token: granted || by_proxy,
+            subscribed: false,
+            granted,
             has_subscription_token,
         };
-        may_subscribe(&ns, channel, &who).map_err(ns_error)?;
+        let by_proxy = permission::decide(&ns, channel, &client, Action::Subscribe)
+            .map_err(CommandError::from)?
+            == Allowed::IfSubscribeHookAllows;
         let mut reply_data = None;
         if by_proxy {
             let Some(proxy) = self.hook(Hook::Subscribe) else {
@@ -771,6 +777,24 @@ impl Session {
         }
     }
 
+    /// Recovered bytes one reply may carry: `limits.max_recovery_bytes`, less what earlier
+    /// recovery replies still waiting in the queue hold.
+    fn recovery_budget(&self) -> usize {
+        self.out
+            .recovery_room(self.ctx.config.limits.max_recovery_bytes)
+    }
+
+    /// Queue a reply; one that carries recovered publications does not count against the
+    /// queue's bound while it waits, so an allowed recovery is always delivered (see
+    /// [`Outbound::push_recovery`]).
+    fn push_reply(&self, frame: Bytes, recovering: bool) {
+        if recovering {
+            self.out.push_recovery(frame);
+        } else {
+            self.out.push(frame);
+        }
+    }
+
     /// Bound the recovered publications of one reply (see `limits.max_recovery_bytes`).
     fn charge_recovery(&self, result: &mut SubscribeResult, budget: &mut usize) {
         if !result.charge(budget) {
@@ -788,7 +812,7 @@ impl Session {
                 p.data.as_deref(),
             )
             .await?;
-        let mut budget = self.ctx.config.limits.max_recovery_bytes;
+        let mut budget = self.recovery_budget();
         self.charge_recovery(&mut result, &mut budget);
         let expires_in = self
             .connected
@@ -811,7 +835,10 @@ impl Session {
             expires_in,
             data: data.as_deref(),
         };
-        self.out.push(reply(id, "subscribe", &subscribed));
+        self.push_reply(
+            reply(id, "subscribe", &subscribed),
+            result.carries_publications(),
+        );
         self.activate(&p.channel, &result).await;
         Ok(())
     }
@@ -849,8 +876,13 @@ impl Session {
         Ok(())
     }
 
-    /// May this connection read or write `channel` (subscribed, or allowed to subscribe)?
-    fn check_access(&self, channel: &str) -> Result<Arc<NamespaceConfig>, CommandError> {
+    /// May this connection do `action` on `channel`? The one question every command asks
+    /// ([`permission::decide`]); the namespace comes back for the caller's other checks.
+    fn permit(
+        &self,
+        channel: &str,
+        action: Action,
+    ) -> Result<(Arc<NamespaceConfig>, Allowed), CommandError> {
         let conn = self.connected.as_ref().expect("connected");
         let ns = self
             .ctx
@@ -858,41 +890,21 @@ impl Session {
             .resolve(channel)
             .map_err(ns_error)?
             .clone();
-        if !conn.channels.contains_key(channel) {
-            let who = Subscriber {
-                user: &conn.user,
-                granted_by_connection_token: false,
-                has_subscription_token: false,
-            };
-            may_subscribe(&ns, channel, &who).map_err(ns_error)?;
-        }
-        Ok(ns)
+        let client = permission::Client {
+            user: &conn.user,
+            subscribed: conn.channels.contains_key(channel),
+            granted: conn.server_side.contains(channel),
+            has_subscription_token: false,
+        };
+        let allowed = permission::decide(&ns, channel, &client, action)?;
+        Ok((ns, allowed))
     }
 
     async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, Refusal> {
-        let ns = self
-            .ctx
-            .namespaces
-            .resolve(&p.channel)
-            .map_err(ns_error)?
-            .clone();
-        let ns = if ns.publish_proxy {
-            // The backend decides who may publish.
-            ns
-        } else {
-            let ns = self.check_access(&p.channel)?;
-            if !ns.publish {
-                return Err(CommandError::new(
-                    ErrorCode::PermissionDenied,
-                    "clients may not publish here",
-                )
-                .into());
-            }
-            ns
-        };
+        let (ns, allowed) = self.permit(&p.channel, Action::Publish)?;
         check_data_depth(p.data.get())?;
         let mut data = Bytes::copy_from_slice(p.data.get().as_bytes());
-        if ns.publish_proxy {
+        if allowed == Allowed::IfPublishHookAllows {
             let Some(proxy) = self.hook(Hook::Publish) else {
                 return Err(
                     CommandError::new(ErrorCode::Internal, "publish proxy not configured").into(),
@@ -969,7 +981,7 @@ impl Session {
     }
 
     async fn history(&mut self, id: u64, p: HistoryParams) -> Result<Bytes, CommandError> {
-        let ns = self.check_access(&p.channel)?;
+        let (ns, _) = self.permit(&p.channel, Action::History)?;
         if !ns.history || ns.history_size == 0 {
             return Err(CommandError::new(
                 ErrorCode::NotAvailable,
@@ -991,7 +1003,7 @@ impl Session {
     }
 
     async fn presence(&mut self, id: u64, p: ChannelParams) -> Result<Bytes, CommandError> {
-        let ns = self.check_access(&p.channel)?;
+        let (ns, _) = self.permit(&p.channel, Action::Presence)?;
         if !ns.presence {
             return Err(CommandError::new(
                 ErrorCode::NotAvailable,

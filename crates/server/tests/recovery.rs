@@ -190,3 +190,70 @@ async fn recovery_is_refused_when_history_lost_the_gap_or_the_epoch_differs() {
         .await;
     assert_eq!(r["subscribe"]["recovered"], false);
 }
+
+/// A recovery the node allows is delivered, however close it comes to the outbound queue's
+/// bound: with join/leave on (as in `--dev`) the client's own join push lands right behind a
+/// reply of 1.2 MB (the queue holds 1 MiB), and that once closed the connection as a slow
+/// consumer (4001) on every reconnect, forever.
+#[tokio::test]
+async fn a_large_recovery_with_join_leave_on_is_delivered_not_closed_4001() {
+    let node = Node::dev().await;
+    let channels = ["big1", "big2", "big3"];
+    let mut c = node.client().await;
+    let subs: serde_json::Map<String, Value> = channels
+        .iter()
+        .map(|ch| (ch.to_string(), json!({})))
+        .collect();
+    let r = c.call("connect", json!({ "subs": subs })).await;
+    let epochs: Vec<Value> = channels
+        .iter()
+        .map(|ch| r["connect"]["subs"][ch]["epoch"].clone())
+        .collect();
+    drop(c);
+
+    // 40 publications of 10 KB on each channel: 1.2 MB missed in all, under the 4 MiB budget.
+    let blob = "x".repeat(10_000);
+    for ch in channels {
+        for i in 0..40 {
+            node.publish(ch, json!({ "i": i, "blob": blob })).await;
+        }
+    }
+    for round in 0..3u64 {
+        let mut c = node.client().await;
+        let subs: serde_json::Map<String, Value> = channels
+            .iter()
+            .zip(&epochs)
+            .map(|(ch, e)| {
+                (
+                    ch.to_string(),
+                    json!({ "since": { "epoch": e, "offset": 0 } }),
+                )
+            })
+            .collect();
+        let id = c.send("connect", json!({ "subs": subs })).await;
+        let r = c.reply(id).await;
+        for ch in channels {
+            let sub = &r["connect"]["subs"][ch];
+            assert_eq!(sub["recovered"], true, "round {round}, {ch}: {sub}");
+            // Each round's live publication on big1 joins the history the next one recovers.
+            let last = if ch == "big1" { 40 + round } else { 40 };
+            assert_eq!(recovered_offsets(sub), (1..=last).collect::<Vec<u64>>());
+        }
+        // Still open: a live publication arrives after the joins.
+        node.publish("big1", json!({ "live": round })).await;
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(10), c.next_or_closed())
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: no live publication in 10 s"));
+            let Some(m) = m else {
+                panic!(
+                    "round {round}: closed after the recovery, code {:?}",
+                    c.closed().await.code
+                );
+            };
+            if m["pub"]["data"]["live"] == round {
+                break;
+            }
+        }
+    }
+}

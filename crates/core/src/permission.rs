@@ -1,0 +1,155 @@
+//! Who may do what on a channel: the one decision every command and every front door asks.
+//!
+//! A client's rights on a channel come from four things: the namespace's static rule
+//! (`subscribe`, `publish`), the tokens it holds (the connection token's `channels` claim, a
+//! subscription token), the backend's hooks (`subscribe_proxy`, `publish_proxy`) and its live
+//! subscriptions. [`decide`] weighs them for one action; nothing else in the node does.
+//!
+//! The rule that matters most: on a channel whose subscriptions the backend decides
+//! (`subscribe_proxy`), the static `subscribe` rule admits nobody by itself. Reading history or
+//! presence there, or publishing, needs a subscription the hook allowed (or a token that grants
+//! the channel); otherwise a client the hook refused could still read and write the channel.
+
+use herald_protocol::{CommandError, ErrorCode};
+
+use crate::config::{NamespaceConfig, SubscribePolicy};
+use crate::namespace::allowed_users;
+
+/// What a client asks to do on a channel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Subscribe (by command, in `connect`'s `subs`, or by emulation/SSE requests).
+    Subscribe,
+    /// Publish from the client.
+    Publish,
+    /// Read the channel's history.
+    History,
+    /// Read the channel's presence.
+    Presence,
+}
+
+/// What the asking connection brings.
+#[derive(Debug, Clone, Copy)]
+pub struct Client<'a> {
+    /// The connection's user ("" for anonymous).
+    pub user: &'a str,
+    /// The connection holds a live subscription to the channel (admitted by this function when
+    /// it was made, and by the hook where the hook decides).
+    pub subscribed: bool,
+    /// The channel is in the connection token's `channels` claim (or the node's personal
+    /// channel for this user, or an API `subscribe`): the server granted it.
+    pub granted: bool,
+    /// A valid subscription token for this channel and user came with the request.
+    pub has_subscription_token: bool,
+}
+
+impl<'a> Client<'a> {
+    /// A connection of `user` with no subscription and no grant on the channel.
+    pub fn new(user: &'a str) -> Self {
+        Client {
+            user,
+            subscribed: false,
+            granted: false,
+            has_subscription_token: false,
+        }
+    }
+}
+
+/// What the caller must do next when the action is not refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowed {
+    /// Go ahead.
+    Yes,
+    /// Ask the subscribe hook; its answer decides.
+    IfSubscribeHookAllows,
+    /// Ask the publish hook; its answer decides (and may rewrite the data).
+    IfPublishHookAllows,
+}
+
+/// Why an action is refused. Always the client's fault; the same request gets the same answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Denied {
+    /// A user-limited channel (`name#alice,bob`) does not list this user.
+    #[error("channel is limited to other users")]
+    OtherUsersOnly,
+    /// The namespace admits only holders of a subscription token.
+    #[error("channel needs a subscription token")]
+    NeedsSubscriptionToken,
+    /// The namespace admits only authenticated users.
+    #[error("channel needs an authenticated user")]
+    NeedsUser,
+    /// The backend decides who may use this channel: only a subscription it allowed reads or
+    /// writes it.
+    #[error("subscribe first: the backend decides who may use this channel")]
+    NeedsSubscription,
+    /// The namespace does not let clients publish.
+    #[error("clients may not publish here")]
+    PublishOff,
+}
+
+impl From<Denied> for CommandError {
+    fn from(e: Denied) -> Self {
+        CommandError::new(ErrorCode::PermissionDenied, e.to_string())
+    }
+}
+
+/// May `client` do `action` on `channel` of namespace `ns`? See the module docs.
+pub fn decide(
+    ns: &NamespaceConfig,
+    channel: &str,
+    client: &Client<'_>,
+    action: Action,
+) -> Result<Allowed, Denied> {
+    // A user list binds everyone: no token, hook or rule widens it.
+    if let Some(mut users) = allowed_users(channel) {
+        if client.user.is_empty() || !users.any(|u| u == client.user) {
+            return Err(Denied::OtherUsersOnly);
+        }
+    }
+    match action {
+        Action::Subscribe => {
+            if client.granted || client.has_subscription_token {
+                Ok(Allowed::Yes)
+            } else if ns.subscribe_proxy {
+                Ok(Allowed::IfSubscribeHookAllows)
+            } else {
+                static_rule(ns, client).map(|()| Allowed::Yes)
+            }
+        }
+        Action::History | Action::Presence => may_read(ns, client).map(|()| Allowed::Yes),
+        Action::Publish => {
+            if ns.publish_proxy {
+                return Ok(Allowed::IfPublishHookAllows);
+            }
+            if !ns.publish {
+                return Err(Denied::PublishOff);
+            }
+            may_read(ns, client).map(|()| Allowed::Yes)
+        }
+    }
+}
+
+/// Reading (and, where the namespace allows it, publishing) needs what a subscription needs, or
+/// the subscription itself where the hook decides.
+fn may_read(ns: &NamespaceConfig, client: &Client<'_>) -> Result<(), Denied> {
+    if client.subscribed || client.granted {
+        Ok(())
+    } else if ns.subscribe_proxy {
+        Err(Denied::NeedsSubscription)
+    } else {
+        static_rule(ns, client)
+    }
+}
+
+/// The namespace's `subscribe` rule alone.
+fn static_rule(ns: &NamespaceConfig, client: &Client<'_>) -> Result<(), Denied> {
+    match ns.subscribe {
+        SubscribePolicy::Anonymous => Ok(()),
+        SubscribePolicy::Authenticated if !client.user.is_empty() => Ok(()),
+        SubscribePolicy::Authenticated => Err(Denied::NeedsUser),
+        SubscribePolicy::Token => Err(Denied::NeedsSubscriptionToken),
+    }
+}
+
+#[cfg(test)]
+mod tests;
