@@ -196,19 +196,9 @@ impl fmt::Debug for NatsConfig {
     }
 }
 
-/// `nats://user:secret@host` → `nats://user:<hidden>@host` (for logs and Debug).
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => {
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:<hidden>@{host}")
-        }
-        None => url.to_owned(),
-    }
-}
+/// `nats://user:secret@host` → `nats://user:***@host` (for logs and Debug): the one rule all
+/// of Herald applies, [`herald_broker::redact_url`].
+pub(crate) use herald_broker::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -226,7 +216,7 @@ mod tests {
         assert!(
             !text.contains("s3cret") && !text.contains("pw-secret") && !text.contains("tok-secret")
         );
-        assert!(text.contains("nats://bob:<hidden>@h:4222"));
+        assert!(text.contains("nats://bob:***@h:4222"));
     }
 
     #[test]

@@ -11,10 +11,12 @@
 //! - [`conformance`]: one test suite, written against the trait, that every broker runs.
 //! - [`backoff`]: retry pacing (doubling delays with jitter) for every retry loop.
 //! - [`watermark`]: the newest position a node saw per channel, to catch a broker that rolled back.
+//! - [`redact`]: connection URLs with their passwords hidden, for logs and errors.
 
 pub mod backoff;
 pub mod conformance;
 pub mod memory;
+pub mod redact;
 pub mod watermark;
 
 use std::sync::Arc;
@@ -28,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use backoff::Backoff;
 pub use memory::MemoryBroker;
+pub use redact::redact_url;
 pub use watermark::Watermarks;
 
 /// The error that caused a [`BrokerError`], shared so that one failure can fail many waiting

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use herald_broker::{MemoryBroker, SharedBroker};
+use herald_broker::{redact_url, MemoryBroker, SharedBroker};
 use herald_core::Config;
 
 /// The in-memory broker forgets expired streams at least this often.
@@ -37,7 +37,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<SharedBroker> {
             let redis = if url.contains("://") { redis.or_url(url) } else { redis };
             herald_broker_redis::connect_with(redis, &config.node_name)
                 .await
-                .with_context(|| format!("connecting to Redis at {url}"))
+                .with_context(|| format!("connecting to Redis at {}", redact_url(url)))
         }
         "nats" | "tls" => {
             let table = config.nats.clone().unwrap_or_else(|| serde_json::json!({}));
@@ -46,7 +46,7 @@ pub async fn connect(config: &Config) -> anyhow::Result<SharedBroker> {
             let nats = if url.contains("://") { nats.or_url(url) } else { nats };
             herald_broker_nats::connect_with(nats, &config.node_name)
                 .await
-                .with_context(|| format!("connecting to NATS at {url}"))
+                .with_context(|| format!("connecting to NATS at {}", redact_url(url)))
         }
         other => bail!(
             "unknown broker {other:?} in broker_url (memory, redis://, rediss://, redis+cluster://, \

@@ -1,12 +1,16 @@
 //! `herald`: a real-time messaging server. `main` only parses flags, loads the config, sets up
 //! logging, binds, and hands over to [`herald_server::serve::run`].
 
+use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use herald_broker::redact_url;
 use herald_server::settings::{self, Overrides};
 use herald_server::token::{mint, TokenRequest};
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 // jemalloc instead of glibc's malloc: a broadcast allocates frames on the hub's thread that the
@@ -82,7 +86,19 @@ struct TokenArgs {
     secret: String,
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A start-up error may quote a URL from the settings, in Herald's words or in a
+            // client library's: its password never reaches the terminal.
+            eprintln!("Error: {}", redact_url(&format!("{e:?}")));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Token(t) => {
@@ -131,11 +147,44 @@ fn init_logging(format: &str, level: &str) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(RedactedStderr);
     if format == "json" {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+/// Log lines go to stderr with every URL's password hidden: the one place that also covers the
+/// lines of client libraries (the NATS client prints its server's URL at `debug`).
+struct RedactedStderr;
+
+impl<'a> MakeWriter<'a> for RedactedStderr {
+    type Writer = RedactedLine;
+
+    fn make_writer(&'a self) -> RedactedLine {
+        RedactedLine(Vec::new())
+    }
+}
+
+/// One log event, collected and written out redacted when the formatter is done with it.
+struct RedactedLine(Vec<u8>);
+
+impl Write for RedactedLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for RedactedLine {
+    fn drop(&mut self) {
+        let line = redact_url(&String::from_utf8_lossy(&self.0));
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
     }
 }
 

@@ -230,7 +230,7 @@ pub fn mask(v: &mut Value) {
             }
         }
         Value::Array(items) => items.iter_mut().for_each(mask),
-        Value::String(s) if s.contains("://") => *s = crate::serve::redact_url(s),
+        Value::String(s) if s.contains("://") => *s = herald_broker::redact_url(s),
         _ => {}
     }
 }
