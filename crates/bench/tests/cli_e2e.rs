@@ -131,37 +131,35 @@ async fn broadcast_end_to_end_with_two_worker_processes() {
     let dir = std::env::temp_dir().join(format!("herald-bench-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (json, html) = (dir.join("r.json"), dir.join("r.html"));
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald-bench"))
-        .args([
-            "broadcast",
-            "--ws",
-            &ws,
-            "--api",
-            &api,
-            "-n",
-            "20",
-            "-c",
-            "2",
-            "-r",
-            "40",
-            "-d",
-            "1",
-        ])
-        .args([
-            "--drain",
-            "1",
-            "--workers",
-            "2",
-            "--server-pid",
-            &std::process::id().to_string(),
-        ])
-        .arg("--json")
-        .arg(&json)
-        .arg("--report")
-        .arg(&html)
-        .output()
-        .await
-        .unwrap();
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald-bench"));
+    cmd.args([
+        "broadcast",
+        "--ws",
+        &ws,
+        "--api",
+        &api,
+        "-n",
+        "20",
+        "-c",
+        "2",
+        "-r",
+        "40",
+        "-d",
+        "1",
+    ])
+    .args([
+        "--drain",
+        "1",
+        "--workers",
+        "2",
+        "--server-pid",
+        &std::process::id().to_string(),
+    ])
+    .arg("--json")
+    .arg(&json)
+    .arg("--report")
+    .arg(&html);
+    let out = run(cmd).await;
     let (stdout, v) = finished(&out, &json);
     let run = &v["runs"][0];
     assert_eq!(run["workers"], 2);
@@ -177,6 +175,19 @@ async fn broadcast_end_to_end_with_two_worker_processes() {
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<svg") && page.contains("polyline"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// How long one `herald-bench` run of these tests may take: a run is about 1 s of publishing
+/// plus 1 s of drain, so only a stuck one gets near this.
+const RUN_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs `herald-bench` to the end, killing it (and failing the test) after [`RUN_WAIT`].
+async fn run(mut cmd: tokio::process::Command) -> std::process::Output {
+    let out = cmd.kill_on_drop(true).output();
+    tokio::time::timeout(RUN_WAIT, out)
+        .await
+        .unwrap_or_else(|_| panic!("herald-bench did not finish within {RUN_WAIT:?}"))
+        .expect("run herald-bench")
 }
 
 /// A finished run's stdout and `--json` result; fails the test if the run failed.
@@ -204,8 +215,8 @@ async fn broadcast_against_the_floor_delivers_everything() {
     std::fs::create_dir_all(&dir).unwrap();
     let json = dir.join("r.json");
     let floor = env!("CARGO_BIN_EXE_herald-fanout-floor");
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald-bench"))
-        .args(["broadcast", "-n", "20", "-c", "2", "-r", "40", "-d", "1"])
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_herald-bench"));
+    cmd.args(["broadcast", "-n", "20", "-c", "2", "-r", "40", "-d", "1"])
         .args(["--drain", "1", "--workers", "2"])
         .arg("--ws")
         .arg(format!("ws://127.0.0.1:{port}/ws"))
@@ -214,10 +225,8 @@ async fn broadcast_against_the_floor_delivers_everything() {
         .arg("--server-cmd")
         .arg(format!("{floor} --port {port} --writers 2"))
         .arg("--json")
-        .arg(&json)
-        .output()
-        .await
-        .unwrap();
+        .arg(&json);
+    let out = run(cmd).await;
     let (stdout, v) = finished(&out, &json);
     let run = &v["runs"][0];
     assert_eq!(run["connected"], 20, "{stdout}");

@@ -7,6 +7,14 @@ use std::time::Duration;
 
 #[tokio::test(flavor = "current_thread")]
 async fn https_health_through_a_private_ca() {
+    // Every step talks to a server in this process; a stuck one fails here instead of hanging.
+    let wait = Duration::from_secs(30);
+    tokio::time::timeout(wait, health_through_a_private_ca())
+        .await
+        .unwrap_or_else(|_| panic!("the TLS exchanges did not finish within {wait:?}"));
+}
+
+async fn health_through_a_private_ca() {
     let node = tls_node::start().await;
     let url = format!("https://127.0.0.1:{}", node.port);
     // Before the CA is trusted, an https:// URL is refused with a clear cause.

@@ -7,8 +7,16 @@ use rustls::HandshakeKind::{self, Full, Resumed};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// One connection: its handshake's kind, after reading the answer (the ticket comes with it).
+/// One connection: its handshake's kind, after reading the answer (the ticket comes with it);
+/// fails the test if the exchange with the in-process server does not finish within 30 s.
 async fn visit(port: u16) -> Option<HandshakeKind> {
+    let wait = std::time::Duration::from_secs(30);
+    tokio::time::timeout(wait, exchange(port))
+        .await
+        .unwrap_or_else(|_| panic!("a TLS visit did not finish within {wait:?}"))
+}
+
+async fn exchange(port: u16) -> Option<HandshakeKind> {
     let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let stream = herald_bench::tls::wrap(tcp, true, "127.0.0.1")
         .await
