@@ -1090,7 +1090,7 @@ async fn a_draining_node_makes_new_pusher_clients_back_off() {
     // Held open and not read: the node waits for its closing handshake, so it is still there.
     let (_held, _) = connected(&node).await;
     let mut tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
-    tcp.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    tcp.write_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
         .await
         .unwrap();
     let mut head = Vec::new();
@@ -1098,9 +1098,9 @@ async fn a_draining_node_makes_new_pusher_clients_back_off() {
     while !String::from_utf8_lossy(&head).contains("\"ok\"") {
         let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
             .await
-            .expect("health answered")
+            .unwrap_or_else(|_| panic!("health answered: {}", String::from_utf8_lossy(&head)))
             .unwrap();
-        assert!(n > 0, "closed early");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&head));
         head.extend_from_slice(&buf[..n]);
     }
     node.sigterm();

@@ -20,6 +20,7 @@ use serde_json::value::RawValue;
 use super::apps::{valid_channel, ChannelKind, PusherApp};
 use super::auth::check_request;
 use super::census::Census;
+use super::limits::check_event_name;
 use super::wire::Envelope;
 use crate::http::{App, HttpResponse};
 
@@ -27,8 +28,6 @@ use crate::http::{App, HttpResponse};
 const MAX_EVENT_CHANNELS: usize = 100;
 /// Events in one batch.
 const MAX_BATCH: usize = 10;
-/// Longest event name.
-const MAX_EVENT_NAME: usize = 200;
 /// The close code `terminate_connections` ends connections with (Pusher's "unauthorized").
 const TERMINATED: u16 = super::codes::UNAUTHORIZED;
 
@@ -247,12 +246,7 @@ impl EventBody {
     }
 
     fn event(&self, channels: &[String], max_data_bytes: usize) -> Result<Checked, Refused> {
-        if self.name.is_empty() || self.name.len() > MAX_EVENT_NAME {
-            return Err(refused(
-                StatusCode::BAD_REQUEST,
-                format!("Event names are 1 to {MAX_EVENT_NAME} characters"),
-            ));
-        }
+        check_event_name(&self.name).map_err(|e| refused(StatusCode::BAD_REQUEST, e))?;
         if let Some(socket_id) = &self.socket_id {
             if !valid_socket_id(socket_id) {
                 return Err(refused(StatusCode::BAD_REQUEST, "Invalid socket_id"));

@@ -280,7 +280,16 @@ pub enum ChannelKind {
     User,
 }
 
+/// The prefix of end-to-end encrypted channels (a kind of private channel).
+pub const ENCRYPTED_PREFIX: &str = "private-encrypted-";
+
 impl ChannelKind {
+    /// Whether `channel` is end-to-end encrypted: the server cannot encrypt what a client sends
+    /// there, so client events on it are refused (as Pusher refuses them).
+    pub fn encrypted(channel: &str) -> bool {
+        channel.starts_with(ENCRYPTED_PREFIX)
+    }
+
     /// The kind of `channel`.
     pub fn of(channel: &str) -> ChannelKind {
         if channel.starts_with(USER_CHANNEL_PREFIX) {

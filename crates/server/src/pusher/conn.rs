@@ -20,6 +20,7 @@ use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
 use super::auth::{channel_authorized, user_authenticated};
 use super::census::Census;
 use super::codes;
+use super::limits;
 use super::shared::SharedFrames;
 use super::webhooks::Webhooks;
 use super::wire::{
@@ -329,6 +330,9 @@ impl PusherConn {
                         400,
                     );
                 };
+                if let Err(why) = limits::check_user_info(info.as_deref()) {
+                    return self.refuse(&channel, "LimitReached", &why, 400);
+                }
                 me = Some(ClientInfo {
                     user,
                     client: self.socket_id.to_string(),
@@ -564,6 +568,15 @@ impl PusherConn {
                 None,
                 "Client events are only allowed on private and presence channels",
             );
+        }
+        if ChannelKind::encrypted(channel) {
+            return self.error(
+                None,
+                "Client events are not supported on encrypted channels (private-encrypted-)",
+            );
+        }
+        if let Err(why) = limits::check_event_name(&message.event) {
+            return self.error(None, &why);
         }
         if !self.client_events.try_take(Instant::now()) {
             return self.error(

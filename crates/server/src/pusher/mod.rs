@@ -7,6 +7,7 @@
 //! - [`auth`]: channel authorization and HTTP request signatures.
 //! - [`codes`]: the Pusher close and error codes Herald sends.
 //! - [`wire`]: protocol messages and the envelope a Pusher event travels in.
+//! - [`limits`]: Pusher's size limits (event names, presence `user_info`).
 //! - [`conn`]: one connection's subscriptions, presence and client events.
 //! - [`shared`]: each publication translated into a Pusher event once for all its subscribers.
 //! - [`ws`]: the WebSocket endpoint `/app/{key}`.
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod census;
 pub mod codes;
 pub mod conn;
+pub mod limits;
 pub mod shared;
 pub mod webhooks;
 pub mod wire;

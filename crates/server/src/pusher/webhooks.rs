@@ -8,6 +8,12 @@
 //! subscriber leaving removes it, and `channel_vacated` is sent when the set is empty. Two nodes
 //! racing on the same channel may both report; no transition goes unreported.
 //! `member_added`/`member_removed` are decided from the cluster-wide presence list.
+//!
+//! Order: each app's URL has one delivery queue, sent one batch at a time, and a failed batch is
+//! retried in place, so a later batch never overtakes an earlier one (a retried
+//! `channel_occupied` arriving after the `channel_vacated` that followed it). The queue holds at
+//! most [`QUEUED_BATCHES`]; beyond, new batches are dropped (logged) rather than held without
+//! bound while an endpoint is down.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,6 +49,18 @@ const MAX_BATCH: usize = 100;
 const ATTEMPTS: u32 = 5;
 /// A delivery that takes longer fails (and is retried).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Batches waiting for one URL at most (while it is slow or down) before new ones are dropped.
+pub const QUEUED_BATCHES: usize = 1000;
+
+/// A signed batch for one URL.
+struct Delivery {
+    key: String,
+    signature: String,
+    body: String,
+}
+
+/// Where an app's batches go: the app id and the URL.
+type Destination = (String, String);
 
 enum Hook {
     /// The node's first local subscriber joined (or its last left) a channel.
@@ -123,6 +141,7 @@ fn unix_ms() -> u128 {
 
 async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
     let client = reqwest::Client::new();
+    let mut queues: HashMap<Destination, mpsc::Sender<Delivery>> = HashMap::new();
     let node = ClientInfo {
         user: String::new(),
         client: hub.node_name().to_owned(),
@@ -174,13 +193,25 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
                     continue;
                 }
                 let body = json!({"time_ms": unix_ms() as u64, "events": wanted}).to_string();
-                tokio::spawn(deliver(
-                    client.clone(),
-                    hook.url.clone(),
-                    app.config.key.clone(),
-                    sign(&app.config.secret, &body),
+                let delivery = Delivery {
+                    key: app.config.key.clone(),
+                    signature: sign(&app.config.secret, &body),
                     body,
-                ));
+                };
+                let queue = queues
+                    .entry((app.config.id.clone(), hook.url.clone()))
+                    .or_insert_with(|| {
+                        let (tx, rx) = mpsc::channel(QUEUED_BATCHES);
+                        tokio::spawn(deliver_in_order(client.clone(), hook.url.clone(), rx));
+                        tx
+                    });
+                if queue.try_send(delivery).is_err() {
+                    tracing::error!(
+                        url = hook.url,
+                        app = app.config.id,
+                        "webhook dropped: {QUEUED_BATCHES} batches already wait for this URL"
+                    );
+                }
             }
         }
     }
@@ -213,18 +244,24 @@ async fn occupancy(
     transition.then(|| json!({"name": name, "channel": channel}))
 }
 
-async fn deliver(
-    client: reqwest::Client,
-    url: String,
-    key: String,
-    signature: String,
-    body: String,
-) {
+/// One URL's queue: each batch delivered (or given up) before the next is sent.
+async fn deliver_in_order(client: reqwest::Client, url: String, mut rx: mpsc::Receiver<Delivery>) {
+    while let Some(delivery) = rx.recv().await {
+        deliver(&client, &url, delivery).await;
+    }
+}
+
+async fn deliver(client: &reqwest::Client, url: &str, delivery: Delivery) {
+    let Delivery {
+        key,
+        signature,
+        body,
+    } = delivery;
     // 1, 2, 4, 8 s between the attempts.
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(8)).exact();
     for attempt in 1..=ATTEMPTS {
         let sent = client
-            .post(&url)
+            .post(url)
             .header("content-type", "application/json")
             .header("x-pusher-key", &key)
             .header("x-pusher-signature", &signature)

@@ -373,7 +373,10 @@ mod tests {
             exclude: Some("1.2".into()),
         }
         .to_bytes();
-        assert!(bytes.windows(2).any(|w| w == b"\\\\"), "escaped on the wire");
+        assert!(
+            bytes.windows(2).any(|w| w == b"\\\\"),
+            "escaped on the wire"
+        );
         let raw: &RawValue = serde_json::from_slice(&bytes).unwrap();
         let back = envelope_of(raw);
         assert_eq!(&*back.event, "App\\Events\\OrderShipped");

@@ -1,9 +1,10 @@
 //! The Pusher WebSocket endpoint `/app/{key}`: the upgrade, then one task per connection that
 //! reads client messages, writes queued events (one Pusher message per WebSocket message, as
 //! Pusher clients expect), pings a silent client, and closes with Pusher's codes:
-//! 4001 unknown app, 4007/4008 protocol version, 4100 over capacity or too slow a reader,
-//! 4200 node draining (reconnect now), 4201 no pong, 4009 failed sign-in or closed by the
-//! server API (`terminate_connections`).
+//! 4001 unknown app, 4007/4008 protocol version, 4100 over capacity, too slow a reader or a new
+//! connection to a draining node (reconnect later), 4200 node draining (the open connections:
+//! reconnect now, elsewhere), 4201 no pong, 4009 failed sign-in or closed by the server API
+//! (`terminate_connections`), 1009 a message over the codec's limit.
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -30,6 +31,17 @@ use crate::guard::IpSlot;
 use crate::http::{App, HttpResponse};
 
 use crate::handshake::{self, Ws};
+
+/// How the connection loop ends.
+enum Ending {
+    /// Send these frames, `pusher:error` and the close frame.
+    Close(Vec<Bytes>, Close),
+    /// The codec refused a message over its limit (`max_len` bytes) and queued its close frame
+    /// (1009).
+    TooLong(usize),
+    /// Nothing more can be sent: the client closed or left, or a write failed.
+    Gone,
+}
 
 /// Why a Pusher connection ends: a protocol close code and message.
 struct Close {
@@ -60,7 +72,7 @@ fn from_request(req: &CloseRequest) -> Close {
 /// clients must see (unknown app, protocol version) complete the upgrade and close with the
 /// code; malformed upgrades get an HTTP error.
 pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
-    let accept = match handshake::accept_key(&app, req.headers()) {
+    let accept = match handshake::accept_key(&app, req.headers(), crate::guard::Door::Pusher) {
         Ok(accept) => accept,
         Err(refused) => return *refused,
     };
@@ -89,9 +101,10 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
             codes::UNSUPPORTED_PROTOCOL,
             format!("Unsupported protocol version {p}"),
         )),
-        _ if *app.draining.borrow() => {
-            Some(close(codes::RECONNECT_NOW, "Server is draining: reconnect"))
-        }
+        _ if *app.draining.borrow() => Some(close(
+            codes::DRAINING_TRY_LATER,
+            "Server is draining: reconnect later",
+        )),
         _ => None,
     };
 
@@ -241,19 +254,22 @@ fn run(
                         if req.code == CloseCode::SLOW_CONSUMER {
                             app.ctx.hub.metrics().slow_consumers.inc();
                         }
-                        break Some((frames, from_request(&req)));
+                        break Ending::Close(frames, from_request(&req));
                     }
                     if Box::pin(write_frames(&mut ws, frames, write_timeout(&app))).await.is_err() {
-                        break None;
+                        break Ending::Gone;
                     }
                 }
                 incoming = ws.next() => {
                     let message = match incoming {
                         Some(Ok(m)) => m,
-                        Some(Err(_)) | None => break None,
+                        Some(Err(tokio_websockets::Error::PayloadTooLong { max_len, .. })) => {
+                            break Ending::TooLong(max_len);
+                        }
+                        Some(Err(_)) | None => break Ending::Gone,
                     };
                     if message.is_close() {
-                        break None;
+                        break Ending::Gone;
                     }
                     last_heard = Instant::now();
                     pong_due = None;
@@ -270,13 +286,13 @@ fn run(
                     }
                     if let Some((code, why)) = Box::pin(conn.handle(text)).await {
                         let frames = out.drain().frames.into_iter().filter_map(|f| conn.translate(f)).collect();
-                        break Some((frames, close(code, why)));
+                        break Ending::Close(frames, close(code, why));
                     }
                 }
                 _ = sleep_until(deadline) => {
                     let now = Instant::now();
                     if pong_due.is_some_and(|due| due <= now) {
-                        break Some((Vec::new(), close(codes::PONG_NOT_RECEIVED, "Pong reply not received")));
+                        break Ending::Close(Vec::new(), close(codes::PONG_NOT_RECEIVED, "Pong reply not received"));
                     }
                     out.push(wire::ping());
                     let pong_timeout = Duration::from_secs(app.ctx.config.pong_timeout_s.max(1));
@@ -289,8 +305,14 @@ fn run(
                 }
             }
         };
-        if let Some((frames, why)) = ended {
-            Box::pin(finish(&mut ws, frames, &why, write_timeout(&app))).await;
+        match ended {
+            Ending::Close(frames, why) => {
+                Box::pin(finish(&mut ws, frames, &why, write_timeout(&app))).await
+            }
+            Ending::TooLong(max_len) => {
+                Box::pin(refuse_too_long(&mut ws, max_len, write_timeout(&app))).await
+            }
+            Ending::Gone => {}
         }
         Box::pin(conn.end()).await;
     }
@@ -325,6 +347,55 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, why: &Close, limit: Duratio
     handshake::close_and_wait(ws, why.code, &why.message, limit).await;
 }
 
+/// The codec refused a message over its limit, read only the frame's header, and queued its close
+/// frame (1009); it sends nothing else any more. Still tell the client why, as for every other
+/// close: write `pusher:error` (code 1009) straight to the socket as a text frame, ahead of the
+/// close frame, then read off what the client still uploads for up to a second so that it reads
+/// the close instead of a reset.
+async fn refuse_too_long(ws: &mut Ws, max_len: usize, limit: Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let error = wire::error(
+        Some(codes::MESSAGE_TOO_BIG),
+        &format!("Message too large: the limit is {max_len} bytes"),
+    );
+    let sent = timeout(limit, async {
+        ws.get_mut().write_all(&text_frame(&error)).await?;
+        ws.flush().await.map_err(std::io::Error::other)
+    })
+    .await;
+    if !matches!(sent, Ok(Ok(()))) {
+        return;
+    }
+    let _ = timeout(Duration::from_secs(1), async {
+        let io = ws.get_mut();
+        let _ = io.shutdown().await;
+        // On the heap: an array here would live in every connection's task state.
+        let mut buf = vec![0u8; 8192];
+        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// A server's text frame: final, unmasked, uncompressed (RFC 6455 5.2; uncompressed frames stay
+/// valid with permessage-deflate).
+fn text_frame(payload: &[u8]) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(payload.len() + 10);
+    frame.push(0x81);
+    match payload.len() {
+        n @ 0..=125 => frame.push(n as u8),
+        n @ 126..=0xFFFF => {
+            frame.push(126);
+            frame.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            frame.push(127);
+            frame.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    frame.extend_from_slice(payload);
+    frame
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +404,17 @@ mod tests {
     /// Every idle Pusher connection keeps its task: it must stay in jemalloc's 1,280-byte size
     /// class, as a Herald WebSocket connection's does (the class above costs 256 bytes more per
     /// connection, which put Pusher idle memory 16-25% over Herald's in round 9).
+    #[test]
+    fn text_frames_have_the_three_length_forms() {
+        assert_eq!(text_frame(b"hi"), b"\x81\x02hi");
+        let medium = text_frame(&[b'a'; 300]);
+        assert_eq!(&medium[..4], &[0x81, 126, 1, 44]);
+        assert_eq!(medium.len(), 304);
+        let large = text_frame(&vec![b'a'; 70_000]);
+        assert_eq!(&large[..2], &[0x81, 127]);
+        assert_eq!(u64::from_be_bytes(large[2..10].try_into().unwrap()), 70_000);
+    }
+
     #[test]
     fn task_fits_its_size_class() {
         let size = future_size(connection_task);
