@@ -28,13 +28,14 @@ pub(crate) async fn connect(
         config.urls.clone()
     };
     let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
-    let addrs = urls
-        .iter()
-        .map(|u| u.parse::<async_nats::ServerAddr>())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            BrokerError::internal(format!("bad NATS url in {shown:?}: {e}")).caused_by(e)
-        })?;
+    let (addrs, in_urls) = split_credentials(&urls, &shown)?;
+    let options = match in_urls {
+        // Set in the config, they win over the URLs' (as `[redis]` does).
+        _ if config.user.is_some() || config.token.is_some() => options,
+        Some(UrlAuth::UserPassword(user, password)) => options.user_and_password(user, password),
+        Some(UrlAuth::Token(token)) => options.token(token),
+        None => options,
+    };
     let client = options.connect(addrs).await.map_err(|e| {
         BrokerError::unavailable(format!("connect to NATS {shown:?}: {e}")).caused_by(e)
     })?;
@@ -48,6 +49,55 @@ pub(crate) async fn connect(
     streams.ensure().await?;
     info!(urls = ?shown, %node, stream = %config.stream, "connected to NATS");
     Ok((client, js, streams))
+}
+
+/// Credentials taken from a server URL's `user:pass@` (or `token@`).
+#[derive(Debug, PartialEq, Eq)]
+enum UrlAuth {
+    UserPassword(String, String),
+    Token(String),
+}
+
+/// The server addresses *without* their credentials, and the credentials they carried. The
+/// client library ignores credentials in URLs (the server then answers "authorization
+/// violation") and prints its server addresses in its debug logs, so they are handed over
+/// separately and never stay in an address. Every URL that carries credentials must carry the
+/// same ones. `shown` are the URLs redacted, for errors.
+fn split_credentials(
+    urls: &[String],
+    shown: &[String],
+) -> Result<(Vec<async_nats::ServerAddr>, Option<UrlAuth>), BrokerError> {
+    let decode = |s: &str| {
+        percent_encoding::percent_decode_str(s)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let mut auth = None;
+    let mut addrs = Vec::with_capacity(urls.len());
+    for (url, shown_url) in urls.iter().zip(shown) {
+        let bad = |why: String| BrokerError::internal(format!("bad NATS url {shown_url}: {why}"));
+        let addr = url
+            .parse::<async_nats::ServerAddr>()
+            .map_err(|e| bad(e.to_string()))?;
+        let mut plain = addr.into_inner();
+        let found = match (plain.username(), plain.password()) {
+            ("", None) => None,
+            (user, Some(password)) => Some(UrlAuth::UserPassword(decode(user), decode(password))),
+            (token, None) => Some(UrlAuth::Token(decode(token))),
+        };
+        if let Some(found) = found {
+            if auth.as_ref().is_some_and(|a| *a != found) {
+                return Err(bad("the URLs carry different credentials".into()));
+            }
+            auth = Some(found);
+            plain
+                .set_username("")
+                .and_then(|()| plain.set_password(None))
+                .map_err(|()| bad("cannot remove its credentials".into()))?;
+        }
+        addrs.push(async_nats::ServerAddr::from_url(plain).map_err(|e| bad(e.to_string()))?);
+    }
+    Ok((addrs, auth))
 }
 
 async fn connect_options(
@@ -114,4 +164,41 @@ async fn connect_options(
         }
     }
     Ok(options)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(urls: &[&str]) -> Result<(Vec<String>, Option<UrlAuth>), BrokerError> {
+        let urls: Vec<String> = urls.iter().map(|u| (*u).to_owned()).collect();
+        let shown: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+        let (addrs, auth) = split_credentials(&urls, &shown)?;
+        Ok((
+            addrs.iter().map(|a| a.as_url_str().to_owned()).collect(),
+            auth,
+        ))
+    }
+
+    #[test]
+    fn credentials_leave_the_urls() {
+        let (addrs, auth) = split(&["nats://bob:p%40ss@h1:4222", "nats://h2:4222"]).unwrap();
+        assert_eq!(addrs, ["nats://h1:4222", "nats://h2:4222"]);
+        assert_eq!(
+            auth,
+            Some(UrlAuth::UserPassword("bob".into(), "p@ss".into()))
+        );
+        let (addrs, auth) = split(&["nats://tok@h1:4222"]).unwrap();
+        assert_eq!(addrs, ["nats://h1:4222"]);
+        assert_eq!(auth, Some(UrlAuth::Token("tok".into())));
+        assert_eq!(split(&["nats://h1"]).unwrap().1, None);
+    }
+
+    #[test]
+    fn different_credentials_in_two_urls_are_refused_without_showing_them() {
+        let err = split(&["nats://a:one@h1:4222", "nats://a:two@h2:4222"]).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("different credentials"), "{text}");
+        assert!(!text.contains("two") || text.contains("***"), "{text}");
+    }
 }
