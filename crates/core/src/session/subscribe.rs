@@ -1,0 +1,212 @@
+//! `subscribe` and `unsubscribe`: the permission check, the subscribe hook, recovery within its
+//! budget, and presence on joining and leaving.
+
+use super::*;
+
+/// A subscription's first half, with the subscribe proxy's `data` for the reply.
+pub(super) type Prepared = (SubscribeResult, Option<Box<RawValue>>);
+
+impl Session {
+    /// Checks and first half of a subscription (see [`Hub::prepare_subscription`]).
+    pub(super) async fn prepare(
+        &mut self,
+        channel: &str,
+        token: Option<&str>,
+        since: Option<&StreamPosition>,
+        granted: bool,
+        data: Option<&RawValue>,
+    ) -> Result<Prepared, Refusal> {
+        let ctx = self.ctx.clone();
+        let conn = self.connected.as_ref().expect("connected");
+        let ns = ctx.namespaces.resolve(channel).map_err(ns_error)?.clone();
+        if conn.channels.contains_key(channel) {
+            return Err(ErrorCode::AlreadySubscribed.into());
+        }
+        if conn.channels.len() >= ctx.config.limits.max_channels_per_connection {
+            return Err(CommandError::new(
+                ErrorCode::LimitExceeded,
+                "too many channels on this connection",
+            )
+            .into());
+        }
+        let mut token_exp = None;
+        let has_subscription_token = match token {
+            Some(t) => match ctx.verifier.subscription(t, &conn.user, channel).await {
+                Ok(claims) => {
+                    token_exp = claims.exp;
+                    true
+                }
+                Err(AuthError::Expired) => return Err(ErrorCode::TokenExpired.into()),
+                Err(AuthError::Invalid(why)) => {
+                    return Err(CommandError::new(
+                        ErrorCode::PermissionDenied,
+                        format!("subscription token: {why}"),
+                    )
+                    .into())
+                }
+            },
+            None => false,
+        };
+        let client = permission::Client {
+            user: &conn.user,
+            subscribed: false,
+            granted,
+            has_subscription_token,
+        };
+        let by_proxy = permission::decide(&ns, channel, &client, Action::Subscribe)
+            .map_err(CommandError::from)?
+            == Allowed::IfSubscribeHookAllows;
+        let mut reply_data = None;
+        if by_proxy {
+            let Some(proxy) = self.hook(Hook::Subscribe) else {
+                return Err(CommandError::new(
+                    ErrorCode::Internal,
+                    "subscribe proxy not configured",
+                )
+                .into());
+            };
+            let r: ProxySubscribeResult = self
+                .ask_connected(proxy.as_ref(), Hook::Subscribe, Some(channel), None, data)
+                .await?;
+            reply_data = r.data;
+            token_exp = r.expire_at;
+        }
+        let conn = self.connected.as_mut().expect("connected");
+        let result = ctx
+            .hub
+            .prepare_subscription(channel, conn.key, &self.out, since, &ns)
+            .await
+            .map_err(broker_error)?;
+        conn.channels.insert(channel.to_owned(), ns);
+        if let (Some(at), false) = (expiry(token_exp).1, granted) {
+            conn.sub_expires.insert(channel.to_owned(), at);
+        }
+        if granted {
+            conn.server_side.insert(channel.to_owned());
+        }
+        if by_proxy && token_exp.is_some() {
+            conn.proxied_subs.insert(channel.to_owned());
+        }
+        Ok((result, reply_data))
+    }
+
+    /// Second half: after the reply is queued, go live and announce presence.
+    pub(super) async fn activate(&mut self, channel: &str, result: &SubscribeResult) {
+        let conn = self.connected.as_ref().expect("connected");
+        self.ctx.hub.activate(channel, conn.key, &result.position);
+        let Some(ns) = conn.channels.get(channel) else {
+            return;
+        };
+        if ns.presence {
+            let who = conn.who();
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.add_presence(channel, &who).await {
+                tracing::warn!(channel, cause = %e, "presence not recorded");
+            }
+            if ns.join_leave {
+                if let Err(e) = broker.publish_presence_change(channel, true, &who).await {
+                    tracing::warn!(channel, cause = %e, "join not published");
+                }
+            }
+        }
+    }
+
+    /// Recovered bytes one reply may carry: `limits.max_recovery_bytes`, less what earlier
+    /// recovery replies still waiting in the queue hold.
+    pub(super) fn recovery_budget(&self) -> usize {
+        self.out
+            .recovery_room(self.ctx.config.limits.max_recovery_bytes)
+    }
+
+    /// Queue a reply; one that carries recovered publications does not count against the
+    /// queue's bound while it waits, so an allowed recovery is always delivered (see
+    /// [`Outbound::push_recovery`]).
+    pub(super) fn push_reply(&self, frame: Bytes, recovering: bool) {
+        if recovering {
+            self.out.push_recovery(frame);
+        } else {
+            self.out.push(frame);
+        }
+    }
+
+    /// Bound the recovered publications of one reply (see `limits.max_recovery_bytes`).
+    pub(super) fn charge_recovery(&self, result: &mut SubscribeResult, budget: &mut usize) {
+        if !result.charge(budget) {
+            self.ctx.hub.metrics().recovery_over_budget.inc();
+        }
+    }
+
+    pub(super) async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), Refusal> {
+        let (mut result, data) = self
+            .prepare(
+                &p.channel,
+                p.token.as_deref(),
+                p.since.as_ref(),
+                false,
+                p.data.as_deref(),
+            )
+            .await?;
+        let mut budget = self.recovery_budget();
+        self.charge_recovery(&mut result, &mut budget);
+        let expires_in = self
+            .connected
+            .as_ref()
+            .and_then(|c| c.sub_expires.get(&p.channel))
+            .map(|at| at.saturating_duration_since(Instant::now()).as_secs());
+        #[derive(Serialize)]
+        struct Subscribed<'a> {
+            #[serde(flatten)]
+            result: &'a SubscribeResult,
+            /// Seconds until the subscription token expires (then `sub_refresh` or `unsub` 4004).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            expires_in: Option<u64>,
+            /// The subscribe proxy's `data` for the client.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            data: Option<&'a RawValue>,
+        }
+        let subscribed = Subscribed {
+            result: &result,
+            expires_in,
+            data: data.as_deref(),
+        };
+        self.push_reply(
+            reply(id, "subscribe", &subscribed),
+            result.carries_publications(),
+        );
+        self.activate(&p.channel, &result).await;
+        Ok(())
+    }
+
+    /// Leave a channel: hub, presence and leave push.
+    pub(super) async fn leave(&mut self, channel: &str) -> bool {
+        let conn = self.connected.as_mut().expect("connected");
+        let Some(ns) = conn.channels.remove(channel) else {
+            return false;
+        };
+        conn.server_side.remove(channel);
+        conn.sub_expires.remove(channel);
+        conn.proxied_subs.remove(channel);
+        self.ctx.hub.unsubscribe(channel, conn.key).await;
+        if ns.presence {
+            let broker = self.ctx.hub.broker();
+            if let Err(e) = broker.remove_presence(channel, &conn.client).await {
+                tracing::warn!(channel, cause = %e, "presence not removed");
+            }
+            if ns.join_leave {
+                if let Err(e) = broker
+                    .publish_presence_change(channel, false, &conn.who())
+                    .await
+                {
+                    tracing::warn!(channel, cause = %e, "leave not published");
+                }
+            }
+        }
+        true
+    }
+
+    pub(super) async fn unsubscribe(&mut self, p: ChannelParams) -> Result<(), CommandError> {
+        self.ctx.namespaces.resolve(&p.channel).map_err(ns_error)?;
+        self.leave(&p.channel).await;
+        Ok(())
+    }
+}
