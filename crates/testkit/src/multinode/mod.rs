@@ -224,8 +224,8 @@ pub async fn recovery_across_nodes(broker: &mut dyn BrokerProcess) {
 /// outage, and once the broker is back every publication the API acknowledged reaches the
 /// subscriber on another node, in order, exactly once, without the client reconnecting.
 ///
-/// `env` must declare the broker's persistence synchronous (`HERALD_REDIS__SYNCHRONOUS_PERSISTENCE`
-/// or `HERALD_NATS__SYNCHRONOUS_PERSISTENCE`): otherwise every restart starts new epochs and the
+/// On Redis `env` must declare the broker's persistence synchronous
+/// (`HERALD_REDIS__SYNCHRONOUS_PERSISTENCE`): otherwise every restart starts new epochs and the
 /// client is told to recover, by design.
 pub async fn broker_restart_mid_stream_loses_nothing(
     broker: &mut dyn BrokerProcess,
