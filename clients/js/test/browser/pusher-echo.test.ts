@@ -10,7 +10,8 @@ import { afterAll, beforeAll, describe, expect, inject, it } from 'vitest';
 import { HeraldServer, waitFor } from '../support/server.js';
 
 const CHROMIUM = process.env.CHROMIUM_PATH ?? '/usr/bin/chromium';
-const APP = { id: 'echo-app', key: 'echo-key', secret: 'echo-secret' };
+// A numeric app id, as the docs use (the Python SDK accepts nothing else).
+const APP = { id: '1001', key: 'echo-key', secret: 'echo-secret' };
 const modules = resolve(__dirname, '..', '..', 'node_modules');
 
 let server: HeraldServer;
@@ -108,6 +109,36 @@ describe('Laravel Echo (Pusher connector) in Chromium', () => {
       return (await got()).length > 0;
     }, 'the broadcast');
     expect((await got())[0]).toEqual(['public', { id: 1 }]);
+  });
+
+  it("hears Laravel's default event names (App\\Events\\…) and keeps toOthers() from the sender", async () => {
+    // `.listen('OrderShipped')` with Echo's default namespace waits for `App\Events\OrderShipped`,
+    // the name Laravel broadcasts; `toOthers()` sends the sender's socket id as `socket_id`.
+    const socketId = await page.evaluate(async () => {
+      const w = window as unknown as Record<string, unknown>;
+      type Echo = {
+        channel: (n: string) => { listen: (e: string, f: (d: unknown) => void) => unknown };
+        socketId: () => string | undefined;
+      };
+      const push = (x: unknown) => (w.got as unknown[]).push(x);
+      const sender = (w.echo as (u: string) => Echo)('dave');
+      const other = (w.echo as (u: string) => Echo)('erin');
+      sender.channel('shipments').listen('OrderShipped', (e) => push(['sender', e]));
+      other.channel('shipments').listen('OrderShipped', (e) => push(['other', e]));
+      for (let i = 0; i < 150 && !sender.socketId(); i++) await new Promise((r) => setTimeout(r, 100));
+      return sender.socketId();
+    });
+    expect(socketId).toMatch(/^\d+\.\d+$/);
+    const heard = async () => ((await got()) as unknown[][]).filter((x) => x[0] === 'sender' || x[0] === 'other');
+    await waitFor(async () => {
+      await backend.trigger('shipments', 'App\\Events\\OrderShipped', { id: 2 }, { socket_id: socketId });
+      await new Promise((r) => setTimeout(r, 200));
+      return (await heard()).length > 0;
+    }, 'App\\Events\\OrderShipped');
+    await new Promise((r) => setTimeout(r, 300));
+    const events = await heard();
+    expect(events[0]).toEqual(['other', { id: 2 }]);
+    expect(events.filter((x) => x[0] === 'sender')).toEqual([]);
   });
 
   it('joins a presence channel, sees members join, and relays whispers on a private channel', async () => {
