@@ -14,7 +14,7 @@ use hyper_util::rt::TokioIo;
 use tokio_websockets::WebSocketStream;
 
 use crate::api;
-use crate::guard::origin_listed;
+use crate::guard::{check_origin, Door};
 use crate::http::{App, HttpResponse};
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -22,9 +22,13 @@ const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 /// An upgraded WebSocket.
 pub(crate) type Ws = WebSocketStream<TokioIo<Upgraded>>;
 
-/// Check an upgrade request (upgrade headers, an allowed `Origin`, version 13, a key): the
-/// `Sec-WebSocket-Accept` value to answer with, or the HTTP error that refuses it.
-pub(crate) fn accept_key(app: &App, headers: &HeaderMap) -> Result<String, Box<HttpResponse>> {
+/// Check an upgrade request through `door` (upgrade headers, an allowed `Origin`, version 13, a
+/// key): the `Sec-WebSocket-Accept` value to answer with, or the HTTP error that refuses it.
+pub(crate) fn accept_key(
+    app: &App,
+    headers: &HeaderMap,
+    door: Door,
+) -> Result<String, Box<HttpResponse>> {
     let has = |name: header::HeaderName, token: &str| {
         headers
             .get_all(name)
@@ -40,16 +44,12 @@ pub(crate) fn accept_key(app: &App, headers: &HeaderMap) -> Result<String, Box<H
             "expected a WebSocket upgrade",
         )));
     }
-    let allowed = &app.ctx.config.allowed_origins;
-    if let Some(origin) = headers.get(header::ORIGIN) {
-        let origin = origin.to_str().unwrap_or("");
-        if !allowed.is_empty() && !origin_listed(allowed, origin) {
-            return Err(Box::new(api::error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied,
-                "origin not allowed (allowed_origins)",
-            )));
-        }
+    if let Err(why) = check_origin(&app.ctx.config, headers, door) {
+        return Err(Box::new(api::error(
+            StatusCode::FORBIDDEN,
+            ErrorCode::PermissionDenied,
+            why,
+        )));
     }
     if headers
         .get(header::SEC_WEBSOCKET_VERSION)

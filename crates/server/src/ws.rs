@@ -31,7 +31,7 @@ use connection::Connection;
 
 /// Answer the upgrade request and spawn the connection's task.
 pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
-    let accept = match handshake::accept_key(&app, req.headers()) {
+    let accept = match handshake::accept_key(&app, req.headers(), crate::guard::Door::Herald) {
         Ok(accept) => accept,
         Err(refused) => return *refused,
     };

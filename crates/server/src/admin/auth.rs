@@ -226,22 +226,11 @@ impl AdminAuth {
     }
 }
 
-/// Refuse a call whose `Origin` is not this node's own (`Host`). Calls without `Origin`
-/// (scripts, same-origin GETs) pass; browsers always send it on POST.
+/// Refuse a call whose `Origin` is not this node's own (`Host`, compared by
+/// [`crate::guard::same_origin`]). Calls without `Origin` (scripts, same-origin GETs) pass;
+/// browsers always send it on POST.
 pub fn same_origin(headers: &HeaderMap) -> Result<(), ApiError> {
-    let Some(origin) = headers.get(header::ORIGIN) else {
-        return Ok(());
-    };
-    let origin = origin.to_str().unwrap_or("");
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("");
-    let origin_host = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-        .unwrap_or("");
-    if !host.is_empty() && origin_host.eq_ignore_ascii_case(host) {
+    if headers.get(header::ORIGIN).is_none() || crate::guard::same_origin(headers) {
         Ok(())
     } else {
         Err(ApiError::with_status(

@@ -33,7 +33,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use crate::guard::{loopback_host, origin_listed, IpSlot, PeerAddr};
+use crate::guard::{check_origin, loopback_host, Door, IpSlot, PeerAddr};
 use crate::http::App;
 use format::{Encoder, Format};
 
@@ -217,14 +217,12 @@ pub(crate) fn admit<B>(
         .get(header::ORIGIN)
         .and_then(|o| o.to_str().ok())
         .map(str::to_owned);
-    if let Some(o) = &origin {
-        if !config.allowed_origins.is_empty() && !origin_listed(&config.allowed_origins, o) {
-            return Err(Box::new(error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied.as_u16(),
-                "origin not allowed",
-            )));
-        }
+    if let Err(why) = check_origin(config, req.headers(), Door::Herald) {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            ErrorCode::PermissionDenied.as_u16(),
+            why,
+        )));
     }
     if *app.draining.borrow() {
         return Err(Box::new(error(
