@@ -180,11 +180,11 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
         (Method::GET, "channels") => Ok(channels(&app)),
         (Method::GET, "info") => Ok(json!({ "nodes": app.ctx.hub.nodes() })),
         (Method::POST, "publish") => {
-            let limit = app.ctx.config.limits.max_api_body_bytes;
+            let limit = publishing::max_body_bytes(&app.ctx.config.limits, "publish");
             publish(&app, &raw_body(&app, req, limit).await?).await
         }
         (Method::POST, "broadcast") => {
-            let limit = app.ctx.config.limits.max_broadcast_body_bytes;
+            let limit = publishing::max_body_bytes(&app.ctx.config.limits, "broadcast");
             broadcast(&app, &raw_body(&app, req, limit).await?).await
         }
         (Method::POST, "history") => history(&app, body(&app, req).await?).await,

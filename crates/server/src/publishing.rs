@@ -13,6 +13,7 @@ use bytes::Bytes;
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
 use herald_broker::{PublishOptions, PublishTarget};
+use herald_core::config::Limits;
 use herald_core::session::{check_data_depth, NodeContext};
 use herald_protocol::command::json_error_reason;
 use herald_protocol::{ErrorCode, StreamPosition};
@@ -102,10 +103,12 @@ impl Command {
     }
 
     /// A command from `{"method": "publish" | "broadcast", "payload": {…}}`, the shape a Kafka
-    /// record's value has.
-    pub fn parse_envelope(value: &[u8]) -> Result<Command, ApiError> {
+    /// record's value has; a payload over [`max_body_bytes`] is refused (error 106).
+    pub fn parse_envelope(value: &[u8], limits: &Limits) -> Result<Command, ApiError> {
         let e: Envelope<'_> = from_json(value)?;
-        Command::parse(&e.method, e.payload.get().as_bytes())
+        let payload = e.payload.get().as_bytes();
+        check_body_size(limits, &e.method, payload.len())?;
+        Command::parse(&e.method, payload)
     }
 
     /// The command's channels.
@@ -147,6 +150,35 @@ fn check(data: &str, key: Option<&str>) -> Result<(), ApiError> {
     check_data_depth(data)?;
     if let Some(key) = key {
         check_idempotency_key(key)?;
+    }
+    Ok(())
+}
+
+/// The largest payload of a command of `method`, with its config key: the HTTP API's request
+/// body limit for that method.
+fn body_limit(limits: &Limits, method: &str) -> (usize, &'static str) {
+    match method {
+        "broadcast" => (limits.max_broadcast_body_bytes, "max_broadcast_body_bytes"),
+        _ => (limits.max_api_body_bytes, "max_api_body_bytes"),
+    }
+}
+
+/// The most bytes a command of `method` may carry as its payload: `/api/broadcast`'s body limit
+/// (`limits.max_broadcast_body_bytes`) for a broadcast, `limits.max_api_body_bytes` otherwise.
+/// The API reads bodies up to it, and the consumers hold their rows and records to it.
+pub fn max_body_bytes(limits: &Limits, method: &str) -> usize {
+    body_limit(limits, method).0
+}
+
+/// A payload of `len` bytes for `method` within [`max_body_bytes`], or error 106 naming the
+/// limit (what the API answers with 413).
+pub fn check_body_size(limits: &Limits, method: &str, len: usize) -> Result<(), ApiError> {
+    let (max, key) = body_limit(limits, method);
+    if len > max {
+        return Err(ApiError::code(
+            ErrorCode::LimitExceeded,
+            format!("payload of {len} bytes is over limits.{key} ({max} bytes)"),
+        ));
     }
     Ok(())
 }
@@ -333,10 +365,28 @@ mod tests {
 
     #[test]
     fn parses_an_envelope() {
-        let c =
-            Command::parse_envelope(br#"{"method":"publish","payload":{"channel":"a","data":2}}"#)
-                .unwrap();
+        let env = br#"{"method":"publish","payload":{"channel":"a","data":2}}"#;
+        let c = Command::parse_envelope(env, &Limits::default()).unwrap();
         assert_eq!(c.channels(), ["a"]);
+    }
+
+    #[test]
+    fn payloads_are_held_to_the_api_body_limit_of_their_method() {
+        let limits = Limits {
+            max_api_body_bytes: 40,
+            max_broadcast_body_bytes: 60,
+            ..Limits::default()
+        };
+        assert_eq!(max_body_bytes(&limits, "publish"), 40);
+        assert_eq!(max_body_bytes(&limits, "broadcast"), 60);
+        let publish =
+            br#"{"method":"publish","payload":{"channel":"a","data":"0123456789012345"}}"#;
+        let err = Command::parse_envelope(publish, &limits).unwrap_err();
+        assert_eq!(err.error_code(), ErrorCode::LimitExceeded);
+        assert!(err.message().contains("max_api_body_bytes"), "{err:?}");
+        let broadcast =
+            br#"{"method":"broadcast","payload":{"channels":["a"],"data":"0123456789012345"}}"#;
+        assert!(Command::parse_envelope(broadcast, &limits).is_ok());
     }
 
     #[test]
@@ -359,7 +409,10 @@ mod tests {
             ErrorCode::BadRequest
         );
         assert_eq!(
-            code(Command::parse_envelope(br#"{"method":"publish"}"#)),
+            code(Command::parse_envelope(
+                br#"{"method":"publish"}"#,
+                &Limits::default()
+            )),
             ErrorCode::BadRequest
         );
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));

@@ -5,9 +5,10 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{config_file, Client, ConfigFile, Node};
+use common::{config_file, herald_bin, Client, ConfigFile, Node, API_KEY, SECRET};
 use herald_server::consumers::postgres::ddl;
 use herald_testkit::postgres::PostgresServer;
 use herald_testkit::redis::RedisServer;
@@ -461,4 +462,185 @@ async fn the_consumer_speaks_tls_when_the_dsn_requires_it() {
     };
     assert_eq!(sessions(false), "0", "no plain connection");
     assert_eq!(sessions(true), "2", "the listener and one worker, over TLS");
+}
+
+/// A node whose log (stderr, `RUST_LOG=warn`) the test reads, with the `main` consumer on
+/// `dsn`; the process is killed when the returned child is dropped.
+async fn logged_node(
+    dsn: &str,
+    consumer: &str,
+) -> (Node, Arc<Mutex<String>>, tokio::process::Child, ConfigFile) {
+    use tokio::io::AsyncBufReadExt;
+    let file = config_file(
+        "herald.toml",
+        &format!("[consumers.postgres.main]\ndsn = \"{dsn}\"\n{consumer}\n"),
+    );
+    let mut cmd = tokio::process::Command::new(herald_bin());
+    cmd.args(["serve", "--dev", "--port", "0", "--config", &file]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    let mut child = cmd
+        .env("HERALD_API_KEY", API_KEY)
+        .env("HERALD_TOKEN_HMAC_SECRET", SECRET)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn herald");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(15), stdout.next_line())
+        .await
+        .expect("herald did not start in time")
+        .expect("read stdout")
+        .expect("herald exited before listening");
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("listening line: {line}"));
+    tokio::spawn(async move { while let Ok(Some(_)) = stdout.next_line().await {} });
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let sink = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = stderr.next_line().await {
+            let mut log = sink.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    (Node::attach("herald", addr), log, child, file)
+}
+
+/// The log's lines that contain `text`.
+fn lines_with(log: &Mutex<String>, text: &str) -> Vec<String> {
+    let log = log.lock().unwrap();
+    log.lines()
+        .filter(|l| l.contains(text))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// (8) A role granted what the docs once listed (`SELECT, DELETE` on the outbox, `INSERT` on
+/// the dead-letter table) cannot take rows: `SELECT … FOR UPDATE` needs `UPDATE`. The log says
+/// so, naming the missing privilege, once (not "lost PostgreSQL; reconnecting" every 100 ms),
+/// and nothing is taken; once the privileges docs/consumers.md lists now are granted, the same
+/// node drains the outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_update_is_told_which_privilege_is_missing() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    pg.psql(
+        "CREATE ROLE app LOGIN; \
+         GRANT SELECT, DELETE ON herald_outbox TO app; \
+         GRANT INSERT ON herald_outbox_dead TO app;",
+    );
+    insert_rows(&pg, 1, 0, 3);
+    let dsn = pg.dsn().replace("user=postgres", "user=app");
+    let (node, log, _child, _file) = logged_node(&dsn, "poll_interval_ms = 100").await;
+    let mut sub = subscriber(&node, 1).await;
+    let missing = "lacks UPDATE on herald_outbox";
+    eventually(
+        "the log names the missing privilege",
+        Duration::from_secs(15),
+        || !lines_with(&log, missing).is_empty(),
+    )
+    .await;
+    // Several seconds of retries (100 ms doubling to 5 s) without a line more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lines = lines_with(&log, missing);
+    assert_eq!(lines.len(), 1, "logged once: {lines:#?}");
+    assert!(
+        lines[0].contains("ERROR")
+            && lines[0].contains("permission denied for table herald_outbox"),
+        "{lines:#?}"
+    );
+    assert!(
+        lines_with(&log, "lost PostgreSQL").is_empty(),
+        "not reported as a lost connection:\n{}",
+        log.lock().unwrap()
+    );
+    assert_eq!(count(&pg, TABLE), 3, "nothing taken");
+    // What docs/consumers.md lists.
+    pg.psql(
+        "GRANT SELECT, UPDATE, DELETE ON herald_outbox TO app; \
+         GRANT INSERT ON herald_outbox_dead TO app;",
+    );
+    insert_rows(&pg, 1, 3, 5);
+    let mut got = Received::default();
+    got.until(&mut sub, 5, Duration::from_secs(15)).await;
+    got.drain(&mut sub, Duration::from_millis(300)).await;
+    got.assert_exactly_once_in_order(1, 5);
+    eventually("the outbox drains", Duration::from_secs(5), || {
+        count(&pg, TABLE) == 0
+    })
+    .await;
+    assert_eq!(count(&pg, "herald_outbox_dead"), 0);
+}
+
+/// (9) A row whose payload is over what the HTTP API takes for its method
+/// (`limits.max_api_body_bytes`, 1 MiB, for a publish; `limits.max_broadcast_body_bytes`,
+/// 8 MiB, for a broadcast) is moved to the dead-letter table with the limit named, and the
+/// rows behind it are published; a broadcast of 2 MB, within its limit, is published. The
+/// node's Redis link carries on: a subscriber on another node gets the good rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_over_the_api_body_limit_is_dead_lettered() {
+    let pg = PostgresServer::start();
+    create_outbox(&pg);
+    let redis = RedisServer::start();
+    let (node, _file) = node(&redis.url(), &pg, "poll_interval_ms = 100").await;
+    let (watcher, _fw) = plain_node(&redis.url()).await;
+    let mut sub = subscriber(&watcher, 1).await;
+    let row = |method: &str, target: &str, n: i32, pad: usize| {
+        format!(
+            "('{method}', jsonb_build_object({target}, 'data', \
+              jsonb_build_object('n', {n}, 'pad', repeat('x', {pad}))))"
+        )
+    };
+    let p0 = "'channel', 'p0'";
+    let to = |channel: &str| format!("'channels', jsonb_build_array('{channel}')");
+    pg.psql(&format!(
+        "INSERT INTO {TABLE} (method, payload) VALUES {}, {}, {}, {}, {}",
+        row("publish", p0, 0, 10),
+        row("publish", p0, -1, 2_000_000),
+        // Within the broadcast limit; to a channel of its own, which nobody reads.
+        row("broadcast", &to("big"), 9, 2_000_000),
+        row("broadcast", &to("p0"), -2, 9_000_000),
+        row("publish", p0, 1, 10),
+    ));
+    let mut got = Received::default();
+    got.until(&mut sub, 2, Duration::from_secs(20)).await;
+    eventually("the outbox drains", Duration::from_secs(10), || {
+        count(&pg, TABLE) == 0
+    })
+    .await;
+    got.drain(&mut sub, Duration::from_millis(500)).await;
+    got.assert_exactly_once_in_order(1, 2);
+    let dead = pg.psql("SELECT id || ' ' || error FROM herald_outbox_dead ORDER BY id");
+    let dead: Vec<&str> = dead.lines().collect();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead[0].starts_with("2 payload of ") && dead[0].contains("limits.max_api_body_bytes"),
+        "{dead:?}"
+    );
+    assert!(
+        dead[1].starts_with("4 payload of ") && dead[1].contains("limits.max_broadcast_body_bytes"),
+        "{dead:?}"
+    );
+    assert_eq!(
+        node.metric(&format!("herald_consumer_failed_total{LABELS}"))
+            .await,
+        2.0
+    );
+    assert_eq!(
+        node.metric(&format!("herald_consumer_published_total{LABELS}"))
+            .await,
+        3.0,
+        "the 2 MB broadcast is published"
+    );
 }

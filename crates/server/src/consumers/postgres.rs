@@ -18,13 +18,19 @@
 //! - `LISTEN` on the table's channel (an insert trigger notifies the row's partition) wakes the
 //!   workers at once; they also poll every `poll_interval_ms`. Lost connections are reopened
 //!   with backoff.
+//! - A row whose payload is over the HTTP API's body limit for its method
+//!   ([`publishing::max_body_bytes`]) is dead-lettered without being read into memory.
+//! - A statement PostgreSQL refuses for want of a privilege is logged with the privileges the
+//!   role lacks ([`privileges`]), once a minute, not as a lost connection.
 //! - Connections are plain, or TLS (rustls, the server's certificate verified) when the DSN
 //!   says `sslmode=require`.
+
+mod privileges;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -53,6 +59,8 @@ const DEFAULT_CONNECTIONS: u32 = 4;
 const MAX_LISTED_FAILURES: usize = 10;
 /// Lag is measured this often at most (a `count(*)` over the table).
 const LAG_INTERVAL_MIN: Duration = Duration::from_secs(1);
+/// The same failure is logged again only after this long (workers retry it every few seconds).
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// One `[consumers.postgres.NAME]` entry.
 #[derive(Debug, Clone, Deserialize)]
@@ -227,6 +235,21 @@ struct Shared {
     /// One per worker: rows may be waiting in one of its partitions.
     wake: Vec<Notify>,
     stop: watch::Receiver<bool>,
+    /// Payloads longer than this are not read (`NULL` and their length instead): the largest
+    /// body the API takes for any method, so a row over its own method's limit is known by its
+    /// length without loading megabytes.
+    payload_cap: i32,
+    /// When each failure was last logged (see [`Shared::report`]).
+    logged: Mutex<HashMap<String, Instant>>,
+}
+
+/// A failed statement or connection of a worker or the listener, as it is reported.
+enum Failure {
+    /// The connection could not be made, failed or closed: it is opened again.
+    Lost(String),
+    /// PostgreSQL refused a statement and the connection works (a missing table, say); with
+    /// `denied`, for want of a privilege, and the text names the missing ones.
+    Refused { denied: bool, text: String },
 }
 
 impl Shared {
@@ -248,6 +271,63 @@ impl Shared {
 
     fn stopped(&self) -> bool {
         *self.stop.borrow()
+    }
+
+    /// What `e`, met on `client`, means; a refused privilege is looked up on `client`.
+    async fn failure(&self, client: &Client, e: &tokio_postgres::Error) -> Failure {
+        let Some(db) = e.as_db_error() else {
+            return Failure::Lost(describe(e));
+        };
+        // Class 08 (connection exception) and 57 (operator intervention: shutdown, cancel)
+        // end the session, whatever the server said.
+        let class = &db.code().code()[..2];
+        if e.is_closed() || class == "08" || class == "57" {
+            return Failure::Lost(describe(e));
+        }
+        if privileges::is_denied(e) {
+            let text = privileges::explain(client, &self.names, db).await;
+            return Failure::Refused { denied: true, text };
+        }
+        let text = format!("{} (SQLSTATE {})", db.message(), db.code().code());
+        Failure::Refused {
+            denied: false,
+            text,
+        }
+    }
+
+    /// Log a failure of the `who` (worker or listener). The same one is logged at most once per
+    /// [`FAILURE_LOG_EVERY`] by all of the consumer's connections together, and at debug level
+    /// in between: a refused privilege would otherwise fill the log every few seconds per
+    /// worker until someone grants it.
+    fn report(&self, who: &str, failure: &Failure) {
+        let (key, cause) = match failure {
+            Failure::Lost(c) => (format!("{who} lost {c}"), c),
+            Failure::Refused { text, .. } => (format!("{who} refused {text}"), text),
+        };
+        let fresh = {
+            let mut logged = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+            logged.retain(|_, at| at.elapsed() < FAILURE_LOG_EVERY);
+            let fresh = !logged.contains_key(&key);
+            if fresh {
+                logged.insert(key, Instant::now());
+            }
+            fresh
+        };
+        let name = &self.name;
+        match (failure, fresh) {
+            (_, false) => {
+                tracing::debug!(consumer = %name, cause = %cause, "outbox {who} failed again")
+            }
+            (Failure::Lost(_), true) => {
+                tracing::warn!(consumer = %name, cause = %cause, "outbox {who} lost PostgreSQL; reconnecting")
+            }
+            (Failure::Refused { denied: true, .. }, true) => {
+                tracing::error!(consumer = %name, cause = %cause, "outbox {who}: the database role lacks a privilege the consumer needs; nothing is taken until it is granted (trying again)")
+            }
+            (Failure::Refused { denied: false, .. }, true) => {
+                tracing::warn!(consumer = %name, cause = %cause, "outbox {who}: PostgreSQL refused a statement; trying again")
+            }
+        }
     }
 
     /// A connection whose messages a task of its own reads; notifications, when `notified` is
@@ -371,7 +451,15 @@ pub async fn run(
         _ => None,
     };
     let workers = config.worker_count();
+    let limits = &ctx.config.limits;
+    let largest = ["publish", "broadcast"]
+        .map(|m| publishing::max_body_bytes(limits, m))
+        .into_iter()
+        .max()
+        .unwrap_or(0);
     let shared = Arc::new(Shared {
+        payload_cap: i32::try_from(largest).unwrap_or(i32::MAX),
+        logged: Mutex::new(HashMap::new()),
         tls,
         labels: consumer_labels(KIND, &name),
         lock_space: format!("herald_outbox:{}", names.table),
@@ -479,9 +567,7 @@ async fn listen(shared: &Shared) {
     loop {
         match listen_once(shared, &mut stop, &mut backoff).await {
             Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %format!("{e:#}"), "outbox listener lost PostgreSQL; reconnecting")
-            }
+            Err(failure) => shared.report("listener", &failure),
         }
         if sleep_or_stop(&mut stop, backoff.next()).await {
             return;
@@ -489,18 +575,37 @@ async fn listen(shared: &Shared) {
     }
 }
 
+/// One listening connection, until stopped (`Ok`) or it fails.
 async fn listen_once(
     shared: &Shared,
     stop: &mut watch::Receiver<bool>,
     backoff: &mut Backoff,
-) -> anyhow::Result<()> {
-    let (notified, mut notifications) = mpsc::unbounded_channel();
+) -> Result<(), Failure> {
+    let (notified, notifications) = mpsc::unbounded_channel();
     // The channel closes when the connection's task ends with the connection.
-    let (client, _driver) = shared.connect_with(Some(notified)).await?;
+    let (client, _driver) = shared
+        .connect_with(Some(notified))
+        .await
+        .map_err(|e| Failure::Lost(describe(&e)))?;
+    match listening(shared, &client, notifications, stop, backoff).await {
+        Ok(()) => Ok(()),
+        Err(Some(e)) => Err(shared.failure(&client, &e).await),
+        Err(None) => Err(Failure::Lost("the connection closed".into())),
+    }
+}
+
+/// Listen and measure the lag on `client` until stopped (`Ok`), a statement fails
+/// (`Err(Some)`), or the connection closes (`Err(None)`).
+async fn listening(
+    shared: &Shared,
+    client: &Client,
+    mut notifications: mpsc::UnboundedReceiver<String>,
+    stop: &mut watch::Receiver<bool>,
+    backoff: &mut Backoff,
+) -> Result<(), Option<tokio_postgres::Error>> {
     client
         .batch_execute(&format!("LISTEN \"{}\"", shared.names.table))
         .await?;
-    backoff.reset();
     // Rows may have come while nobody listened.
     shared.wake_all();
     let lag_sql = format!(
@@ -517,10 +622,13 @@ async fn listen_once(
         tokio::select! {
             n = notifications.recv() => match n {
                 Some(payload) => shared.wake_partition(&payload),
-                None => bail!("the connection closed"),
+                None => return Err(None),
             },
             _ = lag_timer.tick() => {
                 let row = client.query_one(&lag_stmt, &[&partitions]).await?;
+                // Reset only once a statement worked: a role without SELECT must not make the
+                // listener reconnect every 100 ms.
+                backoff.reset();
                 let (pending, stray): (i64, i64) = (row.get(0), row.get(1));
                 shared.ctx.hub.metrics().consumer_lag.get_or_create(&shared.labels).set(pending);
                 if stray != stray_seen && stray > 0 {
@@ -545,21 +653,22 @@ async fn worker(shared: Arc<Shared>, w: usize) {
     let mut stop = shared.stop.clone();
     let mut backoff = Backoff::default();
     loop {
-        let mut client = match connect_worker(&shared).await {
+        let mut conn = match connect_worker(&shared).await {
             Ok(c) => c,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker could not connect and prepare its statements; trying again");
+                // Connecting, or preparing on a new connection (a missing table, say).
+                shared.report("worker", &Failure::Lost(describe(&e)));
                 if sleep_or_stop(&mut stop, backoff.next()).await {
                     return;
                 }
                 continue;
             }
         };
-        backoff.reset();
-        match drain(&shared, &mut client, &partitions, &mut retry, w).await {
+        match drain(&shared, &mut conn, &partitions, &mut retry, w, &mut backoff).await {
             Ok(()) => return,
             Err(e) => {
-                tracing::warn!(consumer = %shared.name, cause = %describe(&e), "outbox worker lost PostgreSQL; reconnecting")
+                let failure = shared.failure(&conn.client, &e).await;
+                shared.report("worker", &failure);
             }
         }
         if sleep_or_stop(&mut stop, backoff.next()).await {
@@ -583,9 +692,13 @@ async fn connect_worker(shared: &Shared) -> Result<WorkerConn, tokio_postgres::E
     let lock = client
         .prepare("SELECT pg_try_advisory_xact_lock(hashtext($1), $2)")
         .await?;
+    // A payload over $3 bytes comes as NULL with its length, to be dead-lettered unread.
     let take = client
         .prepare(&format!(
-            "SELECT id, method, payload::text FROM {t} WHERE partition = $1 \
+            "SELECT id, method, \
+                    CASE WHEN octet_length(payload::text) <= $3 THEN payload::text END, \
+                    octet_length(payload::text) \
+             FROM {t} WHERE partition = $1 \
              ORDER BY id LIMIT $2 FOR UPDATE SKIP LOCKED"
         ))
         .await?;
@@ -624,13 +737,16 @@ enum Batch {
 }
 
 /// Drain this worker's partitions whenever woken or the poll interval passes, until stopped
-/// (`Ok`) or the connection fails (`Err`).
+/// (`Ok`) or a statement fails (`Err`). `backoff`, the worker's wait before reconnecting, is
+/// reset by each batch that worked: a connection that opens but whose statements are refused
+/// is retried slower and slower, not every 100 ms.
 async fn drain(
     shared: &Shared,
     conn: &mut WorkerConn,
     partitions: &[i32],
     retry: &mut HashMap<i32, (Instant, Backoff)>,
     w: usize,
+    backoff: &mut Backoff,
 ) -> Result<(), tokio_postgres::Error> {
     let poll = Duration::from_millis(shared.config.poll_interval_ms);
     let mut stop = shared.stop.clone();
@@ -643,7 +759,9 @@ async fn drain(
             if retry.get(&p).is_some_and(|(at, _)| *at > Instant::now()) {
                 continue;
             }
-            match batch(shared, conn, p).await? {
+            let outcome = batch(shared, conn, p).await?;
+            backoff.reset();
+            match outcome {
                 Batch::Full => {
                     retry.remove(&p);
                     more = true;
@@ -692,7 +810,9 @@ async fn batch(
         return Ok(Batch::Busy);
     }
     let limit = i64::from(shared.config.batch_size);
-    let rows = tx.query(&conn.take, &[&p, &limit]).await?;
+    let rows = tx
+        .query(&conn.take, &[&p, &limit, &shared.payload_cap])
+        .await?;
     let mut outcome = if rows.len() as i64 == limit {
         Batch::Full
     } else {
@@ -708,11 +828,12 @@ async fn batch(
         let id: i64 = row.get(0);
         let method: Option<&str> = row.get(1);
         let payload: Option<&str> = row.get(2);
+        let length: Option<i32> = row.get(3);
         metrics
             .consumer_consumed
             .get_or_create(&shared.labels)
             .inc();
-        match publish_row(shared, id, method, payload).await {
+        match publish_row(shared, id, method, payload, length).await {
             Outcome::Published => published.push(id),
             Outcome::Refused(error) => {
                 tracing::warn!(consumer = %shared.name, id, partition = p, %error, "outbox row moved to the dead-letter table");
@@ -753,15 +874,25 @@ enum Outcome {
     Retry(String),
 }
 
-/// Publish one row under its idempotency key.
+/// Publish one row under its idempotency key; `length` is the payload's, in bytes (the payload
+/// itself is `None` when it is over [`Shared::payload_cap`]).
 async fn publish_row(
     shared: &Shared,
     id: i64,
     method: Option<&str>,
     payload: Option<&str>,
+    length: Option<i32>,
 ) -> Outcome {
-    let (Some(method), Some(payload)) = (method, payload) else {
+    let (Some(method), Some(length)) = (method, length) else {
         return Outcome::Refused("method or payload is NULL".into());
+    };
+    let length = usize::try_from(length).unwrap_or(usize::MAX);
+    if let Err(e) = publishing::check_body_size(&shared.ctx.config.limits, method, length) {
+        return Outcome::Refused(e.to_string());
+    }
+    let Some(payload) = payload else {
+        // Within its method's limit but over the cap: cannot be, the cap is the largest.
+        return Outcome::Refused(format!("payload of {length} bytes was not read"));
     };
     let cmd = match Command::parse(method, payload.as_bytes()) {
         Ok(cmd) => cmd,
@@ -947,6 +1078,17 @@ mod tests {
         assert!(
             doc.contains(&ddl),
             "docs/consumers.md must show ddl(\"herald_outbox\") verbatim:\n{ddl}"
+        );
+    }
+
+    #[test]
+    fn the_documented_grants_are_the_ones_the_consumer_needs() {
+        let doc = include_str!("../../../../docs/consumers.md");
+        let names = TableNames::new("herald_outbox").unwrap();
+        let grants = privileges::grants(&names, "herald");
+        assert!(
+            doc.contains(&grants),
+            "docs/consumers.md must show the grants verbatim:\n{grants}"
         );
     }
 
