@@ -5,10 +5,20 @@
 # Kafka started on free loopback ports) and the TypeScript SDK's unit, Node integration and
 # headless-browser tests. Kafka's jars come from Maven Central (scripts/kafka-jars.sh, cached under
 # ~/.cache/herald).
+#
+# No step can hang CI: each runs under a time limit, set well above its normal time on a 2-core
+# machine from a clean clone, and a step that runs past it is stopped with
+# "== TIMEOUT: step '...'"; each Rust test binary has its own limit too (scripts/test-binary.sh),
+# and libtest names any test running for over 60 s. Slower machines:
+#   HERALD_STEP_TIMEOUT_SCALE     multiplies every step's limit (default 1)
+#   HERALD_TEST_BINARY_TIMEOUT_S  seconds one Rust test binary may run (default 600)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Debian installs nats-server in /usr/sbin, which a minimal PATH may lack.
 export PATH="$PATH:/usr/sbin:/sbin"
+
+# step NAME LIMIT_S COMMAND... (scripts/step.sh): every step below runs under a time limit.
+source scripts/step.sh
 
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
@@ -32,24 +42,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "== installing ${missing[*]}"
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  step "apt-get update" 600 $SUDO apt-get update -qq
+  step "apt-get install" 1800 $SUDO env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-echo "== Kafka jars"
-bash scripts/kafka-jars.sh
+step "Kafka jars" 900 bash scripts/kafka-jars.sh
 
-echo "== cargo fmt --check"
-cargo fmt --all -- --check
+step "cargo fmt --check" 300 cargo fmt --all -- --check
 
-echo "== cargo clippy (-D warnings)"
-cargo clippy --workspace --all-targets --locked -- -D warnings
+step "cargo clippy (-D warnings)" 2700 cargo clippy --workspace --all-targets --locked -- -D warnings
 
-echo "== cargo build"
-cargo build --workspace --all-targets --locked
+step "cargo build" 2700 cargo build --workspace --all-targets --locked
 
-echo "== cargo test"
-cargo test --workspace --locked
+# Each test binary runs through scripts/test-binary.sh (cargo's runner for the host target).
+host=$(rustc -vV | sed -n 's/^host: //p')
+runner_var="CARGO_TARGET_$(echo "$host" | tr 'a-z-' 'A-Z_')_RUNNER"
+step "cargo test" 2400 env "$runner_var=$PWD/scripts/test-binary.sh" cargo test --workspace --locked
 
-echo "== TypeScript SDK"
-HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh
+step "TypeScript SDK" 1800 env HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh

@@ -4,38 +4,39 @@
 #   2. npm ci, lint (Biome: formatting and lint rules of biome.json), build (dist/ and demo/herald.js)
 #   3. vitest: unit tests, Node integration tests against the real `herald` binary, browser tests
 # HERALD_BIN overrides the server binary (default <repo>/target/debug/herald, built when missing).
-# Exits non-zero on any failure.
+# Exits non-zero on any failure. Every step runs under a time limit (the repository's
+# scripts/step.sh: "== TIMEOUT: step '...'" when one runs past it; HERALD_STEP_TIMEOUT_SCALE
+# multiplies the limits).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source ../../scripts/step.sh
 
 if [[ ! -x /usr/bin/chromium ]]; then
   echo "== installing chromium (Debian package)"
   SUDO=""
   if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-  $SUDO apt-get update
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y chromium
+  step "apt-get update" 600 $SUDO apt-get update
+  step "apt-get install chromium" 1200 $SUDO env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y chromium
 fi
 
-echo "== npm ci"
-npm ci --no-audit --no-fund
+step "npm ci" 600 npm ci --no-audit --no-fund
 
-echo "== lint (biome)"
 # Formatting and lint rules (biome.json); warnings fail too, so findings cannot pile up.
-npm run lint
+step "lint (biome)" 300 npm run lint
 
-echo "== build"
-npm run build
+step "build" 300 npm run build
 
-echo "== typecheck (sources and tests)"
-npx tsc -p tsconfig.test.json
+step "typecheck (sources and tests)" 300 npx tsc -p tsconfig.test.json
 
-echo "== vitest: unit, integration (real herald), browser (headless chromium)"
 # One run, three projects. The JSON report feeds the plain closing line below
 # ("js: N passed, N failed, N skipped"), which CI tools read; vitest's own exit code decides.
 mkdir -p test-output
 rm -f test-output/vitest.json
 status=0
-npx vitest run --reporter=default --reporter=json --outputFile.json=test-output/vitest.json || status=$?
+step "vitest: unit, integration (real herald), browser (headless chromium)" 1200 \
+  npx vitest run --reporter=default --reporter=json --outputFile.json=test-output/vitest.json ||
+  status=$?
 node -e '
   const fs = require("fs");
   const f = "test-output/vitest.json";
