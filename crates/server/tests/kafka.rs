@@ -641,3 +641,135 @@ async fn sasl_scram_and_plain_credentials_reach_the_broker() {
         0.0
     );
 }
+
+/// Records skipped for good (malformed, oversized, refused) are produced to the dead-letter
+/// topic as they were (key, value, headers) plus Herald's headers saying why and where from,
+/// and only once the topic acknowledged them are their offsets committed. While the topic does
+/// not exist (and may not be created automatically) nothing is committed and the good record
+/// behind them waits; once it is created, everything flows.
+#[tokio::test]
+async fn skipped_records_reach_the_dead_letter_topic_before_their_offsets_commit() {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+
+    let kafka = kafka().await;
+    let bootstrap = kafka.bootstrap();
+    create_topic(&bootstrap, "cmds", 1).await;
+    let file = common::config_file(
+        "herald.toml",
+        &format!(
+            "[limits]\nmax_api_body_bytes = 1000\n\
+             [consumers.kafka]\nbrokers = \"{bootstrap}\"\ntopics = \"cmds\"\n\
+             group_id = \"g-dead\"\ndead_letter_topic = \"cmds-dead\"\n\
+             stats_interval_ms = 500\nsession_timeout_ms = 6000\n\
+             [consumers.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n"
+        ),
+    );
+    let node = Node::start(&["--dev", "--config", &*file], &[]).await;
+    let mut client = node.connected(&["good"]).await;
+
+    let p = producer(&bootstrap);
+    let oversized = publish("good", json!({"pad": "x".repeat(1000)}));
+    let records = [
+        ("k0", "not JSON".to_owned(), "malformed"),
+        ("k1", oversized, "oversized"),
+        ("k2", publish("nowhere:x", json!(1)), "refused"),
+        ("k3", publish("good", json!({"i": 0})), ""),
+    ];
+    for (key, value, _) in &records {
+        p.send(
+            FutureRecord::to("cmds")
+                .partition(0)
+                .key(*key)
+                .payload(value)
+                .headers(OwnedHeaders::new().insert(Header {
+                    key: "trace",
+                    value: Some(*key),
+                })),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
+    }
+
+    // No dead-letter topic yet: the first record waits uncommitted, the good one behind it too.
+    metric_reaches(
+        &node,
+        r#"herald_kafka_lag{consumer="g-dead",topic="cmds",partition="0"}"#,
+        4.0,
+    )
+    .await;
+    assert!(
+        client.next_within(Duration::from_secs(3)).await.is_none(),
+        "the good record waits behind the one not yet dead-lettered"
+    );
+
+    create_topic(&bootstrap, "cmds-dead", 1).await;
+    let seen = collect(&mut client, |s| count(s) >= 1).await;
+    assert_eq!(indexes(&seen["good"]), [0]);
+    metric_reaches(
+        &node,
+        r#"herald_kafka_lag{consumer="g-dead",topic="cmds",partition="0"}"#,
+        0.0,
+    )
+    .await;
+    for reason in ["malformed", "oversized", "refused"] {
+        metric_reaches(
+            &node,
+            &format!(r#"herald_kafka_failed_total{{consumer="g-dead",reason="{reason}"}}"#),
+            1.0,
+        )
+        .await;
+    }
+
+    let reader: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "check-dead")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    reader.subscribe(&["cmds-dead"]).expect("subscribe");
+    let mut dead = Vec::new();
+    while dead.len() < 3 {
+        let m = tokio::time::timeout(DEADLINE, reader.recv())
+            .await
+            .expect("the dead-letter records within the deadline")
+            .expect("read the dead-letter topic");
+        dead.push(m.detach());
+    }
+    for (offset, (m, (key, value, reason))) in dead.iter().zip(&records).enumerate() {
+        assert_eq!(m.key(), Some(key.as_bytes()), "record {offset}");
+        assert_eq!(m.payload(), Some(value.as_bytes()), "record {offset}");
+        let headers: BTreeMap<String, String> = m
+            .headers()
+            .expect("headers")
+            .iter()
+            .map(|h| {
+                let value = String::from_utf8_lossy(h.value.unwrap_or_default());
+                (h.key.to_owned(), value.into_owned())
+            })
+            .collect();
+        assert_eq!(headers["trace"], *key, "the record's own header is kept");
+        assert_eq!(headers["herald.reason"], *reason, "{headers:?}");
+        assert_eq!(headers["herald.source.topic"], "cmds");
+        assert_eq!(headers["herald.source.partition"], "0");
+        assert_eq!(headers["herald.source.offset"], offset.to_string());
+        assert_eq!(headers["herald.source.group"], "g-dead");
+        assert!(!headers["herald.error"].is_empty(), "{headers:?}");
+    }
+    assert!(
+        headers_error(&dead[1]).contains("limits.max_api_body_bytes"),
+        "{}",
+        headers_error(&dead[1])
+    );
+}
+
+/// The `herald.error` header of a dead-lettered record.
+fn headers_error(m: &rdkafka::message::OwnedMessage) -> String {
+    use rdkafka::message::{Headers, Message};
+    m.headers()
+        .and_then(|h| h.iter().find(|h| h.key == "herald.error"))
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}

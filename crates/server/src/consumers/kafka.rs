@@ -7,8 +7,10 @@
 //! publish succeeded; the stored offsets are committed every `commit_interval_ms`, on a rebalance
 //! and on shutdown. A crash between publish and commit redelivers records whose keys the broker
 //! still remembers, so no channel gets one twice. Records of one partition are published one
-//! after another; partitions of one batch run side by side. A record that is not a command is
-//! logged, counted and skipped (its offset committed), so it never blocks its partition; a
+//! after another; partitions of one batch run side by side. A record that is not a command (or
+//! whose payload is over the API's body limit, or that the node refuses) is logged, counted,
+//! produced to the `dead_letter_topic` when one is configured, and skipped (its offset
+//! committed, after the dead-letter topic acknowledged it), so it never blocks its partition; a
 //! retryable failure (broker down) is retried with backoff, never skipped.
 //!
 //! Client: `rdkafka` (librdkafka, built from source by cargo, linked with the system's OpenSSL).
@@ -21,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
-use herald_core::config::lenient;
+use herald_core::config::{lenient, Limits};
 use herald_core::metrics::Labels;
 use herald_core::{Metrics, NodeContext};
 use herald_protocol::ErrorCode;
@@ -29,6 +31,7 @@ use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::FutureProducer;
 use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
 use serde::{Deserialize, Deserializer};
@@ -37,6 +40,11 @@ use tokio::sync::watch;
 
 use crate::api::ApiError;
 use crate::publishing::{check_idempotency_key, execute, Command};
+
+mod dead_letter;
+
+use dead_letter::{DeadLetter, Retry, Skipped};
+pub use dead_letter::{ERROR, GROUP, OFFSET, PARTITION, REASON, TOPIC};
 
 /// One Kafka consumer: `[consumers.kafka]`, or one `[[consumers.kafka]]` entry of several.
 #[derive(Debug, Clone, Deserialize)]
@@ -106,6 +114,10 @@ pub struct KafkaConfig {
     /// Milliseconds between lag readings (`herald_kafka_lag`).
     #[serde(default = "default_stats_interval_ms")]
     pub stats_interval_ms: u64,
+    /// Topic that records skipped for good (malformed, oversized, refused) are produced to,
+    /// with headers saying why and where they came from (none: they are only logged).
+    #[serde(default, deserialize_with = "lenient::opt_string")]
+    pub dead_letter_topic: Option<String>,
     /// Further librdkafka properties, passed as they are (e.g. `"session.timeout.ms" = "10000"`).
     #[serde(default)]
     pub properties: HashMap<String, String>,
@@ -213,6 +225,16 @@ impl KafkaConfig {
                 "consumers.kafka {name:?}: batch_size, retry_initial_ms and commit_interval_ms must be positive"
             ));
         }
+        if self
+            .dead_letter_topic
+            .as_deref()
+            .is_some_and(|t| t.is_empty() || t.len() > 249 || self.topics.iter().any(|s| s == t))
+        {
+            return Err(format!(
+                "consumers.kafka {name:?}: dead_letter_topic must be a topic name (at most 249 \
+                 characters) other than the consumed topics"
+            ));
+        }
         if let Some(p) = self
             .properties
             .keys()
@@ -228,15 +250,8 @@ impl KafkaConfig {
     /// The librdkafka configuration: offsets are stored by Herald after each publish and
     /// committed in the background (never before the publish).
     fn client_config(&self, node_name: &str) -> ClientConfig {
-        let mut c = ClientConfig::new();
-        c.set("bootstrap.servers", self.brokers.join(","))
-            .set("group.id", &self.group_id)
-            .set(
-                "client.id",
-                self.client_id
-                    .clone()
-                    .unwrap_or_else(|| format!("herald-{node_name}")),
-            )
+        let mut c = self.connection_config(node_name);
+        c.set("group.id", &self.group_id)
             .set("enable.auto.commit", "true")
             .set("enable.auto.offset.store", "false")
             .set(
@@ -250,6 +265,36 @@ impl KafkaConfig {
             .set(
                 "heartbeat.interval.ms",
                 (self.session_timeout_ms / 3).max(100).to_string(),
+            );
+        // `properties` last: they may tune anything but Herald's own keys.
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// The dead-letter producer's configuration: the consumer's brokers and credentials,
+    /// idempotent (a retried produce is written once), each produce given up after 30 s and
+    /// then retried by Herald with the consumer's backoff.
+    fn producer_config(&self, node_name: &str) -> ClientConfig {
+        let mut c = self.connection_config(node_name);
+        c.set("enable.idempotence", "true")
+            .set("message.timeout.ms", "30000");
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c
+    }
+
+    /// What the consumer and the dead-letter producer share: brokers, client id, security.
+    fn connection_config(&self, node_name: &str) -> ClientConfig {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", self.brokers.join(","))
+            .set(
+                "client.id",
+                self.client_id
+                    .clone()
+                    .unwrap_or_else(|| format!("herald-{node_name}")),
             )
             // Reconnect quickly to a restarted broker, and no slower than every 5 s.
             .set("reconnect.backoff.ms", "100")
@@ -279,9 +324,6 @@ impl KafkaConfig {
         if !self.ssl_verify_hostname {
             c.set("ssl.endpoint.identification.algorithm", "none");
         }
-        for (k, v) in &self.properties {
-            c.set(k, v);
-        }
         c
     }
 }
@@ -299,8 +341,9 @@ pub fn record_key(topic: &str, partition: i32, offset: i64) -> String {
 
 /// The command a record's value holds: the envelope `{"method", "payload"}` itself, or the same
 /// envelope inside a JSON string (a CDC tool that kept the column as text) or inside a
-/// `{"schema", "payload"}` wrapper (Kafka Connect's JSON converter with schemas on).
-pub fn parse_record(value: Option<&[u8]>) -> Result<Command, ApiError> {
+/// `{"schema", "payload"}` wrapper (Kafka Connect's JSON converter with schemas on). A payload
+/// over the API's body limit for its method is refused with error 106.
+pub fn parse_record(value: Option<&[u8]>, limits: &Limits) -> Result<Command, ApiError> {
     let Some(value) = value else {
         return Err(ApiError::code(
             ErrorCode::BadRequest,
@@ -308,8 +351,8 @@ pub fn parse_record(value: Option<&[u8]>) -> Result<Command, ApiError> {
         ));
     };
     match unwrap_value(value) {
-        Some(inner) => Command::parse_envelope(inner.as_bytes()),
-        None => Command::parse_envelope(value),
+        Some(inner) => Command::parse_envelope(inner.as_bytes(), limits),
+        None => Command::parse_envelope(value, limits),
     }
 }
 
@@ -343,6 +386,9 @@ fn unwrap_value(value: &[u8]) -> Option<String> {
 struct Callbacks {
     name: String,
     metrics: Arc<Metrics>,
+    /// Whether statistics update the lag gauges (the consumer's; not the dead-letter
+    /// producer's, whose partitions are not consumed).
+    lag: bool,
     /// When each error was last logged: librdkafka repeats "all brokers are down" or an
     /// authentication failure several times a second while it lasts.
     logged: Mutex<HashMap<String, Instant>>,
@@ -401,6 +447,9 @@ impl ClientContext for Callbacks {
     }
 
     fn stats(&self, stats: Statistics) {
+        if !self.lag {
+            return;
+        }
         for (topic, t) in &stats.topics {
             for (partition, p) in &t.partitions {
                 if *partition < 0 {
@@ -476,11 +525,13 @@ struct Runner {
     ctx: Arc<NodeContext>,
     labels: Labels,
     stop: watch::Receiver<bool>,
+    dead_letter: Option<DeadLetter>,
 }
 
 /// A consumer created and subscribed, not consuming yet.
 pub struct KafkaConsumer {
     consumer: StreamConsumer<Callbacks>,
+    dead_letter: Option<DeadLetter>,
     config: KafkaConfig,
     ctx: Arc<NodeContext>,
 }
@@ -496,15 +547,39 @@ impl KafkaConsumer {
             .create_with_context(Callbacks {
                 name: name.clone(),
                 metrics: ctx.hub.metrics().clone(),
+                lag: true,
                 logged: Mutex::new(HashMap::new()),
             })
             .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
+        let dead_letter = match &config.dead_letter_topic {
+            None => None,
+            Some(topic) => {
+                let producer: FutureProducer<Callbacks> = config
+                    .producer_config(&ctx.config.node_name)
+                    .set_log_level(RDKafkaLogLevel::Warning)
+                    .create_with_context(Callbacks {
+                        name: name.clone(),
+                        metrics: ctx.hub.metrics().clone(),
+                        lag: false,
+                        logged: Mutex::new(HashMap::new()),
+                    })
+                    .map_err(|e| {
+                        anyhow::anyhow!("consumers.kafka {name:?}: dead-letter producer: {e}")
+                    })?;
+                Some(DeadLetter {
+                    producer,
+                    topic: topic.clone(),
+                    group: config.group_id.clone(),
+                })
+            }
+        };
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
         consumer
             .subscribe(&topics)
             .map_err(|e| anyhow::anyhow!("consumers.kafka {name:?}: {e}"))?;
         Ok(KafkaConsumer {
             consumer,
+            dead_letter,
             config,
             ctx,
         })
@@ -515,18 +590,22 @@ impl KafkaConsumer {
     pub async fn run(self, stop: watch::Receiver<bool>) {
         let KafkaConsumer {
             consumer,
+            dead_letter,
             config,
             ctx,
         } = self;
         let name = config.name().to_owned();
-        tracing::info!(consumer = %name, topics = ?config.topics, group = %config.group_id, "kafka consumer started");
-        let runner = Runner {
+        tracing::info!(consumer = %name, topics = ?config.topics, group = %config.group_id, dead_letter_topic = ?config.dead_letter_topic, "kafka consumer started");
+        let mut runner = Runner {
             labels: vec![("consumer".into(), name.clone())],
             config,
             ctx,
             stop,
+            dead_letter,
         };
         runner.consume(&consumer).await;
+        // Closing the producer may wait a moment for what it still has in flight.
+        let dead_letter = runner.dead_letter.take();
         // Commit what was stored since the last periodic commit, then close: leaving the group
         // hands the partitions to the other nodes at once instead of after the session timeout.
         // Both block (and may wait long for a Kafka that is down), so they run on a thread of
@@ -542,6 +621,7 @@ impl KafkaConsumer {
                 }
             }
             drop(consumer);
+            drop(dead_letter);
             let _ = closed_tx.send(());
         });
         if tokio::time::timeout(CLOSE_TIMEOUT, closed_rx)
@@ -632,12 +712,15 @@ impl Runner {
         metrics.kafka_consumed.get_or_create(&self.labels).inc();
         let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
         let consumer = self.config.name();
-        let cmd = match parse_record(m.payload()) {
+        let cmd = match parse_record(m.payload(), &self.ctx.config.limits) {
             Ok(cmd) => cmd,
             Err(e) => {
-                tracing::warn!(consumer, topic, partition, offset, code = ?e.error_code(), cause = %e.message(), "kafka: record is not a command, skipped");
-                self.failed("malformed");
-                return Handled::Done;
+                let reason = match e.error_code() {
+                    ErrorCode::LimitExceeded => "oversized",
+                    _ => "malformed",
+                };
+                tracing::warn!(consumer, topic, partition, offset, reason, code = ?e.error_code(), cause = %e.message(), "kafka: record is not a command it can publish, skipped");
+                return self.skip(m, reason, e.message()).await;
             }
         };
         let key = record_key(topic, partition, offset);
@@ -646,18 +729,24 @@ impl Runner {
         loop {
             let retry = match execute(&self.ctx, &cmd, Some(&key)).await {
                 Ok(done) if !done.retryable() => {
-                    let mut refused = false;
-                    for (channel, e) in done.failed(&cmd) {
-                        refused = true;
-                        tracing::warn!(consumer, topic, partition, offset, channel, code = ?e.error_code(), cause = %e.message(), "kafka: channel refused the record's publication, skipped");
-                    }
-                    if refused {
-                        self.failed("refused");
-                    }
                     if done.published() > 0 {
                         metrics.kafka_published.get_or_create(&self.labels).inc();
                     }
-                    return Handled::Done;
+                    let mut refused = Vec::new();
+                    for (channel, e) in done.failed(&cmd) {
+                        tracing::warn!(consumer, topic, partition, offset, channel, code = ?e.error_code(), cause = %e.message(), "kafka: channel refused the record's publication, skipped");
+                        refused.push(format!("{channel}: {e}"));
+                    }
+                    if refused.is_empty() {
+                        return Handled::Done;
+                    }
+                    let error = format!(
+                        "{} of {} channels refused: {}",
+                        refused.len(),
+                        cmd.channels().len(),
+                        refused.join("; ")
+                    );
+                    return self.skip(m, "refused", &error).await;
                 }
                 Ok(done) => done
                     .failed(&cmd)
@@ -667,8 +756,7 @@ impl Runner {
                 Err(e) if e.is_retryable() => e.message().to_owned(),
                 Err(e) => {
                     tracing::warn!(consumer, topic, partition, offset, code = ?e.error_code(), cause = %e.message(), "kafka: command refused, skipped");
-                    self.failed("refused");
-                    return Handled::Done;
+                    return self.skip(m, "refused", &e.to_string()).await;
                 }
             };
             // Same key on every attempt: channels that published already answer their earlier
@@ -684,15 +772,34 @@ impl Runner {
         }
     }
 
-    fn failed(&self, reason: &str) {
+    /// Count a record skipped for `reason` and, with a dead-letter topic, produce it there: it
+    /// is done only once the topic acknowledged it.
+    async fn skip(&self, m: &OwnedMessage, reason: &'static str, error: &str) -> Handled {
         let mut labels = self.labels.clone();
         labels.push(("reason".into(), reason.into()));
-        self.ctx
-            .hub
-            .metrics()
-            .kafka_failed
-            .get_or_create(&labels)
-            .inc();
+        let metrics = self.ctx.hub.metrics();
+        metrics.kafka_failed.get_or_create(&labels).inc();
+        let Some(dead_letter) = &self.dead_letter else {
+            return Handled::Done;
+        };
+        let retry = Retry {
+            initial: Duration::from_millis(self.config.retry_initial_ms),
+            max: Duration::from_millis(self.config.retry_max_ms.max(self.config.retry_initial_ms)),
+        };
+        let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+        let consumer = self.config.name();
+        let on_retry = |cause: &str, delay: Duration| {
+            metrics.kafka_retries.get_or_create(&self.labels).inc();
+            tracing::warn!(consumer, topic, partition, offset, dead_letter_topic = %dead_letter.topic, cause, retry_in_ms = delay.as_millis() as u64, "kafka: producing to the dead-letter topic failed; the record waits, uncommitted");
+        };
+        let skipped = Skipped { reason, error };
+        match dead_letter
+            .send(m, &skipped, &retry, &self.stop, on_retry)
+            .await
+        {
+            true => Handled::Done,
+            false => Handled::Stopped,
+        }
     }
 }
 
@@ -712,24 +819,42 @@ mod tests {
     #[test]
     fn records_hold_envelopes_plain_or_wrapped() {
         let env = r#"{"method":"publish","payload":{"channel":"a","data":1}}"#;
-        assert!(parse_record(Some(env.as_bytes())).is_ok());
+        let limits = Limits::default();
+        assert!(parse_record(Some(env.as_bytes()), &limits).is_ok());
         let as_string = serde_json::to_string(env).unwrap();
-        assert!(parse_record(Some(as_string.as_bytes())).is_ok());
+        assert!(parse_record(Some(as_string.as_bytes()), &limits).is_ok());
         let wrapped = format!(r#"{{"schema":{{"type":"string"}},"payload":{as_string}}}"#);
-        assert!(parse_record(Some(wrapped.as_bytes())).is_ok());
+        assert!(parse_record(Some(wrapped.as_bytes()), &limits).is_ok());
         let wrapped = format!(r#"{{"schema":null,"payload":{env}}}"#);
-        assert!(parse_record(Some(wrapped.as_bytes())).is_ok());
+        assert!(parse_record(Some(wrapped.as_bytes()), &limits).is_ok());
     }
 
     #[test]
     fn what_is_not_a_command_is_refused() {
-        let code = |v: Option<&[u8]>| parse_record(v).unwrap_err().error_code();
+        let code = |v: Option<&[u8]>| {
+            parse_record(v, &Limits::default())
+                .unwrap_err()
+                .error_code()
+        };
         assert_eq!(code(None), ErrorCode::BadRequest);
         assert_eq!(code(Some(b"not json")), ErrorCode::BadRequest);
         assert_eq!(code(Some(b"\"text\"")), ErrorCode::BadRequest);
         assert_eq!(
             code(Some(br#"{"method":"delete","payload":{}}"#)),
             ErrorCode::UnknownMethod
+        );
+        let small = Limits {
+            max_api_body_bytes: 30,
+            ..Limits::default()
+        };
+        let big = r#"{"method":"publish","payload":{"channel":"a","data":"0123456789abcdef"}}"#;
+        let wrapped = serde_json::to_string(big).unwrap();
+        assert_eq!(
+            parse_record(Some(wrapped.as_bytes()), &small)
+                .unwrap_err()
+                .error_code(),
+            ErrorCode::LimitExceeded,
+            "the payload inside a wrapper is held to the API's limit"
         );
     }
 
