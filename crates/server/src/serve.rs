@@ -128,7 +128,7 @@ pub async fn run(
         .map_err(anyhow::Error::msg)?;
         verifier = verifier.with_key_set(Arc::new(jwks));
     }
-    if !verifier.has_keys() && !config.allow_anonymous {
+    if !verifier.has_keys() && !config.allow_anonymous && config.proxy.connect_url.is_empty() {
         tracing::warn!("no token keys and no anonymous access: clients cannot connect (set HERALD_TOKEN_HMAC_SECRET or use --dev)");
     }
     let tls = match (&config.tls_cert, &config.tls_key) {

@@ -1,7 +1,12 @@
 //! Calls to the application's backend: one shared HTTP client (connections are pooled and
-//! reused), a deadline per call, and a bounded answer.
+//! reused), at most `proxy.max_connections` calls in flight, a deadline per call, and a bounded
+//! answer.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
 
 use herald_core::config::ProxyConfig;
 use herald_core::proxy::{Hook, Proxy, ProxyError};
@@ -10,6 +15,9 @@ use herald_core::proxy::{Hook, Proxy, ProxyError};
 pub struct HttpProxy {
     client: reqwest::Client,
     config: ProxyConfig,
+    /// One permit per call in flight. An HTTP/1.1 connection carries one call at a time, so
+    /// this also bounds the connections open to the backend (the pool keeps no more idle).
+    in_flight: Arc<Semaphore>,
 }
 
 impl HttpProxy {
@@ -23,11 +31,13 @@ impl HttpProxy {
             // A hook answers itself: a redirect is a misconfigured URL, not an answer.
             .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(config.max_connections)
             .build()
             .map_err(|e| format!("proxy client: {e}"))?;
         Ok(HttpProxy {
             client,
             config: config.clone(),
+            in_flight: Arc::new(Semaphore::new(config.max_connections)),
         })
     }
 
@@ -59,10 +69,22 @@ fn transport_error(e: reqwest::Error) -> ProxyError {
 #[async_trait::async_trait]
 impl Proxy for HttpProxy {
     async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError> {
+        // One deadline for the whole call, the wait for a free connection included.
+        let deadline = Instant::now() + Duration::from_millis(self.config.timeout_ms);
+        let _permit = tokio::time::timeout_at(deadline, self.in_flight.acquire())
+            .await
+            .map_err(|_| {
+                ProxyError::Unavailable(format!(
+                    "timed out: all {} backend connections busy (proxy.max_connections)",
+                    self.config.max_connections
+                ))
+            })?
+            .expect("the semaphore is never closed");
         let max = self.config.max_response_bytes;
         let mut response = self
             .client
             .post(self.url(hook))
+            .timeout(deadline.saturating_duration_since(Instant::now()))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()

@@ -32,6 +32,22 @@ impl Format {
     }
 }
 
+/// The reconnect delay every SSE stream asks for when it opens. A browser's `EventSource` keeps
+/// the last `retry:` it read for every later reconnect, successful or not, so each stream that
+/// opens resets it to this after a drain's shorter hint.
+pub const RETRY_MS: u64 = 2000;
+
+/// The shortest `retry:` a stream's last words ask for. A drain's `after_ms` may be 0; as the
+/// browser keeps it for every later attempt, a node that is down (restarting, not only
+/// draining) would otherwise see each of its clients come back every few milliseconds.
+pub const RETRY_FLOOR_MS: u64 = 1000;
+
+/// The delay a drain tells a one-way stream to come back after: the floor, plus a random part
+/// of the drain window so that the clients of a node do not all return at once.
+pub fn drain_after_ms(drain_ms: u64) -> u64 {
+    RETRY_FLOOR_MS + rand::random_range(0..drain_ms.max(1))
+}
+
 /// Per-connection encoder: knows the requested channels and, for SSE, their positions.
 pub struct Encoder {
     format: Format,
@@ -116,7 +132,7 @@ impl Encoder {
     /// What opens the stream: for SSE the reconnect delay the browser should use.
     pub fn preamble(&self) -> Bytes {
         match self.format {
-            Format::Sse => Bytes::from_static(b"retry: 2000\n\n"),
+            Format::Sse => Bytes::from(format!("retry: {RETRY_MS}\n\n")),
             Format::Ndjson => Bytes::new(),
         }
     }
@@ -254,7 +270,8 @@ impl Encoder {
         }
     }
 
-    /// The last words: a `disconnect` (and for SSE a `retry` with the delay to come back after).
+    /// The last words: a `disconnect` (and for SSE a `retry` with the delay to come back after,
+    /// never under [`RETRY_FLOOR_MS`]).
     pub fn disconnect(&self, req: &CloseRequest, out: &mut BytesMut) {
         let frame = herald_protocol::encode::push_disconnect(req.code, &req.reason, req.after_ms);
         match self.format {
@@ -264,7 +281,7 @@ impl Encoder {
             }
             Format::Sse => {
                 if let Some(after) = req.after_ms {
-                    out.put_slice(format!("retry: {}\n\n", after.max(1)).as_bytes());
+                    out.put_slice(format!("retry: {}\n\n", after.max(RETRY_FLOOR_MS)).as_bytes());
                 }
                 #[derive(Deserialize)]
                 struct Disconnect<'a> {

@@ -6,6 +6,7 @@
 //!
 //! - [`event_id`]: the SSE event id that lets `Last-Event-ID` resume every channel.
 //! - [`format`]: Herald frames → SSE events or NDJSON lines.
+//! - [`refusal`]: the HTTP status and body of a refused `connect`.
 //! - [`run`]: the connection's task, writing into hyper's response body or onto the raw socket.
 //! - [`direct`]: an SSE request that opens its connection, served on the raw socket without
 //!   hyper, so that an idle stream keeps no HTTP connection state (docs/benchmarks.md, "SSE
@@ -14,6 +15,7 @@
 pub mod direct;
 pub mod event_id;
 pub mod format;
+mod refusal;
 pub mod run;
 
 use std::convert::Infallible;
@@ -420,33 +422,11 @@ async fn open(
     };
     let refused = session.handle(connect).await;
     let drained = out.drain();
-    if refused.is_some() {
-        #[derive(Deserialize)]
-        struct Refusal {
-            error: Failure,
-        }
-        #[derive(Deserialize)]
-        struct Failure {
-            code: u16,
-            message: String,
-        }
-        let failure = drained
-            .frames
-            .first()
-            .and_then(|f| serde_json::from_slice::<Refusal>(f).ok())
-            .map(|r| r.error);
-        let (code, message) = failure
-            .map_or((ErrorCode::Unauthorized.as_u16(), "refused".into()), |f| {
-                (f.code, f.message)
-            });
-        let status = if code == ErrorCode::Unauthorized.as_u16()
-            || code == ErrorCode::TokenExpired.as_u16()
-        {
-            StatusCode::UNAUTHORIZED
-        } else {
-            StatusCode::BAD_REQUEST
-        };
-        return Err(error(status, code, &message));
+    if let Some(close) = refused {
+        return Err(refusal::refused(
+            drained.frames.first().map(|f| &f[..]),
+            &close,
+        ));
     }
     let limits = &config.limits;
     if limits.max_connections > 0 && app.ctx.hub.connection_count() > limits.max_connections {

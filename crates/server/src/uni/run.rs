@@ -218,8 +218,9 @@ pub(crate) async fn run(app: Arc<App>, stream: Stream, mut sink: impl Sink) {
             }
             changed = draining.changed() => {
                 if changed.is_ok() && *draining.borrow() {
-                    // Spread reconnects over the drain window, as on WebSocket.
-                    let after_ms = rand::random_range(0..config.drain_ms.max(1));
+                    // Spread reconnects over the drain window, as on WebSocket, past a floor:
+                    // SSE's `retry:` outlives this stream (see `format::drain_after_ms`).
+                    let after_ms = super::format::drain_after_ms(config.drain_ms);
                     out.close(CloseRequest { code: CloseCode::SHUTDOWN, reason: "server shutdown".into(), after_ms: Some(after_ms) });
                 }
             }
