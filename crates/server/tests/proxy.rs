@@ -672,3 +672,269 @@ async fn hooks_across_nodes_on_nats() {
     let nats = herald_testkit::nats::NatsServer::start();
     hooks_work_the_same_on_every_node(&nats.url()).await;
 }
+
+/// Status line, headers (names in lower case) and body of a request refused before streaming,
+/// read by curl.
+async fn http_answer(args: &[&str]) -> (u16, Vec<(String, String)>, Value) {
+    let out = Command::new("curl")
+        .args(["-s", "-i", "--max-time", "5"])
+        .args(args)
+        .output()
+        .await
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n");
+    let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (
+        status,
+        headers,
+        serde_json::from_str(body).unwrap_or(Value::Null),
+    )
+}
+
+/// SSE and NDJSON requests keep the connect hook's answer in their HTTP status and body: a
+/// refusal is its 14xx code's 4xx status, a backend `disconnect` comes back with its code and
+/// reason, a bad answer is 502 and an unavailable backend 503 with `Retry-After`.
+#[tokio::test]
+async fn stream_refusals_keep_the_connect_hooks_answer() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = node(&backend, 300).await;
+    let sse = format!("http://{}/connection/sse?channel=news", node.addr);
+    let stream = format!("http://{}/connection/stream", node.addr);
+    let error = |code: u64, message: &str| json!({"error": {"code": code, "message": message}});
+    let retry_after = |headers: &[(String, String)]| {
+        headers
+            .iter()
+            .find(|(k, _)| k == "retry-after")
+            .map(|(_, v)| v.clone())
+    };
+
+    let (status, headers, body) = http_answer(&[&sse]).await;
+    assert_eq!((status, &body), (401, &error(1401, "not logged in")));
+    assert_eq!(retry_after(&headers), None);
+    let (status, _, body) = http_answer(&["-H", "Cookie: sessionid=banned", &sse]).await;
+    assert_eq!((status, &body), (403, &error(4601, "banned")));
+    let (status, _, body) = http_answer(&["-X", "POST", "-d", "{}", &stream]).await;
+    assert_eq!((status, &body), (401, &error(1401, "not logged in")));
+    let bad = r#"{"data": {"mode": "garbage"}}"#;
+    let (status, _, body) = http_answer(&["-X", "POST", "-d", bad, &stream]).await;
+    assert_eq!((status, &body), (502, &error(100, "internal error")));
+    let slow = r#"{"data": {"mode": "slow"}}"#;
+    let (status, headers, body) = http_answer(&["-X", "POST", "-d", slow, &stream]).await;
+    assert_eq!((status, &body), (503, &error(112, "backend unavailable")));
+    assert_eq!(retry_after(&headers).as_deref(), Some("2"));
+}
+
+/// A minimal HTTP/1.1 backend on a real listener: every request is a connect hook allowed after
+/// `delay`. It counts the TCP connections it accepted, the most open at once (a connection the
+/// node closes, even while its request waits, is noticed at once), and the most requests it was
+/// answering at once.
+struct CountingBackend {
+    port: u16,
+    counts: std::sync::Arc<Counts>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+struct Counts {
+    accepted: std::sync::atomic::AtomicUsize,
+    open: Gauge,
+    in_flight: Gauge,
+}
+
+/// A number that goes up and down, and the highest it reached.
+#[derive(Default)]
+struct Gauge {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+}
+
+impl Gauge {
+    fn up(&self) {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.now.fetch_add(1, SeqCst) + 1;
+        self.most.fetch_max(now, SeqCst);
+    }
+
+    fn down(&self) {
+        self.now.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn most(&self) -> usize {
+        self.most.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// One connection of a [`CountingBackend`], until the node closes it.
+async fn counting_connection(mut tcp: tokio::net::TcpStream, delay: Duration, counts: &Counts) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        // One request: the head, then Content-Length bytes of body.
+        let complete = |seen: &[u8]| {
+            let at = seen.windows(4).position(|w| w == b"\r\n\r\n")?;
+            let head = String::from_utf8_lossy(&seen[..at]).to_lowercase();
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            (seen.len() >= at + 4 + length).then_some(at + 4 + length)
+        };
+        let end = loop {
+            if let Some(end) = complete(&seen) {
+                break end;
+            }
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        };
+        seen.drain(..end);
+        // Wait, but notice a node that gives up and closes the connection meanwhile.
+        counts.in_flight.up();
+        let gone = tokio::select! {
+            _ = tokio::time::sleep(delay) => false,
+            read = tcp.read(&mut buf) => match read {
+                Ok(0) | Err(_) => true,
+                Ok(n) => {
+                    seen.extend_from_slice(&buf[..n]);
+                    false
+                }
+            },
+        };
+        counts.in_flight.down();
+        if gone {
+            return;
+        }
+        let body = r#"{"result": {"user": "u"}}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if tcp.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
+
+impl CountingBackend {
+    async fn start(delay: Duration) -> CountingBackend {
+        use std::sync::atomic::Ordering;
+        use std::sync::Arc;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let counts = Arc::new(Counts::default());
+        let c = counts.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                c.accepted.fetch_add(1, Ordering::SeqCst);
+                c.open.up();
+                let c = c.clone();
+                tokio::spawn(async move {
+                    counting_connection(tcp, delay, &c).await;
+                    c.open.down();
+                });
+            }
+        });
+        CountingBackend {
+            port,
+            counts,
+            _task: task,
+        }
+    }
+
+    /// (connections accepted, most open at once, most requests answered at once)
+    fn counts(&self) -> (usize, usize, usize) {
+        let c = &self.counts;
+        (
+            c.accepted.load(std::sync::atomic::Ordering::SeqCst),
+            c.open.most(),
+            c.in_flight.most(),
+        )
+    }
+}
+
+/// `proxy.max_connections` bounds the calls in flight to the backend, and so the connections a
+/// node opens to it: 400 connects at once all succeed with at most 8 calls at a time, through a
+/// handful of connections (a finished call's connection goes back to the pool a moment after its
+/// answer, so a burst may open a few more than 8; the pool keeps at most 8 idle). With a backend
+/// slower than `timeout_ms`, the connects waiting for a free call fail with 112 in bounded time.
+#[tokio::test]
+async fn backend_connections_are_capped() {
+    const CAP: usize = 8;
+    const CLIENTS: usize = 400;
+    let backend = CountingBackend::start(Duration::from_millis(10)).await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!(
+            "[proxy]\nconnect_url = \"http://127.0.0.1:{}/connect\"\ntimeout_ms = 20000\n\
+             max_connections = {CAP}\n",
+            backend.port
+        ),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    let connects = (0..CLIENTS).map(|_| {
+        let addr = node.addr;
+        tokio::spawn(async move {
+            let mut c = Client::open(addr, &[]).await;
+            c.call("connect", json!({})).await
+        })
+    });
+    let replies = tokio::time::timeout(
+        Duration::from_secs(60),
+        futures_util::future::join_all(connects),
+    )
+    .await
+    .expect("400 connects within 60 s");
+    for r in replies {
+        let r = r.unwrap();
+        assert!(r.get("connect").is_some(), "{r}");
+    }
+    let (accepted, open, calls) = backend.counts();
+    assert!(
+        calls <= CAP && open <= 2 * CAP && accepted <= 2 * CAP,
+        "{calls} calls at once, {open} connections open at once, {accepted} in all; cap {CAP}"
+    );
+
+    // A backend slower than the timeout: the calls past the cap wait, then fail with 112.
+    let slow = CountingBackend::start(Duration::from_secs(5)).await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!(
+            "[proxy]\nconnect_url = \"http://127.0.0.1:{}/connect\"\ntimeout_ms = 500\n\
+             max_connections = {CAP}\n",
+            slow.port
+        ),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    let started = Instant::now();
+    let connects = (0..3 * CAP).map(|_| {
+        let addr = node.addr;
+        tokio::spawn(async move {
+            let mut c = Client::open(addr, &[]).await;
+            c.call("connect", json!({})).await
+        })
+    });
+    for r in futures_util::future::join_all(connects).await {
+        let r = r.unwrap();
+        assert_eq!(r["error"]["code"], 112, "{r}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(slow);
+}

@@ -441,3 +441,46 @@ async fn sse_is_the_same_on_a_fresh_and_on_a_kept_alive_connection() {
     }
     assert_eq!(open, 0.0, "streams still open after their clients left");
 }
+
+/// A drain's `retry:` outlives the stream (`EventSource` keeps the last one for every later
+/// reconnect): it is never tiny, even with a short drain window, and it matches the
+/// `disconnect` event's `after_ms`; the next stream that opens puts the normal delay back.
+#[tokio::test]
+async fn a_drain_retry_has_a_floor_and_the_next_stream_resets_it() {
+    const DRAIN_MS: u64 = 100;
+    for _ in 0..3 {
+        let drain = DRAIN_MS.to_string();
+        let node = Node::start(&["--dev"], &[("HERALD_DRAIN_MS", drain.as_str())]).await;
+        let mut reader = Curl::sse(&node, "channel=news", None);
+        assert_eq!(reader.line().await.as_deref(), Some("retry: 2000"));
+        reader.named("connected").await;
+        node.sigterm();
+        let mut lines = Vec::new();
+        while let Some(line) = reader.line().await {
+            lines.push(line);
+        }
+        let retries: Vec<u64> = lines
+            .iter()
+            .filter_map(|l| l.strip_prefix("retry: "))
+            .map(|r| r.parse().unwrap())
+            .collect();
+        let [retry] = retries[..] else {
+            panic!("one retry hint in {lines:?}")
+        };
+        assert!(
+            (1000..1000 + DRAIN_MS).contains(&retry),
+            "retry {retry} outside [1000, {})",
+            1000 + DRAIN_MS
+        );
+        let at = lines
+            .iter()
+            .position(|l| l == "event: disconnect")
+            .expect("disconnect event");
+        let d: Value = serde_json::from_str(lines[at + 1].strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(d["after_ms"].as_u64(), Some(retry), "{d}");
+    }
+    // The stream a browser opens next (here on another node) asks for the normal delay again.
+    let node = Node::dev().await;
+    let mut reader = Curl::sse(&node, "channel=news", None);
+    assert_eq!(reader.line().await.as_deref(), Some("retry: 2000"));
+}
