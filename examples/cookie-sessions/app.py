@@ -1,13 +1,18 @@
 """A web application with cookie sessions that plugs into Herald through its proxy hooks.
 
 It stands for the Django / Rails / Laravel app of a real deployment, in Python's standard library
-only (nothing to install):
+only (nothing to install). It listens twice:
 
+The public app (--port), for browsers:
 - GET /            the chat page (index.html) for a signed-in user, the sign-in form otherwise
 - POST /login      sign in with a name: sets the `sessionid` cookie (HttpOnly; the page's script
                    never sees it, the browser sends it on the WebSocket upgrade to Herald)
-- POST /logout     ends the session
+- POST /logout     ends the session and has Herald close that session's connections
+                   (POST /api/disconnect with the client ids the connect hook saw)
 - GET /herald.js   the Herald SDK's browser bundle
+
+Herald's proxy hooks (--hook-port), on 127.0.0.1 only: the hooks trust what Herald tells them
+(which user a connection is), so only Herald may reach them; the public port answers 404 there.
 - POST /herald/connect     connect proxy: the session cookie says who it is, or error 1401
 - POST /herald/subscribe   subscribe proxy: `room:*` for signed-in users, `room:staff` only for
                            staff (error 1403)
@@ -16,8 +21,9 @@ only (nothing to install):
 - POST /herald/rpc         rpc proxy: `whoami`, `stats`
 
 Run it with ./run.sh (app and Herald together), or:
-  HERALD_WS=ws://127.0.0.1:8000/ws python3 app.py --port 8080
-It prints "listening PORT" once it accepts connections.
+  HERALD_WS=ws://127.0.0.1:8100/ws HERALD_API=http://127.0.0.1:8100 HERALD_API_KEY=… \
+    python3 app.py --port 8080 --hook-port 8081
+It prints "listening PORT HOOK_PORT" once it accepts connections on both (0 picks free ports).
 """
 
 import argparse
@@ -25,8 +31,10 @@ import html
 import json
 import os
 import secrets
+import sys
 import threading
 import time
+import urllib.request
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -36,6 +44,7 @@ STAFF = {"admin"}
 FILTERED = {"darn": "****", "heck": "****"}
 
 sessions = {}  # sessionid -> user name
+session_clients = {}  # sessionid -> Herald client ids the connect hook admitted for it
 messages_published = 0
 lock = threading.Lock()
 
@@ -47,7 +56,7 @@ def rewrite(text):
 
 class App(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    herald_ws = "ws://127.0.0.1:8000/ws"
+    herald_ws = "ws://127.0.0.1:8100/ws"
 
     def log_message(self, fmt, *args):
         pass
@@ -91,9 +100,6 @@ class App(BaseHTTPRequestHandler):
         self.send(200, page, "text/html; charset=utf-8")
 
     def do_POST(self):
-        if self.path.startswith("/herald/"):
-            req = json.loads(self.body() or b"{}")
-            return getattr(self, "hook_" + self.path[len("/herald/"):])(req)
         form = dict(p.split("=", 1) for p in self.body().decode().split("&") if "=" in p)
         if self.path == "/login":
             name = form.get("name", "").strip().lower()
@@ -106,14 +112,37 @@ class App(BaseHTTPRequestHandler):
         if self.path == "/logout":
             cookie = SimpleCookie(self.headers.get("Cookie", ""))
             if "sessionid" in cookie:
-                sessions.pop(cookie["sessionid"].value, None)
+                sid = cookie["sessionid"].value
+                with lock:
+                    sessions.pop(sid, None)
+                    clients = session_clients.pop(sid, set())
+                # The session is over: so are the connections it opened (in every tab), not
+                # only the one of the page that navigates away now.
+                for client in clients:
+                    herald_api("/api/disconnect", {"client": client})
             return self.send(303, "", "text/plain", [("Location", "/")])
         self.send(404, "not found", "text/plain")
 
-    # -- Herald's proxy hooks (docs/proxy.md) -----------------------------------------------
+
+class Hooks(App):
+    """Herald's proxy hooks (docs/proxy.md), on the loopback-only hook port."""
+
+    def do_GET(self):
+        self.send(404, "not found", "text/plain")
+
+    def do_POST(self):
+        name = self.path[len("/herald/"):] if self.path.startswith("/herald/") else ""
+        hook = getattr(self, "hook_" + name, None)
+        if hook is None:
+            return self.send(404, "not found", "text/plain")
+        hook(json.loads(self.body() or b"{}"))
 
     def hook_connect(self, req):
-        user = sessions.get(req.get("cookies", {}).get("sessionid", ""))
+        sid = req.get("cookies", {}).get("sessionid", "")
+        with lock:
+            user = sessions.get(sid)
+            if user is not None:
+                session_clients.setdefault(sid, set()).add(req["client"])
         if user is None:
             return self.json({"error": {"code": 1401, "message": "sign in first"}})
         self.json({"result": {
@@ -167,15 +196,42 @@ LOGIN = """<!doctype html>
 """
 
 
+def herald_api(path, body):
+    """Call Herald's server API (HERALD_API, HERALD_API_KEY); a failure is reported, not raised:
+    the user is signed out either way."""
+    base = os.environ.get("HERALD_API", "")
+    if not base:
+        return
+    request = urllib.request.Request(
+        base + path,
+        data=json.dumps(body).encode(),
+        headers={
+            "Authorization": "Bearer " + os.environ.get("HERALD_API_KEY", ""),
+            "Content-Type": "application/json",
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            answer.read()
+    except OSError as e:
+        print(f"herald {path} failed: {e}", file=sys.stderr, flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, default=8080)
+    parser.add_argument("--port", type=int, default=8080, help="the public app (0: a free port)")
+    parser.add_argument("--hook-port", type=int, default=8081,
+                        help="Herald's hooks, on 127.0.0.1 only (0: a free port)")
     args = parser.parse_args()
     App.herald_ws = os.environ.get("HERALD_WS", App.herald_ws)
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), App)
-    server.daemon_threads = True
-    print("listening", server.server_address[1], flush=True)
-    server.serve_forever()
+    servers = []
+    for handler, port in ((App, args.port), (Hooks, args.hook_port)):
+        server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+        server.daemon_threads = True
+        servers.append(server)
+    print("listening", *(s.server_address[1] for s in servers), flush=True)
+    threading.Thread(target=servers[1].serve_forever, daemon=True).start()
+    servers[0].serve_forever()
 
 
 if __name__ == "__main__":

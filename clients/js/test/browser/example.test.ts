@@ -25,7 +25,7 @@ let configDir: string | undefined;
 
 beforeAll(async () => {
   const heraldPort = await freePort();
-  app = spawn('python3', [join(exampleDir, 'app.py'), '--port', '0'], {
+  app = spawn('python3', [join(exampleDir, 'app.py'), '--port', '0', '--hook-port', '0'], {
     env: { ...process.env, HERALD_WS: `ws://127.0.0.1:${heraldPort}/ws` },
     stdio: ['ignore', 'pipe', 'inherit'],
   });
@@ -33,13 +33,14 @@ beforeAll(async () => {
     createInterface({ input: app.stdout as NodeJS.ReadableStream }).once('line', ok);
     app.once('exit', () => fail(new Error('example app exited')));
   });
-  appPort = Number(line.replace('listening ', ''));
-  // The example's own config, pointed at this run's app port.
+  const [, publicPort, hookPort] = line.split(' ');
+  appPort = Number(publicPort);
+  // The example's own config, pointed at this run's hook port.
   configDir = mkdtempSync(join(tmpdir(), 'herald-example-'));
   const config = join(configDir, 'herald.toml');
   const toml = readFileSync(join(exampleDir, 'herald.toml'), 'utf8').replaceAll(
-    '127.0.0.1:8080',
-    `127.0.0.1:${appPort}`,
+    '127.0.0.1:8081',
+    `127.0.0.1:${hookPort}`,
   );
   writeFileSync(config, toml);
   server = await HeraldServer.start(inject('heraldBin'), { port: heraldPort, args: ['--config', config] });
