@@ -202,11 +202,11 @@ async fn subprotocol_negotiation() {
 /// A node where anonymous clients subscribe to and publish on any channel, with history and
 /// without presence; keep the config file as long as the node.
 async fn open_node() -> (Node, ConfigFile) {
-    open_node_on(None).await
+    open_node_on(None, &[]).await
 }
 
 /// [`open_node`] on a broker (`broker_url`), or in memory.
-async fn open_node_on(broker_url: Option<&str>) -> (Node, ConfigFile) {
+async fn open_node_on(broker_url: Option<&str>, env: &[(&str, &str)]) -> (Node, ConfigFile) {
     let broker = broker_url
         .map(|url| format!("broker_url = \"{url}\"\n"))
         .unwrap_or_default();
@@ -226,7 +226,7 @@ async fn open_node_on(broker_url: Option<&str>) -> (Node, ConfigFile) {
         "#
         ),
     );
-    let node = Node::start(&["--config", &cfg], &[]).await;
+    let node = Node::start(&["--config", &cfg], env).await;
     (node, cfg)
 }
 
@@ -292,7 +292,7 @@ async fn broadcasts_to_many_channels_reach_every_subscriber_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broadcasts_through_redis_reach_every_subscriber_in_order() {
     let redis = RedisServer::start();
-    let (node, _cfg) = open_node_on(Some(&redis.url())).await;
+    let (node, _cfg) = open_node_on(Some(&redis.url()), &[]).await;
     broadcasts_reach_every_subscriber_in_order(&node).await;
 }
 
@@ -306,7 +306,13 @@ async fn a_broadcast_while_redis_is_down_fails_each_channel_and_its_retry_comple
         persistent: true,
         ..RedisOptions::default()
     });
-    let (node, _cfg) = open_node_on(Some(&redis.url())).await;
+    let (node, _cfg) = open_node_on(
+        Some(&redis.url()),
+        // This Redis keeps every write (appendfsync always): its operator may declare it, and
+        // the restart then keeps the channel's epoch.
+        &[("HERALD_REDIS__SYNCHRONOUS_PERSISTENCE", "true")],
+    )
+    .await;
     let channels: Vec<String> = (0..150).map(|i| format!("down{i}")).collect();
     let mut client = node.connected(&["down0", "down149"]).await;
     let body = json!({"channels": channels, "data": "hi", "idempotency_key": "b-1"});

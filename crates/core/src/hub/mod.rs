@@ -37,6 +37,7 @@
 //! - [`connections`]: the client registry the HTTP API acts through;
 //! - [`subscriptions`]: subscribe (pending → live) and unsubscribe;
 //! - [`fanout`]: in-order delivery, gap catch-up and losing a channel;
+//! - [`membership`]: presence and the join/leave pushes, for every protocol;
 //! - [`tail`]: the periodic tail check;
 //! - [`control`]: control messages between nodes and node liveness.
 
@@ -64,6 +65,7 @@ use crate::recovery::{decide, SubscribeResult};
 mod connections;
 mod control;
 mod fanout;
+mod membership;
 mod subscriptions;
 mod tail;
 

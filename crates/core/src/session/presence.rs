@@ -50,8 +50,7 @@ impl Session {
         let clients = self
             .ctx
             .hub
-            .broker()
-            .presence(&p.channel)
+            .members(&p.channel)
             .await
             .map_err(broker_error)?;
         Ok(reply(id, "presence", &PresenceReply::from(&clients[..])))

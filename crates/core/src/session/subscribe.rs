@@ -98,16 +98,7 @@ impl Session {
             return;
         };
         if ns.presence {
-            let who = conn.who();
-            let broker = self.ctx.hub.broker();
-            if let Err(e) = broker.add_presence(channel, &who).await {
-                tracing::warn!(channel, cause = %e, "presence not recorded");
-            }
-            if ns.join_leave {
-                if let Err(e) = broker.publish_presence_change(channel, true, &who).await {
-                    tracing::warn!(channel, cause = %e, "join not published");
-                }
-            }
+            self.ctx.hub.join(channel, &conn.who(), ns.join_leave).await;
         }
     }
 
@@ -188,18 +179,10 @@ impl Session {
         conn.proxied_subs.remove(channel);
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
-            let broker = self.ctx.hub.broker();
-            if let Err(e) = broker.remove_presence(channel, &conn.client).await {
-                tracing::warn!(channel, cause = %e, "presence not removed");
-            }
-            if ns.join_leave {
-                if let Err(e) = broker
-                    .publish_presence_change(channel, false, &conn.who())
-                    .await
-                {
-                    tracing::warn!(channel, cause = %e, "leave not published");
-                }
-            }
+            self.ctx
+                .hub
+                .leave(channel, &conn.who(), ns.join_leave)
+                .await;
         }
         true
     }
