@@ -4,12 +4,16 @@
 
 mod common;
 
+use std::net::Ipv4Addr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::TcpSocket;
 
 const PASSWORD: &str = "admin-pw";
 
@@ -22,7 +26,26 @@ async fn request(
     headers: &[(&str, &str)],
     body: Option<Value>,
 ) -> (u16, Vec<(String, String)>, Value) {
-    let mut stream = TcpStream::connect(node.addr).await.expect("connect");
+    request_from(Ipv4Addr::LOCALHOST, node, method, path, headers, body).await
+}
+
+/// [`request`] from the source address `from` (any 127.x.y.z is this machine).
+async fn request_from(
+    from: Ipv4Addr,
+    node: &Node,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<Value>,
+) -> (u16, Vec<(String, String)>, Value) {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind((from, 0).into())
+        .expect("bind the source address");
+    let mut stream = tokio::time::timeout(Duration::from_secs(10), socket.connect(node.addr))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let extra: String = headers
         .iter()
@@ -530,4 +553,177 @@ async fn cluster_view_covers_every_node(url: &str) {
         "{found}"
     );
     assert_eq!(found["missing"], json!([]));
+}
+
+/// An admin node whose stderr (its log) is collected: the node, its process (killed on drop) and
+/// the log so far.
+async fn admin_node_with_log(
+    extra_env: &[(&str, &str)],
+) -> (Node, tokio::process::Child, Arc<Mutex<String>>) {
+    let mut cmd = tokio::process::Command::new(herald_bin());
+    cmd.args(["serve", "--dev", "--port", "0"]);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("HERALD_") {
+            cmd.env_remove(k);
+        }
+    }
+    cmd.env("HERALD_API_KEY", API_KEY)
+        .env("HERALD_ADMIN__ENABLED", "true")
+        .env("HERALD_ADMIN__PASSWORD", PASSWORD)
+        .env("RUST_LOG", "info")
+        .envs(extra_env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn herald");
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut err = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let into = log.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = err.next_line().await {
+            let mut log = into.lock().unwrap();
+            log.push_str(&line);
+            log.push('\n');
+        }
+    });
+    let mut out = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let line = tokio::time::timeout(Duration::from_secs(15), out.next_line())
+        .await
+        .expect("herald did not start in time")
+        .expect("read stdout")
+        .expect("herald exited before listening");
+    tokio::spawn(async move { while let Ok(Some(_)) = out.next_line().await {} });
+    let addr = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|u| u.strip_prefix("http://"))
+        .expect("listening line")
+        .parse()
+        .expect("address");
+    (Node::attach("admin", addr), child, log)
+}
+
+async fn login_from(node: &Node, from: Ipv4Addr, password: &str) -> (u16, Option<u64>) {
+    let (status, headers, _) = request_from(
+        from,
+        node,
+        "POST",
+        "/admin/login",
+        &[],
+        Some(json!({ "password": password })),
+    )
+    .await;
+    let retry = header(&headers, "retry-after").map(|v| v.parse().expect("Retry-After secs"));
+    (status, retry)
+}
+
+/// The sum of `key=N` over the log's summary lines of failed logins, and how many there are.
+fn summaries(log: &str, key: &str) -> (u64, usize) {
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("failed logins"))
+        .collect();
+    let sum = lines
+        .iter()
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix(key)))
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum();
+    (sum, lines.len())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_logins_are_limited_per_source_and_overall() {
+    const WINDOW: u64 = 5;
+    let (node, _process, log) = admin_node_with_log(&[
+        ("HERALD_ADMIN__MAX_FAILED_LOGINS_PER_IP", "5"),
+        ("HERALD_ADMIN__MAX_FAILED_LOGINS", "8"),
+        ("HERALD_ADMIN__LOGIN_WINDOW_S", "5"),
+    ])
+    .await;
+    let a = Ipv4Addr::new(127, 0, 0, 1);
+    let elsewhere = Ipv4Addr::new(127, 0, 0, 9);
+    let started = Instant::now();
+
+    // 100 guesses at once from one address: only 5 are compared with the password.
+    let guesses = (0..100).map(|i| {
+        let node = &node;
+        async move { login_from(node, a, &format!("guess-{i}")).await }
+    });
+    let answers = futures_util::future::join_all(guesses).await;
+    let compared = answers.iter().filter(|(s, _)| *s == 401).count();
+    let limited: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!(compared, 5, "guesses compared: {answers:?}");
+    assert_eq!(limited.len(), 95, "{answers:?}");
+    assert!(limited
+        .iter()
+        .all(|(_, retry)| retry.is_some_and(|r| (1..=WINDOW).contains(&r))));
+    // That address is locked, the correct password included; another one is not.
+    assert_eq!(login_from(&node, a, PASSWORD).await.0, 429);
+    assert_eq!(login_from(&node, elsewhere, PASSWORD).await.0, 200);
+
+    // Guesses from three more addresses reach the overall limit (8) after 3 more.
+    let spread = (0..15).map(|i| {
+        let node = &node;
+        let from = Ipv4Addr::new(127, 0, 0, 2 + (i % 3) as u8);
+        async move { login_from(node, from, &format!("guess-b{i}")).await }
+    });
+    let answers = futures_util::future::join_all(spread).await;
+    assert_eq!(
+        answers.iter().filter(|(s, _)| *s == 401).count(),
+        3,
+        "{answers:?}"
+    );
+    // Now the correct password is refused from anywhere, as a login or a bearer token.
+    let (status, retry) = login_from(&node, elsewhere, PASSWORD).await;
+    assert_eq!(status, 429, "a correct password does not lift the lockout");
+    let (status, headers, reply) = request_from(
+        elsewhere,
+        &node,
+        "GET",
+        "/admin/api/overview",
+        &[("Authorization", &format!("Bearer {PASSWORD}"))],
+        None,
+    )
+    .await;
+    assert_eq!(status, 429, "{reply}");
+    assert!(header(&headers, "retry-after").is_some());
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("too many failed logins, retry after")),
+        "{reply}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(WINDOW),
+        "the test ran past the window ({:?}); its counts are meaningless",
+        started.elapsed()
+    );
+
+    // After Retry-After, the correct password works again, from the locked address too.
+    let retry = retry.expect("Retry-After");
+    tokio::time::sleep(Duration::from_millis(retry * 1000 + 200)).await;
+    assert_eq!(login_from(&node, elsewhere, PASSWORD).await.0, 200);
+    assert_eq!(login_from(&node, a, PASSWORD).await.0, 200);
+
+    // The log: a summary per window, not a line per failure, and never a password.
+    let deadline = Instant::now() + Duration::from_secs(3 * WINDOW);
+    let logged = |key| summaries(&log.lock().unwrap(), key).0;
+    while logged("failed=") < 8 || logged("refused=") < 110 {
+        assert!(
+            Instant::now() < deadline,
+            "no summary of the 8 failures and 110 refusals logged: {}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = log.lock().unwrap().clone();
+    let (failed, lines) = summaries(&log, "failed=");
+    assert_eq!(failed, 8, "{log}");
+    assert!(lines <= 3, "one line per window, not per failure: {log}");
+    // 95 + 1 from the first address, 12 from the others, 2 with the correct password.
+    assert_eq!(summaries(&log, "refused=").0, 110, "{log}");
+    assert!(
+        !log.contains("guess-") && !log.contains(PASSWORD),
+        "a password reached the log: {log}"
+    );
 }

@@ -9,7 +9,8 @@
 //! carries an `Origin` other than the node's own is refused.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use herald_protocol::ErrorCode;
@@ -17,6 +18,7 @@ use hyper::header::{self, HeaderMap};
 use hyper::StatusCode;
 use serde::Deserialize;
 
+use super::limit::{Locked, LoginLimit};
 use crate::api::ApiError;
 
 /// The session cookie's name.
@@ -41,6 +43,15 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// How long a login lasts, in seconds (default 12 hours).
     pub session_ttl_s: Option<u64>,
+    /// Failed logins (or bearer tokens) one source address may make per window before it is
+    /// refused until the window ends (default 10).
+    pub max_failed_logins_per_ip: Option<u32>,
+    /// Failed logins from all sources together per window before every login is refused, a
+    /// correct password included, until the window ends (default 30).
+    pub max_failed_logins: Option<u32>,
+    /// The window of both limits, in seconds, from the first failure counted (default 60); also
+    /// how often a summary of failed logins is logged.
+    pub login_window_s: Option<u64>,
 }
 
 /// Numbers from the environment arrive as numbers; a password is text either way.
@@ -73,6 +84,21 @@ pub enum Caller {
     Session,
 }
 
+/// Why a call is refused.
+#[derive(Debug)]
+pub enum Denied {
+    /// Wrong or missing credentials, another origin, a missing CSRF token.
+    Error(ApiError),
+    /// Too many failed logins: refused without a look at the credentials (429, `Retry-After`).
+    Locked(Locked),
+}
+
+impl From<ApiError> for Denied {
+    fn from(e: ApiError) -> Self {
+        Denied::Error(e)
+    }
+}
+
 struct Session {
     csrf: String,
     expires: Instant,
@@ -87,6 +113,8 @@ pub struct AdminAuth {
     session_ttl: Duration,
     secure_cookie: bool,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Failed logins and bearer tokens, per source and overall.
+    pub limit: Arc<LoginLimit>,
 }
 
 impl AdminAuth {
@@ -118,6 +146,11 @@ impl AdminAuth {
             session_ttl: Duration::from_secs(cfg.session_ttl_s.unwrap_or(12 * 3600).max(1)),
             secure_cookie: tls,
             sessions: Mutex::default(),
+            limit: Arc::new(LoginLimit::new(
+                cfg.max_failed_logins_per_ip.unwrap_or(10),
+                cfg.max_failed_logins.unwrap_or(30),
+                Duration::from_secs(cfg.login_window_s.unwrap_or(60)),
+            )),
         })
     }
 
@@ -126,12 +159,15 @@ impl AdminAuth {
         !self.open
     }
 
-    /// A new session for a correct password: (session id, CSRF token).
-    pub fn login(&self, given: &str) -> Option<(String, String)> {
+    /// A new session for a correct password from `source`: (session id, CSRF token); `None`
+    /// for a wrong one, `Err` while the login limit refuses `source`.
+    pub fn login(&self, source: IpAddr, given: &str) -> Result<Option<(String, String)>, Locked> {
         // The token is for scripts (bearer only); a browser logs in with the password.
-        let ok = self.open || self.password.as_deref().is_some_and(|p| same(p, given));
+        let ok = self.limit.attempt(source, Instant::now(), || {
+            self.open || self.password.as_deref().is_some_and(|p| same(p, given))
+        })?;
         if !ok {
-            return None;
+            return Ok(None);
         }
         let sid = random_token();
         let csrf = random_token();
@@ -154,7 +190,7 @@ impl AdminAuth {
                 expires: now + self.session_ttl,
             },
         );
-        Some((sid, csrf))
+        Ok(Some((sid, csrf)))
     }
 
     /// Forget the session of this request's cookie.
@@ -188,27 +224,40 @@ impl AdminAuth {
         format!("{COOKIE}=; Path=/admin; HttpOnly; SameSite=Strict; Max-Age=0")
     }
 
-    /// Authenticate an admin API call; `changes_state` calls from a browser session must carry
-    /// the session's CSRF token.
-    pub fn check(&self, headers: &HeaderMap, changes_state: bool) -> Result<Caller, ApiError> {
+    /// Authenticate an admin API call from `source`; `changes_state` calls from a browser session
+    /// must carry the session's CSRF token. A bearer token is a guess like a login's password:
+    /// it counts against the same limit.
+    pub fn check(
+        &self,
+        headers: &HeaderMap,
+        source: IpAddr,
+        changes_state: bool,
+    ) -> Result<Caller, Denied> {
         same_origin(headers)?;
         if let Some(given) = bearer(headers) {
-            let ok = self.password.as_deref().is_some_and(|p| same(p, given))
-                || self.token.as_deref().is_some_and(|t| same(t, given));
+            let ok = self
+                .limit
+                .attempt(source, Instant::now(), || {
+                    self.password.as_deref().is_some_and(|p| same(p, given))
+                        || self.token.as_deref().is_some_and(|t| same(t, given))
+                })
+                .map_err(Denied::Locked)?;
             return if ok {
                 Ok(Caller::Bearer)
             } else {
                 Err(ApiError::code(
                     ErrorCode::Unauthorized,
                     "wrong admin token (the client API key does not open the admin API)",
-                ))
+                )
+                .into())
             };
         }
         let Some(csrf) = self.session_csrf(headers) else {
             return Err(ApiError::code(
                 ErrorCode::Unauthorized,
                 "log in first (POST /admin/login) or send Authorization: Bearer <admin token>",
-            ));
+            )
+            .into());
         };
         if changes_state {
             let echoed = headers
@@ -219,7 +268,8 @@ impl AdminAuth {
                 return Err(ApiError::code(
                     ErrorCode::PermissionDenied,
                     "missing or wrong X-Herald-CSRF header",
-                ));
+                )
+                .into());
             }
         }
         Ok(Caller::Session)
@@ -287,41 +337,46 @@ mod tests {
         AdminAuth::new(&cfg, false, Some("apikey"), false).unwrap()
     }
 
+    const IP: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
     #[test]
     fn sessions_need_csrf_for_changes_and_api_key_never_works() {
         let a = auth();
-        assert!(a.login("wrong").is_none());
+        assert!(a.login(IP, "wrong").unwrap().is_none());
         let with_token = AdminConfig {
             token: Some("tk".into()),
             ..AdminConfig::default()
         };
         let t = AdminAuth::new(&with_token, false, None, false).unwrap();
-        assert!(t.login("tk").is_none(), "the token is not a login password");
-        assert!(t.login("").is_none());
-        let (sid, csrf) = a.login("pw").unwrap();
+        assert!(
+            t.login(IP, "tk").unwrap().is_none(),
+            "the token is not a login password"
+        );
+        assert!(t.login(IP, "").unwrap().is_none());
+        let (sid, csrf) = a.login(IP, "pw").unwrap().unwrap();
         let mut h = HeaderMap::new();
         h.insert(
             header::COOKIE,
             HeaderValue::from_str(&format!("x=1; {COOKIE}={sid}")).unwrap(),
         );
-        assert_eq!(a.check(&h, false).unwrap(), Caller::Session);
-        assert!(a.check(&h, true).is_err(), "no CSRF header");
+        assert_eq!(a.check(&h, IP, false).unwrap(), Caller::Session);
+        assert!(a.check(&h, IP, true).is_err(), "no CSRF header");
         h.insert(CSRF_HEADER, HeaderValue::from_str(&csrf).unwrap());
-        assert!(a.check(&h, true).is_ok());
+        assert!(a.check(&h, IP, true).is_ok());
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8000"));
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("http://evil.example"),
         );
-        assert!(a.check(&h, true).is_err(), "other origin");
+        assert!(a.check(&h, IP, true).is_err(), "other origin");
         let mut k = HeaderMap::new();
         k.insert(
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer apikey"),
         );
-        assert!(a.check(&k, false).is_err(), "client API key");
+        assert!(a.check(&k, IP, false).is_err(), "client API key");
         k.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer pw"));
-        assert_eq!(a.check(&k, true).unwrap(), Caller::Bearer);
+        assert_eq!(a.check(&k, IP, true).unwrap(), Caller::Bearer);
     }
 
     #[test]
@@ -330,7 +385,8 @@ mod tests {
         assert!(AdminAuth::new(&none, false, None, false).is_err());
         assert!(AdminAuth::new(&none, true, None, false)
             .unwrap()
-            .login("")
+            .login(IP, "")
+            .unwrap()
             .is_some());
         let same_as_key = AdminConfig {
             password: Some("k".into()),

@@ -3,6 +3,7 @@
 //! JSON API it calls. Off unless `[admin] enabled` or `--dev`.
 //!
 //! - [`auth`]: the admin password, login sessions, CSRF tokens and the `Origin` check.
+//! - [`limit`]: how many failed logins a source, and all sources, may make per window.
 //! - [`cluster`]: every node's stats snapshot, shared through a broker presence set.
 //! - [`api`]: the JSON endpoints under `/admin/api/`.
 //!
@@ -12,7 +13,9 @@
 pub mod api;
 pub mod auth;
 pub mod cluster;
+pub mod limit;
 
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -26,9 +29,11 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::{body, error, ApiError};
+use crate::guard::PeerAddr;
 use crate::http::{json, App, HttpResponse};
-use auth::{AdminAuth, AdminConfig};
+use auth::{AdminAuth, AdminConfig, Denied};
 use cluster::Cluster;
+use limit::Locked;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
@@ -62,9 +67,10 @@ impl Admin {
         }))
     }
 
-    /// Start sharing this node's snapshot with the cluster.
+    /// Start sharing this node's snapshot with the cluster, and summarising failed logins.
     pub fn start(&self, hub: &Hub) {
         self.cluster.spawn(hub.clone());
+        limit::LoginLimit::spawn_summaries(Arc::downgrade(&self.auth.limit));
     }
 }
 
@@ -127,10 +133,11 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
             )
         }
         (_, p) if p.starts_with("/admin/api/") => {
-            match admin
-                .auth
-                .check(req.headers(), api::changes_state(req.method()))
-            {
+            match admin.auth.check(
+                req.headers(),
+                source(&req),
+                api::changes_state(req.method()),
+            ) {
                 Ok(_) => {
                     let rest = p.trim_start_matches("/admin/api/").to_owned();
                     match api::dispatch(app.clone(), &admin, &rest, req).await {
@@ -138,7 +145,8 @@ pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
                         Err(e) => api_error(&e),
                     }
                 }
-                Err(e) => api_error(&e),
+                Err(Denied::Error(e)) => api_error(&e),
+                Err(Denied::Locked(locked)) => too_many_failures(locked),
             }
         }
         _ => error(
@@ -162,26 +170,49 @@ async fn login(app: &App, admin: &Admin, req: Request<Incoming>) -> HttpResponse
     if let Err(e) = auth::same_origin(req.headers()) {
         return api_error(&e);
     }
+    let source = source(&req);
     let b: LoginBody = match body(app, req).await {
         Ok(b) => b,
         Err(e) => return api_error(&e),
     };
-    match admin.auth.login(&b.password) {
-        Some((sid, csrf)) => {
+    match admin.auth.login(source, &b.password) {
+        Ok(Some((sid, csrf))) => {
             let mut r = json(StatusCode::OK, &json!({ "csrf": csrf }));
             set_cookie(&mut r, &admin.auth.cookie(&sid));
             r
         }
-        None => {
-            // Slows down guessing; a failed login costs the caller a quarter second.
+        Ok(None) => {
+            // A serial guesser waits a quarter second per guess; parallel ones meet the login
+            // limit (admin::limit), which also logs failures, once per window.
             tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-            tracing::warn!("admin: failed login");
             api_error(&ApiError::code(
                 ErrorCode::Unauthorized,
                 "wrong admin password",
             ))
         }
+        Err(locked) => too_many_failures(locked),
     }
+}
+
+/// The source address a login limit is kept for: the TCP peer. (A reverse proxy's own address
+/// for everything behind it: `X-Forwarded-For` is not trusted, as any client can send one.)
+fn source<B>(req: &Request<B>) -> IpAddr {
+    req.extensions()
+        .get::<PeerAddr>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |p| p.0.ip())
+}
+
+/// 429 with `Retry-After`, while the login limit refuses the caller.
+fn too_many_failures(locked: Locked) -> HttpResponse {
+    let secs = locked.seconds();
+    let mut r = api_error(&ApiError::code(
+        ErrorCode::TooManyRequests,
+        format!("too many failed logins, retry after {secs} s"),
+    ));
+    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    r
 }
 
 fn api_error(e: &ApiError) -> HttpResponse {
