@@ -58,6 +58,6 @@ step "cargo build" 2700 cargo build --workspace --all-targets --locked
 # Each test binary runs through scripts/test-binary.sh (cargo's runner for the host target).
 host=$(rustc -vV | sed -n 's/^host: //p')
 runner_var="CARGO_TARGET_$(echo "$host" | tr 'a-z-' 'A-Z_')_RUNNER"
-step "cargo test" 2400 env "$runner_var=$PWD/scripts/test-binary.sh" cargo test --workspace --locked
+step "cargo test" 1800 env "$runner_var=$PWD/scripts/test-binary.sh" cargo test --workspace --locked
 
-step "TypeScript SDK" 1800 env HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh
+step "TypeScript SDK" 1200 env HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh

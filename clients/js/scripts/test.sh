@@ -34,7 +34,7 @@ step "typecheck (sources and tests)" 300 npx tsc -p tsconfig.test.json
 mkdir -p test-output
 rm -f test-output/vitest.json
 status=0
-step "vitest: unit, integration (real herald), browser (headless chromium)" 1200 \
+step "vitest: unit, integration (real herald), browser (headless chromium)" 600 \
   npx vitest run --reporter=default --reporter=json --outputFile.json=test-output/vitest.json ||
   status=$?
 node -e '
