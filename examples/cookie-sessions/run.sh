@@ -27,7 +27,7 @@ done
 export HERALD_API_KEY=${HERALD_API_KEY:-example-key}
 config=$(mktemp -d)
 trap 'kill ${app:-} 2>/dev/null; rm -rf "$config"' EXIT
-sed "s/127\.0\.0\.1:8081/127.0.0.1:$hook_port/" herald.toml >"$config/herald.toml"
+sed -e "s/127\.0\.0\.1:8081/127.0.0.1:$hook_port/" -e "s/:8080\"/:$app_port\"/g" herald.toml >"$config/herald.toml"
 HERALD_WS=ws://127.0.0.1:$herald_port/ws HERALD_API=http://127.0.0.1:$herald_port \
   python3 app.py --port "$app_port" --hook-port "$hook_port" &
 app=$!
