@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idle memory per subscribed connection, plain and TLS, several server binaries alternated in one
-# series (docs/bench/idle13/section.md):
+# series (docs/bench/journal/2026-11-25-round-9.md):
 #   docs/bench/idle13/run.sh SIZE ROUNDS LABEL=BINARY [LABEL=BINARY…]
 # e.g. docs/bench/idle13/run.sh 19000 2 base=herald-base new=target/release/herald
 # For each round, each size's plain then TLS run, each binary in turn (so that a before and an
