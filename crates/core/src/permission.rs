@@ -151,5 +151,53 @@ fn static_rule(ns: &NamespaceConfig, client: &Client<'_>) -> Result<(), Denied> 
     }
 }
 
+/// A Pusher client event (`client-*` sent by a client to the other subscribers of a channel),
+/// as the Pusher protocol allows it: the app enables them, and the connection is subscribed to
+/// the channel, which is private or presence (so its subscription was signed by the backend)
+/// and not end-to-end encrypted (the node cannot encrypt what the client sends).
+#[derive(Debug, Clone, Copy)]
+pub struct ClientEvent {
+    /// The app has `enable_client_events`.
+    pub enabled: bool,
+    /// The connection is subscribed to the channel.
+    pub subscribed: bool,
+    /// The channel is `private-` or `presence-`.
+    pub signed_channel: bool,
+    /// The channel is `private-encrypted-`.
+    pub encrypted: bool,
+}
+
+/// Why a client event is refused (the Pusher error's message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClientEventDenied {
+    /// The app does not enable client events.
+    #[error("To send client events, enable client events for the app (enable_client_events)")]
+    Disabled,
+    /// Not subscribed to the channel.
+    #[error("Client event on a channel this connection is not subscribed to")]
+    NotSubscribed,
+    /// A public (or user) channel.
+    #[error("Client events are only allowed on private and presence channels")]
+    UnsignedChannel,
+    /// An end-to-end encrypted channel.
+    #[error("Client events are not supported on encrypted channels (private-encrypted-)")]
+    Encrypted,
+}
+
+/// May a Pusher connection send a client event? See [`ClientEvent`].
+pub fn decide_client_event(event: &ClientEvent) -> Result<(), ClientEventDenied> {
+    if !event.enabled {
+        Err(ClientEventDenied::Disabled)
+    } else if !event.subscribed {
+        Err(ClientEventDenied::NotSubscribed)
+    } else if !event.signed_channel {
+        Err(ClientEventDenied::UnsignedChannel)
+    } else if event.encrypted {
+        Err(ClientEventDenied::Encrypted)
+    } else {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests;

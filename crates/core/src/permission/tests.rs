@@ -225,3 +225,18 @@ fn refusals_say_why() {
     let err: CommandError = Denied::NeedsSubscription.into();
     assert_eq!(err.code, ErrorCode::PermissionDenied);
 }
+
+#[test]
+fn client_events_need_every_condition() {
+    for bits in 0..16u8 {
+        let event = ClientEvent {
+            enabled: bits & 1 != 0,
+            subscribed: bits & 2 != 0,
+            signed_channel: bits & 4 != 0,
+            encrypted: bits & 8 != 0,
+        };
+        let promised =
+            event.enabled && event.subscribed && event.signed_channel && !event.encrypted;
+        assert_eq!(decide_client_event(&event).is_ok(), promised, "{event:?}");
+    }
+}

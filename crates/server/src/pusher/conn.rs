@@ -11,6 +11,7 @@ use herald_broker::PublishOptions;
 use herald_core::config::NamespaceConfig;
 use herald_core::hub::ConnKey;
 use herald_core::outbound::Control;
+use herald_core::permission;
 use herald_core::rate::TokenBucket;
 use herald_core::{Hub, Outbound};
 use herald_protocol::ClientInfo;
@@ -548,33 +549,23 @@ impl PusherConn {
     }
 
     async fn client_event(&mut self, message: ClientMessage) {
-        if !self.ctx.app.config.enable_client_events {
-            return self.error(
-                None,
-                "To send client events, enable client events for the app (enable_client_events)",
-            );
-        }
         let Some(channel) = message.channel.as_deref() else {
             return self.error(None, "Client events need a channel");
         };
-        let Some(sub) = self.channels.get(channel) else {
-            return self.error(
-                None,
-                &format!("Client event on {channel:?}, which this connection is not subscribed to"),
-            );
+        let sub = self.channels.get(channel);
+        let asked = permission::ClientEvent {
+            enabled: self.ctx.app.config.enable_client_events,
+            subscribed: sub.is_some(),
+            signed_channel: sub
+                .is_some_and(|s| matches!(s.kind, ChannelKind::Private | ChannelKind::Presence)),
+            encrypted: ChannelKind::encrypted(channel),
         };
-        if !matches!(sub.kind, ChannelKind::Private | ChannelKind::Presence) {
-            return self.error(
-                None,
-                "Client events are only allowed on private and presence channels",
-            );
+        if let Err(why) = permission::decide_client_event(&asked) {
+            return self.error(None, &why.to_string());
         }
-        if ChannelKind::encrypted(channel) {
-            return self.error(
-                None,
-                "Client events are not supported on encrypted channels (private-encrypted-)",
-            );
-        }
+        let Some(sub) = sub else {
+            return;
+        };
         if let Err(why) = limits::check_event_name(&message.event) {
             return self.error(None, &why);
         }
