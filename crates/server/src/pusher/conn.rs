@@ -413,10 +413,7 @@ impl PusherConn {
             }
         }
         if let Some(who) = &me {
-            let broker = self.ctx.hub().broker();
-            if let Err(e) = broker.publish_presence_change(&internal, true, who).await {
-                tracing::warn!(channel = %internal, cause = %e, "member_added not published");
-            }
+            self.ctx.hub().announce(&internal, true, who).await;
         }
         self.recent = None;
         self.channels.insert(
@@ -440,7 +437,7 @@ impl PusherConn {
             return;
         }
         let internal = self.ctx.app.internal(channel);
-        let Ok(now) = self.ctx.hub().broker().presence(&internal).await else {
+        let Ok(now) = self.ctx.hub().members(&internal).await else {
             return;
         };
         let Some(sub) = self
@@ -486,11 +483,9 @@ impl PusherConn {
 
     /// Record this connection as a member and read the members (itself included).
     async fn join_presence(&self, internal: &str, who: &ClientInfo) -> HashMap<String, Member> {
-        let broker = self.ctx.hub().broker();
-        if let Err(e) = broker.add_presence(internal, who).await {
-            tracing::warn!(channel = %internal, cause = %e, "presence not recorded");
-        }
-        let clients = broker.presence(internal).await.unwrap_or_else(|e| {
+        let hub = self.ctx.hub();
+        hub.add_member(internal, who).await;
+        let clients = hub.members(internal).await.unwrap_or_else(|e| {
             tracing::warn!(channel = %internal, cause = %e, "presence not read");
             Vec::new()
         });
@@ -524,17 +519,12 @@ impl PusherConn {
             }
         }
         if let Some(who) = sub.me() {
-            let broker = self.ctx.hub().broker();
-            if let Err(e) = broker.remove_presence(&internal, &who.client).await {
-                tracing::warn!(channel = %internal, cause = %e, "presence not removed");
-            }
-            if let Err(e) = broker.publish_presence_change(&internal, false, who).await {
-                tracing::warn!(channel = %internal, cause = %e, "member_removed not published");
-            }
+            let hub = self.ctx.hub();
+            hub.leave(&internal, who, true).await;
             if let Some(hooks) = self.ctx.webhooks() {
                 // The user's last socket anywhere in the cluster?
-                let gone = broker
-                    .presence(&internal)
+                let gone = hub
+                    .members(&internal)
                     .await
                     .is_ok_and(|all| all.iter().all(|c| c.user != who.user));
                 if gone {
