@@ -17,6 +17,7 @@ use herald_protocol::{ClientInfo, StreamPosition};
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
+use crate::boot::Boot;
 use crate::codec::encode_presence_change;
 use crate::config::NatsConfig;
 use crate::markers::{self, Expiries};
@@ -40,6 +41,8 @@ pub(crate) struct Inner {
     /// The newest position this node saw per channel (published, received or read), to notice a
     /// NATS that came back behind (see `publish::rolled_back`).
     pub(crate) watermarks: Watermarks,
+    /// The boot id this node stamps and checks messages with (see the `boot` module).
+    pub(crate) boot: Boot,
     /// Epoch markers this node stored, to delete once they outlive `empty_ttl` unused.
     pub(crate) markers: Expiries,
     /// Hosted channels → their subscription task. std Mutex: held only to insert or remove.
@@ -108,6 +111,7 @@ impl NatsBroker {
         let (notify_shutdown, shutdown) = watch::channel(false);
         let inner = Arc::new(Inner {
             node: node.to_owned(),
+            boot: Boot::new(config.synchronous_persistence),
             subjects: Subjects::new(&config.subject_prefix),
             config,
             client,

@@ -10,6 +10,7 @@
 //! Herald-Epoch: 9f1c2b3a4d5e6f70
 //! Herald-Offset: 42                       offset of the (first) publication
 //! Herald-Prev: 1187                       stream sequence of the previous message on this subject
+//! Herald-Boot: 5b0e77c2a9d13f48           the boot id it was stored under (see `boot.rs`)
 //! Herald-Info: 30                         one publication: its info is the first 30 payload bytes
 //! Nats-Expected-Last-Subject-Sequence: 1187
 //!
@@ -34,6 +35,8 @@ use herald_protocol::{ClientInfo, Publication};
 pub(crate) const EPOCH: &str = "Herald-Epoch";
 pub(crate) const OFFSET: &str = "Herald-Offset";
 pub(crate) const PREV: &str = "Herald-Prev";
+/// The boot id a message was stored under; absent with `synchronous_persistence`.
+pub(crate) const BOOT: &str = "Herald-Boot";
 pub(crate) const INFO_LEN: &str = "Herald-Info";
 pub(crate) const COUNT: &str = "Herald-Count";
 pub(crate) const SIZES: &str = "Herald-Sizes";
@@ -51,6 +54,8 @@ pub(crate) struct Stored {
     pub(crate) first: u64,
     /// Stream sequence of the previous message on the same subject (0: none).
     pub(crate) prev: u64,
+    /// The boot id it was stored under (empty: none).
+    pub(crate) boot: String,
     /// In offset order; empty for a marker.
     pub(crate) publications: Vec<Publication>,
 }
@@ -64,12 +69,13 @@ impl Stored {
         }
     }
 
-    /// An epoch marker.
-    pub(crate) fn marker(epoch: String) -> Self {
+    /// An epoch marker stored under `boot`.
+    pub(crate) fn marker(epoch: String, boot: String) -> Self {
         Stored {
             epoch,
             first: 0,
             prev: 0,
+            boot,
             publications: Vec::new(),
         }
     }
@@ -81,9 +87,10 @@ fn info_json(info: Option<&ClientInfo>) -> Vec<u8> {
 }
 
 /// Headers and payload of a message holding `items` (data, info) as offsets `first`, `first + 1`,
-/// …; no items: an epoch marker (offset 0).
+/// …, stamped with the boot id `boot` (none when empty); no items: an epoch marker (offset 0).
 pub(crate) fn encode_publications(
     epoch: &str,
+    boot: &str,
     first: u64,
     prev: u64,
     items: &[(&Bytes, Option<&ClientInfo>)],
@@ -93,6 +100,9 @@ pub(crate) fn encode_publications(
     headers.insert(OFFSET, first.to_string());
     headers.insert(PREV, prev.to_string());
     headers.insert(EXPECTED_LAST_SUBJECT_SEQ, prev.to_string());
+    if !boot.is_empty() {
+        headers.insert(BOOT, boot);
+    }
     let payload = match items {
         [] => Bytes::new(),
         [(data, None)] => (*data).clone(),
@@ -144,9 +154,10 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
     let epoch = header(headers, EPOCH)?.to_owned();
     let first = header_u64(headers, OFFSET)?;
     let prev = header_u64(headers, PREV).unwrap_or(0);
+    let boot = header(headers, BOOT).unwrap_or_default().to_owned();
     let mut publications = Vec::new();
     if first == 0 {
-        return Some(Stored::marker(epoch));
+        return Some(Stored::marker(epoch, boot));
     }
     match header(headers, SIZES) {
         None => {
@@ -190,6 +201,7 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
         epoch,
         first,
         prev,
+        boot,
         publications,
     })
 }
@@ -247,17 +259,19 @@ mod tests {
     #[test]
     fn one_publication_round_trips_with_and_without_info() {
         let data = Bytes::from_static(br#"{"text":"hi"}"#);
-        let (h, p) = encode_publications("ep", 42, 7, &[(&data, Some(&who()))]);
+        let (h, p) = encode_publications("ep", "b1", 42, 7, &[(&data, Some(&who()))]);
         let s = decode_publications(&h, &p).unwrap();
         assert_eq!(
-            (s.epoch.as_str(), s.first, s.prev, s.last()),
-            ("ep", 42, 7, 42)
+            (s.epoch.as_str(), s.boot.as_str(), s.first, s.prev, s.last()),
+            ("ep", "b1", 42, 7, 42)
         );
         assert_eq!(s.publications[0].data, data);
         assert_eq!(s.publications[0].info, Some(who()));
 
-        let (h, p) = encode_publications("ep", 1, 0, &[(&data, None)]);
+        let (h, p) = encode_publications("ep", "", 1, 0, &[(&data, None)]);
         let s = decode_publications(&h, &p).unwrap();
+        assert_eq!(s.boot, "", "no boot id: no stamp");
+        assert!(h.get(BOOT).is_none());
         assert_eq!(s.publications.len(), 1);
         assert_eq!(
             (s.publications[0].offset, s.publications[0].info.clone()),
@@ -274,8 +288,13 @@ mod tests {
             Bytes::from_static(b"\"three\""),
         );
         let w = who();
-        let (h, p) =
-            encode_publications("ep", 10, 3, &[(&a, Some(&w)), (&b, None), (&c, Some(&w))]);
+        let (h, p) = encode_publications(
+            "ep",
+            "b1",
+            10,
+            3,
+            &[(&a, Some(&w)), (&b, None), (&c, Some(&w))],
+        );
         let s = decode_publications(&h, &p).unwrap();
         let offsets: Vec<u64> = s.publications.iter().map(|p| p.offset).collect();
         assert_eq!(offsets, vec![10, 11, 12]);
@@ -288,10 +307,11 @@ mod tests {
 
     #[test]
     fn markers_presence_and_strangers_are_told_apart() {
-        let (h, p) = encode_publications("ep", 0, 0, &[]);
+        let (h, p) = encode_publications("ep", "b1", 0, 0, &[]);
         assert!(matches!(decode_delivery(Some(&h), &p), Delivery::Marker));
         let marker = decode_publications(&h, &p).unwrap();
         assert_eq!((marker.first, marker.last()), (0, 0));
+        assert_eq!(marker.boot, "b1", "a marker is stamped too");
         let (h, p) = encode_presence_change(false, &who());
         assert!(
             matches!(decode_delivery(Some(&h), &p), Delivery::Presence(false, w) if w == who())
@@ -322,7 +342,7 @@ mod tests {
         use proptest::prelude::*;
 
         const NAMES: &[&str] = &[
-            EPOCH, OFFSET, PREV, SIZES, INFO_LEN, COUNT, PRESENCE, GONE, "X-Other",
+            EPOCH, OFFSET, PREV, BOOT, SIZES, INFO_LEN, COUNT, PRESENCE, GONE, "X-Other",
         ];
 
         fn headers() -> impl Strategy<Value = HeaderMap> {
@@ -366,7 +386,7 @@ mod tests {
                     .iter()
                     .map(|d| (d, with_info.then_some(&info)))
                     .collect();
-                let (h, p) = encode_publications(&epoch, first, first - 1, &items);
+                let (h, p) = encode_publications(&epoch, "b", first, first - 1, &items);
                 let stored = decode_publications(&h, &p).expect("reads back");
                 prop_assert_eq!(stored.publications.len(), datas.len());
                 for (got, want) in stored.publications.iter().zip(&datas) {

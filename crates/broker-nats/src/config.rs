@@ -90,6 +90,15 @@ pub struct NatsConfig {
     /// cluster, but a lagging replica can make a catch-up look impossible; off by default (reads
     /// go to the stream leader). No effect on a single server.
     pub direct_reads: bool,
+    /// The operator declares that NATS never loses an acknowledged write: R3 (or R5) streams
+    /// whose servers never all restart together, no store restored from an older copy. Off (the
+    /// default), every stored message is stamped with the boot id kept in a memory stream (see
+    /// the `boot` module), which every restart of the server(s) holding it empties, so every
+    /// channel starts a new epoch after such a restart (clients are told `recovered: false`) and
+    /// a rollback can never be continued in the old epoch. On, epochs survive restarts, and only
+    /// the nodes' watermarks catch a rollback (not one no running node witnessed). See
+    /// `docs/reliability.md`.
+    pub synchronous_persistence: bool,
 }
 
 impl Default for NatsConfig {
@@ -120,6 +129,7 @@ impl Default for NatsConfig {
             reconnect_max_delay_ms: 2000,
             ping_interval_s: 10,
             direct_reads: false,
+            synchronous_persistence: false,
         }
     }
 }
@@ -192,6 +202,7 @@ impl fmt::Debug for NatsConfig {
             .field("reconnect_max_delay_ms", &self.reconnect_max_delay_ms)
             .field("ping_interval_s", &self.ping_interval_s)
             .field("direct_reads", &self.direct_reads)
+            .field("synchronous_persistence", &self.synchronous_persistence)
             .finish()
     }
 }

@@ -22,6 +22,10 @@
 //!   per channel ([`herald_broker::Watermarks`]); a channel whose last stored message is below it
 //!   in the same epoch (a file store that lost its last writes) starts over with a new epoch
 //!   instead of handing out offsets again (the `publish` module).
+//! - **A NATS that restarted is noticed without a witness.** Every stored message is stamped with
+//!   the boot id kept in a memory stream that every restart of its servers empties; a channel
+//!   whose last message carries another boot id starts a new epoch, whichever node reads it first
+//!   (the `boot` module; `synchronous_persistence` turns this off).
 //! - **Presence** lives in a memory stream with a TTL, refreshed by the node that owns each
 //!   record, so a crashed node's clients expire.
 //!
@@ -29,6 +33,7 @@
 //!
 //! # Layout
 //! - [`config`]: [`NatsConfig`], the `[nats]` configuration table.
+//! - `boot`: the boot id that binds epochs to the life of the NATS server(s).
 //! - `broker`: [`NatsBroker`], the connection and shared state; routes each `Broker` call.
 //! - `publish`: offsets by compare-and-set, per-channel tail and queue (group commit), epoch
 //!   markers, rollback detection.
@@ -43,6 +48,7 @@
 //! - [`names`]: channel names ↔ subject tokens, and every subject the broker uses.
 //! - `metrics`: counters for `/metrics`.
 
+mod boot;
 mod broker;
 mod codec;
 pub mod config;

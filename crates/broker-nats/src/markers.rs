@@ -32,7 +32,9 @@ use tracing::debug;
 use crate::broker::Inner;
 use crate::codec::{encode_publications, Stored};
 use crate::metrics::inc;
-use crate::publish::{back_off, read_last, rolled_back, try_store, Found, Outcome, MAX_ATTEMPTS};
+use crate::publish::{
+    back_off, read_last, read_last_checked, try_store, Found, Outcome, MAX_ATTEMPTS,
+};
 use crate::streams::Kind;
 
 /// Pending deletions kept per node; past this the oldest are dropped (those markers then live
@@ -94,8 +96,9 @@ fn age(found: &Found) -> Duration {
 }
 
 /// The channel's last message, storing an epoch marker when the subject has none (or refreshing
-/// an old one, see the module docs). A last message below this node's watermark counts as none:
-/// a new epoch replaces it.
+/// an old one, see the module docs). A last message that may not be continued (stored under
+/// another boot id, or below this node's watermark: `publish::read_last_checked`) counts as
+/// none: a new epoch replaces it.
 pub(crate) async fn last_or_marker(
     inner: &Inner,
     kind: Kind,
@@ -104,10 +107,11 @@ pub(crate) async fn last_or_marker(
     empty_ttl: Duration,
 ) -> Result<Found, BrokerError> {
     for attempt in 0..MAX_ATTEMPTS {
-        let floor = inner.watermarks.floor(channel);
+        let checked = read_last_checked(inner, kind, channel, subject).await?;
+        let boot = checked.boot;
         // (epoch to store, the subject's last sequence it must still be, the copy it replaces)
-        let (epoch, expected, replaces) = match read_last(inner, kind, subject).await? {
-            Some(last) if rolled_back(channel, &floor, &last) => (new_epoch(), last.seq, None),
+        let (epoch, expected, replaces) = match checked.last {
+            Some(last) if checked.start_over => (new_epoch(), last.seq, None),
             Some(last)
                 if is_marker(&last) && last.stored.prev == 0 && age(&last) > empty_ttl / 2 =>
             {
@@ -122,7 +126,7 @@ pub(crate) async fn last_or_marker(
         } else {
             expected
         };
-        let (mut headers, payload) = encode_publications(&epoch, 0, prev, &[]);
+        let (mut headers, payload) = encode_publications(&epoch, &boot.id, 0, prev, &[]);
         headers.insert(
             crate::codec::EXPECTED_LAST_SUBJECT_SEQ,
             expected.to_string(),
@@ -141,7 +145,7 @@ pub(crate) async fn last_or_marker(
                 return Ok(Found {
                     seq,
                     time: OffsetDateTime::now_utc(),
-                    stored: Stored::marker(epoch),
+                    stored: Stored::marker(epoch, boot.id.to_string()),
                 });
             }
             Outcome::Conflict => back_off(attempt).await,

@@ -100,6 +100,11 @@ impl Subjects {
         format!("{}.control", self.prefix)
     }
 
+    /// The subject of the boot id (see the `boot` module), in its own memory stream.
+    pub fn boot(&self) -> String {
+        format!("{}.boot", self.prefix)
+    }
+
     /// Stream subjects and republish mappings: (history filter, live filter, presence filter,
     /// history → delivery, live → delivery).
     pub(crate) fn stream_filters(&self) -> StreamFilters {

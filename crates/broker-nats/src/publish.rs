@@ -38,6 +38,13 @@
 //! is refused and the node reads again, so nodes that notice at once agree on one new epoch and a
 //! stale read never starts one. A publish stores its batch at offset 1 of the new epoch directly;
 //! a history read stores an epoch marker.
+//!
+//! # A NATS that restarted
+//! The watermark only catches what a running node saw. A stream restored from an older copy that
+//! no running node saw the newer end of would still be continued, so every stored message is also
+//! stamped with the boot id of the server's current life (the `boot` module), and a last message
+//! stamped with another one starts a new epoch the same way. [`read_last_checked`] is the one
+//! place that decides, for publishing and reading alike.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -54,6 +61,7 @@ use time::OffsetDateTime;
 use tokio::sync::oneshot;
 use tracing::warn;
 
+use crate::boot::BootId;
 use crate::broker::Inner;
 use crate::codec::{decode_publications, encode_publications, Stored, MSG_ID};
 use crate::metrics::inc;
@@ -80,6 +88,8 @@ pub(crate) struct Tail {
     pub(crate) offset: u64,
     /// Its stream sequence.
     pub(crate) seq: u64,
+    /// The boot id it was stored (or judged) under; a tail from another boot id is read again.
+    pub(crate) boot: Arc<str>,
 }
 
 /// One publication waiting for its channel's next store.
@@ -151,8 +161,65 @@ impl Found {
             epoch: self.stored.epoch.clone(),
             offset: self.stored.last(),
             seq: self.seq,
+            boot: Arc::from(self.stored.boot.as_str()),
         }
     }
+}
+
+/// A channel's last message, read afresh, and whether nodes may number on from it.
+pub(crate) struct Checked {
+    /// The boot id it was judged under: what the next message on the channel is stamped with.
+    pub(crate) boot: BootId,
+    /// `None`: the subject holds nothing.
+    pub(crate) last: Option<Found>,
+    /// Start a new epoch on top of `last` instead of continuing it: it was stored in another life
+    /// of the server(s) (its boot id differs), or it is below what this node saw (a watermark).
+    pub(crate) start_over: bool,
+}
+
+/// Read the channel's last message and judge it: the one rule for whether a stream may be
+/// continued, used by publishing and reading (markers) alike. The watermark floor is taken
+/// before the read (see [`rolled_back`]); a read that raced a reconnect is made again, so a
+/// stream is never judged with the boot id of the server's previous life.
+pub(crate) async fn read_last_checked(
+    inner: &Inner,
+    kind: Kind,
+    channel: &str,
+    subject: &str,
+) -> Result<Checked, BrokerError> {
+    for _ in 0..MAX_ATTEMPTS {
+        let boot = inner.boot.current(inner).await?;
+        let floor = inner.watermarks.floor(channel);
+        let last = read_last(inner, kind, subject).await?;
+        if !inner.boot.still_current(inner, &boot) {
+            continue;
+        }
+        let start_over = match &last {
+            None => false,
+            Some(found) if boot.is_stale(&found.stored.boot) => {
+                // Confirm before it costs the channel its epoch: the boot id may have changed
+                // while this node stayed connected.
+                let confirmed = inner.boot.confirm(inner).await?;
+                if confirmed.id != boot.id {
+                    continue;
+                }
+                warn!(
+                    %channel, epoch = %found.stored.epoch,
+                    "stored before NATS last restarted (another boot id); starting a new epoch"
+                );
+                true
+            }
+            Some(found) => rolled_back(channel, &floor, found),
+        };
+        return Ok(Checked {
+            boot,
+            last,
+            start_over,
+        });
+    }
+    Err(BrokerError::unavailable(format!(
+        "{subject}: the connection to NATS keeps changing, retry"
+    )))
 }
 
 fn found(message: async_nats::jetstream::message::StreamMessage) -> Result<Found, BrokerError> {
@@ -531,24 +598,34 @@ async fn store_batch(
     for attempt in 0..MAX_ATTEMPTS {
         // Queued publications fail fast too once the connection is gone.
         inner.ensure_connected()?;
+        let mut boot = inner.boot.current(inner).await?;
+        if tail.as_ref().is_some_and(|t| t.boot != boot.id) {
+            // Cached in another life of the server: judge the channel afresh.
+            *tail = None;
+        }
         if tail.is_none() {
-            let floor = inner.watermarks.floor(channel);
-            *tail = match read_last(inner, kind, subject).await? {
+            let checked = read_last_checked(inner, kind, channel, subject).await?;
+            boot = checked.boot;
+            *tail = match checked.last {
                 // Start over in a new epoch, stored only if `last` is still the subject's last
                 // message (see the module docs).
-                Some(last) if rolled_back(channel, &floor, &last) => Some(Tail {
+                Some(last) if checked.start_over => Some(Tail {
                     epoch: new_epoch(),
                     offset: 0,
                     seq: last.seq,
+                    boot: boot.id.clone(),
                 }),
-                found => found.map(|f| f.tail()),
+                found => found.map(|f| Tail {
+                    boot: boot.id.clone(),
+                    ..f.tail()
+                }),
             };
         }
         let (epoch, first, prev) = match &*tail {
             Some(t) => (t.epoch.clone(), t.offset + 1, t.seq),
             None => (new_epoch(), 1, 0),
         };
-        let (mut headers, payload) = encode_publications(&epoch, first, prev, &items);
+        let (mut headers, payload) = encode_publications(&epoch, &boot.id, first, prev, &items);
         if let Some(id) = msg_id {
             headers.insert(MSG_ID, id.clone());
         }
@@ -559,6 +636,7 @@ async fn store_batch(
                     epoch: epoch.clone(),
                     offset: first + items.len() as u64 - 1,
                     seq,
+                    boot: boot.id.clone(),
                 });
                 return Ok(Appended::Stored(StreamPosition {
                     epoch,
@@ -690,6 +768,7 @@ mod tests {
             epoch: "e".into(),
             offset: 3,
             seq: 9,
+            boot: Arc::from("b"),
         });
         let queued = pending(&slot);
         let task = tokio::spawn({

@@ -322,8 +322,8 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
     presence::refresh_all(&inner).await;
 }
 
-/// Background task: notice a stream that was deleted and created again while this node stayed
-/// connected (an operator, or another node after a loss), and forget the cached tails, which
+/// Background task: re-read the boot id, and notice a stream that was deleted and created again
+/// while this node stayed connected (an operator, or another node after a loss), and forget the cached tails, which
 /// point at sequences of the old stream. Without a reconnect nothing else would tell: sequences
 /// restart at 1 in a new stream, so an old tail's sequence could match a new message by chance.
 /// Checked every few seconds; a publish that meets a missing stream clears them at once.
@@ -352,6 +352,12 @@ pub(crate) async fn watch_streams(inner: Arc<Inner>, mut shutdown: watch::Receiv
             if n.is_some() {
                 *k = n;
             }
+        }
+        // The boot id may change while this node stays connected (on a cluster, the servers
+        // holding the boot stream restarted); re-read it so that this node stamps what the
+        // others check against (see the `boot` module).
+        if let Err(err) = inner.boot.confirm(&inner).await {
+            debug!(cause = %err, "boot id check failed");
         }
     }
 }

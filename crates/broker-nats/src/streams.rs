@@ -6,6 +6,9 @@
 //! | `HERALD` | `herald.h.>` | file (config) | `max_msgs_per_channel` | `herald.d.>` |
 //! | `HERALD_LIVE` | `herald.l.>` | file (config) | 1 (the offset counter) | `herald.d.>` |
 //! | `HERALD_PRESENCE` | `herald.p.>` | memory | 1 per client, expires | — |
+//! | `HERALD_BOOT` | `herald.boot` | memory | 1 (the boot id) | — |
+//!
+//! `HERALD_BOOT` exists unless `synchronous_persistence` is set (see the `boot` module).
 //!
 //! Delivery goes through RePublish (nats-server ≥ 2.9): the server forwards a message to the
 //! delivery subject only after storing it, in stream order, so a node never receives a
@@ -44,10 +47,14 @@ pub(crate) struct Streams {
     pub(crate) history_name: String,
     pub(crate) live_name: String,
     pub(crate) presence_name: String,
+    pub(crate) boot_name: String,
+    /// Create the boot stream (not with `synchronous_persistence`).
+    with_boot: bool,
     /// Handles for reads (no info request behind them).
     pub(crate) history: stream::Stream<()>,
     pub(crate) live: stream::Stream<()>,
     pub(crate) presence: stream::Stream<()>,
+    pub(crate) boot: stream::Stream<()>,
     /// Current `max_msgs_per_subject` of the history stream.
     per_channel: AtomicI64,
     /// Current `max_age` of the history and live streams, in seconds.
@@ -65,6 +72,7 @@ impl Streams {
         let history_name = config.stream.clone();
         let live_name = format!("{}_LIVE", config.stream);
         let presence_name = format!("{}_PRESENCE", config.stream);
+        let boot_name = format!("{}_BOOT", config.stream);
         let handle = |name: &str| {
             // A name check only; no request is made.
             futures_util::FutureExt::now_or_never(js.get_stream_no_info(name))
@@ -77,6 +85,7 @@ impl Streams {
             history: handle(&history_name)?,
             live: handle(&live_name)?,
             presence: handle(&presence_name)?,
+            boot: handle(&boot_name)?,
             js: js.clone(),
             subjects: Subjects::new(&config.subject_prefix),
             storage: config.storage,
@@ -87,6 +96,8 @@ impl Streams {
             history_name,
             live_name,
             presence_name,
+            boot_name,
+            with_boot: !config.synchronous_persistence,
             per_channel: AtomicI64::new(config.max_msgs_per_channel.max(1)),
             max_age_s: AtomicU64::new(config.max_age_s.max(1)),
             update_lock: AsyncMutex::new(()),
@@ -170,6 +181,25 @@ impl Streams {
         [history, live, presence]
     }
 
+    /// The boot stream: in memory on purpose, so that a restart of the server(s) holding it
+    /// empties it (see the `boot` module); as many replicas as the other streams, so that on a
+    /// cluster it survives what they survive.
+    fn boot_config(&self) -> Config {
+        Config {
+            name: self.boot_name.clone(),
+            description: Some("Herald boot id: emptied by every restart of its servers".into()),
+            subjects: vec![self.subjects.boot()],
+            max_messages_per_subject: 1,
+            max_messages: -1,
+            max_bytes: -1,
+            discard: DiscardPolicy::Old,
+            storage: StorageType::Memory,
+            num_replicas: self.replicas,
+            allow_direct: true,
+            ..Config::default()
+        }
+    }
+
     /// When the history and live streams were created, as the server reports them now; `None`
     /// for a stream that cannot be read right now.
     pub(crate) async fn created(&self) -> [Option<i128>; 2] {
@@ -196,6 +226,9 @@ impl Streams {
         let [history, live, presence] = self.desired();
         self.ensure_one(history, false).await?;
         self.ensure_one(live, false).await?;
+        if self.with_boot {
+            self.ensure_one(self.boot_config(), false).await?;
+        }
         // Presence expiry is the configured TTL exactly, shorter or longer.
         self.ensure_one(presence, true).await
     }

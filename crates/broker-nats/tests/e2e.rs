@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use herald_broker_nats::names::unescape;
 use herald_testkit::multinode::{self, BrokerProcess};
-use herald_testkit::nats::NatsServer;
+use herald_testkit::nats::{copy_tree, NatsServer};
 
 /// NatsServer as the suite's broker; the subject escaping is the broker crate's, hence here.
 struct Nats(NatsServer);
@@ -89,7 +89,19 @@ impl BrokerProcess for Nats {
     fn url_via(&self, addr: std::net::SocketAddr) -> String {
         format!("nats://{addr}")
     }
+
+    fn snapshot(&mut self) -> bool {
+        self.0.snapshot();
+        true
+    }
+
+    fn restart_from_snapshot(&mut self) {
+        self.0.restart_from_snapshot();
+    }
 }
+
+/// The operator declares that NATS loses nothing across a restart: epochs then survive it.
+const SYNCHRONOUS: (&str, &str) = ("HERALD_NATS__SYNCHRONOUS_PERSISTENCE", "true");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_node_delivery_exactly_once() {
@@ -103,8 +115,12 @@ async fn recovery_across_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restart_mid_stream_loses_nothing() {
-    // NATS epochs are not bound to the server's identity yet: a restart keeps them.
-    multinode::broker_restart_mid_stream_loses_nothing(&mut Nats(NatsServer::start()), &[]).await;
+    // Without the declaration every restart starts new epochs (clients are told), by design.
+    multinode::broker_restart_mid_stream_loses_nothing(
+        &mut Nats(NatsServer::start()),
+        &[SYNCHRONOUS],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,20 +136,6 @@ async fn subscriber_node_blip_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_resume_across_nodes() {
     multinode::sse_resume_across_nodes(&mut Nats(NatsServer::start())).await;
-}
-
-/// Copy a directory tree (a stopped nats-server's storage).
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).expect("create copy");
-    for entry in std::fs::read_dir(from).expect("read storage") {
-        let entry = entry.expect("storage entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("file type").is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy storage file");
-        }
-    }
 }
 
 /// NATS comes back *behind*: its file store is put back to a copy taken at offset 3 after
@@ -159,9 +161,10 @@ async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
         }
     }
 
+    // The watermark's own test: the restart in the middle must keep epochs.
     let mut nats = NatsServer::start();
-    let a = Node::on_broker("a", &nats.url()).await;
-    let b = Node::on_broker("b", &nats.url()).await;
+    let a = Node::on_broker_with("a", &nats.url(), &[SYNCHRONOUS]).await;
+    let b = Node::on_broker_with("b", &nats.url(), &[SYNCHRONOUS]).await;
     let ch = format!("rollback-{:08x}", rand::random::<u32>());
     let mut live = b.subscriber(json!({ &ch: {} })).await;
     let epoch = live.connect_reply["subs"][&ch]["epoch"].clone();
@@ -233,6 +236,20 @@ async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
         assert_eq!(sub["epoch"], after[0]["epoch"], "{sub}");
         assert_eq!(sub["offset"], 4, "{sub}");
     }
+}
+
+/// Issue 29 item 5: NATS restored from an older copy of its store while node A's link is down,
+/// and node B, which never saw the channel, publishes first: B must not number on in the old
+/// epoch, A's subscriber is told, and a client at (E, 10) gets `recovered: false`. No running
+/// node witnessed offsets 6 to 10 when B publishes, so only the epoch's binding to the server's
+/// life (the boot id) can tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_seen_by_no_node_still_starts_a_new_epoch() {
+    multinode::rollback::rollback_with_a_second_node_is_never_continued_in_the_old_epoch(
+        &mut Nats(NatsServer::start()),
+        &[],
+    )
+    .await;
 }
 
 /// A three-server NATS cluster with R3 streams loses one server (`kill -9`) while a node

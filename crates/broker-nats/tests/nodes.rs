@@ -340,10 +340,15 @@ async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
     .await;
 }
 
+/// A NATS that keeps everything across a restart, as its operator declared
+/// (`synchronous_persistence`): nothing lost, epochs kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restart_fails_fast_then_loses_nothing() {
     let mut nats = NatsServer::start();
-    let cfg = NatsConfig::with_url(&nats.url());
+    let cfg = NatsConfig {
+        synchronous_persistence: true,
+        ..NatsConfig::with_url(&nats.url())
+    };
     let (a, ra) = node(&cfg, "a").await;
     let (b, rb) = node(&cfg, "b").await;
     let ch = unique("restart");
@@ -618,10 +623,17 @@ async fn publish_when_back(
 /// an R1 server whose last writes never reached the disk), so every channel still holds its
 /// epoch but an older top offset. Offsets must not be handed out again in that epoch: a node
 /// that saw the newer offsets (by publishing them, or by receiving them) starts a new epoch.
+///
+/// This is the watermark's own test, so the restart in the middle must keep epochs: the operator
+/// declares `synchronous_persistence` (without it, the restart alone starts new epochs: see
+/// `a_restart_starts_new_epochs_unless_persistence_is_declared_synchronous`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nats_restored_from_an_older_store_starts_a_new_epoch() {
     let mut nats = NatsServer::start();
-    let cfg = NatsConfig::with_url(&nats.url());
+    let cfg = NatsConfig {
+        synchronous_persistence: true,
+        ..NatsConfig::with_url(&nats.url())
+    };
     let (a, _) = node(&cfg, "a").await;
     let (b, rb) = node(&cfg, "b").await;
     // a publishes to all three; b only receives `read`'s publications.
@@ -787,4 +799,56 @@ async fn a_channel_only_read_keeps_its_epoch_for_the_empty_ttl() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no marker metric in\n{text}"));
     assert!(deleted >= 2, "refreshed copy and expired marker: {deleted}");
+}
+
+/// Issue 29 item 5, the cost side: by default every NATS restart (here a clean one, losing
+/// nothing) starts every channel over in a new epoch, with or without history, for a node that
+/// saw the channel and for one that never did, because the boot id lives in a memory stream.
+/// The history is still there, but nobody may continue from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_starts_new_epochs_unless_persistence_is_declared_synchronous() {
+    let mut nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, ra) = node(&cfg, "a").await;
+    let (hist, live) = (unique("boot_hist"), unique("boot_live"));
+    let (o, o0) = (opts(10), opts(0));
+    let mut before = Vec::new();
+    for (ch, o) in [(&hist, &o), (&live, &o0)] {
+        for i in 1..=3 {
+            before.push(
+                a.publish(ch, Bytes::from(i.to_string()), None, o)
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    nats.restart();
+    eventually("a reconnected", || *ra.reconnects.lock().unwrap() >= 1).await;
+    // A node that connects only now never saw either channel.
+    let (c, _) = node(&cfg, "c").await;
+    let h = loop {
+        match c
+            .history(&hist, &since(&before[2].epoch, 3), &o.stream)
+            .await
+        {
+            Ok(h) => break h,
+            Err(err) => {
+                assert!(matches!(err, BrokerError::Unavailable { .. }), "{err:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_ne!(
+        h.position.epoch, before[2].epoch,
+        "continued after a restart: {h:?}"
+    );
+    assert!(!h.continuous && h.publications.is_empty(), "{h:?}");
+    let next = publish_when_back(&a, &hist, "4", &o).await;
+    assert_eq!((&next.epoch, next.offset), (&h.position.epoch, 1));
+    let next = publish_when_back(&c, &live, "4", &o0).await;
+    assert_ne!(
+        next.epoch, before[5].epoch,
+        "continued after a restart: {next:?}"
+    );
+    assert_eq!(next.offset, 1);
 }
