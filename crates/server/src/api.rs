@@ -19,8 +19,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::guard::origin_listed;
-use crate::http::{json, App, HttpResponse};
 use crate::publishing::{self, Command};
+use crate::response::{json, HttpResponse};
+use crate::state::App;
 
 /// An API error: what went wrong ([`ErrorCode`], which says whose fault it is and whether a
 /// retry can help), the HTTP status it is answered with, and a message for the caller.

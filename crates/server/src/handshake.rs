@@ -15,7 +15,8 @@ use tokio_websockets::WebSocketStream;
 
 use crate::api;
 use crate::guard::{check_origin, Door};
-use crate::http::{App, HttpResponse};
+use crate::response::HttpResponse;
+use crate::state::App;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
 

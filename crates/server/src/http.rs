@@ -2,92 +2,22 @@
 //! (`/admin`), and the Pusher endpoints `/app/{key}` and `/apps/{id}/…`.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use herald_core::NodeContext;
 use herald_protocol::ErrorCode;
-use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode};
-use tokio::sync::watch;
+use hyper::{Method, Request, StatusCode};
 
-use crate::guard::{loopback_host, HandshakeRate, PeerAddr, PerIp};
+use crate::guard::{loopback_host, PeerAddr};
+use crate::response::{json, text, HttpResponse};
+use crate::state::App;
 use crate::{api, ws};
 
 /// The demo page and the SDK bundle it loads (built from clients/js).
 const DEMO_HTML: &str = include_str!("../../../clients/js/demo/index.html");
 const DEMO_JS: &str = include_str!("../../../clients/js/demo/herald.js");
-
-/// Everything a request handler needs.
-pub struct App {
-    /// Hub, namespaces, tokens and config.
-    pub ctx: Arc<NodeContext>,
-    /// HTTP API key; `None` leaves the API open (only in `--dev`).
-    pub api_key: Option<String>,
-    /// Open WebSocket connections (for `limits.max_connections`).
-    pub ws_connections: AtomicUsize,
-    /// Flips to true when the node starts draining.
-    pub draining: watch::Receiver<bool>,
-    /// Open connections per client IP.
-    pub per_ip: PerIp,
-    /// WebSocket handshakes per second per client IP.
-    pub handshakes: HandshakeRate,
-    /// Open SSE connections.
-    pub sse_connections: AtomicUsize,
-    /// Open NDJSON streaming connections.
-    pub ndjson_connections: AtomicUsize,
-    /// Open WebSocket-emulation connections (SSE down, POST up).
-    pub emulated_connections: AtomicUsize,
-    /// The emulated connections' inboxes, by session id.
-    pub emulated: crate::emulation::Sessions,
-    /// Pusher apps (none configured: `/app/*` closes with 4001, `/apps/*` answers 404).
-    pub pusher: crate::pusher::Apps,
-    /// The admin UI under `/admin` (`None`: off, the paths answer 404).
-    pub admin: Option<Arc<crate::admin::Admin>>,
-}
-
-impl App {
-    /// The open-connection counter of a one-way transport.
-    pub fn stream_connections(&self, format: crate::uni::format::Format) -> &AtomicUsize {
-        match format {
-            crate::uni::format::Format::Sse => &self.sse_connections,
-            crate::uni::format::Format::Ndjson => &self.ndjson_connections,
-        }
-    }
-
-    /// Connections open on every transport (what a drain waits for).
-    pub fn open_connections(&self) -> usize {
-        self.ws_connections.load(Ordering::Relaxed)
-            + self.sse_connections.load(Ordering::Relaxed)
-            + self.ndjson_connections.load(Ordering::Relaxed)
-            + self.emulated_connections.load(Ordering::Relaxed)
-    }
-}
-
-/// A response with a body.
-pub type HttpResponse = Response<Full<Bytes>>;
-
-/// JSON response.
-pub fn json(status: StatusCode, body: &serde_json::Value) -> HttpResponse {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
-}
-
-fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> HttpResponse {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r
-}
 
 /// Route one request.
 pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, Infallible> {

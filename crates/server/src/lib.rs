@@ -6,7 +6,10 @@
 //! - [`settings`]: loading the config from a TOML file, `HERALD_*` variables and flags.
 //! - [`serve`]: the accept loop (plain or TLS), connections per IP and graceful drain.
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
-//! - [`http`]: request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page.
+//! - [`state`]: `App`, the node's application state every handler and connection reaches.
+//! - [`http`]: request routing, the one route table: `/ws`, `/api/*`, `/health`, `/metrics`, the
+//!   demo page, `/admin`, the Pusher and stream endpoints.
+//! - [`response`]: HTTP response helpers the handlers share.
 //! - [`api`]: the HTTP API handlers.
 //! - [`admin`]: the admin web UI under `/admin` (embedded page, login, cluster-wide views).
 //! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
@@ -48,8 +51,10 @@ mod liveness;
 pub mod proxy;
 pub mod publishing;
 pub mod pusher;
+pub mod response;
 pub mod serve;
 pub mod settings;
+pub mod state;
 pub mod tls;
 pub mod token;
 pub mod uni;

@@ -19,7 +19,8 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::guard::{HandshakeRate, IpSlot, PeerAddr, PerIp};
-use crate::http::{route, App};
+use crate::http::route;
+use crate::state::App;
 
 /// Pending connections the kernel may queue. A reconnect storm after a deploy arrives all at
 /// once: with the default of 128, the kernel dropped SYNs and clients came back only on their

@@ -22,7 +22,8 @@ use hyper::{Request, StatusCode};
 use crate::api;
 use crate::guard::{IpSlot, PeerAddr};
 use crate::handshake;
-use crate::http::{App, HttpResponse};
+use crate::response::HttpResponse;
+use crate::state::App;
 
 mod connection;
 mod shared;

@@ -20,8 +20,8 @@ use serde_json::{json, Value};
 use super::cluster::{EVERY, FRESH};
 use super::Admin;
 use crate::api::{body, raw_body, ApiError};
-use crate::http::App;
 use crate::publishing::{self, Command};
+use crate::state::App;
 
 type ApiResult = Result<Value, ApiError>;
 

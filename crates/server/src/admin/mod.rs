@@ -30,7 +30,8 @@ use serde_json::json;
 
 use crate::api::{body, error, ApiError};
 use crate::guard::PeerAddr;
-use crate::http::{json, App, HttpResponse};
+use crate::response::{json, HttpResponse};
+use crate::state::App;
 use auth::{AdminAuth, AdminConfig, Denied};
 use cluster::Cluster;
 use limit::Locked;

@@ -24,7 +24,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio::sync::mpsc;
 
 use crate::guard::PeerAddr;
-use crate::http::App;
+use crate::state::App;
 use crate::uni::{admit, allow_origin, error, stream_response, StreamResponse};
 
 /// The path of both endpoints.

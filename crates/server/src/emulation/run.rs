@@ -20,8 +20,8 @@ use tokio::time::{sleep_until, timeout};
 
 use super::{Inbound, Registered};
 use crate::guard::IpSlot;
-use crate::http::App;
 use crate::liveness::Liveness;
+use crate::state::App;
 use crate::ws::{close_request, handle_text};
 
 /// Counts the connection while it lives.

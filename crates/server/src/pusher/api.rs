@@ -22,7 +22,8 @@ use super::auth::check_request;
 use super::census::Census;
 use super::limits::check_event_name;
 use super::wire::Envelope;
-use crate::http::{App, HttpResponse};
+use crate::response::HttpResponse;
+use crate::state::App;
 
 /// Channels one event may go to.
 const MAX_EVENT_CHANNELS: usize = 100;

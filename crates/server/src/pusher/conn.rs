@@ -28,7 +28,7 @@ use super::wire::{
     self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
     UserData,
 };
-use crate::http::App;
+use crate::state::App;
 
 /// What the connection shares with the node: two handles, read through accessors (every idle
 /// connection keeps this, so it holds no copies of settings).

@@ -28,7 +28,8 @@ use super::conn::{ConnContext, PusherConn};
 use super::wire;
 use crate::compression;
 use crate::guard::IpSlot;
-use crate::http::{App, HttpResponse};
+use crate::response::HttpResponse;
+use crate::state::App;
 
 use crate::handshake::{self, Ws};
 

@@ -31,7 +31,7 @@ use tokio::time::timeout;
 use super::format::Format;
 use super::run::{self, Socket};
 use crate::guard::{IpSlot, PeerAddr};
-use crate::http::App;
+use crate::state::App;
 
 /// The start of every request this module serves.
 const SSE_LINE: &[u8] = b"GET /connection/sse";

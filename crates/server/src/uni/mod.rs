@@ -36,7 +36,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use crate::guard::{check_origin, loopback_host, Door, IpSlot, PeerAddr};
-use crate::http::App;
+use crate::state::App;
 use format::{Encoder, Format};
 
 /// A streamed response.

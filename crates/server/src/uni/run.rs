@@ -24,7 +24,7 @@ use tokio::time::{sleep_until, timeout, Instant};
 
 use super::format::{Encoder, Format};
 use crate::guard::IpSlot;
-use crate::http::App;
+use crate::state::App;
 
 /// What a stream's task runs: an accepted stream whose first chunk is already on its way.
 pub(crate) struct Stream {

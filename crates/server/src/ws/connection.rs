@@ -46,8 +46,8 @@ use super::shared::{messages, SharedWs};
 use super::{close_request, dispatch, handle_text};
 use crate::guard::IpSlot;
 use crate::handshake::{close_and_wait, Ws};
-use crate::http::App;
 use crate::liveness::Liveness;
+use crate::state::App;
 
 /// What the connection does after an event: serve on, or end.
 type Step = ControlFlow<End>;
