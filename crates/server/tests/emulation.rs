@@ -123,7 +123,17 @@ impl Emulated {
 
 async fn post(url: &str, body: &str) -> (u16, Value) {
     let out = Command::new("curl")
-        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "POST"])
+        .args([
+            "-s",
+            "--max-time",
+            "15",
+            "-o",
+            "-",
+            "-w",
+            "\n%{http_code}",
+            "-X",
+            "POST",
+        ])
         .args(["-H", "Content-Type: text/plain", "--data-binary", body, url])
         .output()
         .await
@@ -214,7 +224,14 @@ async fn bad_input_gets_a_clear_answer() {
 
     // Parameters on GET are refused (connect goes in the first POST).
     let out = Command::new("curl")
-        .args(["-s", "-w", "\n%{http_code}", &format!("{base}?token=x")])
+        .args([
+            "-s",
+            "--max-time",
+            "15",
+            "-w",
+            "\n%{http_code}",
+            &format!("{base}?token=x"),
+        ])
         .output()
         .await
         .unwrap();

@@ -167,7 +167,8 @@ async fn keys_come_from_the_jwks_url_and_rotate() {
         })
         .collect();
     for f in flood {
-        let r = f.await.unwrap();
+        let r = herald_testkit::joined(f, std::time::Duration::from_secs(60), "a flooding client")
+            .await;
         assert_eq!(r["error"]["code"], 101, "{r}");
     }
     assert!(

@@ -493,7 +493,7 @@ async fn slow_consumer(write_timeout_ms: &str, readers: usize) -> SlowOutcome {
         }));
     }
     for p in publishers {
-        p.await.unwrap();
+        herald_testkit::joined(p, std::time::Duration::from_secs(120), "a publisher").await;
     }
     let mut done = Vec::new();
     for reader in readers {

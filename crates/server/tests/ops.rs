@@ -624,7 +624,11 @@ async fn accepting_survives_running_out_of_descriptors() {
         .spawn()
         .expect("prlimit (util-linux) runs the node");
     let mut stdout = tokio::io::BufReader::new(node.stdout.take().unwrap()).lines();
-    let line = stdout.next_line().await.unwrap().expect("listening line");
+    let line = tokio::time::timeout(std::time::Duration::from_secs(15), stdout.next_line())
+        .await
+        .expect("herald (under prlimit) did not start within 15 s")
+        .unwrap()
+        .expect("listening line");
     let addr: std::net::SocketAddr = line
         .split_whitespace()
         .nth(3)

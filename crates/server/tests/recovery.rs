@@ -74,7 +74,7 @@ async fn dropped_client_recovers_everything_exactly_once() {
         drop(c);
         tokio::time::sleep(Duration::from_millis(2100)).await;
     }
-    publisher.await.unwrap();
+    herald_testkit::joined(publisher, Duration::from_secs(120), "the publisher").await;
     let (epoch, offset) = position.unwrap();
     let mut c = node.client().await;
     let r = c
@@ -135,9 +135,9 @@ async fn publications_racing_the_subscribe_are_neither_lost_nor_doubled() {
             offsets_until(&mut c, "race", start, total).await
         }));
     }
-    publisher.await.unwrap();
+    herald_testkit::joined(publisher, Duration::from_secs(120), "the publisher").await;
     for j in joins {
-        let got = j.await.unwrap();
+        let got = herald_testkit::joined(j, Duration::from_secs(120), "a subscriber").await;
         assert_eq!(got, (1..=total).collect::<Vec<_>>());
     }
 }

@@ -112,7 +112,17 @@ async fn refused(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, Value) {
-    let mut args = vec!["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method];
+    let mut args = vec![
+        "-s",
+        "--max-time",
+        "15",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "-X",
+        method,
+    ];
     let header_args: Vec<String> = headers.iter().map(|(k, v)| format!("{k}: {v}")).collect();
     for h in &header_args {
         args.extend(["-H", h.as_str()]);
@@ -316,7 +326,7 @@ async fn a_reader_that_stops_is_dropped_and_drain_sends_a_retry_hint() {
         assert_eq!(p["offset"], expected);
     }
     for p in publishers {
-        p.await.unwrap();
+        herald_testkit::joined(p, std::time::Duration::from_secs(120), "a publisher").await;
     }
     let mut gone = false;
     for _ in 0..50 {

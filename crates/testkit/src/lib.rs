@@ -46,3 +46,17 @@ pub fn free_port() -> u16 {
         }
     }
 }
+
+/// Wait for a spawned task's result, at most `limit`, failing with `what` it was doing: a task
+/// that never ends fails the test instead of hanging the suite.
+pub async fn joined<T>(
+    task: tokio::task::JoinHandle<T>,
+    limit: std::time::Duration,
+    what: &str,
+) -> T {
+    match tokio::time::timeout(limit, task).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => panic!("{what}: the task failed: {e}"),
+        Err(_) => panic!("{what}: not done within {limit:?}"),
+    }
+}

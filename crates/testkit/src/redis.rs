@@ -312,7 +312,8 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let bin = cli_bin();
         let mut cmd = Command::new(&bin);
-        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        // -t: a server that does not answer the connect fails the call instead of hanging it.
+        cmd.args(["-t", "10", "-h", "127.0.0.1", "-p", &self.port.to_string()]);
         if let Some(pw) = self.password() {
             cmd.args(["--no-auth-warning", "-a", pw]);
         }
