@@ -662,7 +662,8 @@ async fn skipped_records_reach_the_dead_letter_topic_before_their_offsets_commit
              [consumers.kafka]\nbrokers = \"{bootstrap}\"\ntopics = \"cmds\"\n\
              group_id = \"g-dead\"\ndead_letter_topic = \"cmds-dead\"\n\
              stats_interval_ms = 500\nsession_timeout_ms = 6000\n\
-             [consumers.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n"
+             [consumers.kafka.properties]\n\"allow.auto.create.topics\" = \"false\"\n\
+             \"message.timeout.ms\" = \"5000\"\n"
         ),
     );
     let node = Node::start(&["--dev", "--config", &*file], &[]).await;
@@ -692,27 +693,40 @@ async fn skipped_records_reach_the_dead_letter_topic_before_their_offsets_commit
         .unwrap_or_else(|(e, _)| panic!("produce: {e}"));
     }
 
-    // No dead-letter topic yet: the first record waits uncommitted, the good one behind it too.
-    metric_reaches(
-        &node,
-        r#"herald_kafka_lag{consumer="g-dead",topic="cmds",partition="0"}"#,
-        4.0,
-    )
-    .await;
-    assert!(
-        client.next_within(Duration::from_secs(3)).await.is_none(),
-        "the good record waits behind the one not yet dead-lettered"
+    // No dead-letter topic yet: producing the first record there fails and is tried again, the
+    // record stays uncommitted, and the good one behind it waits.
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while metric_value(&node, r#"herald_kafka_retries_total{consumer="g-dead"}"#).await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no failed dead-letter produce"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // (Pings may come meanwhile; no publication.)
+    while let Some(m) = client.next_within(Duration::from_secs(2)).await {
+        assert!(
+            m.get("pub").is_none(),
+            "the good record waits behind the one not yet dead-lettered: {m}"
+        );
+    }
+    assert_eq!(
+        committed(&bootstrap, "g-dead", "cmds").await,
+        None,
+        "nothing committed before the dead-letter topic acknowledged"
     );
 
     create_topic(&bootstrap, "cmds-dead", 1).await;
     let seen = collect(&mut client, |s| count(s) >= 1).await;
     assert_eq!(indexes(&seen["good"]), [0]);
-    metric_reaches(
-        &node,
-        r#"herald_kafka_lag{consumer="g-dead",topic="cmds",partition="0"}"#,
-        0.0,
-    )
-    .await;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while committed(&bootstrap, "g-dead", "cmds").await != Some(4) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "every offset committed once dead-lettered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for reason in ["malformed", "oversized", "refused"] {
         metric_reaches(
             &node,
@@ -772,4 +786,30 @@ fn headers_error(m: &rdkafka::message::OwnedMessage) -> String {
         .and_then(|h| h.value)
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .unwrap_or_default()
+}
+
+/// The offset `group` committed on partition 0 of `topic` (none when it committed nothing), read
+/// without joining the group.
+async fn committed(bootstrap: &str, group: &str, topic: &str) -> Option<i64> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let (bootstrap, group, topic) = (bootstrap.to_owned(), group.to_owned(), topic.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let reader: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", &group)
+            .create()
+            .expect("consumer");
+        let mut partitions = TopicPartitionList::new();
+        partitions.add_partition(&topic, 0);
+        let offsets = reader
+            .committed_offsets(partitions, Duration::from_secs(10))
+            .expect("read the committed offsets");
+        match offsets.elements()[0].offset() {
+            Offset::Offset(n) => Some(n),
+            _ => None,
+        }
+    })
+    .await
+    .expect("committed offsets")
 }
