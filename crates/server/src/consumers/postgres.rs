@@ -245,7 +245,9 @@ struct Shared {
 
 /// A failed statement or connection of a worker or the listener, as it is reported.
 enum Failure {
-    /// The connection could not be made, failed or closed: it is opened again.
+    /// No connection could be made (or its statements prepared): tried again.
+    Unreachable(String),
+    /// The connection failed or closed: it is opened again.
     Lost(String),
     /// PostgreSQL refused a statement and the connection works (a missing table, say); with
     /// `denied`, for want of a privilege, and the text names the missing ones.
@@ -301,6 +303,7 @@ impl Shared {
     /// worker until someone grants it.
     fn report(&self, who: &str, failure: &Failure) {
         let (key, cause) = match failure {
+            Failure::Unreachable(c) => (format!("{who} unreachable {c}"), c),
             Failure::Lost(c) => (format!("{who} lost {c}"), c),
             Failure::Refused { text, .. } => (format!("{who} refused {text}"), text),
         };
@@ -317,6 +320,9 @@ impl Shared {
         match (failure, fresh) {
             (_, false) => {
                 tracing::debug!(consumer = %name, cause = %cause, "outbox {who} failed again")
+            }
+            (Failure::Unreachable(_), true) => {
+                tracing::warn!(consumer = %name, cause = %cause, "outbox {who} could not connect to PostgreSQL and prepare its statements; trying again")
             }
             (Failure::Lost(_), true) => {
                 tracing::warn!(consumer = %name, cause = %cause, "outbox {who} lost PostgreSQL; reconnecting")
@@ -586,7 +592,7 @@ async fn listen_once(
     let (client, _driver) = shared
         .connect_with(Some(notified))
         .await
-        .map_err(|e| Failure::Lost(describe(&e)))?;
+        .map_err(|e| Failure::Unreachable(describe(&e)))?;
     match listening(shared, &client, notifications, stop, backoff).await {
         Ok(()) => Ok(()),
         Err(Some(e)) => Err(shared.failure(&client, &e).await),
@@ -657,7 +663,7 @@ async fn worker(shared: Arc<Shared>, w: usize) {
             Ok(c) => c,
             Err(e) => {
                 // Connecting, or preparing on a new connection (a missing table, say).
-                shared.report("worker", &Failure::Lost(describe(&e)));
+                shared.report("worker", &Failure::Unreachable(describe(&e)));
                 if sleep_or_stop(&mut stop, backoff.next()).await {
                     return;
                 }
