@@ -60,3 +60,91 @@ pub async fn joined<T>(
         Err(_) => panic!("{what}: not done within {limit:?}"),
     }
 }
+
+/// How often [`eventually`] and [`eventually_some`] look again: often enough that a test waits
+/// little past the moment the state is reached, rarely enough not to load a busy machine.
+const POLL: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Wait until `check` is true, looking every few milliseconds, at most `limit`; panics naming
+/// `what` it waited for. For a state the test cannot be told about (a node noticed something, a
+/// subscription took effect, a metric moved): a fixed sleep would be slow on a quiet machine and
+/// too short on a busy one.
+pub async fn eventually<F, Fut>(limit: std::time::Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    eventually_some(limit, what, || {
+        let fut = check();
+        async move { fut.await.then_some(()) }
+    })
+    .await
+}
+
+/// Like [`eventually`], for a check that finds a value: waits until `check` gives `Some`, and
+/// returns it.
+pub async fn eventually_some<T, F, Fut>(limit: std::time::Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        // The check itself is bounded too: one that never returns must not outlive the limit.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, check()).await {
+            Ok(Some(v)) => return v,
+            Ok(None) => {}
+            Err(_) => panic!("timed out after {limit:?} waiting for: {what}"),
+        }
+        if tokio::time::Instant::now() + POLL > deadline {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn eventually_returns_once_the_check_holds() {
+        let n = AtomicU32::new(0);
+        eventually(Duration::from_secs(5), "the third look", || async {
+            n.fetch_add(1, Ordering::SeqCst) >= 2
+        })
+        .await;
+        assert_eq!(n.load(Ordering::SeqCst), 3);
+        let v = eventually_some(Duration::from_secs(5), "a value", || async { Some(7) }).await;
+        assert_eq!(v, 7);
+    }
+
+    #[tokio::test]
+    async fn eventually_names_what_it_waited_for() {
+        let limit = Duration::from_millis(200);
+        let err = tokio::spawn(eventually(limit, "the sky to fall", || async { false }))
+            .await
+            .expect_err("it should fail");
+        let p = err.into_panic();
+        let msg = p.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("waiting for: the sky to fall"), "{msg}");
+        // A check that never returns is cut off at the limit too.
+        let stuck = tokio::spawn(eventually(limit, "a stuck check", || async {
+            std::future::pending::<()>().await;
+            true
+        }));
+        let err = tokio::time::timeout(Duration::from_secs(5), stuck)
+            .await
+            .expect("the limit bounds a stuck check")
+            .expect_err("it should fail");
+        let msg = err
+            .into_panic()
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(msg.contains("a stuck check"), "{msg}");
+    }
+}

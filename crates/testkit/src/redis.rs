@@ -312,17 +312,12 @@ impl RedisServer {
     pub fn cli(&self, args: &[&str]) -> String {
         let bin = cli_bin();
         let mut cmd = Command::new(&bin);
-        // -t: a server that does not answer the connect fails the call instead of hanging it.
-        cmd.args(["-t", "10", "-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        cmd.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
         if let Some(pw) = self.password() {
             cmd.args(["--no-auth-warning", "-a", pw]);
         }
-        let out = cmd
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| missing(&bin, e));
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        cmd.args(args);
+        stdout_within(cmd, CLI_TIMEOUT, &bin, &args.join(" "))
     }
 }
 
@@ -330,6 +325,42 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// How long one `redis-cli` call may take.
+const CLI_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Run `cmd` and return its trimmed stdout; kills it and panics naming `what` when it is not done
+/// within `limit`, so a server that never answers fails the call instead of hanging it. (The
+/// bound is kept here rather than with `redis-cli -t`, which Redis 7.0's client does not know.)
+fn stdout_within(mut cmd: Command, limit: Duration, bin: &str, what: &str) -> String {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| missing(bin, e));
+    // Read on a thread: a large reply must not fill the pipe while this one waits for the exit.
+    let mut stdout = child.stdout.take().expect("piped stdout");
+    let reader = std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = stdout.read_to_end(&mut out);
+        out
+    });
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("`{bin} {what}` did not finish within {limit:?}");
+            }
+        }
+    }
+    let out = reader.join().expect("stdout reader");
+    String::from_utf8_lossy(&out).trim().to_owned()
 }
 
 /// Send `PING` (after `AUTH` when a password is set) and expect `+PONG`.
@@ -534,6 +565,23 @@ mod tests {
         let port = r.port();
         drop(r);
         assert!(!ping(port, None), "killed on drop");
+    }
+
+    #[test]
+    fn a_cli_call_that_never_ends_fails_within_its_limit() {
+        let started = Instant::now();
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            stdout_within(cmd, Duration::from_millis(300), "sleep", "30")
+        }))
+        .expect_err("it should fail");
+        let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("did not finish within"), "{msg}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "killed at the limit"
+        );
     }
 
     #[test]
