@@ -457,6 +457,12 @@ async fn a_retryable_failure_is_retried_until_the_broker_is_back() {
     });
     let mut env = consumer_env(&bootstrap, "retried", "g-retry");
     env.push(("HERALD_BROKER_URL".into(), redis.url()));
+    // This Redis keeps every write (appendfsync always), so it may be declared: the restart
+    // then keeps the channel's epoch and its history (otherwise a new epoch starts).
+    env.push((
+        "HERALD_REDIS__SYNCHRONOUS_PERSISTENCE".into(),
+        "true".into(),
+    ));
     env.push(("HERALD_CONSUMERS__KAFKA__RETRY_MAX_MS".into(), "300".into()));
     let node = start_node(&["--dev"], &env).await;
     let p = producer(&bootstrap);
