@@ -221,5 +221,17 @@ mod tests {
             ConsumersConfig::load(Some(&twice)).is_err(),
             "same name twice"
         );
+        let into_itself = serde_json::json!({"kafka": {
+            "brokers": "k:9092", "topics": "a", "dead_letter_topic": "a"
+        }});
+        assert!(ConsumersConfig::load(Some(&into_itself)).is_err());
+        let dead = serde_json::json!({"kafka": {
+            "brokers": "k:9092", "topics": "a", "dead_letter_topic": "a-dead"
+        }});
+        let c = ConsumersConfig::load(Some(&dead)).expect("valid");
+        assert_eq!(
+            c.kafka_consumers()[0].dead_letter_topic.as_deref(),
+            Some("a-dead")
+        );
     }
 }
