@@ -277,7 +277,7 @@ impl Metrics {
             ),
             kafka_failed: reg!(
                 "kafka_failed",
-                "Kafka records skipped in whole or in part (malformed or refused)",
+                "Kafka records skipped in whole or in part (malformed, oversized or refused)",
                 Family::default()
             ),
             kafka_retries: reg!(
