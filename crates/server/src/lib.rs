@@ -17,14 +17,21 @@
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
 //! - `compression`: permessage-deflate for both WebSocket endpoints: the offer, the answer, and
 //!   compressed messages (a fan-out's frame compressed once per worker thread).
+//! - `engine`: the one connection engine. `engine::driver::Driver` is the loop every client
+//!   connection runs (queued frames, the client's input, a timer, the drain: read, dispatch,
+//!   write in batches, close), generic over a `Transport` (what carries frames: write a batch,
+//!   flush, close with a code, the client's input) and a `Protocol` (the session: Herald's or
+//!   Pusher's). `engine::policy` holds what every connection shares once: the write timeout,
+//!   slow-consumer counting, the drain's close, the ping schedule. `engine::herald` is Herald's
+//!   protocol (the `Session` and its timers). The transports are adapters in their endpoints'
+//!   modules: `ws::connection` (Herald's WebSocket, with the fan-out's direct writes),
+//!   `pusher::ws` (Pusher's WebSocket and Pusher's protocol), `uni::run` (SSE and NDJSON),
+//!   `emulation::run` (emulated WebSocket: `POST`s up, SSE down).
 //! - [`ws`]: the `/ws` upgrade and running a client's text message (shared with emulated
 //!   connections); it also enforces `limits.max_connections` (counted over connections that
 //!   completed `connect`, so sockets that never authenticate cannot lock others out).
-//!   `ws::connection`: one WebSocket connection's task, a `Connection` with one method per event
-//!   (queued frames, a client message, a timer, the drain): read, dispatch, write in batches,
-//!   ping, close.
-//! - `liveness`: a two-way connection's timers (handshake, pings and pongs, token expiry), shared
-//!   by WebSocket and emulated connections.
+//! - `liveness`: a Herald connection's timers (handshake, pings and pongs, token expiry), shared
+//!   by every transport of Herald's protocol (a one-way stream owes no pongs).
 //! - [`tls`]: rustls server config from PEM files.
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
@@ -43,6 +50,7 @@ pub mod brokers;
 mod compression;
 pub mod consumers;
 pub mod emulation;
+mod engine;
 pub mod guard;
 mod handshake;
 pub mod http;

@@ -1,6 +1,7 @@
-//! A two-way connection's timers and what each means: before `connect`, the handshake deadline;
-//! after it, protocol pings and the pong each is owed, and token expiry. Shared by WebSocket and
-//! emulated connections, whose loops differ only in how they read and write.
+//! A Herald connection's timers and what each means: before `connect`, the handshake deadline;
+//! after it, protocol pings and the pong each is owed (the schedule is the engine's, see
+//! `crate::engine::policy::Pings`), and token expiry. Shared by every transport of Herald's
+//! protocol: a one-way stream is connected from the start and owes no pongs.
 
 use std::time::Duration;
 
@@ -11,28 +12,31 @@ use herald_protocol::encode::PING;
 use herald_protocol::CloseCode;
 use tokio::time::Instant;
 
+use crate::engine::policy::{Pings, Tick};
 use crate::ws::close_request;
 
 /// The timers of one connection.
 pub(crate) struct Liveness {
     handshake_deadline: Instant,
-    ping_every: Duration,
-    pong_timeout: Duration,
-    next_ping: Instant,
-    pong_due: Option<Instant>,
+    pings: Pings,
 }
 
 impl Liveness {
-    /// Timers for a connection opened now.
+    /// Timers for a two-way connection opened now.
     pub(crate) fn new(config: &herald_core::Config) -> Self {
+        Self::with_pongs(config, Some(Duration::from_secs(config.pong_timeout_s)))
+    }
+
+    /// Timers for a one-way stream, connected before it opens: its client cannot answer pings.
+    pub(crate) fn one_way(config: &herald_core::Config) -> Self {
+        Self::with_pongs(config, None)
+    }
+
+    fn with_pongs(config: &herald_core::Config, pong_timeout: Option<Duration>) -> Self {
         let now = Instant::now();
-        let ping_every = Duration::from_secs(config.ping_interval_s);
         Liveness {
             handshake_deadline: now + Duration::from_millis(config.limits.handshake_timeout_ms),
-            ping_every,
-            pong_timeout: Duration::from_secs(config.pong_timeout_s),
-            next_ping: now + ping_every,
-            pong_due: None,
+            pings: Pings::every(Duration::from_secs(config.ping_interval_s), pong_timeout),
         }
     }
 
@@ -41,9 +45,7 @@ impl Liveness {
         if !session.is_connected() {
             return self.handshake_deadline;
         }
-        let mut d = self
-            .pong_due
-            .map_or(self.next_ping, |p| p.min(self.next_ping));
+        let mut d = self.pings.deadline();
         if let Some(exp) = session.expires_at() {
             d = d.min(Instant::from_std(exp));
         }
@@ -52,7 +54,7 @@ impl Liveness {
 
     /// The client sent a message: that answers any ping.
     pub(crate) fn heard(&mut self) {
-        self.pong_due = None;
+        self.pings.heard();
     }
 
     /// The deadline passed: the close it calls for (with the frames still queued), or a ping
@@ -77,15 +79,16 @@ impl Liveness {
                 return Some((out.drain().frames, req));
             }
         }
-        if self.pong_due.is_some_and(|due| due <= now) {
-            let req = close_request(CloseCode::NO_PONG, "no pong in time");
-            return Some((Vec::new(), req));
+        match self.pings.on_timer(now) {
+            Tick::Late => {
+                let req = close_request(CloseCode::NO_PONG, "no pong in time");
+                Some((Vec::new(), req))
+            }
+            Tick::Ping => {
+                out.push(Bytes::from_static(PING));
+                None
+            }
+            Tick::Quiet => None,
         }
-        if self.next_ping <= now {
-            out.push(Bytes::from_static(PING));
-            self.pong_due = Some(now + self.pong_timeout);
-            self.next_ping = now + self.ping_every;
-        }
-        None
     }
 }

@@ -1,7 +1,8 @@
 //! Herald's WebSocket endpoint (`/ws`): the upgrade, and running a client's text message, which
-//! WebSocket and emulated connections share. Each upgraded socket is served by one task,
-//! [`connection::Connection`]: it reads commands, hands them to the [`Session`], writes queued
-//! frames in batches, pings, and closes with the protocol's close codes.
+//! WebSocket and emulated connections share. Each upgraded socket is served by one task, the
+//! engine's driver (crate::engine) over the WebSocket transport of [`connection`]: it reads
+//! commands, hands them to the [`Session`], writes queued frames in batches, pings, and closes
+//! with the protocol's close codes.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,8 +28,6 @@ use crate::state::App;
 
 mod connection;
 mod shared;
-
-use connection::Connection;
 
 /// Answer the upgrade request and spawn the connection's task.
 pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
@@ -121,7 +120,7 @@ fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
     on_upgrade.then(move |upgraded| match upgraded {
         Ok(upgraded) => {
             let ws = handshake::serve(upgraded, max_frame, compress);
-            Either::Left(Connection::new(app, ws, meta, ip_slot).run())
+            Either::Left(connection::connection(app, ws, meta, ip_slot).run())
         }
         Err(e) => {
             tracing::debug!(cause = %e, "upgrade failed");
@@ -167,7 +166,7 @@ pub(crate) async fn handle_text(
 }
 
 /// Parse a text frame's messages and run them; stop at the first that closes the connection.
-async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
+pub(crate) async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
     for parsed in parse_frame(text) {
         let message = match parsed {
             Ok(m) => m,

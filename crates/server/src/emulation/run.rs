@@ -1,10 +1,13 @@
-//! The task of one emulated connection: the WebSocket connection loop (see `crate::ws`) with
-//! messages read from the session's inbox instead of a socket, and frames written as SSE events.
+//! An emulated connection as the engine drives it (crate::engine): Herald's protocol, as on
+//! WebSocket, over a transport whose messages come from the session's inbox (the `POST`s) and
+//! whose frames go down as SSE events.
 //!
 //! Down the stream: `event: session` first (the id to post to), then each server frame as an
 //! unnamed event whose data is the frame, exactly as WebSocket would carry it, and at the end
 //! `event: close` with `{"code", "reason"}`, the WebSocket close frame's equivalent.
 
+use std::future::Future;
+use std::ops::ControlFlow::Break;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,16 +16,17 @@ use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::outbound::CloseRequest;
 use herald_core::proxy::ClientMeta;
 use herald_core::{Outbound, Session};
-use herald_protocol::encode::push_disconnect;
 use herald_protocol::CloseCode;
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, timeout};
 
 use super::{Inbound, Registered};
+use crate::engine::driver::Driver;
+use crate::engine::herald::{close, Herald};
+use crate::engine::policy::timed;
+use crate::engine::{Closing, End, Parts, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
 use crate::liveness::Liveness;
 use crate::state::App;
-use crate::ws::{close_request, handle_text};
 
 /// Counts the connection while it lives.
 struct Counted(Arc<App>);
@@ -50,99 +54,105 @@ fn event(out: &mut BytesMut, frame: &[u8]) {
     out.put_slice(b"\n\n");
 }
 
-fn close_event(out: &mut BytesMut, req: &CloseRequest) {
-    let close = serde_json::json!({"code": req.code.0, "reason": req.reason});
+fn close_event(out: &mut BytesMut, code: u16, reason: &str) {
+    let close = serde_json::json!({"code": code, "reason": reason});
     out.put_slice(format!("event: close\ndata: {close}\n\n").as_bytes());
 }
 
-/// Run the connection until it ends.
-pub(crate) async fn run(
-    app: Arc<App>,
-    _registered: Registered,
-    mut inbox: mpsc::Receiver<Inbound>,
+/// The emulated connection's transport: the inbox up, the response body down.
+pub(crate) struct Emulated {
+    inbox: mpsc::Receiver<Inbound>,
     tx: mpsc::Sender<Bytes>,
-    ip_slot: Option<Arc<IpSlot>>,
-    meta: Option<ClientMeta>,
-) {
-    let _ip_slot = ip_slot;
-    let _counted = Counted::new(app.clone());
-    let metrics = app.ctx.hub.metrics().clone();
-    let config = app.ctx.config.clone();
-    let limits = &config.limits;
-    let write_limit = Duration::from_millis(limits.write_timeout_ms);
-    let out = Arc::new(Outbound::new(limits.outbound_queue_bytes));
-    let mut session = Session::new(app.ctx.clone(), out.clone());
-    if let Some(meta) = meta {
-        session.set_client_meta(meta);
-    }
-    let mut draining = app.draining.clone();
-    let mut liveness = Liveness::new(&config);
-    let send = |chunk: Bytes| {
-        let tx = tx.clone();
-        async move { matches!(timeout(write_limit, tx.send(chunk)).await, Ok(Ok(()))) }
-    };
+    _registered: Registered,
+    _counted: Counted,
+    _ip_slot: Option<Arc<IpSlot>>,
+}
 
-    let close = loop {
-        let deadline = liveness.deadline(&session);
-        tokio::select! {
-            biased;
-            _ = out.ready() => {
-                let drained = out.drain();
-                if !drained.controls.is_empty() {
-                    Box::pin(session.handle_controls(drained.controls)).await;
-                }
-                if let Some(req) = drained.close {
-                    if req.code == CloseCode::SLOW_CONSUMER {
-                        metrics.slow_consumers.inc();
-                    }
-                    break Some((drained.frames, req));
-                }
-                let mut chunk = BytesMut::new();
-                for frame in &drained.frames {
-                    event(&mut chunk, frame);
-                }
-                if !chunk.is_empty() && !send(chunk.freeze()).await {
-                    break None; // the client stopped reading or went away
-                }
+impl Emulated {
+    async fn send(&self, chunk: Bytes, limit: Duration) -> bool {
+        timed(limit, self.tx.send(chunk)).await
+    }
+}
+
+impl Transport for Emulated {
+    /// A `POST`'s message; `None` once the client went away.
+    type Input = Option<Inbound>;
+
+    fn next_input(&mut self) -> impl Future<Output = Option<Inbound>> + Send {
+        let (inbox, tx) = (&mut self.inbox, &self.tx);
+        async move {
+            tokio::select! {
+                biased;
+                inbound = inbox.recv() => inbound,
+                _ = tx.closed() => None,
             }
-            inbound = inbox.recv() => {
-                let text = match inbound {
-                    Some(Inbound::Text(text)) => text,
-                    Some(Inbound::TooLarge) => {
-                        break Some((Vec::new(), close_request(CloseCode::MESSAGE_TOO_LARGE, "message too large")));
-                    }
-                    None => break None,
-                };
-                liveness.heard();
-                if let Some(close) = Box::pin(handle_text(&app, &mut session, &out, &text)).await {
-                    break Some(close);
-                }
-            }
-            _ = sleep_until(deadline) => {
-                if let Some(close) = Box::pin(liveness.on_timer(&mut session, &out)).await {
-                    break Some(close);
-                }
-            }
-            changed = draining.changed() => {
-                if changed.is_ok() && *draining.borrow() {
-                    let after_ms = rand::random_range(0..config.drain_ms.max(1));
-                    out.close(CloseRequest { code: CloseCode::SHUTDOWN, reason: "server shutdown".into(), after_ms: Some(after_ms) });
-                }
-            }
-            _ = tx.closed() => break None, // the client went away
         }
-    };
-    if let Some((frames, req)) = close {
+    }
+
+    async fn write(&mut self, frames: Vec<Bytes>, limit: Duration) -> Written {
         let mut chunk = BytesMut::new();
         for frame in &frames {
             event(&mut chunk, frame);
         }
-        event(
-            &mut chunk,
-            &push_disconnect(req.code, &req.reason, req.after_ms),
-        );
-        close_event(&mut chunk, &req);
-        let _ = send(chunk.freeze()).await;
+        match self.send(chunk.freeze(), limit).await {
+            true => Written::Done,
+            false => Written::Failed,
+        }
     }
-    Box::pin(session.end()).await;
+
+    async fn close(&mut self, frames: Vec<Bytes>, closing: Closing<'_>, limit: Duration) {
+        let mut chunk = BytesMut::new();
+        for frame in &frames {
+            event(&mut chunk, frame);
+        }
+        event(&mut chunk, &closing.words);
+        close_event(&mut chunk, closing.code, closing.reason);
+        let _ = self.send(chunk.freeze(), limit).await;
+    }
+}
+
+impl Serve<Emulated> for Herald {
+    async fn on_input(
+        &mut self,
+        parts: Parts<'_, Emulated>,
+        inbound: Option<Inbound>,
+    ) -> Step<CloseRequest> {
+        match inbound {
+            Some(Inbound::Text(text)) => self.on_text(parts, &text).await,
+            Some(Inbound::TooLarge) => close(CloseCode::MESSAGE_TOO_LARGE, "message too large"),
+            None => Break(End::Gone),
+        }
+    }
+}
+
+/// The connection's task: it runs until the connection ends.
+///
+/// Not an `async fn`: an async fn's future holds its arguments beside what it awaits
+/// (rust-lang/rust#62958), and this task lives as long as the connection.
+pub(crate) fn run(
+    app: Arc<App>,
+    registered: Registered,
+    inbox: mpsc::Receiver<Inbound>,
+    tx: mpsc::Sender<Bytes>,
+    ip_slot: Option<Arc<IpSlot>>,
+    meta: Option<ClientMeta>,
+) -> impl Future<Output = ()> + Send {
+    let config = &app.ctx.config;
+    let out = Arc::new(Outbound::new(config.limits.outbound_queue_bytes));
+    let mut session = Session::new(app.ctx.clone(), out.clone());
+    if let Some(meta) = meta {
+        session.set_client_meta(meta);
+    }
+    let herald = Herald {
+        session,
+        liveness: Liveness::new(config),
+    };
+    let transport = Emulated {
+        inbox,
+        tx,
+        _registered: registered,
+        _counted: Counted::new(app.clone()),
+        _ip_slot: ip_slot,
+    };
+    Driver::new(app, transport, herald, out).run()
 }

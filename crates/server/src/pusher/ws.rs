@@ -1,12 +1,15 @@
-//! The Pusher WebSocket endpoint `/app/{key}`: the upgrade, then one task per connection that
-//! reads client messages, writes queued events (one Pusher message per WebSocket message, as
-//! Pusher clients expect), pings a silent client, and closes with Pusher's codes:
+//! The Pusher WebSocket endpoint `/app/{key}`: the upgrade, then one task per connection, the
+//! engine's driver (crate::engine) over a WebSocket transport that writes one Pusher message per
+//! WebSocket message, as Pusher clients expect ([`PusherWs`]), and Pusher's protocol
+//! ([`PusherProtocol`]): it reads client messages, writes queued events, pings a silent client,
+//! and closes with Pusher's codes:
 //! 4001 unknown app, 4007/4008 protocol version, 4100 over capacity, too slow a reader or a new
 //! connection to a draining node (reconnect later), 4200 node draining (the open connections:
 //! reconnect now, elsewhere), 4201 no pong, 4009 failed sign-in or closed by the server API
 //! (`terminate_connections`), 1009 a message over the codec's limit.
 
 use std::future::Future;
+use std::ops::ControlFlow::{Break, Continue};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,38 +17,31 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::Either;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use herald_core::outbound::CloseRequest;
+use herald_core::outbound::{CloseRequest, Control};
 use herald_core::Outbound;
 use herald_protocol::CloseCode;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper::Request;
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::{timeout, Instant};
+use tokio_websockets::Message;
 
 use super::apps::PusherApp;
 use super::codes;
 use super::conn::{ConnContext, PusherConn};
 use super::wire;
 use crate::compression;
+use crate::engine::driver::Driver;
+use crate::engine::policy::{self, timed, Pings, Tick};
+use crate::engine::{Closing, End, Parts, Protocol, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
 use crate::response::HttpResponse;
 use crate::state::App;
 
 use crate::handshake::{self, Ws};
 
-/// How the connection loop ends.
-enum Ending {
-    /// Send these frames, `pusher:error` and the close frame.
-    Close(Vec<Bytes>, Close),
-    /// The codec refused a message over its limit (`max_len` bytes) and queued its close frame
-    /// (1009).
-    TooLong(usize),
-    /// Nothing more can be sent: the client closed or left, or a write failed.
-    Gone,
-}
-
 /// Why a Pusher connection ends: a protocol close code and message.
-struct Close {
+pub(crate) struct Close {
     code: u16,
     message: String,
 }
@@ -170,7 +166,7 @@ fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
 /// Close a connection refused at the upgrade (unknown app, protocol version, draining).
 async fn refuse(app: Arc<App>, mut ws: Ws, refusal: Option<Box<Close>>) {
     let refusal = refusal.map_or_else(|| close(codes::APP_NOT_FOUND, "unknown app"), |r| *r);
-    finish(&mut ws, Vec::new(), &refusal, write_timeout(&app)).await;
+    finish(&mut ws, Vec::new(), &refusal, policy::write_timeout(&app)).await;
 }
 
 /// Counts the connection (node-wide and per app) while it lives.
@@ -184,138 +180,234 @@ impl Drop for Counted {
     }
 }
 
-fn write_timeout(app: &App) -> Duration {
-    Duration::from_millis(app.ctx.config.limits.write_timeout_ms)
-}
-
-/// The connection's task (heavy awaits boxed, as in the Herald WebSocket task, so that an idle
-/// connection's future stays small: settings are read from `app` where they are needed, not
-/// copied into the task).
+/// The connection's task: count it, refuse it over the app's or the node's connection limit,
+/// else drive it.
 ///
-/// Not an `async fn`: an async fn's future holds its arguments twice (rust-lang/rust#62958), and
-/// one of them is the WebSocket stream.
-#[allow(clippy::manual_async_fn)]
+/// Not an `async fn`: the refusals are boxed, so that the task of a connection that is served
+/// holds only the driver's future (every idle connection keeps it).
 fn run(
     app: Arc<App>,
     pusher_app: Arc<PusherApp>,
     mut ws: Ws,
     ip_slot: Option<Arc<IpSlot>>,
 ) -> impl Future<Output = ()> + Send {
-    async move {
-        let _ip_slot = ip_slot;
-        app.ws_connections.fetch_add(1, Ordering::Relaxed);
-        let metrics = app.ctx.hub.metrics();
-        metrics.connections.inc();
-        metrics.connections_accepted.inc();
-        let open = pusher_app.connections.fetch_add(1, Ordering::Relaxed) + 1;
-        let _counted = Counted(app.clone(), pusher_app.clone());
-        let max = pusher_app.config.max_connections;
-        if max > 0 && open > max {
-            let refusal = close(
-                codes::OVER_CAPACITY,
-                "Over capacity: the app's connection limit is reached",
-            );
-            Box::pin(finish(&mut ws, Vec::new(), &refusal, write_timeout(&app))).await;
-            return;
-        }
-        let out = Arc::new(Outbound::new(app.ctx.config.limits.outbound_queue_bytes));
-        let ctx = ConnContext {
-            node: app.clone(),
-            app: pusher_app,
-        };
-        let activity_timeout_s = app.pusher.settings.activity_timeout_s;
-        let mut conn = PusherConn::open(ctx, out.clone(), activity_timeout_s);
-        // The node-wide limit counts Herald and Pusher connections alike.
-        let max_connections = app.ctx.config.limits.max_connections;
-        if max_connections > 0 && app.ctx.hub.connection_count() > max_connections {
-            out.drain();
-            let refusal = close(
-                codes::OVER_CAPACITY,
-                "Over capacity: the node's connection limit is reached",
-            );
-            Box::pin(finish(&mut ws, Vec::new(), &refusal, write_timeout(&app))).await;
-            Box::pin(conn.end()).await;
-            return;
-        }
-        let mut draining = app.draining.clone();
-        let mut last_heard = Instant::now();
-        let mut pong_due: Option<Instant> = None;
+    app.ws_connections.fetch_add(1, Ordering::Relaxed);
+    let metrics = app.ctx.hub.metrics();
+    metrics.connections.inc();
+    metrics.connections_accepted.inc();
+    let open = pusher_app.connections.fetch_add(1, Ordering::Relaxed) + 1;
+    let counted = Counted(app.clone(), pusher_app.clone());
+    let limit = policy::write_timeout(&app);
+    let max = pusher_app.config.max_connections;
+    if max > 0 && open > max {
+        let refusal = close(
+            codes::OVER_CAPACITY,
+            "Over capacity: the app's connection limit is reached",
+        );
+        return Either::Left(Box::pin(async move {
+            finish(&mut ws, Vec::new(), &refusal, limit).await;
+            drop((counted, ip_slot));
+        })
+            as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
+    }
+    let out = Arc::new(Outbound::new(app.ctx.config.limits.outbound_queue_bytes));
+    let ctx = ConnContext {
+        node: app.clone(),
+        app: pusher_app,
+    };
+    let activity_timeout_s = app.pusher.settings.activity_timeout_s;
+    let conn = PusherConn::open(ctx, out.clone(), activity_timeout_s);
+    // The node-wide limit counts Herald and Pusher connections alike.
+    let max_connections = app.ctx.config.limits.max_connections;
+    if max_connections > 0 && app.ctx.hub.connection_count() > max_connections {
+        out.drain();
+        let refusal = close(
+            codes::OVER_CAPACITY,
+            "Over capacity: the node's connection limit is reached",
+        );
+        return Either::Left(Box::pin(async move {
+            finish(&mut ws, Vec::new(), &refusal, limit).await;
+            conn.end().await;
+            drop((counted, ip_slot));
+        }));
+    }
+    let pong_timeout = Duration::from_secs(app.ctx.config.pong_timeout_s.max(1));
+    let protocol = PusherProtocol {
+        conn,
+        pings: Pings::after_silence(app.pusher.activity_timeout(), pong_timeout),
+    };
+    let transport = PusherWs {
+        ws,
+        _counted: counted,
+        _ip_slot: ip_slot,
+    };
+    Either::Right(Driver::new(app, transport, protocol, out).run())
+}
 
-        let ended = loop {
-            let deadline = pong_due.unwrap_or(last_heard + app.pusher.activity_timeout());
-            tokio::select! {
-                biased;
-                _ = out.ready() => {
-                    let drained = out.drain();
-                    if !drained.controls.is_empty() {
-                        Box::pin(conn.handle_controls(drained.controls)).await;
-                    }
-                    let frames: Vec<Bytes> = drained.frames.into_iter().filter_map(|f| conn.translate(f)).collect();
-                    if let Some(req) = drained.close {
-                        if req.code == CloseCode::SLOW_CONSUMER {
-                            app.ctx.hub.metrics().slow_consumers.inc();
-                        }
-                        break Ending::Close(frames, from_request(&req));
-                    }
-                    if Box::pin(write_frames(&mut ws, frames, write_timeout(&app))).await.is_err() {
-                        break Ending::Gone;
-                    }
-                }
-                incoming = ws.next() => {
-                    let message = match incoming {
-                        Some(Ok(m)) => m,
-                        Some(Err(tokio_websockets::Error::PayloadTooLong { max_len, .. })) => {
-                            break Ending::TooLong(max_len);
-                        }
-                        Some(Err(_)) | None => break Ending::Gone,
-                    };
-                    if message.is_close() {
-                        break Ending::Gone;
-                    }
-                    last_heard = Instant::now();
-                    pong_due = None;
-                    if message.is_ping() || message.is_pong() {
-                        continue;
-                    }
-                    let Some(text) = message.as_text() else {
-                        out.push(wire::error(None, "Binary messages are not part of the protocol"));
-                        continue;
-                    };
-                    if text.len() > app.ctx.config.limits.max_frame_bytes {
-                        out.push(wire::error(None, "Message too large"));
-                        continue;
-                    }
-                    if let Some((code, why)) = Box::pin(conn.handle(text)).await {
-                        let frames = out.drain().frames.into_iter().filter_map(|f| conn.translate(f)).collect();
-                        break Ending::Close(frames, close(code, why));
-                    }
-                }
-                _ = sleep_until(deadline) => {
-                    let now = Instant::now();
-                    if pong_due.is_some_and(|due| due <= now) {
-                        break Ending::Close(Vec::new(), close(codes::PONG_NOT_RECEIVED, "Pong reply not received"));
-                    }
-                    out.push(wire::ping());
-                    let pong_timeout = Duration::from_secs(app.ctx.config.pong_timeout_s.max(1));
-                    pong_due = Some(now + pong_timeout);
-                }
-                changed = draining.changed() => {
-                    if changed.is_ok() && *draining.borrow() {
-                        out.close(CloseRequest { code: CloseCode::SHUTDOWN, reason: "server shutdown".into(), after_ms: None });
-                    }
-                }
-            }
-        };
-        match ended {
-            Ending::Close(frames, why) => {
-                Box::pin(finish(&mut ws, frames, &why, write_timeout(&app))).await
-            }
-            Ending::TooLong(max_len) => {
-                Box::pin(refuse_too_long(&mut ws, max_len, write_timeout(&app))).await
-            }
-            Ending::Gone => {}
+/// Pusher's WebSocket: one message per frame, Pusher's close, no direct writes from the fan-out
+/// (each connection translates the hub's frames into its own events).
+pub(crate) struct PusherWs {
+    ws: Ws,
+    _counted: Counted,
+    /// The connection's place in `limits.max_connections_per_ip`, while it lives.
+    _ip_slot: Option<Arc<IpSlot>>,
+}
+
+impl Transport for PusherWs {
+    /// A message from the client, a codec error, or the end of its input.
+    type Input = Option<Result<Message, tokio_websockets::Error>>;
+
+    fn next_input(&mut self) -> impl Future<Output = Self::Input> + Send {
+        self.ws.next()
+    }
+
+    async fn write(&mut self, frames: Vec<Bytes>, limit: Duration) -> Written {
+        match Box::pin(write_frames(&mut self.ws, frames, limit)).await {
+            Ok(()) => Written::Done,
+            Err(()) => Written::Failed,
         }
-        Box::pin(conn.end()).await;
+    }
+
+    /// Pusher's drain close (4200) carries no reconnect delay.
+    fn drain_after_ms(_: &App) -> Option<u64> {
+        None
+    }
+
+    /// Send what is queued, `pusher:error` with the code, and the close frame with the same
+    /// code; wait briefly for the peer's close.
+    async fn close(&mut self, mut frames: Vec<Bytes>, closing: Closing<'_>, limit: Duration) {
+        frames.push(closing.words);
+        if write_frames(&mut self.ws, frames, limit).await.is_ok() {
+            handshake::close_and_wait(&mut self.ws, closing.code, closing.reason, limit).await;
+        }
+    }
+
+    /// The codec refused a message over its limit, read only the frame's header, and queued its
+    /// close frame (1009); it sends nothing else any more. `first` (a `pusher:error` as a raw text
+    /// frame) goes straight to the socket ahead of the close frame; then what the client still
+    /// uploads is read off for up to a second, so that it reads the close instead of a reset.
+    async fn linger(&mut self, first: Option<Bytes>, limit: Duration) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let ws = &mut self.ws;
+        let sent = timeout(limit, async {
+            if let Some(first) = first {
+                ws.get_mut().write_all(&first).await?;
+            }
+            ws.flush().await.map_err(std::io::Error::other)
+        })
+        .await;
+        if !matches!(sent, Ok(Ok(()))) {
+            return;
+        }
+        let _ = timeout(Duration::from_secs(1), async {
+            let io = ws.get_mut();
+            let _ = io.shutdown().await;
+            // On the heap: an array here would live in every connection's task state.
+            let mut buf = vec![0u8; 8192];
+            while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
+}
+
+/// A Pusher connection's protocol state and its ping schedule (a ping after
+/// `activity_timeout` of silence, a pong owed within `pong_timeout_s`).
+pub(crate) struct PusherProtocol {
+    conn: PusherConn,
+    pings: Pings,
+}
+
+impl Protocol for PusherProtocol {
+    type Close = Close;
+
+    fn close_request(req: CloseRequest) -> Close {
+        from_request(&req)
+    }
+
+    fn closing(close: &Close) -> Closing<'_> {
+        Closing {
+            code: close.code,
+            reason: &close.message,
+            after_ms: None,
+            words: wire::error(Some(close.code), &close.message),
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        self.pings.deadline()
+    }
+
+    async fn on_timer(&mut self, out: &Outbound) -> Option<(Vec<Bytes>, Close)> {
+        match self.pings.on_timer(Instant::now()) {
+            Tick::Late => Some((
+                Vec::new(),
+                close(codes::PONG_NOT_RECEIVED, "Pong reply not received"),
+            )),
+            Tick::Ping => {
+                out.push(wire::ping());
+                None
+            }
+            Tick::Quiet => None,
+        }
+    }
+
+    async fn handle_controls(&mut self, controls: Vec<Control>) {
+        self.conn.handle_controls(controls).await
+    }
+
+    fn translate(&mut self, frames: Vec<Bytes>) -> Vec<Bytes> {
+        frames
+            .into_iter()
+            .filter_map(|f| self.conn.translate(f))
+            .collect()
+    }
+
+    async fn end(self) {
+        self.conn.end().await
+    }
+}
+
+impl Serve<PusherWs> for PusherProtocol {
+    async fn on_input(
+        &mut self,
+        parts: Parts<'_, PusherWs>,
+        incoming: Option<Result<Message, tokio_websockets::Error>>,
+    ) -> Step<Close> {
+        let message = match incoming {
+            Some(Ok(m)) => m,
+            Some(Err(tokio_websockets::Error::PayloadTooLong { max_len, .. })) => {
+                let error = wire::error(
+                    Some(codes::MESSAGE_TOO_BIG),
+                    &format!("Message too large: the limit is {max_len} bytes"),
+                );
+                return Break(End::Linger(Some(Bytes::from(text_frame(&error)))));
+            }
+            Some(Err(_)) | None => return Break(End::Gone),
+        };
+        if message.is_close() {
+            return Break(End::Gone);
+        }
+        self.pings.heard();
+        if message.is_ping() || message.is_pong() {
+            return Continue(());
+        }
+        let out = parts.out;
+        let Some(text) = message.as_text() else {
+            out.push(wire::error(
+                None,
+                "Binary messages are not part of the protocol",
+            ));
+            return Continue(());
+        };
+        if text.len() > parts.app.ctx.config.limits.max_frame_bytes {
+            out.push(wire::error(None, "Message too large"));
+            return Continue(());
+        }
+        if let Some((code, why)) = Box::pin(self.conn.handle(text)).await {
+            let frames = self.translate(out.drain().frames);
+            return Break(End::Close(frames, close(code, why)));
+        }
+        Continue(())
     }
 }
 
@@ -332,9 +424,9 @@ async fn write_frames(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Resul
         }
         ws.flush().await
     };
-    match timeout(limit, write).await {
-        Ok(Ok(())) => Ok(()),
-        _ => Err(()),
+    match timed(limit, write).await {
+        true => Ok(()),
+        false => Err(()),
     }
 }
 
@@ -346,35 +438,6 @@ async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, why: &Close, limit: Duratio
         return;
     }
     handshake::close_and_wait(ws, why.code, &why.message, limit).await;
-}
-
-/// The codec refused a message over its limit, read only the frame's header, and queued its close
-/// frame (1009); it sends nothing else any more. Still tell the client why, as for every other
-/// close: write `pusher:error` (code 1009) straight to the socket as a text frame, ahead of the
-/// close frame, then read off what the client still uploads for up to a second so that it reads
-/// the close instead of a reset.
-async fn refuse_too_long(ws: &mut Ws, max_len: usize, limit: Duration) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let error = wire::error(
-        Some(codes::MESSAGE_TOO_BIG),
-        &format!("Message too large: the limit is {max_len} bytes"),
-    );
-    let sent = timeout(limit, async {
-        ws.get_mut().write_all(&text_frame(&error)).await?;
-        ws.flush().await.map_err(std::io::Error::other)
-    })
-    .await;
-    if !matches!(sent, Ok(Ok(()))) {
-        return;
-    }
-    let _ = timeout(Duration::from_secs(1), async {
-        let io = ws.get_mut();
-        let _ = io.shutdown().await;
-        // On the heap: an array here would live in every connection's task state.
-        let mut buf = vec![0u8; 8192];
-        while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
-    })
-    .await;
 }
 
 /// A server's text frame: final, unmasked, uncompressed (RFC 6455 5.2; uncompressed frames stay

@@ -1,15 +1,16 @@
-//! The task of one SSE or NDJSON connection: drain the session's queue into the response body,
-//! ping, expire tokens, drain on shutdown, and stop when the client goes away.
+//! One SSE or NDJSON connection as the engine drives it (crate::engine): Herald's protocol, with
+//! one-way timers (pings, token expiry; no pongs), over a transport that encodes the session's
+//! frames as SSE events or NDJSON lines ([`super::format`]) and whose only input is the client
+//! going away.
 //!
 //! The body goes to a [`Sink`]: hyper's response body through a small bounded channel
 //! ([`Channel`]), or the raw socket as HTTP/1.1 chunks ([`Socket`], for the streams
 //! [`super::direct`] took over from hyper). A client that stops reading blocks the write until
 //! `limits.write_timeout_ms` passes and the connection ends; meanwhile the outbound queue's byte
 //! limit closes it as a slow consumer (4001) as on WebSocket.
-//!
-//! The task lives as long as the connection, and an async fn's state is as large as its largest
-//! await point: rarely taken, deep awaits are boxed (as in the WebSocket task).
 
+use std::future::Future;
+use std::ops::ControlFlow::Break;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,13 +18,19 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use herald_core::outbound::CloseRequest;
 use herald_core::{Outbound, Session};
+use herald_protocol::encode::PING;
 use herald_protocol::CloseCode;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::time::timeout;
 
 use super::format::{Encoder, Format};
+use crate::engine::driver::Driver;
+use crate::engine::herald::Herald;
+use crate::engine::policy::timed;
+use crate::engine::{Closing, End, Parts, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
+use crate::liveness::Liveness;
 use crate::state::App;
 
 /// What a stream's task runs: an accepted stream whose first chunk is already on its way.
@@ -38,41 +45,50 @@ pub(crate) struct Stream {
 }
 
 /// Where a stream's body goes.
-pub(crate) trait Sink {
+pub(crate) trait Sink: Send {
     /// Write one chunk; false once the client stopped reading (the write timed out) or left.
-    async fn send(&mut self, chunk: Bytes) -> bool;
+    fn send(&mut self, chunk: Bytes) -> impl Future<Output = bool> + Send;
     /// Resolves when the client went away.
-    async fn gone(&mut self);
+    fn gone(&mut self) -> impl Future<Output = ()> + Send;
     /// The body ends.
-    async fn finish(self);
+    fn finish(&mut self) -> impl Future<Output = ()> + Send;
 }
 
 /// Hyper's response body, fed through a channel.
 pub(crate) struct Channel {
-    tx: mpsc::Sender<Bytes>,
+    /// `None` once the body ended.
+    tx: Option<mpsc::Sender<Bytes>>,
     write_limit: Duration,
 }
 
 impl Channel {
     pub(crate) fn new(tx: mpsc::Sender<Bytes>, write_limit: Duration) -> Self {
-        Channel { tx, write_limit }
+        Channel {
+            tx: Some(tx),
+            write_limit,
+        }
     }
 }
 
 impl Sink for Channel {
     async fn send(&mut self, chunk: Bytes) -> bool {
-        matches!(
-            timeout(self.write_limit, self.tx.send(chunk)).await,
-            Ok(Ok(()))
-        )
+        match &self.tx {
+            Some(tx) => timed(self.write_limit, tx.send(chunk)).await,
+            None => false,
+        }
     }
 
     async fn gone(&mut self) {
-        self.tx.closed().await
+        match &self.tx {
+            Some(tx) => tx.closed().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Dropping the sender ends hyper's body.
-    async fn finish(self) {}
+    async fn finish(&mut self) {
+        self.tx = None;
+    }
 }
 
 /// The raw connection, after the response head: the body as HTTP/1.1 chunks.
@@ -91,7 +107,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Socket<S> {
             self.io.write_all(bytes).await?;
             self.io.flush().await // TLS: the record may still sit in rustls's buffer
         };
-        matches!(timeout(self.write_limit, write).await, Ok(Ok(())))
+        timed(self.write_limit, write).await
     }
 }
 
@@ -121,7 +137,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Sink for Socket<S> {
     }
 
     /// The last chunk, then close: this connection serves no further request.
-    async fn finish(mut self) {
+    async fn finish(&mut self) {
         if self.write(b"0\r\n\r\n").await {
             let _ = timeout(self.write_limit, self.io.shutdown()).await;
         }
@@ -150,88 +166,109 @@ impl Drop for Counted {
     }
 }
 
-/// Run the connection until it ends.
-pub(crate) async fn run(app: Arc<App>, stream: Stream, mut sink: impl Sink) {
+/// A one-way stream's transport: the encoder and where its bytes go.
+pub(crate) struct OneWay<S> {
+    sink: S,
+    encoder: Encoder,
+    _counted: Counted,
+    _ip_slot: Option<Arc<IpSlot>>,
+}
+
+impl<S: Sink> OneWay<S> {
+    /// Encode `frames` into `chunk`: the close the first of them calls for, if any.
+    fn encode(&mut self, frames: &[Bytes], chunk: &mut BytesMut) -> Option<CloseRequest> {
+        let mut end = None;
+        for frame in frames {
+            if &frame[..] == PING {
+                self.encoder.ping(chunk);
+            } else if let Some(req) = self.encoder.push(frame, chunk) {
+                end = end.or(Some(req));
+            }
+        }
+        end
+    }
+}
+
+impl<S: Sink> Transport for OneWay<S> {
+    /// The client went away: a one-way stream's client sends nothing else.
+    type Input = ();
+
+    fn next_input(&mut self) -> impl Future<Output = ()> + Send {
+        self.sink.gone()
+    }
+
+    async fn write(&mut self, frames: Vec<Bytes>, _limit: Duration) -> Written {
+        let mut chunk = BytesMut::new();
+        let end = self.encode(&frames, &mut chunk);
+        if !chunk.is_empty() && !Box::pin(self.sink.send(chunk.freeze())).await {
+            return Written::Failed; // the client stopped reading or went away
+        }
+        match end {
+            Some(req) => Written::Close(req),
+            None => Written::Done,
+        }
+    }
+
+    /// Spread reconnects over the drain window, as on WebSocket, past a floor: SSE's `retry:`
+    /// outlives this stream (see `format::drain_after_ms`).
+    fn drain_after_ms(app: &App) -> Option<u64> {
+        Some(super::format::drain_after_ms(app.ctx.config.drain_ms))
+    }
+
+    /// The frames, then the stream's own `disconnect` (an SSE event with `retry:`, or the
+    /// NDJSON line), in one chunk.
+    async fn close(&mut self, frames: Vec<Bytes>, closing: Closing<'_>, _limit: Duration) {
+        let mut chunk = BytesMut::new();
+        self.encode(&frames, &mut chunk);
+        let req = CloseRequest {
+            code: CloseCode(closing.code),
+            reason: closing.reason.to_owned(),
+            after_ms: closing.after_ms,
+        };
+        self.encoder.disconnect(&req, &mut chunk);
+        let _ = Box::pin(self.sink.send(chunk.freeze())).await;
+    }
+
+    async fn finish(&mut self, _limit: Duration) {
+        Box::pin(self.sink.finish()).await
+    }
+}
+
+impl<S: Sink> Serve<OneWay<S>> for Herald {
+    async fn on_input(&mut self, _: Parts<'_, OneWay<S>>, _gone: ()) -> Step<CloseRequest> {
+        Break(End::Gone)
+    }
+}
+
+/// The connection's task: it runs until the connection ends.
+///
+/// Not an `async fn`: an async fn's future holds its arguments beside what it awaits
+/// (rust-lang/rust#62958), and this task lives as long as the stream.
+pub(crate) fn run(
+    app: Arc<App>,
+    stream: Stream,
+    sink: impl Sink,
+) -> impl Future<Output = ()> + Send {
     let Stream {
-        mut session,
+        session,
         out,
-        mut encoder,
-        mut end,
+        encoder,
+        end,
         format,
         ip_slot,
     } = stream;
-    let _ip_slot = ip_slot;
-    let _counted = Counted::new(app.clone(), format);
-    let config = app.ctx.config.clone();
-    let ping_every = Duration::from_secs(config.ping_interval_s);
-    let mut next_ping = Instant::now() + ping_every;
-    let mut draining = app.draining.clone();
-
-    let close = loop {
-        if let Some(req) = end.take() {
-            break Some(req);
-        }
-        let mut deadline = next_ping;
-        if let Some(exp) = session.expires_at() {
-            deadline = deadline.min(Instant::from_std(exp));
-        }
-        tokio::select! {
-            biased;
-            _ = out.ready() => {
-                let drained = out.drain();
-                if !drained.controls.is_empty() {
-                    Box::pin(session.handle_controls(drained.controls)).await;
-                }
-                let mut chunk = BytesMut::new();
-                for frame in &drained.frames {
-                    if let Some(req) = encoder.push(frame, &mut chunk) {
-                        end = end.or(Some(req));
-                    }
-                }
-                if let Some(req) = drained.close {
-                    if req.code == CloseCode::SLOW_CONSUMER {
-                        app.ctx.hub.metrics().slow_consumers.inc();
-                    }
-                    encoder.disconnect(&req, &mut chunk);
-                    let _ = Box::pin(sink.send(chunk.freeze())).await;
-                    break None;
-                }
-                if !chunk.is_empty() && !Box::pin(sink.send(chunk.freeze())).await {
-                    break None; // the client stopped reading or went away
-                }
-            }
-            _ = sleep_until(deadline) => {
-                let now = Instant::now();
-                if session.expires_at().is_some_and(|exp| Instant::from_std(exp) <= now) {
-                    if let Some(req) = Box::pin(session.expire(now.into_std())).await {
-                        break Some(req);
-                    }
-                }
-                if next_ping <= now {
-                    next_ping = now + ping_every;
-                    let mut chunk = BytesMut::new();
-                    encoder.ping(&mut chunk);
-                    if !Box::pin(sink.send(chunk.freeze())).await {
-                        break None;
-                    }
-                }
-            }
-            changed = draining.changed() => {
-                if changed.is_ok() && *draining.borrow() {
-                    // Spread reconnects over the drain window, as on WebSocket, past a floor:
-                    // SSE's `retry:` outlives this stream (see `format::drain_after_ms`).
-                    let after_ms = super::format::drain_after_ms(config.drain_ms);
-                    out.close(CloseRequest { code: CloseCode::SHUTDOWN, reason: "server shutdown".into(), after_ms: Some(after_ms) });
-                }
-            }
-            _ = sink.gone() => break None, // the client went away
-        }
-    };
-    if let Some(req) = close {
-        let mut chunk = BytesMut::new();
-        encoder.disconnect(&req, &mut chunk);
-        let _ = Box::pin(sink.send(chunk.freeze())).await;
+    if let Some(req) = end {
+        out.close(req);
     }
-    Box::pin(sink.finish()).await;
-    Box::pin(session.end()).await;
+    let herald = Herald {
+        session,
+        liveness: Liveness::one_way(&app.ctx.config),
+    };
+    let transport = OneWay {
+        sink,
+        encoder,
+        _counted: Counted::new(app.clone(), format),
+        _ip_slot: ip_slot,
+    };
+    Driver::new(app, transport, herald, out).run()
 }
