@@ -51,6 +51,23 @@ step "Kafka jars" 900 bash scripts/kafka-jars.sh
 
 step "cargo fmt --check" 300 cargo fmt --all -- --check
 
+# The patched crates in vendor/ (vendor/README.md): exactly crates.io + vendor/patches/, every
+# [patch] used, and the crates' own tests passing on the patched copies.
+step "vendored crates: check, unused [patch]" 600 bash -c \
+  'bash scripts/vendor-patches.sh selftest && bash scripts/vendor-patches.sh check && bash scripts/vendor-patches.sh unused'
+step "vendored crates: upstream tests" 1800 bash scripts/vendor-patches.sh test
+# cargo-deny (deny.toml): built once from crates.io (no prebuilt binary is reachable), then reused.
+command -v cargo-deny >/dev/null 2>&1 ||
+  step "cargo install cargo-deny" 1800 cargo install --locked cargo-deny --version 0.20.2
+step "cargo deny (bans, licences, sources)" 600 cargo deny --locked check bans licenses sources
+# The advisory database is a git repository on GitHub; a machine that reaches only package
+# registries cannot fetch it, and says so instead of failing.
+if timeout 30 git ls-remote https://github.com/rustsec/advisory-db HEAD >/dev/null 2>&1; then
+  step "cargo deny (advisories)" 600 cargo deny --locked check advisories
+else
+  echo "== cargo deny (advisories): SKIPPED, github.com/rustsec/advisory-db is not reachable"
+fi
+
 step "cargo clippy (-D warnings)" 2700 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo build" 2700 cargo build --workspace --all-targets --locked

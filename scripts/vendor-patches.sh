@@ -28,12 +28,15 @@ cargo_home=${CARGO_HOME:-$HOME/.cargo}
 # Build products of `test`, kept between runs so that CI rebuilds only what changed.
 test_target=${HERALD_VENDOR_TEST_TARGET:-$HOME/.cache/herald/vendor-test-target}
 
-# Which features `test` builds each crate with: Herald's own (the workspace Cargo.toml and
-# crates/server/Cargo.toml), so that the tests exercise the code Herald runs.
+# What `test` runs for each crate, with Herald's features (the workspace Cargo.toml and
+# crates/server/Cargo.toml), so that the tests exercise the code Herald runs. tokio-websockets:
+# every test the published crate has (unit, tests/, doc). rustls: its doc tests only; the
+# published crate leaves out the testdata/ and test-ca/ files its unit tests `include_bytes!`, so
+# those do not compile from it (vendor/README.md).
 test_args() {
   case $1 in
     tokio-websockets) echo "--features server,client,sha1_smol,fastrand" ;;
-    rustls) echo "--lib --no-default-features --features ring,std,tls12,logging" ;;
+    rustls) echo "--doc --no-default-features --features ring,std,tls12,logging" ;;
     *) echo "" ;;
   esac
 }
@@ -196,16 +199,24 @@ cmd_diff() {
 
 cmd_test() {
   local name version status=0
+  local src
   mkdir -p "$test_target"
   select_crates "$@"
   while read -r name version; do
     [ -n "$name" ] || continue
-    build "$name" "$version" "$work/$name" untrimmed
+    # The same folder every run, so that cargo reuses what it built for it (a new path would be a
+    # new package to cargo, and the target folder would grow every run).
+    src="$test_target.src/$name"
+    rm -rf "$src"
+    mkdir -p "$(dirname "$src")"
+    build "$name" "$version" "$src" untrimmed
+    # Its own workspace, wherever the folder is (never a member of Herald's, never patched).
+    printf '\n[workspace]\n' >>"$src/Cargo.toml"
     echo "== $name $version + patch: cargo test $(test_args "$name")"
     # No --locked: the crate's own Cargo.lock pins its dev-dependencies, and cargo adds only what
     # the patch adds (tokio-websockets: flate2).
     # shellcheck disable=SC2046
-    CARGO_TARGET_DIR="$test_target" cargo test --quiet --manifest-path "$work/$name/Cargo.toml" \
+    CARGO_TARGET_DIR="$test_target" cargo test --quiet --manifest-path "$src/Cargo.toml" \
       $(test_args "$name") || status=1
   done <<<"$selected"
   return "$status"
