@@ -48,6 +48,7 @@ impl ConsumersConfig {
             pg.validate()
                 .with_context(|| format!("invalid [consumers.postgres.{name}]"))?;
         }
+        kafka::ensure_supported(config.kafka_consumers().len(), kafka::SUPPORTED)?;
         let mut names = BTreeSet::new();
         for k in config.kafka_consumers() {
             k.validate().map_err(anyhow::Error::msg)?;
@@ -95,6 +96,8 @@ impl Consumers {
                 stop.clone(),
             )));
         }
+        kafka::ensure_supported(config.kafka_consumers().len(), kafka::SUPPORTED)?;
+        #[cfg(feature = "kafka")]
         for k in config.kafka_consumers() {
             let consumer = kafka::KafkaConsumer::new(k, ctx.clone())?;
             tasks.push(tokio::spawn(consumer.run(stop.clone())));
@@ -177,6 +180,7 @@ mod tests {
         assert!(!refused(r#"{"postgres": {"a": {"dsn": "host=h"}}}"#));
     }
 
+    #[cfg(feature = "kafka")]
     #[test]
     // figment's Jail closures return figment::Error, which is large by design.
     #[allow(clippy::result_large_err)]
@@ -208,6 +212,19 @@ mod tests {
         });
     }
 
+    /// Built without the `kafka` feature, a config naming a Kafka consumer fails to load
+    /// instead of being ignored.
+    #[cfg(not(feature = "kafka"))]
+    #[test]
+    fn kafka_consumers_are_refused_by_a_build_without_kafka() {
+        let one = serde_json::json!({"kafka": {"brokers": "k:9092", "topics": "a"}});
+        let e = ConsumersConfig::load(Some(&one)).unwrap_err().to_string();
+        assert!(e.contains("rebuild with --features kafka"), "{e}");
+        let pg = serde_json::json!({"postgres": {"a": {"dsn": "host=h"}}});
+        assert!(ConsumersConfig::load(Some(&pg)).is_ok());
+    }
+
+    #[cfg(feature = "kafka")]
     #[test]
     fn a_consumer_without_brokers_or_topics_is_refused() {
         let bad = serde_json::json!({"kafka": {"brokers": "k:9092", "topics": []}});

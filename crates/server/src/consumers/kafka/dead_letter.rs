@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
 use tokio::sync::watch;
 
-use super::Callbacks;
+use super::client::Callbacks;
 
 /// Headers Herald adds to a dead-lettered record (after the record's own).
 pub const REASON: &str = "herald.reason";
