@@ -391,6 +391,8 @@ async fn rpc_is_answered_by_the_backend_and_slow_calls_hold_up_nobody_else() {
     assert!(r["subscribe"].is_object(), "{r}");
     let slow_id = alice.send("rpc", json!({"method": "slow"})).await;
     let slow_sent = Instant::now();
+    // A head start, so that bob's call overlaps alice's: the backend shows no sign of a call in
+    // progress to wait for, and a late start would only weaken the check, never fail it.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = Instant::now();
     let mut bob = logged_in(&node, "bob").await;
@@ -447,6 +449,7 @@ async fn refresh_proxy_extends_or_ends_an_expiring_connection() {
 
     let closed = gone.closed().await;
     assert_eq!(closed.code, Some(4004));
+    // Time passes past the expiry that ended `gone`: the extended connection must see nothing.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let r = keep.call("subscribe", json!({"channel": "news"})).await;
     assert!(
@@ -473,6 +476,7 @@ async fn sub_refresh_proxy_extends_or_ends_an_expiring_subscription() {
         (&json!("room:short-drop"), &json!(4004)),
         "{unsub}"
     );
+    // Time passes past the expiry that ended the other subscription: this one must stay.
     tokio::time::sleep(Duration::from_millis(300)).await;
     node.publish("room:short-keep", json!("still here")).await;
     let p = alice.push("pub").await;
@@ -801,7 +805,7 @@ async fn counting_connection(mut tcp: tokio::net::TcpStream, delay: Duration, co
             }
         };
         seen.drain(..end);
-        // Wait, but notice a node that gives up and closes the connection meanwhile.
+        // The backend's answer takes `delay` (the point of this backend); wait, but notice a node that gives up and closes the connection meanwhile.
         counts.in_flight.up();
         let gone = tokio::select! {
             _ = tokio::time::sleep(delay) => false,

@@ -38,6 +38,7 @@ async fn dropped_client_recovers_everything_exactly_once() {
         tokio::spawn(async move {
             for i in 1..=total {
                 api.publish("stream", json!({"i": i})).await;
+                // Paced: publications keep coming while the client is away and back.
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         })
@@ -72,6 +73,7 @@ async fn dropped_client_recovers_everything_exactly_once() {
         }
         position = Some((sub["epoch"].clone(), *received.last().unwrap_or(&0)));
         drop(c);
+        // Away for over 2 s (the point): publications pile up for the recovery to bring back.
         tokio::time::sleep(Duration::from_millis(2100)).await;
     }
     herald_testkit::joined(publisher, Duration::from_secs(120), "the publisher").await;
@@ -109,6 +111,7 @@ async fn publications_racing_the_subscribe_are_neither_lost_nor_doubled() {
     for k in 0..12u64 {
         let node_addr = addr;
         joins.push(tokio::spawn(async move {
+            // Staggered on purpose: each joins at another point of the publishing.
             tokio::time::sleep(Duration::from_millis(15 * k)).await;
             let mut c = Client::open(node_addr, &[]).await;
             c.call("connect", json!({})).await;
