@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::{jetstream, Client, ConnectOptions, Event};
-use herald_broker::BrokerError;
+use herald_broker::{Backoff, BrokerError};
 use tokio::sync::mpsc;
 use tracing::info;
 
@@ -106,7 +106,9 @@ async fn connect_options(
     metrics: Arc<Metrics>,
     events: mpsc::UnboundedSender<Event>,
 ) -> Result<ConnectOptions, BrokerError> {
+    // 50 ms doubling on each failed attempt up to reconnect_max_delay_ms.
     let max_delay = Duration::from_millis(config.reconnect_max_delay_ms.max(10));
+    let backoff = Backoff::new(Duration::from_millis(50).min(max_delay), max_delay).exact();
     let mut options = ConnectOptions::new()
         .name(format!("herald-{node}"))
         .connection_timeout(Duration::from_millis(config.connect_timeout_ms.max(100)))
@@ -114,8 +116,7 @@ async fn connect_options(
         .max_reconnects(None)
         .ping_interval(Duration::from_secs(config.ping_interval_s.max(1)))
         .reconnect_delay_callback(move |attempts| {
-            let exp = Duration::from_millis(50u64 << attempts.min(10));
-            exp.min(max_delay)
+            backoff.delay_for_attempt(u32::try_from(attempts).unwrap_or(u32::MAX))
         })
         .event_callback(move |event| {
             match &event {

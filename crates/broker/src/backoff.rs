@@ -1,5 +1,5 @@
 //! Retry pacing, one helper for every retry loop of the node (broker reconnects, catch-up reads,
-//! webhook deliveries): a delay that doubles from `min` up to `max`, optionally with ±25 % jitter
+//! webhook deliveries, the PostgreSQL and Kafka consumers' retries): a delay that doubles from `min` up to `max`, optionally with ±25 % jitter
 //! so that many nodes or channels retrying at once spread out instead of arriving together.
 
 use std::time::Duration;
@@ -40,7 +40,19 @@ impl Backoff {
     pub fn next_delay(&mut self) -> Duration {
         let base = self.next;
         self.spent |= base >= self.max;
-        self.next = (self.next * 2).min(self.max);
+        self.next = self.next.saturating_mul(2).min(self.max);
+        self.jittered(base)
+    }
+
+    /// The delay before retry number `attempt` (0: the first, `min`), without changing this
+    /// backoff: for a client that asks by attempt number (async-nats' reconnect callback).
+    pub fn delay_for_attempt(&self, attempt: u32) -> Duration {
+        // 2^31 × 1 ms is weeks: any `max` a config gives is reached before the shift saturates.
+        let base = self.min.saturating_mul(1 << attempt.min(31)).min(self.max);
+        self.jittered(base)
+    }
+
+    fn jittered(&self, base: Duration) -> Duration {
         if self.jitter {
             base.mul_f64(0.75 + rand::random::<f64>() * 0.5)
         } else {
@@ -81,6 +93,30 @@ mod tests {
         let mut b = Backoff::new(ms(100), ms(400)).exact();
         let got: Vec<_> = std::iter::from_fn(|| b.next_delay_until_max()).collect();
         assert_eq!(got, [ms(100), ms(200), ms(400)]);
+    }
+
+    #[test]
+    fn attempts_by_number_double_up_to_max() {
+        let ms = Duration::from_millis;
+        let b = Backoff::new(ms(50), ms(2000)).exact();
+        let got: Vec<_> = (0..8).map(|n| b.delay_for_attempt(n)).collect();
+        assert_eq!(
+            got,
+            [
+                ms(50),
+                ms(100),
+                ms(200),
+                ms(400),
+                ms(800),
+                ms(1600),
+                ms(2000),
+                ms(2000)
+            ]
+        );
+        assert_eq!(b.delay_for_attempt(u32::MAX), ms(2000), "no overflow");
+        let mut huge = Backoff::new(Duration::MAX - Duration::from_secs(1), Duration::MAX).exact();
+        huge.next_delay();
+        assert_eq!(huge.next_delay(), Duration::MAX, "doubling saturates");
     }
 
     #[test]

@@ -22,7 +22,9 @@
 //! refuses a config that names a Kafka consumer at start-up ([`ensure_supported`]).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
+use herald_broker::Backoff;
 use herald_core::config::{lenient, Limits};
 use herald_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer};
@@ -212,6 +214,17 @@ impl KafkaConfig {
         self.name.as_deref().unwrap_or(&self.group_id)
     }
 
+    /// Waits between retries of one record (a publish, or producing it to the dead-letter
+    /// topic): `retry_initial_ms` doubling up to `retry_max_ms`, exactly (no jitter: a
+    /// consumer's partitions are spread over nodes already).
+    pub fn backoff(&self) -> Backoff {
+        Backoff::new(
+            Duration::from_millis(self.retry_initial_ms),
+            Duration::from_millis(self.retry_max_ms),
+        )
+        .exact()
+    }
+
     /// Refuse what cannot work, before anything connects.
     pub fn validate(&self) -> Result<(), String> {
         let name = self.name();
@@ -374,6 +387,29 @@ mod tests {
         );
         assert!(ensure_supported(0, false).is_ok());
         assert!(ensure_supported(2, true).is_ok());
+    }
+
+    #[test]
+    fn retries_double_from_initial_to_max() {
+        let c: KafkaConfigs = serde_json::from_value(serde_json::json!({
+            "brokers": "a:1", "topics": "t", "retry_initial_ms": 100, "retry_max_ms": 350
+        }))
+        .unwrap();
+        let mut b = c.into_vec()[0].backoff();
+        let ms = Duration::from_millis;
+        let got: Vec<_> = (0..4).map(|_| b.next_delay()).collect();
+        assert_eq!(got, [ms(100), ms(200), ms(350), ms(350)]);
+        let c: KafkaConfigs = serde_json::from_value(serde_json::json!({
+            "brokers": "a:1", "topics": "t", "retry_initial_ms": 500, "retry_max_ms": 100
+        }))
+        .unwrap();
+        let mut b = c.into_vec()[0].backoff();
+        assert_eq!(
+            b.next_delay(),
+            ms(500),
+            "a max below the first wait is the first wait"
+        );
+        assert_eq!(b.next_delay(), ms(500));
     }
 
     #[test]

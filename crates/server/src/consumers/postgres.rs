@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use futures_util::StreamExt;
+use herald_broker::Backoff;
 use herald_core::metrics::{consumer_labels, ConsumerLabels};
 use herald_core::NodeContext;
 use serde::Deserialize;
@@ -514,7 +515,7 @@ async fn create_table(shared: &Shared) -> bool {
         shared.names.table
     );
     let mut stop = shared.stop.clone();
-    let mut backoff = Backoff::default();
+    let mut backoff = new_backoff();
     loop {
         let result = async {
             let client = shared.connect().await?;
@@ -526,32 +527,16 @@ async fn create_table(shared: &Shared) -> bool {
                 tracing::warn!(consumer = %shared.name, cause = %describe(&e), "creating the outbox table failed; trying again")
             }
         }
-        if sleep_or_stop(&mut stop, backoff.next()).await {
+        if sleep_or_stop(&mut stop, backoff.next_delay()).await {
             return false;
         }
     }
 }
 
-/// Doubling waits between tries.
-struct Backoff(Duration);
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff(BACKOFF_MIN)
-    }
-}
-
-impl Backoff {
-    /// The wait before the next try (randomised ±25% so nodes do not retry in step).
-    fn next(&mut self) -> Duration {
-        let wait = self.0.mul_f64(0.75 + rand::random::<f64>() * 0.5);
-        self.0 = (self.0 * 2).min(BACKOFF_MAX);
-        wait
-    }
-
-    fn reset(&mut self) {
-        self.0 = BACKOFF_MIN;
-    }
+/// Waits between tries: doubling from [`BACKOFF_MIN`] to [`BACKOFF_MAX`], randomised ±25% so
+/// nodes do not retry in step.
+fn new_backoff() -> Backoff {
+    Backoff::new(BACKOFF_MIN, BACKOFF_MAX)
 }
 
 /// Sleep `d`; true when `stop` turned true (or its sender is gone) first.
@@ -569,13 +554,13 @@ async fn sleep_or_stop(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
 /// wake-ups; measure the lag on the same connection. Returns when stopped.
 async fn listen(shared: &Shared) {
     let mut stop = shared.stop.clone();
-    let mut backoff = Backoff::default();
+    let mut backoff = new_backoff();
     loop {
         match listen_once(shared, &mut stop, &mut backoff).await {
             Ok(()) => return,
             Err(failure) => shared.report("listener", &failure),
         }
-        if sleep_or_stop(&mut stop, backoff.next()).await {
+        if sleep_or_stop(&mut stop, backoff.next_delay()).await {
             return;
         }
     }
@@ -657,14 +642,14 @@ async fn worker(shared: Arc<Shared>, w: usize) {
     // Partitions waiting out a retryable failure: when to try again, and the backoff.
     let mut retry: HashMap<i32, (Instant, Backoff)> = HashMap::new();
     let mut stop = shared.stop.clone();
-    let mut backoff = Backoff::default();
+    let mut backoff = new_backoff();
     loop {
         let mut conn = match connect_worker(&shared).await {
             Ok(c) => c,
             Err(e) => {
                 // Connecting, or preparing on a new connection (a missing table, say).
                 shared.report("worker", &Failure::Unreachable(describe(&e)));
-                if sleep_or_stop(&mut stop, backoff.next()).await {
+                if sleep_or_stop(&mut stop, backoff.next_delay()).await {
                     return;
                 }
                 continue;
@@ -677,7 +662,7 @@ async fn worker(shared: Arc<Shared>, w: usize) {
                 shared.report("worker", &failure);
             }
         }
-        if sleep_or_stop(&mut stop, backoff.next()).await {
+        if sleep_or_stop(&mut stop, backoff.next_delay()).await {
             return;
         }
     }
@@ -780,8 +765,8 @@ async fn drain(
                 Batch::Retry => {
                     let (at, backoff) = retry
                         .entry(p)
-                        .or_insert_with(|| (Instant::now(), Backoff::default()));
-                    *at = Instant::now() + backoff.next();
+                        .or_insert_with(|| (Instant::now(), new_backoff()));
+                    *at = Instant::now() + backoff.next_delay();
                 }
             }
         }

@@ -18,7 +18,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
 use tokio::sync::watch;
 
-use super::dead_letter::{DeadLetter, Retry, Skipped};
+use super::dead_letter::{DeadLetter, Skipped};
 use super::{parse_record, record_key, KafkaConfig, Secret};
 use crate::publishing::execute;
 
@@ -447,8 +447,7 @@ impl Runner {
             }
         };
         let key = record_key(topic, partition, offset);
-        let mut delay = Duration::from_millis(self.config.retry_initial_ms);
-        let max = Duration::from_millis(self.config.retry_max_ms.max(self.config.retry_initial_ms));
+        let mut backoff = self.config.backoff();
         loop {
             let retry = match execute(&self.ctx, &cmd, Some(&key)).await {
                 Ok(done) if !done.retryable() => {
@@ -485,13 +484,13 @@ impl Runner {
             // Same key on every attempt: channels that published already answer their earlier
             // position instead of publishing twice.
             metrics.kafka_retries.get_or_create(&self.labels).inc();
+            let delay = backoff.next_delay();
             tracing::warn!(consumer, topic, partition, offset, cause = %retry, retry_in_ms = delay.as_millis() as u64, "kafka: publish failed, retrying");
             let mut stop = self.stop.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stop.wait_for(|s| *s) => return Handled::Stopped,
             }
-            delay = (delay * 2).min(max);
         }
     }
 
@@ -505,10 +504,6 @@ impl Runner {
         let Some(dead_letter) = &self.dead_letter else {
             return Handled::Done;
         };
-        let retry = Retry {
-            initial: Duration::from_millis(self.config.retry_initial_ms),
-            max: Duration::from_millis(self.config.retry_max_ms.max(self.config.retry_initial_ms)),
-        };
         let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
         let consumer = self.config.name();
         let on_retry = |cause: &str, delay: Duration| {
@@ -517,7 +512,7 @@ impl Runner {
         };
         let skipped = Skipped { reason, error };
         match dead_letter
-            .send(m, &skipped, &retry, &self.stop, on_retry)
+            .send(m, &skipped, self.config.backoff(), &self.stop, on_retry)
             .await
         {
             true => Handled::Done,

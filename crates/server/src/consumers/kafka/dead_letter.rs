@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use herald_broker::Backoff;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::util::Timeout;
@@ -38,12 +39,6 @@ pub(super) struct DeadLetter {
 pub(super) struct Skipped<'a> {
     pub(super) reason: &'static str,
     pub(super) error: &'a str,
-}
-
-/// Backoff between tries: from `initial`, doubling up to `max`.
-pub(super) struct Retry {
-    pub(super) initial: Duration,
-    pub(super) max: Duration,
 }
 
 impl DeadLetter {
@@ -79,12 +74,11 @@ impl DeadLetter {
         &self,
         m: &OwnedMessage,
         skipped: &Skipped<'_>,
-        retry: &Retry,
+        mut backoff: Backoff,
         stop: &watch::Receiver<bool>,
         mut on_retry: impl FnMut(&str, Duration),
     ) -> bool {
         let headers = self.headers(m, skipped);
-        let mut delay = retry.initial;
         let mut stop = stop.clone();
         loop {
             let mut record = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers.clone());
@@ -103,12 +97,12 @@ impl DeadLetter {
                 Ok(_) => return true,
                 Err((e, _)) => e.to_string(),
             };
+            let delay = backoff.next_delay();
             on_retry(&error, delay);
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
                 _ = stop.wait_for(|s| *s) => return false,
             }
-            delay = (delay * 2).min(retry.max);
         }
     }
 }
