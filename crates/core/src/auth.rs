@@ -89,19 +89,41 @@ fn refusal(e: &jsonwebtoken::errors::Error) -> AuthError {
     AuthError::Invalid(why.into())
 }
 
+/// A configured token key that cannot be used (the node does not start).
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A key file that cannot be read.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// `token_rsa_public_key(_file)` is not an RSA public key in PEM.
+    #[error("RSA public key: {0}")]
+    Rsa(jsonwebtoken::errors::Error),
+    /// `token_ecdsa_public_key(_file)` is not an ECDSA public key in PEM.
+    #[error("ECDSA public key: {0}")]
+    Ecdsa(jsonwebtoken::errors::Error),
+}
+
 impl TokenVerifier {
     /// Load the keys named in the config.
-    pub fn from_config(config: &Config) -> Result<Self, String> {
+    pub fn from_config(config: &Config) -> Result<Self, KeyError> {
         let pem = |text: &Option<String>,
                    file: &Option<std::path::PathBuf>|
-         -> Result<Option<Vec<u8>>, String> {
+         -> Result<Option<Vec<u8>>, KeyError> {
             if let Some(t) = text {
                 return Ok(Some(t.as_bytes().to_vec()));
             }
             match file {
                 Some(path) => std::fs::read(path)
                     .map(Some)
-                    .map_err(|e| format!("reading {}: {e}", path.display())),
+                    .map_err(|source| KeyError::Read {
+                        path: path.clone(),
+                        source,
+                    }),
                 None => Ok(None),
             }
         };
@@ -109,14 +131,14 @@ impl TokenVerifier {
             &config.token_rsa_public_key,
             &config.token_rsa_public_key_file,
         )?
-        .map(|p| DecodingKey::from_rsa_pem(&p).map_err(|e| format!("RSA public key: {e}")))
+        .map(|p| DecodingKey::from_rsa_pem(&p).map_err(KeyError::Rsa))
         .map(|k| k.map(Arc::new))
         .transpose()?;
         let ecdsa = pem(
             &config.token_ecdsa_public_key,
             &config.token_ecdsa_public_key_file,
         )?
-        .map(|p| DecodingKey::from_ec_pem(&p).map_err(|e| format!("ECDSA public key: {e}")))
+        .map(|p| DecodingKey::from_ec_pem(&p).map_err(KeyError::Ecdsa))
         .map(|k| k.map(Arc::new))
         .transpose()?;
         Ok(TokenVerifier {

@@ -171,41 +171,44 @@ impl Config {
     }
 
     /// Check values that serde cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.ping_interval_s == 0 {
-            return Err("ping_interval_s must be at least 1".into());
+            return Err(ConfigError::TooSmall {
+                key: "ping_interval_s",
+                min: 1,
+            });
         }
         if self.tls_cert.is_some() != self.tls_key.is_some() {
-            return Err("tls_cert and tls_key go together".into());
+            return Err(ConfigError::TlsPair);
         }
         for ns in &self.namespaces {
             if ns.name.is_empty()
                 || !ns.name.bytes().all(crate::namespace::is_name_byte)
                 || ns.name.contains(':')
             {
-                return Err(format!("bad namespace name {:?}", ns.name));
+                return Err(ConfigError::NamespaceName(ns.name.clone()));
             }
         }
         self.proxy.validate()?;
         for ns in std::iter::once(&self.default_namespace).chain(&self.namespaces) {
             if ns.subscribe_proxy && self.proxy.subscribe_url.is_empty() {
-                return Err(format!(
-                    "namespace {:?} has subscribe_proxy but proxy.subscribe_url is empty",
-                    ns.name
-                ));
+                return Err(ConfigError::NoProxyUrl {
+                    namespace: ns.name.clone(),
+                    flag: "subscribe_proxy",
+                    key: "proxy.subscribe_url",
+                });
             }
             if ns.publish_proxy && self.proxy.publish_url.is_empty() {
-                return Err(format!(
-                    "namespace {:?} has publish_proxy but proxy.publish_url is empty",
-                    ns.name
-                ));
+                return Err(ConfigError::NoProxyUrl {
+                    namespace: ns.name.clone(),
+                    flag: "publish_proxy",
+                    key: "proxy.publish_url",
+                });
             }
         }
         let l = &self.limits;
         if l.max_frame_bytes < 128 || l.outbound_queue_bytes < l.max_frame_bytes {
-            return Err(
-                "limits: max_frame_bytes ≥ 128 and outbound_queue_bytes ≥ max_frame_bytes".into(),
-            );
+            return Err(ConfigError::FrameLimits);
         }
         Ok(())
     }
@@ -437,15 +440,16 @@ impl ProxyConfig {
         self.urls().iter().any(|(_, u)| !u.is_empty())
     }
 
-    fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let too_small = |key, min| Err(ConfigError::TooSmall { key, min });
         if self.timeout_ms == 0 {
-            return Err("proxy.timeout_ms must be at least 1".into());
+            return too_small("proxy.timeout_ms", 1);
         }
         if self.max_response_bytes < 64 {
-            return Err("proxy.max_response_bytes must be at least 64".into());
+            return too_small("proxy.max_response_bytes", 64);
         }
         if self.max_connections == 0 {
-            return Err("proxy.max_connections must be at least 1".into());
+            return too_small("proxy.max_connections", 1);
         }
         for (key, url) in self.urls() {
             if !url.is_empty() {
@@ -459,20 +463,73 @@ impl ProxyConfig {
 /// A hook URL must be an absolute `http://` or `https://` URL with a host: anything else would
 /// fail every call at run time (as error 112, retried forever by clients). The error names the
 /// key and never repeats the URL, which may carry credentials.
-fn hook_url(key: &str, value: &str) -> Result<(), String> {
-    let parsed = url::Url::parse(value).map_err(|e| {
-        format!("{key} is not a valid URL ({e}); write it as http://host:port/path")
-    })?;
+fn hook_url(key: &'static str, value: &str) -> Result<(), ConfigError> {
+    let parsed = url::Url::parse(value).map_err(|source| ConfigError::HookUrl { key, source })?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(format!(
-            "{key} must be an http:// or https:// URL, not {}://",
-            parsed.scheme()
-        ));
+        return Err(ConfigError::HookScheme {
+            key,
+            scheme: parsed.scheme().to_owned(),
+        });
     }
     if parsed.host_str().is_none_or(str::is_empty) {
-        return Err(format!("{key} has no host"));
+        return Err(ConfigError::HookHost { key });
     }
     Ok(())
+}
+
+/// A value [`Config::validate`] refuses; the message names the key (never a secret or a URL,
+/// which may carry credentials).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// A number below its least useful value.
+    #[error("{key} must be at least {min}")]
+    TooSmall {
+        /// The key.
+        key: &'static str,
+        /// Its least value.
+        min: usize,
+    },
+    /// One of `tls_cert` and `tls_key` without the other.
+    #[error("tls_cert and tls_key go together")]
+    TlsPair,
+    /// A namespace name that is empty or has characters names may not have.
+    #[error("bad namespace name {0:?}")]
+    NamespaceName(String),
+    /// A namespace asks for a proxy hook that is not configured.
+    #[error("namespace {namespace:?} has {flag} but {key} is empty")]
+    NoProxyUrl {
+        /// The namespace.
+        namespace: String,
+        /// Its flag (`subscribe_proxy`, `publish_proxy`).
+        flag: &'static str,
+        /// The hook's key.
+        key: &'static str,
+    },
+    /// The frame and queue limits do not fit together.
+    #[error("limits: max_frame_bytes ≥ 128 and outbound_queue_bytes ≥ max_frame_bytes")]
+    FrameLimits,
+    /// A hook URL that does not parse.
+    #[error("{key} is not a valid URL ({source}); write it as http://host:port/path")]
+    HookUrl {
+        /// The hook's key.
+        key: &'static str,
+        /// Why it does not parse.
+        source: url::ParseError,
+    },
+    /// A hook URL that is not http or https.
+    #[error("{key} must be an http:// or https:// URL, not {scheme}://")]
+    HookScheme {
+        /// The hook's key.
+        key: &'static str,
+        /// The scheme it has.
+        scheme: String,
+    },
+    /// A hook URL without a host.
+    #[error("{key} has no host")]
+    HookHost {
+        /// The hook's key.
+        key: &'static str,
+    },
 }
 
 /// Secrets and names set from the environment may look like numbers (`HERALD_API_KEY=12345`);
@@ -551,14 +608,22 @@ mod tests {
             subscribe_proxy: true,
             ..NamespaceConfig::default()
         });
-        assert!(c.validate().unwrap_err().contains("subscribe_url"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("subscribe_url"));
         c.proxy.subscribe_url = "http://127.0.0.1:1/subscribe".into();
         assert!(c.validate().is_ok());
         c.default_namespace.publish_proxy = true;
-        assert!(c.validate().unwrap_err().contains("publish_url"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("publish_url"));
         c.proxy.publish_url = "http://127.0.0.1:1/publish".into();
         c.proxy.timeout_ms = 0;
-        assert!(c.validate().unwrap_err().contains("timeout_ms"));
+        assert!(c.validate().unwrap_err().to_string().contains("timeout_ms"));
     }
 
     #[test]
@@ -573,7 +638,7 @@ mod tests {
         ] {
             let mut c = Config::default();
             c.proxy.rpc_url = bad.into();
-            let e = c.validate().unwrap_err();
+            let e = c.validate().unwrap_err().to_string();
             assert!(e.starts_with("proxy.rpc_url "), "{bad}: {e}");
             assert!(e.contains(why), "{bad}: {e}");
             assert!(!e.contains("s3cret") && !e.contains("8080"), "{bad}: {e}");
@@ -583,6 +648,10 @@ mod tests {
         c.proxy.rpc_url = "http://[::1]:9/rpc".into();
         assert!(c.validate().is_ok());
         c.proxy.max_connections = 0;
-        assert!(c.validate().unwrap_err().contains("max_connections"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_connections"));
     }
 }

@@ -52,13 +52,18 @@ pub struct Jwks {
     fetching: Mutex<Option<Instant>>,
 }
 
+/// The HTTP client for the key set cannot be built (no TLS roots, say): the node does not start.
+#[derive(Debug, thiserror::Error)]
+#[error("JWKS client: {0}")]
+pub struct ClientError(reqwest::Error);
+
 impl Jwks {
     /// A cache for `url`, empty until the first token asks for a key.
-    pub fn new(url: String, max_age: Duration, min_refresh: Duration) -> Result<Self, String> {
+    pub fn new(url: String, max_age: Duration, min_refresh: Duration) -> Result<Self, ClientError> {
         let client = reqwest::Client::builder()
             .timeout(FETCH_TIMEOUT)
             .build()
-            .map_err(|e| format!("JWKS client: {e}"))?;
+            .map_err(ClientError)?;
         Ok(Jwks {
             url,
             client,

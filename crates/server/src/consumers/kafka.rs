@@ -198,6 +198,38 @@ impl KafkaConfigs {
     }
 }
 
+/// A Kafka consumer's config that cannot work: `consumers.kafka "<name>": <problem>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("consumers.kafka {name:?}: {problem}")]
+pub struct InvalidKafka {
+    /// The consumer's name.
+    pub name: String,
+    /// What is wrong.
+    pub problem: Problem,
+}
+
+/// What is wrong with a Kafka consumer's config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// A list or name that may not be empty.
+    #[error("{0} is empty")]
+    Empty(&'static str),
+    /// `auto_offset_reset` is neither value.
+    #[error("auto_offset_reset must be earliest or latest")]
+    OffsetReset,
+    /// A size or interval of 0.
+    #[error("batch_size, retry_initial_ms and commit_interval_ms must be positive")]
+    NotPositive,
+    /// `dead_letter_topic` is no topic name, or one of the consumed topics.
+    #[error(
+        "dead_letter_topic must be a topic name (at most 249 characters) other than the consumed topics"
+    )]
+    DeadLetterTopic,
+    /// `properties` sets a key Herald sets itself.
+    #[error("property {0:?} is Herald's own (set brokers or group_id instead)")]
+    OwnProperty(String),
+}
+
 /// Properties Herald sets itself: `properties` may not change them, or the delivery guarantee
 /// would not hold.
 const OWN_PROPERTIES: &[&str] = &[
@@ -226,45 +258,41 @@ impl KafkaConfig {
     }
 
     /// Refuse what cannot work, before anything connects.
-    pub fn validate(&self) -> Result<(), String> {
-        let name = self.name();
+    pub fn validate(&self) -> Result<(), InvalidKafka> {
+        let invalid = |problem| {
+            Err(InvalidKafka {
+                name: self.name().to_owned(),
+                problem,
+            })
+        };
         if self.brokers.is_empty() {
-            return Err(format!("consumers.kafka {name:?}: brokers is empty"));
+            return invalid(Problem::Empty("brokers"));
         }
         if self.topics.is_empty() {
-            return Err(format!("consumers.kafka {name:?}: topics is empty"));
+            return invalid(Problem::Empty("topics"));
         }
         if self.group_id.is_empty() {
-            return Err(format!("consumers.kafka {name:?}: group_id is empty"));
+            return invalid(Problem::Empty("group_id"));
         }
         if !matches!(self.auto_offset_reset.as_str(), "earliest" | "latest") {
-            return Err(format!(
-                "consumers.kafka {name:?}: auto_offset_reset must be earliest or latest"
-            ));
+            return invalid(Problem::OffsetReset);
         }
         if self.batch_size == 0 || self.retry_initial_ms == 0 || self.commit_interval_ms == 0 {
-            return Err(format!(
-                "consumers.kafka {name:?}: batch_size, retry_initial_ms and commit_interval_ms must be positive"
-            ));
+            return invalid(Problem::NotPositive);
         }
         if self
             .dead_letter_topic
             .as_deref()
             .is_some_and(|t| t.is_empty() || t.len() > 249 || self.topics.iter().any(|s| s == t))
         {
-            return Err(format!(
-                "consumers.kafka {name:?}: dead_letter_topic must be a topic name (at most 249 \
-                 characters) other than the consumed topics"
-            ));
+            return invalid(Problem::DeadLetterTopic);
         }
         if let Some(p) = self
             .properties
             .keys()
             .find(|k| OWN_PROPERTIES.contains(&k.as_str()))
         {
-            return Err(format!(
-                "consumers.kafka {name:?}: property {p:?} is Herald's own (set brokers or group_id instead)"
-            ));
+            return invalid(Problem::OwnProperty(p.clone()));
         }
         Ok(())
     }
@@ -440,6 +468,10 @@ mod tests {
             "properties": {"enable.auto.commit": "true"}
         }))
         .unwrap();
-        assert!(bad.into_vec()[0].validate().is_err());
+        assert_eq!(
+            bad.into_vec()[0].validate().unwrap_err().to_string(),
+            "consumers.kafka \"herald\": property \"enable.auto.commit\" is Herald's own \
+             (set brokers or group_id instead)"
+        );
     }
 }

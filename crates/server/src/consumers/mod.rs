@@ -51,7 +51,7 @@ impl ConsumersConfig {
         kafka::ensure_supported(config.kafka_consumers().len(), kafka::SUPPORTED)?;
         let mut names = BTreeSet::new();
         for k in config.kafka_consumers() {
-            k.validate().map_err(anyhow::Error::msg)?;
+            k.validate()?;
             if !names.insert(k.name().to_owned()) {
                 anyhow::bail!(
                     "consumers.kafka: two consumers named {:?} (set name)",

@@ -20,9 +20,14 @@ pub struct HttpProxy {
     in_flight: Arc<Semaphore>,
 }
 
+/// The HTTP client for the hooks cannot be built: the node does not start.
+#[derive(Debug, thiserror::Error)]
+#[error("proxy client: {0}")]
+pub struct ClientError(reqwest::Error);
+
 impl HttpProxy {
     /// A client for the configured hooks; nothing is connected until the first call.
-    pub fn new(config: &ProxyConfig) -> Result<Self, String> {
+    pub fn new(config: &ProxyConfig) -> Result<Self, ClientError> {
         let timeout = Duration::from_millis(config.timeout_ms);
         let client = reqwest::Client::builder()
             // The whole call, connecting and reading the answer included.
@@ -33,7 +38,7 @@ impl HttpProxy {
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(config.max_connections)
             .build()
-            .map_err(|e| format!("proxy client: {e}"))?;
+            .map_err(ClientError)?;
         Ok(HttpProxy {
             client,
             config: config.clone(),
