@@ -50,15 +50,16 @@ impl KeyServer {
             .kill_on_drop(true)
             .spawn()
             .expect("python3 http.server");
-        for _ in 0..100 {
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        herald_testkit::eventually(
+            Duration::from_secs(10),
+            "python3 http.server (the key server) to accept connections",
+            || async {
+                tokio::net::TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .is_ok()
+            },
+        )
+        .await;
         KeyServer {
             _child: child,
             _tmp: tmp,
@@ -179,6 +180,7 @@ async fn keys_come_from_the_jwks_url_and_rotate() {
 
     // Rotation: the provider adds a key; a token naming it works once the interval has passed.
     keys.serve("jwks_rsa_ec.json");
+    // Waits out token_jwks_min_refresh_ms (300) since the flood's fetch: the period under test.
     tokio::time::sleep(Duration::from_millis(400)).await;
     let mut bob = connect(&node, &ec).await.expect("the new key verifies");
 

@@ -717,19 +717,16 @@ async fn member_webhooks_are_per_cluster_on_redis() {
 /// A signed `GET` on `node`, asked again until it answers `want`: another node's subscriptions
 /// reach this node's answer within about a second (docs/pusher.md).
 async fn eventually(node: &Node, path: &str, params: &[(&str, &str)], want: Value) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let (status, got) = signed_with(node, "GET", path, params, None).await;
-        assert_eq!(status, 200, "{path}: {got}");
-        if got == want {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{path} {params:?}: got {got}, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    herald_testkit::eventually(
+        Duration::from_secs(5),
+        &format!("{path} {params:?} to answer {want}"),
+        || async {
+            let (status, got) = signed_with(node, "GET", path, params, None).await;
+            assert_eq!(status, 200, "{path}: {got}");
+            got == want
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -1085,26 +1082,27 @@ async fn pusher_limits_and_encrypted_client_events_are_refused() {
 /// once (4200), which would bring pusher-js straight back to it in a loop.
 #[tokio::test]
 async fn a_draining_node_makes_new_pusher_clients_back_off() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let node = Node::start(&["--dev"], &APP).await;
     // Held open and not read: the node waits for its closing handshake, so it is still there.
     let (_held, _) = connected(&node).await;
-    let mut tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
-    tcp.write_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&head).contains("\"ok\"") {
-        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
-            .await
-            .unwrap_or_else(|_| panic!("health answered: {}", String::from_utf8_lossy(&head)))
-            .unwrap();
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&head));
-        head.extend_from_slice(&buf[..n]);
-    }
+    let tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
+    // The kept-alive connection's own answers show when the drain began: the node takes no new
+    // connections then, so a fresh /health request cannot.
+    let tcp = tokio::sync::Mutex::new(tcp);
+    let first = health_on(&mut *tcp.lock().await).await;
+    assert!(first.contains("\"ok\""), "{first}");
     node.sigterm();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    herald_testkit::eventually(
+        Duration::from_secs(10),
+        "/health (on the kept-alive connection) to say the node is draining after SIGTERM",
+        || async {
+            health_on(&mut *tcp.lock().await)
+                .await
+                .contains("\"draining\"")
+        },
+    )
+    .await;
+    let tcp = tcp.into_inner();
     let url = format!("ws://{}/app/app-key?protocol=7", node.addr);
     let mut c = Client::open_on(Box::new(tcp), &url, &[])
         .await
@@ -1112,4 +1110,37 @@ async fn a_draining_node_makes_new_pusher_clients_back_off() {
     let e = expect(&mut c, "pusher:error").await;
     assert_eq!(e["data"]["code"], 4100, "{e}");
     assert_eq!(c.closed().await.code, Some(4100));
+}
+
+/// `GET /health` on a kept-alive connection: the whole response (head and body), as text.
+async fn health_on(tcp: &mut TcpStream) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tcp.write_all(b"GET /health HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().to_owned())
+                })
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or_else(|| panic!("no content-length: {head}"));
+            if body.len() >= length {
+                return text;
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .unwrap_or_else(|_| panic!("no whole /health answer within 5 s: {text}"))
+            .unwrap();
+        assert!(n > 0, "closed early: {text}");
+        seen.extend_from_slice(&buf[..n]);
+    }
 }
