@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::guard::origin_listed;
-use crate::publishing::{self, Command};
+use crate::publishing::{self, Command, PublishError};
 use crate::response::{json, HttpResponse};
 use crate::state::App;
 
@@ -62,17 +62,6 @@ impl ApiError {
     pub fn message(&self) -> &str {
         &self.message
     }
-
-    /// Whether the same request can succeed later (the broker or the backend was unavailable,
-    /// or a rate limit): a consumer retries these and gives up on the others.
-    pub fn is_retryable(&self) -> bool {
-        matches!(
-            self.code,
-            ErrorCode::TemporarilyUnavailable
-                | ErrorCode::BackendUnavailable
-                | ErrorCode::TooManyRequests
-        )
-    }
 }
 
 impl std::fmt::Display for ApiError {
@@ -82,6 +71,14 @@ impl std::fmt::Display for ApiError {
 }
 
 impl std::error::Error for ApiError {}
+
+/// The one place a publish error becomes an HTTP answer: the code's own status (106 → 413,
+/// 108 → 503, …) and its message.
+impl From<PublishError> for ApiError {
+    fn from(e: PublishError) -> Self {
+        ApiError::code(e.error_code(), e.message())
+    }
+}
 
 impl From<BrokerError> for ApiError {
     fn from(e: BrokerError) -> Self {
@@ -308,7 +305,10 @@ async fn broadcast(app: &App, body: &[u8]) -> ApiResult {
         .into_iter()
         .map(|r| match r {
             Ok(position) => json!(position),
-            Err(e) => json!({"error": {"code": e.code.as_u16(), "message": e.message}}),
+            Err(e) => {
+                let e = ApiError::from(e);
+                json!({"error": {"code": e.code.as_u16(), "message": e.message}})
+            }
         })
         .collect();
     Ok(json!({ "results": results, "published": published, "failed": failed }))
@@ -435,4 +435,20 @@ fn channels(app: &App) -> serde_json::Value {
         .map(|(name, n)| (name, json!({ "subscribers": n })))
         .collect();
     json!({ "channels": map })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn publish_errors_answer_with_their_codes_status() {
+        let big = ApiError::from(PublishError::refused(ErrorCode::LimitExceeded, "too big"));
+        assert_eq!(big.status(), StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(big.message(), "too big");
+        let down = ApiError::from(PublishError::from(BrokerError::unavailable("down")));
+        assert_eq!(down.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(down.error_code(), ErrorCode::TemporarilyUnavailable);
+        assert_eq!(down.message(), "down");
+    }
 }

@@ -8,19 +8,102 @@
 //! idempotency key to every channel's publication: brokers remember keys per channel, so a
 //! retry with the same key completes the channels that failed and publishes the others no
 //! second time.
+//!
+//! Errors are [`PublishError`]s, which know nothing of HTTP: the API turns them into a status
+//! and an error body (`impl From<PublishError> for ApiError`, api.rs), the consumers into a
+//! retry or a dead letter ([`PublishError::is_retryable`]).
 
 use bytes::Bytes;
 use futures_util::stream::FuturesOrdered;
 use futures_util::StreamExt;
+use herald_broker::BrokerError;
 use herald_broker::{PublishOptions, PublishTarget};
 use herald_core::config::Limits;
+use herald_core::namespace::NamespaceError;
 use herald_core::session::{check_data_depth, NodeContext};
 use herald_protocol::command::json_error_reason;
-use herald_protocol::{ErrorCode, StreamPosition};
+use herald_protocol::{CommandError, ErrorCode, StreamPosition};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::api::ApiError;
+/// Why a command was not run or a channel not published. Shown as `<message> (<code>)`, the
+/// text consumers log and write into dead letters.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PublishError {
+    /// The command, or the channel, is refused for good: malformed, over a limit, no such
+    /// namespace. Running it again changes nothing.
+    #[error("{message} ({})", .code.as_u16())]
+    Refused {
+        /// What is wrong.
+        code: ErrorCode,
+        /// For the caller.
+        message: String,
+    },
+    /// The broker could not take it now: the same command with the same idempotency key may
+    /// succeed later.
+    #[error("{0} ({code})", code = ErrorCode::TemporarilyUnavailable.as_u16())]
+    Unavailable(String),
+    /// The broker failed otherwise (logged where it happened, its details kept from callers).
+    #[error("internal error ({code})", code = ErrorCode::Internal.as_u16())]
+    Internal,
+}
+
+impl PublishError {
+    /// A refusal with `code`.
+    pub fn refused(code: ErrorCode, message: impl Into<String>) -> Self {
+        PublishError::Refused {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The protocol's error code for it.
+    pub fn error_code(&self) -> ErrorCode {
+        match self {
+            PublishError::Refused { code, .. } => *code,
+            PublishError::Unavailable(_) => ErrorCode::TemporarilyUnavailable,
+            PublishError::Internal => ErrorCode::Internal,
+        }
+    }
+
+    /// The message for the caller, without the code.
+    pub fn message(&self) -> &str {
+        match self {
+            PublishError::Refused { message, .. } | PublishError::Unavailable(message) => message,
+            PublishError::Internal => "internal error",
+        }
+    }
+
+    /// Whether running the command again (with the same key) can succeed: consumers retry
+    /// these and dead-letter the others.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, PublishError::Unavailable(_))
+    }
+}
+
+impl From<BrokerError> for PublishError {
+    fn from(e: BrokerError) -> Self {
+        match e {
+            BrokerError::Unavailable { message, .. } => PublishError::Unavailable(message),
+            BrokerError::Internal { message, .. } => {
+                tracing::error!(cause = %message, "broker error publishing");
+                PublishError::Internal
+            }
+        }
+    }
+}
+
+impl From<CommandError> for PublishError {
+    fn from(e: CommandError) -> Self {
+        PublishError::refused(e.code, e.message)
+    }
+}
+
+impl From<NamespaceError> for PublishError {
+    fn from(e: NamespaceError) -> Self {
+        PublishError::refused(e.code(), e.to_string())
+    }
+}
 
 /// The longest idempotency key accepted.
 const MAX_IDEMPOTENCY_KEY: usize = 128;
@@ -75,7 +158,7 @@ struct Envelope<'a> {
 impl Command {
     /// A command from its method (`publish` or `broadcast`) and its payload, the HTTP API's
     /// request body for that method.
-    pub fn parse(method: &str, payload: &[u8]) -> Result<Command, ApiError> {
+    pub fn parse(method: &str, payload: &[u8]) -> Result<Command, PublishError> {
         match method {
             "publish" => {
                 let b: PublishBody = from_json(payload)?;
@@ -95,7 +178,7 @@ impl Command {
                     idempotency_key: b.idempotency_key,
                 })
             }
-            other => Err(ApiError::code(
+            other => Err(PublishError::refused(
                 ErrorCode::UnknownMethod,
                 format!("unknown method {other:?} (publish or broadcast)"),
             )),
@@ -104,7 +187,7 @@ impl Command {
 
     /// A command from `{"method": "publish" | "broadcast", "payload": {…}}`, the shape a Kafka
     /// record's value has; a payload over [`max_body_bytes`] is refused (error 106).
-    pub fn parse_envelope(value: &[u8], limits: &Limits) -> Result<Command, ApiError> {
+    pub fn parse_envelope(value: &[u8], limits: &Limits) -> Result<Command, PublishError> {
         let e: Envelope<'_> = from_json(value)?;
         let payload = e.payload.get().as_bytes();
         check_body_size(limits, &e.method, payload.len())?;
@@ -137,16 +220,16 @@ impl Command {
     }
 }
 
-fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, PublishError> {
     serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::code(
+        PublishError::refused(
             ErrorCode::BadRequest,
             format!("bad JSON body: {}", json_error_reason(&e)),
         )
     })
 }
 
-fn check(data: &str, key: Option<&str>) -> Result<(), ApiError> {
+fn check(data: &str, key: Option<&str>) -> Result<(), PublishError> {
     check_data_depth(data)?;
     if let Some(key) = key {
         check_idempotency_key(key)?;
@@ -172,10 +255,10 @@ pub fn max_body_bytes(limits: &Limits, method: &str) -> usize {
 
 /// A payload of `len` bytes for `method` within [`max_body_bytes`], or error 106 naming the
 /// limit (what the API answers with 413).
-pub fn check_body_size(limits: &Limits, method: &str, len: usize) -> Result<(), ApiError> {
+pub fn check_body_size(limits: &Limits, method: &str, len: usize) -> Result<(), PublishError> {
     let (max, key) = body_limit(limits, method);
     if len > max {
-        return Err(ApiError::code(
+        return Err(PublishError::refused(
             ErrorCode::LimitExceeded,
             format!("payload of {len} bytes is over limits.{key} ({max} bytes)"),
         ));
@@ -185,12 +268,12 @@ pub fn check_body_size(limits: &Limits, method: &str, len: usize) -> Result<(), 
 
 /// Idempotency keys travel as broker headers and key names: 1 to 128 printable ASCII characters
 /// without spaces (error 107 otherwise).
-pub fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
+pub fn check_idempotency_key(key: &str) -> Result<(), PublishError> {
     if key.is_empty()
         || key.len() > MAX_IDEMPOTENCY_KEY
         || !key.bytes().all(|b| b.is_ascii_graphic())
     {
-        return Err(ApiError::code(
+        return Err(PublishError::refused(
             ErrorCode::BadRequest,
             format!("idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters without spaces"),
         ));
@@ -203,7 +286,7 @@ pub fn check_idempotency_key(key: &str) -> Result<(), ApiError> {
 pub struct Executed {
     /// Each channel's outcome, in the command's order: its publication's position (the earlier
     /// one where the idempotency key was seen before) or the error.
-    pub results: Vec<Result<StreamPosition, ApiError>>,
+    pub results: Vec<Result<StreamPosition, PublishError>>,
 }
 
 impl Executed {
@@ -216,7 +299,7 @@ impl Executed {
     pub fn failed<'a>(
         &'a self,
         cmd: &'a Command,
-    ) -> impl Iterator<Item = (&'a str, &'a ApiError)> + 'a {
+    ) -> impl Iterator<Item = (&'a str, &'a PublishError)> + 'a {
         cmd.channels()
             .iter()
             .zip(&self.results)
@@ -228,7 +311,7 @@ impl Executed {
     pub fn retryable(&self) -> bool {
         self.results
             .iter()
-            .any(|r| r.as_ref().is_err_and(ApiError::is_retryable))
+            .any(|r| r.as_ref().is_err_and(PublishError::is_retryable))
     }
 }
 
@@ -239,11 +322,11 @@ pub async fn execute(
     ctx: &NodeContext,
     cmd: &Command,
     key: Option<&str>,
-) -> Result<Executed, ApiError> {
+) -> Result<Executed, PublishError> {
     let limits = &ctx.config.limits;
     let max = limits.max_broadcast_channels;
     if cmd.channels().len() > max {
-        return Err(ApiError::code(
+        return Err(PublishError::refused(
             ErrorCode::LimitExceeded,
             format!("at most {max} channels per broadcast"),
         ));
@@ -281,8 +364,8 @@ async fn broadcast(
     data: &Bytes,
     key: Option<&str>,
     concurrency: usize,
-) -> Vec<Result<StreamPosition, ApiError>> {
-    let mut results: Vec<Option<Result<StreamPosition, ApiError>>> =
+) -> Vec<Result<StreamPosition, PublishError>> {
+    let mut results: Vec<Option<Result<StreamPosition, PublishError>>> =
         channels.iter().map(|_| None).collect();
     let mut targets = Vec::with_capacity(channels.len());
     let mut places = Vec::with_capacity(channels.len());
@@ -312,7 +395,7 @@ async fn broadcast(
             break;
         };
         for (&i, position) in at.iter().zip(positions) {
-            results[i] = Some(position.map_err(ApiError::from));
+            results[i] = Some(position.map_err(PublishError::from));
         }
     }
     results
@@ -326,7 +409,7 @@ fn publish_options(
     ctx: &NodeContext,
     channel: &str,
     key: Option<&str>,
-) -> Result<PublishOptions, ApiError> {
+) -> Result<PublishOptions, PublishError> {
     let ns = ctx.namespaces.resolve(channel)?;
     Ok(PublishOptions {
         stream: ns.stream_options(),
@@ -340,7 +423,7 @@ pub async fn publish_one(
     channel: &str,
     data: Bytes,
     key: Option<&str>,
-) -> Result<StreamPosition, ApiError> {
+) -> Result<StreamPosition, PublishError> {
     let opts = publish_options(ctx, channel, key)?;
     Ok(ctx.hub.publish(channel, data, None, &opts).await?)
 }
@@ -361,6 +444,27 @@ mod tests {
         .unwrap();
         assert_eq!(c.channels(), ["a", "b"]);
         assert_eq!(c.own_key(), Some("k"));
+    }
+
+    #[test]
+    fn errors_say_whether_a_retry_helps_and_show_their_code() {
+        let down = PublishError::from(BrokerError::unavailable("redis is down"));
+        assert!(down.is_retryable());
+        assert_eq!(down.error_code(), ErrorCode::TemporarilyUnavailable);
+        assert_eq!(
+            down.to_string(),
+            format!(
+                "redis is down ({})",
+                ErrorCode::TemporarilyUnavailable.as_u16()
+            )
+        );
+        let internal = PublishError::from(BrokerError::internal("secret detail"));
+        assert!(!internal.is_retryable());
+        assert!(!internal.to_string().contains("secret"), "{internal}");
+        let big = PublishError::refused(ErrorCode::LimitExceeded, "too big");
+        assert!(!big.is_retryable());
+        assert_eq!(big.message(), "too big");
+        assert_eq!(big.to_string(), "too big (106)");
     }
 
     #[test]
@@ -391,7 +495,7 @@ mod tests {
 
     #[test]
     fn refuses_what_is_not_a_command() {
-        let code = |r: Result<Command, ApiError>| r.unwrap_err().error_code();
+        let code = |r: Result<Command, PublishError>| r.unwrap_err().error_code();
         assert_eq!(
             code(Command::parse("delete", b"{}")),
             ErrorCode::UnknownMethod

@@ -30,8 +30,7 @@ use herald_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
-use crate::api::ApiError;
-use crate::publishing::{check_idempotency_key, Command};
+use crate::publishing::{check_idempotency_key, Command, PublishError};
 
 #[cfg(feature = "kafka")]
 mod client;
@@ -313,9 +312,9 @@ pub fn record_key(topic: &str, partition: i32, offset: i64) -> String {
 /// envelope inside a JSON string (a CDC tool that kept the column as text) or inside a
 /// `{"schema", "payload"}` wrapper (Kafka Connect's JSON converter with schemas on). A payload
 /// over the API's body limit for its method is refused with error 106.
-pub fn parse_record(value: Option<&[u8]>, limits: &Limits) -> Result<Command, ApiError> {
+pub fn parse_record(value: Option<&[u8]>, limits: &Limits) -> Result<Command, PublishError> {
     let Some(value) = value else {
-        return Err(ApiError::code(
+        return Err(PublishError::refused(
             ErrorCode::BadRequest,
             "the record has no value (a tombstone?)",
         ));
