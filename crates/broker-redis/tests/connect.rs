@@ -204,17 +204,16 @@ async fn sentinel_failover_is_followed() {
     });
     let sentinel = RedisServer::start_sentinel("mymaster", &master);
     // Sentinel learns about the replica from the master's INFO (every few seconds at first).
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !sentinel
-        .cli(&["SENTINEL", "REPLICAS", "mymaster"])
-        .contains(&replica.port().to_string())
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sentinel never saw the replica"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    herald_testkit::eventually(
+        Duration::from_secs(20),
+        "sentinel to list the replica",
+        || async {
+            sentinel
+                .cli(&["SENTINEL", "REPLICAS", "mymaster"])
+                .contains(&replica.port().to_string())
+        },
+    )
+    .await;
     let mut cfg = RedisConfig::from_url(&format!("redis+sentinel://{}/mymaster", sentinel.addr()));
     cfg.health_check_ms = 300;
     let a = herald_broker_redis::connect_with(cfg.clone(), "a")
@@ -237,76 +236,73 @@ async fn sentinel_failover_is_followed() {
     eventually("before failover", || rec.offsets(&ch) == vec![1]).await;
 
     // Until Sentinel has fresh INFO from the replica it answers NOGOODSLAVE.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sentinel.cli(&["SENTINEL", "FAILOVER", "mymaster"]) != "OK" {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sentinel refuses to fail over"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while !replica.cli(&["ROLE"]).starts_with("master") {
-        assert!(std::time::Instant::now() < deadline, "no failover");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    herald_testkit::eventually(
+        Duration::from_secs(20),
+        "sentinel to accept SENTINEL FAILOVER",
+        || async { sentinel.cli(&["SENTINEL", "FAILOVER", "mymaster"]) == "OK" },
+    )
+    .await;
+    herald_testkit::eventually(
+        Duration::from_secs(20),
+        "the replica to report ROLE master (the failover)",
+        || async { replica.cli(&["ROLE"]).starts_with("master") },
+    )
+    .await;
     // Publish until it lands on the new master and reaches the subscriber there.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(p) = a
-            .publish(
-                &ch,
-                Bytes::from_static(b"2"),
-                None,
-                &PublishOptions::default(),
-            )
-            .await
-        {
-            let offset = p.offset;
-            let delivered = (0..100).any(|_| {
-                std::thread::sleep(Duration::from_millis(10));
-                rec.offsets(&ch).contains(&offset)
-            });
-            if delivered {
-                break;
-            }
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "did not follow the failover"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    herald_testkit::eventually(
+        Duration::from_secs(20),
+        "a publication to reach the subscriber through the new master",
+        || async {
+            let Ok(p) = a
+                .publish(
+                    &ch,
+                    Bytes::from_static(b"2"),
+                    None,
+                    &PublishOptions::default(),
+                )
+                .await
+            else {
+                return false;
+            };
+            // Delivered within a second, or published again (it may have gone to the old
+            // master before it turned read-only).
+            let delivered = async {
+                while !rec.offsets(&ch).contains(&p.offset) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(1), delivered)
+                .await
+                .is_ok()
+        },
+    )
+    .await;
     // Sentinel turns the old master into a replica of the new one (which then relays
     // publications too); the subscription notices the role and moves to the new master.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !master.cli(&["ROLE"]).starts_with("slave") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "old master not demoted"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    herald_testkit::eventually(
+        Duration::from_secs(30),
+        "the old master to report ROLE slave (demoted)",
+        || async { master.cli(&["ROLE"]).starts_with("slave") },
+    )
+    .await;
     eventually("subscription moved", || {
         *rec.reconnects.lock().unwrap() >= 1
     })
     .await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while a
-        .publish(
-            &ch,
-            Bytes::from_static(b"3"),
-            None,
-            &PublishOptions::default(),
-        )
-        .await
-        .is_err()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "publish after the move"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    herald_testkit::eventually(
+        Duration::from_secs(10),
+        "a publish accepted after the subscription moved",
+        || async {
+            a.publish(
+                &ch,
+                Bytes::from_static(b"3"),
+                None,
+                &PublishOptions::default(),
+            )
+            .await
+            .is_ok()
+        },
+    )
+    .await;
     eventually("after the move", || rec.offsets(&ch).len() >= 3).await;
 }

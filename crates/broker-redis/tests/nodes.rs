@@ -67,6 +67,7 @@ async fn targeted_fanout(cfg: RedisConfig, servers: &[&RedisServer], cluster: bo
         rb.offsets(&ch).len() >= 100 && rc.offsets(&ch).len() >= 100
     })
     .await;
+    // A moment for a duplicate or a stray delivery to show up: nothing more may arrive.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let all: Vec<u64> = (1..=100).collect();
     assert_eq!(rb.offsets(&ch), all, "exactly once, in order, on B");
@@ -100,6 +101,7 @@ async fn targeted_fanout(cfg: RedisConfig, servers: &[&RedisServer], cluster: bo
         .await
         .unwrap();
     eventually("B got 101", || rb.offsets(&ch).len() == 101).await;
+    // A moment for a stray delivery to C to show up: none may.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(rc.offsets(&ch).len(), 100);
     assert_eq!(metric(&c, "herald_broker_subscribed_channels"), 0.0);
@@ -171,7 +173,8 @@ async fn a_channel_only_read_keeps_its_epoch_for_the_empty_ttl() {
     let pttl = |r: &RedisServer| -> i64 { r.cli(&["PTTL", &meta]).trim().parse().unwrap() };
     let ttl = pttl(&redis);
     assert!(ttl > 0 && ttl <= 5_000, "empty stream TTL {ttl} ms");
-    // A second read extends it and keeps the epoch.
+    // A second read extends it and keeps the epoch. Time passes (the TTL runs down) first, so
+    // that the extension shows.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let again = a.history(&ch, &top, &o.stream).await.unwrap().position;
     assert_eq!(again, read);
@@ -286,17 +289,17 @@ async fn subscription_blip_resubscribes_and_asks_for_catch_up() {
 
 /// Publish through `broker` until Redis is back (at most 5 s).
 async fn publish_when_back(broker: &SharedBroker, ch: &str) -> StreamPosition {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        match broker
-            .publish(ch, Bytes::from_static(b"x"), None, &opts(100))
-            .await
-        {
-            Ok(p) => return p,
-            Err(e) => assert!(Instant::now() < deadline, "Redis never came back: {e:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    herald_testkit::eventually_some(
+        Duration::from_secs(5),
+        "a publish accepted once Redis is back",
+        || async {
+            broker
+                .publish(ch, Bytes::from_static(b"x"), None, &opts(100))
+                .await
+                .ok()
+        },
+    )
+    .await
 }
 
 /// By default a stream's epoch is bound to the Redis process (`run_id`): after a restart, even
@@ -402,20 +405,16 @@ async fn redis_restart_fails_fast_then_recovers() {
     redis.restart();
     eventually("on_reconnected", || *ra.reconnects.lock().unwrap() >= 1).await;
     // The command connection comes back on its own, too.
-    let mut next = None;
-    for _ in 0..100 {
-        match b
-            .publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
-            .await
-        {
-            Ok(p) => {
-                next = Some(p);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    let next = next.expect("publish works again");
+    let next = herald_testkit::eventually_some(
+        Duration::from_secs(10),
+        "a publish accepted once the command connection is back",
+        || async {
+            b.publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
+                .await
+                .ok()
+        },
+    )
+    .await;
     assert_eq!(next.epoch, first.epoch, "the stream survived the restart");
     assert_eq!(next.offset, 2);
     eventually("second", || ra.offsets(&ch) == vec![1, 2]).await;
@@ -538,6 +537,7 @@ async fn broker_load_is_the_nodes_hosting_each_room() {
             >= expected
     })
     .await;
+    // A moment for a stray delivery to a node that hosts no room to show up: none may.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let publications = rooms.len() as u64 * per_room;
     let mut received = 0.0;
