@@ -129,8 +129,8 @@ impl Worker {
 enum Finish {
     /// A fixed time after the worker is ready.
     After(Duration),
-    /// Once the worker is ready, the history server publishes everything; then a moment more
-    /// for dropped clients to come back and recover.
+    /// Once the worker is ready, the history server publishes everything; then the worker's
+    /// finish waits until the dropped clients came back and recovered what they are owed.
     Settled(History),
 }
 
@@ -145,11 +145,11 @@ async fn run_worker(
     let mut w = Worker::start(p, scenario, n);
     w.ready(n).await;
     match before_finish {
+        // The scenario runs for `d` (the point: it drops and reconnects meanwhile).
         Finish::After(d) => tokio::time::sleep(d).await,
-        Finish::Settled(history) => {
-            history.publish_all().await;
-            tokio::time::sleep(Duration::from_millis(800)).await;
-        }
+        // No pause after the last publication: `finish` waits for every owed publication itself
+        // (and gives up only after `--drain` seconds without progress).
+        Finish::Settled(history) => history.publish_all().await,
     }
     w.finish(expect).await
 }
@@ -291,6 +291,7 @@ async fn history_server_draining(
             return;
         }
         for o in 1..=stop_at {
+            // Paced: publications keep coming while clients drop and come back.
             tokio::time::sleep(Duration::from_millis(10)).await;
             let mut g = plog.lock().unwrap();
             let line = pub_line(o);
@@ -453,6 +454,7 @@ async fn drained_clients_wait_the_hint_and_recover_everything() {
         ..
     } = history;
     start.send(()).unwrap();
+    // Paced: the drain comes while the fake server is publishing (150 over 1.5 s).
     tokio::time::sleep(Duration::from_millis(300)).await;
     w.cmds.send(Command::Drain { at_ns: now_ns() }).unwrap();
     drain_tx.send(()).unwrap();
@@ -469,7 +471,7 @@ async fn drained_clients_wait_the_hint_and_recover_everything() {
     )
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // No pause here: `finish` waits for all 150 to arrive.
     let r = w
         .finish(Expected {
             epoch: "E".into(),
@@ -559,6 +561,8 @@ async fn a_client_reconnecting_as_the_worker_stops_stops_too() {
         },
     );
     w.cmds.send(Command::Finish { expect: m }).unwrap();
+    // An order to set up, with nothing outside the worker to observe: its clients' Stop goes out
+    // first (at once, nothing being owed); a late Stop would only make the check weaker.
     tokio::time::sleep(Duration::from_millis(200)).await;
     // ... and only then does the reconnect get its reply.
     release.send(true).unwrap();
