@@ -1,7 +1,8 @@
 //! Prometheus metrics of the node. Counters are atomics: the hot path pays one relaxed add per
 //! publication (not per subscriber), as nats-server updates stats per batch.
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::{encode, encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -304,6 +305,20 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         encode(&mut out, &self.registry).expect("metrics encode");
+        out
+    }
+
+    /// The exposition with `scraped`'s metrics (values read at scrape time from state the
+    /// node owns, such as the transports' connection counters) after the registry's, under the
+    /// same `herald_` prefix and before the closing `# EOF`.
+    pub fn render_with(&self, scraped: Box<dyn Collector>) -> String {
+        let mut late = Registry::with_prefix("herald");
+        late.register_collector(scraped);
+        let mut out = String::new();
+        encode_registry(&mut out, &self.registry)
+            .and_then(|()| encode_registry(&mut out, &late))
+            .and_then(|()| encode_eof(&mut out))
+            .expect("metrics encode");
         out
     }
 }

@@ -2,7 +2,6 @@
 //! (`/admin`), and the Pusher endpoints `/app/{key}` and `/apps/{id}/…`.
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use herald_protocol::ErrorCode;
@@ -70,18 +69,8 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             }
         }
         (&Method::GET, "/metrics") => {
-            let ctx = &app.ctx;
-            let mut body = ctx.hub.metrics().render();
-            body.push_str(&format!(
-                "# HELP herald_ws_connections_open WebSocket connections open at the transport.\n# TYPE herald_ws_connections_open gauge\nherald_ws_connections_open {}\n",
-                app.ws_connections.load(Ordering::Relaxed)
-            ));
-            body.push_str(&format!(
-                "# HELP herald_stream_connections_open One-way stream connections open, by transport.\n# TYPE herald_stream_connections_open gauge\nherald_stream_connections_open{{transport=\"sse\"}} {}\nherald_stream_connections_open{{transport=\"ndjson\"}} {}\nherald_stream_connections_open{{transport=\"emulation\"}} {}\n",
-                app.sse_connections.load(Ordering::Relaxed),
-                app.ndjson_connections.load(Ordering::Relaxed),
-                app.emulated_connections.load(Ordering::Relaxed)
-            ));
+            let open = Box::new(crate::state::OpenConnections(app.clone()));
+            let body = app.ctx.hub.metrics().render_with(open);
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
         (_, p) if p.starts_with("/api/") => api::handle(app, req).await,

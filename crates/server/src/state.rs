@@ -5,6 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use herald_core::NodeContext;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::gauge::ConstGauge;
 use tokio::sync::watch;
 
 use crate::guard::{HandshakeRate, PerIp};
@@ -52,5 +55,107 @@ impl App {
             + self.sse_connections.load(Ordering::Relaxed)
             + self.ndjson_connections.load(Ordering::Relaxed)
             + self.emulated_connections.load(Ordering::Relaxed)
+    }
+}
+
+/// `herald_ws_connections_open` and `herald_stream_connections_open{transport}`, read from the
+/// App's counters at each scrape (the transports count in those atomics; the metrics read them
+/// rather than keep a second count that could drift).
+#[derive(Clone)]
+pub struct OpenConnections(pub Arc<App>);
+
+impl std::fmt::Debug for OpenConnections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OpenConnections")
+    }
+}
+
+impl Collector for OpenConnections {
+    fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let app = &self.0;
+        let n = |c: &AtomicUsize| c.load(Ordering::Relaxed);
+        encode_open(
+            encoder,
+            Counts {
+                ws: n(&app.ws_connections),
+                sse: n(&app.sse_connections),
+                ndjson: n(&app.ndjson_connections),
+                emulation: n(&app.emulated_connections),
+            },
+        )
+    }
+}
+
+/// Open connections by transport, at one moment.
+#[derive(Debug, Clone, Copy)]
+struct Counts {
+    ws: usize,
+    sse: usize,
+    ndjson: usize,
+    emulation: usize,
+}
+
+fn encode_open(mut encoder: DescriptorEncoder, c: Counts) -> Result<(), std::fmt::Error> {
+    let gauge = |n: usize| ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX));
+    let ws = gauge(c.ws);
+    ws.encode(encoder.encode_descriptor(
+        "ws_connections_open",
+        "WebSocket connections open at the transport.",
+        None,
+        ws.metric_type(),
+    )?)?;
+    let mut family = encoder.encode_descriptor(
+        "stream_connections_open",
+        "One-way stream connections open, by transport.",
+        None,
+        prometheus_client::metrics::MetricType::Gauge,
+    )?;
+    for (transport, n) in [
+        ("sse", c.sse),
+        ("ndjson", c.ndjson),
+        ("emulation", c.emulation),
+    ] {
+        gauge(n).encode(family.encode_family(&[("transport", transport)])?)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Fixed(Counts);
+
+    impl Collector for Fixed {
+        fn encode(&self, encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+            encode_open(encoder, self.0)
+        }
+    }
+
+    #[test]
+    fn open_connections_keep_their_names_and_come_before_eof() {
+        let text = herald_core::Metrics::new().render_with(Box::new(Fixed(Counts {
+            ws: 3,
+            sse: 2,
+            ndjson: 1,
+            emulation: 0,
+        })));
+        let expected =
+            "# HELP herald_ws_connections_open WebSocket connections open at the transport.\n\
+             # TYPE herald_ws_connections_open gauge\n\
+             herald_ws_connections_open 3\n\
+             # HELP herald_stream_connections_open One-way stream connections open, by transport.\n\
+             # TYPE herald_stream_connections_open gauge\n\
+             herald_stream_connections_open{transport=\"sse\"} 2\n\
+             herald_stream_connections_open{transport=\"ndjson\"} 1\n\
+             herald_stream_connections_open{transport=\"emulation\"} 0\n\
+             # EOF\n";
+        assert!(text.ends_with(expected), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(
+            text.contains("herald_slow_consumers_total"),
+            "the registry's own metrics"
+        );
     }
 }
