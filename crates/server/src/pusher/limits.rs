@@ -11,22 +11,55 @@ pub const MAX_EVENT_NAME_CHARS: usize = 200;
 /// bounded as hosted Pusher bounds it.
 pub const MAX_USER_INFO_BYTES: usize = 1024;
 
+/// Input over one of Pusher's limits. Its message is the text Pusher clients are sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// An event name of 0 or more than [`MAX_EVENT_NAME_CHARS`] characters.
+    #[error("Event names are 1 to {MAX_EVENT_NAME_CHARS} characters")]
+    EventName,
+    /// A presence `user_info` over [`MAX_USER_INFO_BYTES`].
+    #[error("user_info is over {MAX_USER_INFO_BYTES} bytes")]
+    UserInfo,
+}
+
+impl LimitError {
+    /// The message as static text (what `Display` writes).
+    pub fn message(&self) -> &'static str {
+        match self {
+            LimitError::EventName => "Event names are 1 to 200 characters",
+            LimitError::UserInfo => "user_info is over 1024 bytes",
+        }
+    }
+}
+
+/// The error read as its message, so that the callers that send it on as text (the Pusher
+/// connection's error frames) take it as they took the string it replaces.
+impl std::ops::Deref for LimitError {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.message()
+    }
+}
+
+impl From<LimitError> for String {
+    fn from(e: LimitError) -> String {
+        e.message().to_owned()
+    }
+}
+
 /// An event name is 1 to [`MAX_EVENT_NAME_CHARS`] characters; the error says so.
-pub fn check_event_name(name: &str) -> Result<(), String> {
+pub fn check_event_name(name: &str) -> Result<(), LimitError> {
     match name.chars().count() {
         1..=MAX_EVENT_NAME_CHARS => Ok(()),
-        _ => Err(format!(
-            "Event names are 1 to {MAX_EVENT_NAME_CHARS} characters"
-        )),
+        _ => Err(LimitError::EventName),
     }
 }
 
 /// A presence member's `user_info` is at most [`MAX_USER_INFO_BYTES`] of JSON.
-pub fn check_user_info(info: Option<&RawValue>) -> Result<(), String> {
+pub fn check_user_info(info: Option<&RawValue>) -> Result<(), LimitError> {
     match info {
-        Some(info) if info.get().len() > MAX_USER_INFO_BYTES => {
-            Err(format!("user_info is over {MAX_USER_INFO_BYTES} bytes"))
-        }
+        Some(info) if info.get().len() > MAX_USER_INFO_BYTES => Err(LimitError::UserInfo),
         _ => Ok(()),
     }
 }
@@ -48,5 +81,17 @@ mod tests {
         assert!(check_user_info(Some(&at)).is_ok());
         assert!(check_user_info(Some(&over)).is_err());
         assert!(check_user_info(None).is_ok());
+    }
+
+    #[test]
+    fn messages_name_the_limits() {
+        for e in [LimitError::EventName, LimitError::UserInfo] {
+            assert_eq!(
+                e.to_string(),
+                e.message(),
+                "the static text follows the constants"
+            );
+            assert_eq!(&*e, e.message());
+        }
     }
 }
