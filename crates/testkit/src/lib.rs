@@ -17,6 +17,9 @@
 //! - [`fuzz`]: proptest strategies for fuzzing the running binary.
 //! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
 //!   broker through [`multinode::BrokerProcess`].
+//! - [`eventually`] / [`eventually_some`]: wait for a state (a node noticed something, a metric
+//!   moved), bounded and failing with what it waited for; [`joined`]: the same for a spawned
+//!   task. A test sleeps only where time passing is the point (pacing, a TTL, a rate window).
 
 pub mod client;
 pub mod fuzz;
