@@ -10,45 +10,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
+use herald_testkit::hooks::HookBackend;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
-
-/// The hook backend, killed on drop.
-struct Backend {
-    _child: Child,
-    port: u16,
-}
-
-async fn backend() -> Backend {
-    let mut child = Command::new("python3")
-        .arg(fixture("proxy_backend.py"))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("python3 proxy_backend.py");
-    let stdout = child.stdout.take().unwrap();
-    let line = tokio::time::timeout(
-        Duration::from_secs(10),
-        BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("the hook backend did not start in 10 s")
-    .unwrap()
-    .expect("the hook backend exited");
-    let port = line
-        .strip_prefix("listening ")
-        .and_then(|p| p.parse().ok())
-        .expect("listening line");
-    Backend {
-        _child: child,
-        port,
-    }
-}
+use tokio::process::Command;
 
 /// Namespaces whose static rule would admit the client, with the subscribe hook deciding.
-async fn node(backend: &Backend) -> (Node, ConfigFile) {
+async fn node(backend: &HookBackend) -> (Node, ConfigFile) {
     let toml = format!(
         "[proxy]\nsubscribe_url = \"http://127.0.0.1:{}/subscribe\"\ntimeout_ms = 3000\n\
          [[namespaces]]\nname = \"members\"\nsubscribe = \"authenticated\"\nsubscribe_proxy = true\n\
@@ -77,7 +45,7 @@ fn reads_and_writes(channel: &str) -> [(&'static str, Value); 3] {
 
 #[tokio::test]
 async fn a_client_the_subscribe_hook_refused_cannot_read_or_publish_over_websocket() {
-    let backend = backend().await;
+    let backend = HookBackend::start().await;
     let (node, _cfg) = node(&backend).await;
     node.publish("members:deny-1", json!({"secret": 1})).await;
 
@@ -121,7 +89,7 @@ async fn a_client_the_subscribe_hook_refused_cannot_read_or_publish_over_websock
 
 #[tokio::test]
 async fn a_subscription_the_hook_allowed_reads_and_writes_until_it_ends() {
-    let backend = backend().await;
+    let backend = HookBackend::start().await;
     let (node, _cfg) = node(&backend).await;
     let mut alice = node.client().await;
     let t = token(json!({ "sub": "alice", "exp": now() + 600 }));
@@ -188,7 +156,7 @@ async fn post(url: &str, body: Value) {
 
 #[tokio::test]
 async fn a_refused_client_cannot_read_or_publish_over_websocket_emulation() {
-    let backend = backend().await;
+    let backend = HookBackend::start().await;
     let (node, _cfg) = node(&backend).await;
     let url = format!("http://{}/connection/emulation", node.addr);
     let mut child = Command::new("curl")

@@ -4,68 +4,13 @@
 
 mod common;
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use common::*;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
-/// The backend process, killed on drop.
-struct Backend {
-    _child: Child,
-    port: u16,
-}
-
-impl Backend {
-    async fn start() -> Backend {
-        let mut child = Command::new("python3")
-            .arg(fixture("proxy_backend.py"))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("python3 proxy_backend.py");
-        let stdout = child.stdout.take().unwrap();
-        let line = tokio::time::timeout(
-            Duration::from_secs(10),
-            BufReader::new(stdout).lines().next_line(),
-        )
-        .await
-        .expect("backend did not start")
-        .unwrap()
-        .expect("backend exited");
-        let port = line
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .expect("listening line");
-        Backend {
-            _child: child,
-            port,
-        }
-    }
-
-    fn url(&self, hook: &str) -> String {
-        format!("http://127.0.0.1:{}/{hook}", self.port)
-    }
-
-    /// A `[proxy]` section with every hook on this backend.
-    fn section(&self, timeout_ms: u64) -> String {
-        format!(
-            "[proxy]\nconnect_url = {:?}\nrefresh_url = {:?}\nsubscribe_url = {:?}\n\
-             sub_refresh_url = {:?}\npublish_url = {:?}\nrpc_url = {:?}\n\
-             timeout_ms = {timeout_ms}\n\
-             headers = [\"X-App-Version\"]\ncookies = [\"sessionid\"]\n",
-            self.url("connect"),
-            self.url("refresh"),
-            self.url("subscribe"),
-            self.url("sub_refresh"),
-            self.url("publish"),
-            self.url("rpc"),
-        )
-    }
-}
+use herald_testkit::hooks::HookBackend as Backend;
 
 /// Namespaces: `room` asks the subscribe proxy (and is token-only without it), `chat` sends
 /// publications through the publish proxy (and forbids client publishing without it).

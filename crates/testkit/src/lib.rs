@@ -15,6 +15,7 @@
 //!   tokens, config files: the one harness of every test that drives the binary.
 //! - [`client`]: the protocol client over a real WebSocket.
 //! - [`fuzz`]: proptest strategies for fuzzing the running binary.
+//! - [`hooks`]: the proxy hooks' test backend (a real HTTP server in Python).
 //! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
 //!   broker through [`multinode::BrokerProcess`].
 //! - [`eventually`] / [`eventually_some`]: wait for a state (a node noticed something, a metric
@@ -23,6 +24,7 @@
 
 pub mod client;
 pub mod fuzz;
+pub mod hooks;
 pub mod kafka;
 pub mod multinode;
 pub mod nats;
