@@ -12,13 +12,13 @@ use herald_protocol::encode::PING;
 use herald_protocol::CloseCode;
 use tokio::time::Instant;
 
-use crate::engine::policy::{Pings, Tick};
+use crate::engine::policy::{Every, Tick};
 use crate::ws::close_request;
 
 /// The timers of one connection.
 pub(crate) struct Liveness {
     handshake_deadline: Instant,
-    pings: Pings,
+    pings: Every,
 }
 
 impl Liveness {
@@ -36,7 +36,7 @@ impl Liveness {
         let now = Instant::now();
         Liveness {
             handshake_deadline: now + Duration::from_millis(config.limits.handshake_timeout_ms),
-            pings: Pings::every(Duration::from_secs(config.ping_interval_s), pong_timeout),
+            pings: Every::every(Duration::from_secs(config.ping_interval_s), pong_timeout),
         }
     }
 

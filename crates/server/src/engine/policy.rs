@@ -49,17 +49,24 @@ pub(crate) fn spread(drain_ms: u64) -> u64 {
 
 /// When a connection pings its client, and how long a pong may take.
 ///
-/// Two schedules: Herald pings every `every` whatever the traffic ([`Pings::every`]); Pusher
-/// pings after `every` of silence from the client ([`Pings::after_silence`]). Either way a ping
+/// Two schedules: Herald pings every `every` whatever the traffic ([`Every`]); Pusher
+/// pings after `every` of silence from the client ([`AfterSilence`]). Either way a ping
 /// owes a pong (any message from the client) within the pong timeout, when the transport can
 /// carry one back.
-pub(crate) struct Pings {
+///
+/// The schedule is a type parameter (`AFTER_SILENCE`), not a field: this lives in every idle
+/// connection's task, and a flag would cost it 8 bytes.
+pub(crate) struct Pings<const AFTER_SILENCE: bool> {
     every: Duration,
     pong_timeout: Option<Duration>,
     next: Instant,
     pong_due: Option<Instant>,
-    after_silence: bool,
 }
+
+/// Herald's schedule: a ping every interval, whatever the traffic.
+pub(crate) type Every = Pings<false>;
+/// Pusher's schedule: a ping after an interval of silence.
+pub(crate) type AfterSilence = Pings<true>;
 
 /// What a passed deadline means.
 #[derive(Debug, PartialEq, Eq)]
@@ -72,32 +79,36 @@ pub(crate) enum Tick {
     Quiet,
 }
 
-impl Pings {
+impl Every {
     /// Ping every `every` from now; a pong is owed within `pong_timeout` (`None`: a one-way
     /// transport, whose client cannot answer).
     pub(crate) fn every(every: Duration, pong_timeout: Option<Duration>) -> Self {
+        Pings::new(every, pong_timeout)
+    }
+}
+
+impl AfterSilence {
+    /// Ping after `silence` without a message from the client; a pong is owed within
+    /// `pong_timeout`.
+    pub(crate) fn after_silence(silence: Duration, pong_timeout: Duration) -> Self {
+        Pings::new(silence, Some(pong_timeout))
+    }
+}
+
+impl<const AFTER_SILENCE: bool> Pings<AFTER_SILENCE> {
+    fn new(every: Duration, pong_timeout: Option<Duration>) -> Self {
         Pings {
             every,
             pong_timeout,
             next: Instant::now() + every,
             pong_due: None,
-            after_silence: false,
-        }
-    }
-
-    /// Ping after `silence` without a message from the client; a pong is owed within
-    /// `pong_timeout`.
-    pub(crate) fn after_silence(silence: Duration, pong_timeout: Duration) -> Self {
-        Pings {
-            after_silence: true,
-            ..Pings::every(silence, Some(pong_timeout))
         }
     }
 
     /// When the schedule needs the connection next.
     pub(crate) fn deadline(&self) -> Instant {
         match self.pong_due {
-            Some(due) if self.after_silence => due,
+            Some(due) if AFTER_SILENCE => due,
             Some(due) => due.min(self.next),
             None => self.next,
         }
@@ -106,7 +117,7 @@ impl Pings {
     /// The client sent something: that answers any ping (and, after silence, restarts it).
     pub(crate) fn heard(&mut self) {
         self.pong_due = None;
-        if self.after_silence {
+        if AFTER_SILENCE {
             self.next = Instant::now() + self.every;
         }
     }
@@ -134,7 +145,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn herald_pings_on_a_schedule_and_a_late_pong_closes() {
         let start = Instant::now();
-        let mut pings = Pings::every(10 * S, Some(3 * S));
+        let mut pings = Every::every(10 * S, Some(3 * S));
         assert_eq!(pings.deadline(), start + 10 * S);
         assert_eq!(pings.on_timer(start + 5 * S), Tick::Quiet);
         assert_eq!(pings.on_timer(start + 10 * S), Tick::Ping);
@@ -148,7 +159,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_one_way_stream_pings_without_owing_a_pong() {
         let start = Instant::now();
-        let mut pings = Pings::every(10 * S, None);
+        let mut pings = Every::every(10 * S, None);
         assert_eq!(pings.on_timer(start + 10 * S), Tick::Ping);
         assert_eq!(pings.deadline(), start + 20 * S);
         assert_eq!(pings.on_timer(start + 20 * S), Tick::Ping);
@@ -157,7 +168,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn pusher_pings_after_silence_and_waits_for_the_pong() {
         let start = Instant::now();
-        let mut pings = Pings::after_silence(10 * S, 30 * S);
+        let mut pings = AfterSilence::after_silence(10 * S, 30 * S);
         tokio::time::advance(4 * S).await;
         pings.heard();
         assert_eq!(pings.deadline(), start + 14 * S);

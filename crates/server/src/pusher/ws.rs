@@ -32,7 +32,7 @@ use super::conn::{ConnContext, PusherConn};
 use super::wire;
 use crate::compression;
 use crate::engine::driver::Driver;
-use crate::engine::policy::{self, timed, Pings, Tick};
+use crate::engine::policy::{self, timed, AfterSilence, Tick};
 use crate::engine::{Closing, End, Parts, Protocol, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
 use crate::response::HttpResponse;
@@ -234,7 +234,7 @@ fn run(
     let pong_timeout = Duration::from_secs(app.ctx.config.pong_timeout_s.max(1));
     let protocol = PusherProtocol {
         conn,
-        pings: Pings::after_silence(app.pusher.activity_timeout(), pong_timeout),
+        pings: AfterSilence::after_silence(app.pusher.activity_timeout(), pong_timeout),
     };
     let transport = PusherWs {
         ws,
@@ -314,7 +314,7 @@ impl Transport for PusherWs {
 /// `activity_timeout` of silence, a pong owed within `pong_timeout_s`).
 pub(crate) struct PusherProtocol {
     conn: PusherConn,
-    pings: Pings,
+    pings: AfterSilence,
 }
 
 impl Protocol for PusherProtocol {
