@@ -262,7 +262,8 @@ impl Transport for PusherWs {
     }
 
     async fn write(&mut self, frames: Vec<Bytes>, limit: Duration) -> Written {
-        match Box::pin(write_frames(&mut self.ws, frames, limit)).await {
+        // Not boxed: the driver boxes the whole outbound step.
+        match write_frames(&mut self.ws, frames, limit).await {
             Ok(()) => Written::Done,
             Err(()) => Written::Failed,
         }

@@ -200,7 +200,8 @@ impl<S: Sink> Transport for OneWay<S> {
     async fn write(&mut self, frames: Vec<Bytes>, _limit: Duration) -> Written {
         let mut chunk = BytesMut::new();
         let end = self.encode(&frames, &mut chunk);
-        if !chunk.is_empty() && !Box::pin(self.sink.send(chunk.freeze())).await {
+        // Not boxed: the driver boxes the whole outbound step.
+        if !chunk.is_empty() && !self.sink.send(chunk.freeze()).await {
             return Written::Failed; // the client stopped reading or went away
         }
         match end {
@@ -226,11 +227,11 @@ impl<S: Sink> Transport for OneWay<S> {
             after_ms: closing.after_ms,
         };
         self.encoder.disconnect(&req, &mut chunk);
-        let _ = Box::pin(self.sink.send(chunk.freeze())).await;
+        let _ = self.sink.send(chunk.freeze()).await;
     }
 
     async fn finish(&mut self, _limit: Duration) {
-        Box::pin(self.sink.finish()).await
+        self.sink.finish().await
     }
 }
 
