@@ -58,7 +58,8 @@ pub(crate) struct Closing<'a> {
     /// When the client may come back (Herald's reconnect hint).
     pub after_ms: Option<u64>,
     /// The protocol's last frame before the close: Herald's `disconnect` push, Pusher's
-    /// `pusher:error`.
+    /// `pusher:error`. (A one-way stream writes its own `disconnect` event from the code, the
+    /// reason and `after_ms` instead.)
     pub words: Bytes,
 }
 
@@ -107,8 +108,9 @@ pub(crate) trait Transport: Send {
         limit: Duration,
     ) -> impl Future<Output = ()> + Send;
 
-    /// The reconnect hint a drain gives this transport's clients: a random delay within the
-    /// drain window (`policy::spread`).
+    /// The reconnect hint a drain gives this transport's clients: by default a random delay
+    /// within the drain window (`policy::spread`). SSE and NDJSON add a floor (their `retry:`
+    /// outlives the stream); Pusher's close 4200 carries none.
     fn drain_after_ms(app: &App) -> Option<u64> {
         Some(policy::spread(app.ctx.config.drain_ms))
     }
