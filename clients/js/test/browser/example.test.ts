@@ -35,13 +35,13 @@ beforeAll(async () => {
   });
   const [, publicPort, hookPort] = line.split(' ');
   appPort = Number(publicPort);
-  // The example's own config, pointed at this run's hook port.
+  // The example's own config, pointed at this run's hook port and app origin (as run.sh does).
   configDir = mkdtempSync(join(tmpdir(), 'herald-example-'));
   const config = join(configDir, 'herald.toml');
-  const toml = readFileSync(join(exampleDir, 'herald.toml'), 'utf8').replaceAll(
-    '127.0.0.1:8081',
-    `127.0.0.1:${hookPort}`,
-  );
+  const toml = readFileSync(join(exampleDir, 'herald.toml'), 'utf8')
+    .replaceAll('127.0.0.1:8081', `127.0.0.1:${hookPort}`)
+    .replaceAll('127.0.0.1:8080', `127.0.0.1:${appPort}`)
+    .replaceAll('localhost:8080', `localhost:${appPort}`);
   writeFileSync(config, toml);
   server = await HeraldServer.start(inject('heraldBin'), { port: heraldPort, args: ['--config', config] });
   profile = mkdtempSync(join(tmpdir(), 'herald-chromium-'));
