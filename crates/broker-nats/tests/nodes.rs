@@ -10,7 +10,7 @@ use bytes::Bytes;
 use herald_broker::conformance::{self, eventually, opts, since, unique, who, Recorder};
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery, SharedBroker};
 use herald_broker_nats::NatsConfig;
-use herald_testkit::nats::NatsServer;
+use herald_testkit::nats::{copy_tree, NatsServer};
 
 async fn node(cfg: &NatsConfig, name: &str) -> (SharedBroker, Arc<Recorder>) {
     let broker = herald_broker_nats::connect_with(cfg.clone(), name)
@@ -581,20 +581,6 @@ async fn a_stream_recreated_behind_a_nodes_back_does_not_fool_its_cached_tail() 
         (next.epoch.as_str(), next.offset),
         (fresh.epoch.as_str(), 2)
     );
-}
-
-/// Copy a directory tree (a stopped nats-server's storage).
-fn copy_tree(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).expect("create copy");
-    for entry in std::fs::read_dir(from).expect("read storage") {
-        let entry = entry.expect("storage entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("file type").is_dir() {
-            copy_tree(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy storage file");
-        }
-    }
 }
 
 /// Publish, retrying while the broker reconnects.

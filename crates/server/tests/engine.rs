@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use common::*;
 use herald_testkit::eventually;
-use serde_json::json;
 
 /// A one-way stream whose client stopped reading is dropped once a write outlasts
 /// `limits.write_timeout_ms`; its queue overflowed meanwhile, so it counts as a slow consumer,
@@ -25,14 +24,7 @@ async fn an_sse_reader_that_stops_is_counted_as_a_slow_consumer() {
     .await;
     assert_eq!(node.metric("herald_slow_consumers_total").await, 0.0);
     // A raw TCP client with a small receive buffer that sends the request and never reads.
-    use tokio::io::AsyncWriteExt;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stuck = socket.connect(node.addr).await.unwrap();
-    stuck
-        .write_all(b"GET /connection/sse?channel=flood HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
+    let stuck = stuck_sse_reader(&node, "flood").await;
     eventually(Duration::from_secs(10), "the SSE stream opened", || async {
         node.metric("herald_stream_connections_open{transport=\"sse\"}")
             .await
@@ -41,17 +33,7 @@ async fn an_sse_reader_that_stops_is_counted_as_a_slow_consumer() {
     .await;
     // Far more than the kernel buffers hold (24 MB), from two publishers.
     const TOTAL: u64 = 3000;
-    let publishers: Vec<_> = (0..2)
-        .map(|_| {
-            let api = node.api_handle();
-            let pad = "x".repeat(8000);
-            tokio::spawn(async move {
-                for _ in 0..TOTAL / 2 {
-                    api.publish("flood", json!(pad)).await;
-                }
-            })
-        })
-        .collect();
+    let publishers = flood(&node, "flood", TOTAL);
     for p in publishers {
         herald_testkit::joined(p, Duration::from_secs(120), "a publisher").await;
     }

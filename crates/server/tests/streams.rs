@@ -298,29 +298,12 @@ async fn a_reader_that_stops_is_dropped_and_drain_sends_a_retry_hint() {
     )
     .await;
     // A raw TCP client with a small receive buffer that sends the request and never reads.
-    use tokio::io::AsyncWriteExt;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stuck = socket.connect(node.addr).await.unwrap();
-    stuck
-        .write_all(b"GET /connection/sse?channel=flood HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
+    let _stuck = stuck_sse_reader(&node, "flood").await;
     let mut reader = Curl::sse(&node, "channel=flood", None);
     reader.named("connected").await;
     // Far more than the kernel buffers hold (24 MB), from two publishers.
     const TOTAL: u64 = 3000;
-    let publishers: Vec<_> = (0..2)
-        .map(|_| {
-            let api = node.api_handle();
-            let pad = "x".repeat(8000);
-            tokio::spawn(async move {
-                for _ in 0..TOTAL / 2 {
-                    api.publish("flood", json!(pad)).await;
-                }
-            })
-        })
-        .collect();
+    let publishers = flood(&node, "flood", TOTAL);
     // The reader gets everything, in order; the stuck one is dropped.
     for expected in 1..=TOTAL {
         let (_, p) = reader.publication().await;

@@ -421,6 +421,42 @@ impl Api {
     }
 }
 
+/// A raw SSE client of `channel` on `node` that sends its request and never reads, with a 4 KiB
+/// receive buffer: the node's writes to it soon block (a slow consumer).
+pub async fn stuck_sse_reader(node: &Node, channel: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.set_recv_buffer_size(4096).expect("receive buffer");
+    let mut stuck = tokio::time::timeout(WAIT, socket.connect(node.addr))
+        .await
+        .expect("connect within the wait")
+        .expect("connect");
+    let request =
+        format!("GET /connection/sse?channel={channel} HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    tokio::time::timeout(WAIT, stuck.write_all(request.as_bytes()))
+        .await
+        .expect("send the request within the wait")
+        .expect("send the request");
+    stuck
+}
+
+/// `total` publications of 8,000 bytes each on `channel`, from two publishers at once (far more
+/// than kernel buffers hold); join the handles with [`crate::joined`].
+pub fn flood(node: &Node, channel: &str, total: u64) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..2)
+        .map(|_| {
+            let api = node.api_handle();
+            let channel = channel.to_owned();
+            let pad = "x".repeat(8000);
+            tokio::spawn(async move {
+                for _ in 0..total / 2 {
+                    api.publish(&channel, json!(pad)).await;
+                }
+            })
+        })
+        .collect()
+}
+
 /// Sign an HS256 token with the test secret.
 pub fn token(claims: Value) -> String {
     use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
