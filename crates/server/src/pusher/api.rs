@@ -247,7 +247,7 @@ impl EventBody {
     }
 
     fn event(&self, channels: &[String], max_data_bytes: usize) -> Result<Checked, Refused> {
-        check_event_name(&self.name).map_err(|e| refused(StatusCode::BAD_REQUEST, e))?;
+        check_event_name(&self.name).map_err(|e| refused(StatusCode::BAD_REQUEST, e.message()))?;
         if let Some(socket_id) = &self.socket_id {
             if !valid_socket_id(socket_id) {
                 return Err(refused(StatusCode::BAD_REQUEST, "Invalid socket_id"));

@@ -332,7 +332,7 @@ impl PusherConn {
                     );
                 };
                 if let Err(why) = limits::check_user_info(info.as_deref()) {
-                    return self.refuse(&channel, "LimitReached", &why, 400);
+                    return self.refuse(&channel, "LimitReached", why.message(), 400);
                 }
                 me = Some(ClientInfo {
                     user,
@@ -557,7 +557,7 @@ impl PusherConn {
             return;
         };
         if let Err(why) = limits::check_event_name(&message.event) {
-            return self.error(None, &why);
+            return self.error(None, why.message());
         }
         if !self.client_events.try_take(Instant::now()) {
             return self.error(
