@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{Client, Node};
+use herald_testkit::eventually_ok;
 use herald_testkit::kafka::KafkaServer;
 use herald_testkit::redis::RedisServer;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -126,8 +127,7 @@ fn indexes(data: &[Value]) -> Vec<u64> {
 
 /// Poll a metric until it reaches `want` (metrics with labels included).
 async fn metric_reaches(node: &Node, name: &str, want: f64) {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
+    eventually_ok(DEADLINE, &format!("{name} to reach {want}"), || async {
         let (_, body) = node.http("GET", "/metrics", None, None).await;
         let text = body.as_str().unwrap_or_default().to_owned();
         let value = text
@@ -136,18 +136,17 @@ async fn metric_reaches(node: &Node, name: &str, want: f64) {
             .and_then(|l| l.split_whitespace().last())
             .and_then(|v| v.parse::<f64>().ok());
         if value == Some(want) {
-            return;
+            return Ok(());
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{name} is {value:?}, not {want}:\n{}",
+        Err(format!(
+            "{name} is {value:?}:\n{}",
             text.lines()
                 .filter(|l| l.contains("kafka"))
                 .collect::<Vec<_>>()
                 .join("\n")
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        ))
+    })
+    .await
 }
 
 #[tokio::test]
@@ -335,6 +334,7 @@ async fn a_node_killed_mid_stream_publishes_every_record_exactly_once() {
                 &publish(&format!("s{part}"), json!({"i": i})),
             )
             .await;
+            // Paced (the point): the stream must still be flowing when the node is killed.
             if i % 20 == 19 {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -348,22 +348,26 @@ async fn a_node_killed_mid_stream_publishes_every_record_exactly_once() {
 
     let second = start_node(&["--dev"], &env).await;
     producing.await.expect("producer");
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let mut all = Vec::new();
-        for part in 0..3 {
-            all.push(history(&second, &format!("s{part}")).await);
-        }
-        if all.iter().map(Vec::len).sum::<usize>() as u64 >= TOTAL
-            || tokio::time::Instant::now() > deadline
-        {
-            for (part, got) in all.iter().enumerate() {
-                let want: Vec<u64> = (0..TOTAL).filter(|i| i % 3 == part as u64).collect();
-                assert_eq!(got, &want, "channel s{part}: each record once, in order");
+    let all = eventually_ok(
+        DEADLINE,
+        &format!("{TOTAL} publications in the channels' history"),
+        || async {
+            let mut all = Vec::new();
+            for part in 0..3 {
+                all.push(history(&second, &format!("s{part}")).await);
             }
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+            let lens: Vec<usize> = all.iter().map(Vec::len).collect();
+            if lens.iter().sum::<usize>() as u64 >= TOTAL {
+                Ok(all)
+            } else {
+                Err(format!("s0, s1, s2 hold {lens:?}"))
+            }
+        },
+    )
+    .await;
+    for (part, got) in all.iter().enumerate() {
+        let want: Vec<u64> = (0..TOTAL).filter(|i| i % 3 == part as u64).collect();
+        assert_eq!(got, &want, "channel s{part}: each record once, in order");
     }
     // The case was exercised: the second node took again records the first had published
     // (they were not committed yet), and their keys kept them from being published twice.
@@ -398,6 +402,7 @@ async fn kafka_restarted_mid_stream_loses_nothing() {
             let part = (i % 3) as i32;
             let value = publish(&format!("r{part}"), json!({"i": i}));
             produce(&p, "restarts", part, &value).await;
+            // Paced (the point): records keep coming before, during and after the restart.
             tokio::time::sleep(Duration::from_millis(15)).await;
         }
     });
@@ -467,11 +472,13 @@ async fn a_retryable_failure_is_retried_until_the_broker_is_back() {
     let node = start_node(&["--dev"], &env).await;
     let p = producer(&bootstrap);
     produce(&p, "retried", 0, &publish("q", json!({"i": 0}))).await;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while history(&node, "q").await != [0] {
-        assert!(tokio::time::Instant::now() < deadline, "first record");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_ok(DEADLINE, "the first record in q's history", || async {
+        match history(&node, "q").await {
+            got if got == [0] => Ok(()),
+            got => Err(format!("{got:?}")),
+        }
+    })
+    .await;
 
     // The broker goes away: the next records fail with a retryable error and wait.
     redis.stop();
@@ -479,11 +486,17 @@ async fn a_retryable_failure_is_retried_until_the_broker_is_back() {
         produce(&p, "retried", 0, &publish("q", json!({"i": i}))).await;
     }
     let retries = r#"herald_kafka_retries_total{consumer="g-retry"}"#;
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while metric_value(&node, retries).await < 3.0 {
-        assert!(tokio::time::Instant::now() < deadline, "no retries counted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_ok(
+        DEADLINE,
+        "3 retries counted while Redis is down",
+        || async {
+            match metric_value(&node, retries).await {
+                n if n >= 3.0 => Ok(()),
+                n => Err(format!("{retries} is {n}")),
+            }
+        },
+    )
+    .await;
     redis = tokio::task::spawn_blocking(move || {
         redis.restart();
         redis
@@ -492,30 +505,31 @@ async fn a_retryable_failure_is_retried_until_the_broker_is_back() {
     .expect("restart Redis");
 
     // Nothing was skipped: every record published once, in order, once the broker is back.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        // The node answers 503 until it has reconnected to Redis.
-        let (status, body) = node
-            .api("/api/history", Some(json!({"channel": "q", "limit": 100})))
-            .await;
-        let got: Vec<u64> = match status {
-            200 => body["publications"]
-                .as_array()
-                .expect("publications")
-                .iter()
-                .map(|p| p["data"]["i"].as_u64().expect("i"))
-                .collect(),
-            _ => Vec::new(),
-        };
-        if got == [0, 1, 2, 3, 4, 5] {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "history after the broker came back: {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_ok(
+        DEADLINE,
+        "q's history to be [0, 1, 2, 3, 4, 5] once the broker is back",
+        || async {
+            // The node answers 503 until it has reconnected to Redis.
+            let (status, body) = node
+                .api("/api/history", Some(json!({"channel": "q", "limit": 100})))
+                .await;
+            let got: Vec<u64> = match status {
+                200 => body["publications"]
+                    .as_array()
+                    .expect("publications")
+                    .iter()
+                    .map(|p| p["data"]["i"].as_u64().expect("i"))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            if got == [0, 1, 2, 3, 4, 5] {
+                Ok(())
+            } else {
+                Err(format!("status {status}, history {got:?}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(
         metric_value(
             &node,
@@ -580,14 +594,22 @@ async fn a_draining_node_commits_what_it_published_before_it_leaves() {
 
     // The next node of the group starts after the committed offset: only the new record.
     let second = start_node(&["--dev"], &env).await;
+    let mut client = second.connected(&["d"]).await;
     produce(&p, "drained", 0, &publish("d", json!({"i": 5}))).await;
+    // Wait for the new record's publication. A partition's records are consumed in offset order,
+    // each counted before it is published, so a record of 0..5 consumed again is counted by the
+    // time record 5 is out: no time has to pass for it to show.
+    let seen = collect(&mut client, |s| {
+        s.get("d").is_some_and(|d| d.contains(&json!({"i": 5})))
+    })
+    .await;
+    assert_eq!(indexes(&seen["d"]), [5], "only the new record is published");
     metric_reaches(
         &second,
         r#"herald_kafka_published_total{consumer="g-drain"}"#,
         1.0,
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         metric_value(
             &second,
@@ -641,6 +663,8 @@ async fn sasl_scram_and_plain_credentials_reach_the_broker() {
         env.push((format!("HERALD_CONSUMERS__KAFKA__{k}"), v.into()));
     }
     let node = start_node(&["--dev"], &env).await;
+    // A sleep: the point is five seconds passing with nothing consumed; a refused login leaves
+    // no metric to wait for (it is only logged).
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         metric_value(&node, r#"herald_kafka_consumed_total{consumer="g-wrong"}"#).await,
@@ -701,14 +725,18 @@ async fn skipped_records_reach_the_dead_letter_topic_before_their_offsets_commit
 
     // No dead-letter topic yet: producing the first record there fails and is tried again, the
     // record stays uncommitted, and the good one behind it waits.
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while metric_value(&node, r#"herald_kafka_retries_total{consumer="g-dead"}"#).await < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no failed dead-letter produce"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let retries = r#"herald_kafka_retries_total{consumer="g-dead"}"#;
+    eventually_ok(
+        DEADLINE,
+        "a failed dead-letter produce, retried",
+        || async {
+            match metric_value(&node, retries).await {
+                n if n >= 1.0 => Ok(()),
+                n => Err(format!("{retries} is {n}")),
+            }
+        },
+    )
+    .await;
     // (Pings may come meanwhile; no publication.)
     while let Some(m) = client.next_within(Duration::from_secs(2)).await {
         assert!(
@@ -725,14 +753,17 @@ async fn skipped_records_reach_the_dead_letter_topic_before_their_offsets_commit
     create_topic(&bootstrap, "cmds-dead", 1).await;
     let seen = collect(&mut client, |s| count(s) >= 1).await;
     assert_eq!(indexes(&seen["good"]), [0]);
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while committed(&bootstrap, "g-dead", "cmds").await != Some(4) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "every offset committed once dead-lettered"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually_ok(
+        DEADLINE,
+        "every offset committed once dead-lettered (offset 4)",
+        || async {
+            match committed(&bootstrap, "g-dead", "cmds").await {
+                Some(4) => Ok(()),
+                other => Err(format!("committed {other:?}")),
+            }
+        },
+    )
+    .await;
     for reason in ["malformed", "oversized", "refused"] {
         metric_reaches(
             &node,

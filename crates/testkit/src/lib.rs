@@ -18,9 +18,10 @@
 //! - [`hooks`]: the proxy hooks' test backend (a real HTTP server in Python).
 //! - [`multinode`]: the multi-node suite (real `herald` nodes over WebSockets), run against any
 //!   broker through [`multinode::BrokerProcess`].
-//! - [`eventually`] / [`eventually_some`]: wait for a state (a node noticed something, a metric
-//!   moved), bounded and failing with what it waited for; [`joined`]: the same for a spawned
-//!   task. A test sleeps only where time passing is the point (pacing, a TTL, a rate window).
+//! - [`eventually`] / [`eventually_some`] / [`eventually_ok`]: wait for a state (a node noticed
+//!   something, a metric moved), bounded and failing with what it waited for (and, for
+//!   `eventually_ok`, the last state it saw); [`joined`]: the same for a spawned task. A test
+//!   sleeps only where time passing is the point (pacing, a TTL, a rate window).
 
 pub mod client;
 pub mod fuzz;
@@ -93,17 +94,40 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
+    eventually_ok(limit, what, || {
+        let fut = check();
+        async move { fut.await.ok_or("") }
+    })
+    .await
+}
+
+/// Like [`eventually_some`], for a check that can say what it saw instead: waits until `check`
+/// gives `Ok`, and returns its value; at the limit, the panic names `what` it waited for and the
+/// last `Err` (the state the wait ended in: a count, a metric's value, what arrived so far).
+pub async fn eventually_ok<T, E, F, Fut>(limit: std::time::Duration, what: &str, mut check: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let deadline = tokio::time::Instant::now() + limit;
+    let mut last = String::new();
+    let give_up = |last: &str| -> ! {
+        if last.is_empty() {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        panic!("timed out after {limit:?} waiting for: {what}; last seen: {last}");
+    };
     loop {
         // The check itself is bounded too: one that never returns must not outlive the limit.
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         match tokio::time::timeout(left, check()).await {
-            Ok(Some(v)) => return v,
-            Ok(None) => {}
-            Err(_) => panic!("timed out after {limit:?} waiting for: {what}"),
+            Ok(Ok(v)) => return v,
+            Ok(Err(e)) => last = e.to_string(),
+            Err(_) => give_up(&last),
         }
         if tokio::time::Instant::now() + POLL > deadline {
-            panic!("timed out after {limit:?} waiting for: {what}");
+            give_up(&last);
         }
         tokio::time::sleep(POLL).await;
     }
@@ -151,5 +175,34 @@ mod tests {
             .cloned()
             .unwrap_or_default();
         assert!(msg.contains("a stuck check"), "{msg}");
+    }
+
+    #[tokio::test]
+    async fn eventually_ok_names_the_last_state_it_saw() {
+        let n = AtomicU32::new(0);
+        let v = eventually_ok(Duration::from_secs(5), "the third look", || async {
+            match n.fetch_add(1, Ordering::SeqCst) {
+                2 => Ok("found"),
+                k => Err(format!("look {k}")),
+            }
+        })
+        .await;
+        assert_eq!(v, "found");
+        let err = tokio::spawn(eventually_ok(
+            Duration::from_millis(200),
+            "a count of 3",
+            || async { Err::<(), _>("2 of 3") },
+        ))
+        .await
+        .expect_err("it should fail");
+        let msg = err
+            .into_panic()
+            .downcast_ref::<String>()
+            .cloned()
+            .unwrap_or_default();
+        assert!(
+            msg.contains("waiting for: a count of 3; last seen: 2 of 3"),
+            "{msg}"
+        );
     }
 }
