@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::node::Node;
+use crate::{eventually, eventually_ok};
 
 /// A broker server the nodes share, which the suite can inspect, stop and start.
 pub trait BrokerProcess {
@@ -61,18 +62,6 @@ async fn nodes_with(broker: &dyn BrokerProcess, names: &[&str], env: &[(&str, &s
         out.push(Node::on_broker_with(name, &broker.url(), env).await);
     }
     out
-}
-
-async fn eventually_async<F, Fut>(what: &str, wait: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + wait;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Publications reach every node that hosts a subscriber, exactly once and in order, and only
@@ -140,10 +129,15 @@ pub async fn cross_node_delivery_exactly_once(broker: &mut dyn BrokerProcess) {
     let reply = on_b.call("unsubscribe", json!({ "channel": &ch })).await;
     assert!(reply.get("unsubscribe").is_some(), "{reply}");
     let expected = BTreeMap::from([(ch.clone(), 1), (other.clone(), 1)]);
-    eventually_async(
-        "b drops its broker subscription",
+    eventually_ok(
         Duration::from_secs(5),
-        || async { broker.channel_subscriptions() == expected },
+        "b drops its broker subscription",
+        || async {
+            match broker.channel_subscriptions() {
+                now if now == expected => Ok(()),
+                now => Err(format!("{now:?}")),
+            }
+        },
     )
     .await;
     assert_eq!(b.metric("herald_broker_subscribed_channels").await, 0.0);
@@ -252,23 +246,32 @@ pub async fn broker_restart_mid_stream_loses_nothing(
                     resumed.notified().await;
                 }
                 let key = format!("k{i}");
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
-                    let t = Instant::now();
-                    let (status, body) = a.try_publish(&ch, json!(i), Some(&key)).await;
-                    if status == 200 {
-                        break;
-                    }
-                    assert_eq!(
-                        status, 503,
-                        "only 'unavailable' while the broker is down: {body}"
-                    );
+                // Each try's time, and whether it was refused (`None` once accepted).
+                let tries = std::sync::Mutex::new(Vec::new());
+                eventually_ok(
+                    Duration::from_secs(30),
+                    &format!("publication {i} accepted (the broker back)"),
+                    || async {
+                        let t = Instant::now();
+                        let (status, body) = a.try_publish(&ch, json!(i), Some(&key)).await;
+                        if status == 200 {
+                            return Ok(());
+                        }
+                        assert_eq!(
+                            status, 503,
+                            "only 'unavailable' while the broker is down: {body}"
+                        );
+                        resume_at.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+                        tries.lock().unwrap().push(t.elapsed());
+                        Err(format!("{status}: {body}"))
+                    },
+                )
+                .await;
+                for took in tries.into_inner().unwrap() {
                     refused += 1;
-                    resume_at.store(i + 1, std::sync::atomic::Ordering::SeqCst);
-                    slowest_refusal = slowest_refusal.max(t.elapsed());
-                    assert!(Instant::now() < deadline, "broker never came back");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    slowest_refusal = slowest_refusal.max(took);
                 }
+                // Paced (the point): the stream is still going when the broker stops.
                 tokio::time::sleep(Duration::from_millis(15)).await;
             }
             (refused, slowest_refusal)
@@ -277,7 +280,15 @@ pub async fn broker_restart_mid_stream_loses_nothing(
     let before = client.offsets(&ch, 15, Duration::from_secs(5)).await;
     assert_eq!(before, (1..=15).collect::<Vec<_>>());
     broker.stop();
+    // The outage lasts 700 ms (the scenario: publishing fails fast throughout it, not once), and
+    // until the publisher has been refused at least once.
     tokio::time::sleep(Duration::from_millis(700)).await;
+    eventually(
+        Duration::from_secs(10),
+        "the publisher refused (503) while the broker is down",
+        || async { resume_at.load(std::sync::atomic::Ordering::SeqCst) > 0 },
+    )
+    .await;
     broker.start_again();
     // The publisher pauses after its first publication accepted after the outage (offset
     // `resume_at - 1`): everything up to it must arrive with nothing published later.
@@ -347,7 +358,13 @@ pub async fn subscriber_node_blip_loses_nothing(broker: &mut dyn BrokerProcess) 
     for i in 6..=40 {
         a.publish(&ch, json!(i)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b saw its link go down before it may come back: what it missed comes by a reconnect.
+    eventually(
+        Duration::from_secs(10),
+        "b reporting its broker link down (herald_broker_connected 0)",
+        || async { b.metric("herald_broker_connected").await == 0.0 },
+    )
+    .await;
     proxy.restore();
     // Nothing is published after the outage yet: only the reconnect's catch-up can bring these.
     let missed = client.offsets(&ch, 35, Duration::from_secs(10)).await;
@@ -358,6 +375,7 @@ pub async fn subscriber_node_blip_loses_nothing(broker: &mut dyn BrokerProcess) 
     );
     for i in 41..=45 {
         a.publish(&ch, json!(i)).await;
+        // Paced (the point): live publications, one at a time.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let rest = client.offsets(&ch, 5, Duration::from_secs(10)).await;
@@ -473,26 +491,35 @@ pub async fn nothing_lost_through(
         tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(60);
             for i in 1..=total {
-                loop {
-                    let key = format!("k{i}");
-                    let (status, body) = a.try_publish(&ch, json!(i), Some(&key)).await;
-                    if status == 200 {
-                        acked.lock().unwrap().push(body["offset"].as_u64().unwrap());
-                        break;
-                    }
-                    assert!(
-                        Instant::now() < deadline,
-                        "publishing never recovered: {body}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+                let key = format!("k{i}");
+                let body = eventually_ok(
+                    deadline.saturating_duration_since(Instant::now()),
+                    &format!("publication {i} accepted (publishing recovered, 60 s for all)"),
+                    || async {
+                        match a.try_publish(&ch, json!(i), Some(&key)).await {
+                            (200, body) => Ok(body),
+                            (status, body) => Err(format!("{status}: {body}")),
+                        }
+                    },
+                )
+                .await;
+                acked.lock().unwrap().push(body["offset"].as_u64().unwrap());
+                // Paced (the point): publications keep coming through the failure.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
     };
-    while acked.lock().unwrap().len() < fail_after {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_ok(
+        Duration::from_secs(30),
+        &format!("{fail_after} publications acknowledged before the failure"),
+        || async {
+            match acked.lock().unwrap().len() {
+                n if n >= fail_after => Ok(()),
+                n => Err(format!("{n} acknowledged")),
+            }
+        },
+    )
+    .await;
     failure();
     publisher.await.expect("publisher");
     let acked = acked.lock().unwrap().clone();
