@@ -246,7 +246,7 @@ pub async fn broker_restart_mid_stream_loses_nothing(
                     resumed.notified().await;
                 }
                 let key = format!("k{i}");
-                // Each try's time, and whether it was refused (`None` once accepted).
+                // How long each refused try took.
                 let tries = std::sync::Mutex::new(Vec::new());
                 eventually_ok(
                     Duration::from_secs(30),
