@@ -94,6 +94,11 @@ const RECENT_MAX: usize = 64;
 const RECENT_MAX_BYTES: usize = 64 * 1024;
 const RECENT_MIN_SUBSCRIBERS: usize = 16;
 
+/// The hasher of maps keyed by [`ConnKey`]: SipHash with fixed keys, as fast as the default and
+/// safe here (the node assigns the keys, no client chooses them), and the same in every process,
+/// so that a fan-out wakes connections in one order and a simulation (crates/sim) replays a seed.
+type FixedState = std::hash::BuildHasherDefault<DefaultHasher>;
+
 /// A connection's key in the hub (cheaper than its client id string).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnKey(u64);
@@ -113,7 +118,7 @@ struct Subscriber {
 }
 
 struct Channel {
-    subscribers: HashMap<ConnKey, Subscriber>,
+    subscribers: HashMap<ConnKey, Subscriber, FixedState>,
     /// The baseline: epoch and last offset delivered (both `None` until the first activation).
     epoch: Option<String>,
     last_offset: Option<u64>,
@@ -140,7 +145,7 @@ impl Channel {
     fn new(opts: StreamOptions, generation: u64) -> Self {
         Channel {
             generation,
-            subscribers: HashMap::new(),
+            subscribers: HashMap::default(),
             epoch: None,
             last_offset: None,
             early: Vec::new(),

@@ -52,7 +52,10 @@ impl Session {
         let Some(conn) = self.connected.as_ref() else {
             return;
         };
-        let channels: Vec<String> = conn.channels.keys().cloned().collect();
+        // In name order, not the map's (random per process): the same run leaves the same way,
+        // which the deterministic simulation (crates/sim) needs to replay a seed.
+        let mut channels: Vec<String> = conn.channels.keys().cloned().collect();
+        channels.sort_unstable();
         let client = conn.client.clone();
         for channel in channels {
             self.leave(&channel).await;
