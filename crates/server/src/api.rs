@@ -20,7 +20,7 @@ use serde_json::json;
 
 use crate::guard::origin_listed;
 use crate::publishing::{self, Command, PublishError};
-use crate::response::{json, HttpResponse};
+use crate::response::{error, json, HttpResponse};
 use crate::state::App;
 
 /// An API error: what went wrong ([`ErrorCode`], which says whose fault it is and whether a
@@ -104,14 +104,6 @@ impl From<NamespaceError> for ApiError {
     fn from(e: NamespaceError) -> Self {
         ApiError::code(e.code(), e.to_string())
     }
-}
-
-/// An error response.
-pub fn error(status: StatusCode, code: ErrorCode, message: &str) -> HttpResponse {
-    json(
-        status,
-        &json!({"error": {"code": code.as_u16(), "message": message}}),
-    )
 }
 
 type ApiResult = Result<serde_json::Value, ApiError>;

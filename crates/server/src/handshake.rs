@@ -13,9 +13,8 @@ use hyper::{Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio_websockets::WebSocketStream;
 
-use crate::api;
 use crate::guard::{check_origin, Door};
-use crate::response::HttpResponse;
+use crate::response::{error, HttpResponse};
 use crate::state::App;
 
 const WS_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -39,14 +38,14 @@ pub(crate) fn accept_key(
             .any(|v| v.trim().eq_ignore_ascii_case(token))
     };
     if !has(header::UPGRADE, "websocket") || !has(header::CONNECTION, "upgrade") {
-        return Err(Box::new(api::error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
             "expected a WebSocket upgrade",
         )));
     }
     if let Err(why) = check_origin(&app.ctx.config, headers, door) {
-        return Err(Box::new(api::error(
+        return Err(Box::new(error(
             StatusCode::FORBIDDEN,
             ErrorCode::PermissionDenied,
             why,
@@ -57,14 +56,14 @@ pub(crate) fn accept_key(
         .map(|v| v.as_bytes())
         != Some(b"13")
     {
-        return Err(Box::new(api::error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
             "Sec-WebSocket-Version must be 13",
         )));
     }
     let Some(key) = headers.get(header::SEC_WEBSOCKET_KEY) else {
-        return Err(Box::new(api::error(
+        return Err(Box::new(error(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
             "missing Sec-WebSocket-Key",

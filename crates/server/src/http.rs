@@ -1,5 +1,6 @@
 //! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page, the admin UI
-//! (`/admin`), and the Pusher endpoints `/app/{key}` and `/apps/{id}/…`.
+//! (`/admin`), and the Pusher endpoints `/app/{key}` and `/apps/{id}/…`; and [`Node`], what the
+//! routes hand requests to.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,8 +10,10 @@ use hyper::body::Incoming;
 use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, StatusCode};
 
+use crate::admin::Admin;
+use crate::emulation::Sessions;
 use crate::guard::{loopback_host, PeerAddr};
-use crate::response::{json, text, HttpResponse};
+use crate::response::{error, json, text, HttpResponse};
 use crate::state::App;
 use crate::{api, ws};
 
@@ -18,8 +21,23 @@ use crate::{api, ws};
 const DEMO_HTML: &str = include_str!("../../../clients/js/demo/index.html");
 const DEMO_JS: &str = include_str!("../../../clients/js/demo/herald.js");
 
+/// The node as its routes see it: the state every handler shares, and each protocol's own,
+/// handed to that protocol's handlers only (the state knows no protocol: crate::layers).
+pub struct Node {
+    /// The node's state.
+    pub app: Arc<App>,
+    /// The Pusher endpoints' apps (none configured: `/app/*` closes with 4001, `/apps/*`
+    /// answers 404).
+    pub pusher: Arc<crate::pusher::Node>,
+    /// The admin UI under `/admin` (`None`: off, the paths answer 404).
+    pub admin: Option<Arc<Admin>>,
+    /// The emulated connections' inboxes, by session id.
+    pub emulated: Arc<Sessions>,
+}
+
 /// Route one request.
-pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, Infallible> {
+pub async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<HttpResponse, Infallible> {
+    let app = &node.app;
     let path = req.uri().path().to_owned();
     if app.ctx.config.dev {
         let host = req
@@ -29,7 +47,7 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             .or_else(|| req.uri().authority().map(|a| a.as_str()))
             .unwrap_or("");
         if !loopback_host(host) {
-            return Ok(api::error(
+            return Ok(error(
                 StatusCode::FORBIDDEN,
                 ErrorCode::PermissionDenied,
                 "a --dev node answers only requests to a loopback host",
@@ -41,7 +59,7 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
             if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
                 app.ctx.hub.metrics().handshakes_refused.inc();
-                let mut r = api::error(
+                let mut r = error(
                     StatusCode::TOO_MANY_REQUESTS,
                     ErrorCode::TooManyRequests,
                     "too many WebSocket handshakes from this address",
@@ -50,10 +68,10 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 r
             } else {
-                ws::upgrade(app, req)
+                ws::upgrade(app.clone(), req)
             }
         }
-        (_, "/ws") => api::error(
+        (_, "/ws") => error(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,
             "use GET with a WebSocket upgrade",
@@ -73,13 +91,15 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             let body = app.ctx.hub.metrics().render_with(open);
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
-        (_, p) if p.starts_with("/api/") => api::handle(app, req).await,
-        (_, p) if crate::admin::is_admin_path(p) => crate::admin::handle(app, req).await,
+        (_, p) if p.starts_with("/api/") => api::handle(app.clone(), req).await,
+        (_, p) if crate::admin::is_admin_path(p) => {
+            crate::admin::handle(app.clone(), node.admin.clone(), req).await
+        }
         (&Method::GET, p) if p.starts_with("/app/") => {
             let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
             if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
                 app.ctx.hub.metrics().handshakes_refused.inc();
-                let mut r = api::error(
+                let mut r = error(
                     StatusCode::TOO_MANY_REQUESTS,
                     ErrorCode::TooManyRequests,
                     "too many WebSocket handshakes from this address",
@@ -88,10 +108,12 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 r
             } else {
-                crate::pusher::ws::upgrade(app, req)
+                crate::pusher::ws::upgrade(node.pusher.clone(), req)
             }
         }
-        (_, p) if p.starts_with("/apps/") => crate::pusher::api::handle(app, req).await,
+        (_, p) if p.starts_with("/apps/") => {
+            crate::pusher::api::handle(node.pusher.clone(), req).await
+        }
         (&Method::GET, "/") if app.ctx.config.demo => {
             text(StatusCode::OK, "text/html; charset=utf-8", DEMO_HTML)
         }
@@ -105,7 +127,7 @@ pub async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse
             "text/plain; charset=utf-8",
             "Herald real-time messaging node. WebSocket: /ws · API: /api/* · /health · /metrics\n",
         ),
-        _ => api::error(
+        _ => error(
             StatusCode::NOT_FOUND,
             ErrorCode::BadRequest,
             "no such endpoint",

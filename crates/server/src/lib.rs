@@ -6,10 +6,13 @@
 //! - [`settings`]: loading the config from a TOML file, `HERALD_*` variables and flags.
 //! - [`serve`]: the accept loop (plain or TLS), connections per IP and graceful drain.
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
-//! - [`state`]: `App`, the node's application state every handler and connection reaches.
+//! - [`state`]: `App`, the node's application state every handler and connection reaches (the
+//!   hub, config, counters, the drain; no protocol's own state).
 //! - [`http`]: request routing, the one route table: `/ws`, `/api/*`, `/health`, `/metrics`, the
-//!   demo page, `/admin`, the Pusher and stream endpoints.
-//! - [`response`]: HTTP response helpers the handlers share.
+//!   demo page, `/admin`, the Pusher and stream endpoints; and `http::Node`, the `App` with each
+//!   protocol's own state (the Pusher apps, the admin UI, the emulated sessions), which the
+//!   routes hand to that protocol's handlers only.
+//! - [`response`]: HTTP response helpers the handlers share, and the JSON error answer.
 //! - [`api`]: the HTTP API handlers.
 //! - [`admin`]: the admin web UI under `/admin` (embedded page, login, cluster-wide views).
 //! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
@@ -23,15 +26,14 @@
 //!   flush, close with a code, the client's input) and a `Protocol` (the session: Herald's or
 //!   Pusher's). `engine::policy` holds what every connection shares once: the write timeout,
 //!   slow-consumer counting, the drain's close, the ping schedule. `engine::herald` is Herald's
-//!   protocol (the `Session` and its timers). The transports are adapters in their endpoints'
+//!   protocol (the `Session`, running a client's text messages, and `limits.max_connections`,
+//!   counted over connections that completed `connect`, so sockets that never authenticate
+//!   cannot lock others out); `engine::liveness` its timers (handshake, pings and pongs, token
+//!   expiry; a one-way stream owes no pongs). The transports are adapters in their endpoints'
 //!   modules: `ws::connection` (Herald's WebSocket, with the fan-out's direct writes),
 //!   `pusher::ws` (Pusher's WebSocket and Pusher's protocol), `uni::run` (SSE and NDJSON),
 //!   `emulation::run` (emulated WebSocket: `POST`s up, SSE down).
-//! - [`ws`]: the `/ws` upgrade and running a client's text message (shared with emulated
-//!   connections); it also enforces `limits.max_connections` (counted over connections that
-//!   completed `connect`, so sockets that never authenticate cannot lock others out).
-//! - `liveness`: a Herald connection's timers (handshake, pings and pongs, token expiry), shared
-//!   by every transport of Herald's protocol (a one-way stream owes no pongs).
+//! - [`ws`]: the `/ws` upgrade and the WebSocket connection's task.
 //! - [`tls`]: rustls server config from PEM files.
 //! - [`brokers`]: choosing the broker from `broker_url`.
 //! - [`token`]: `herald token`, minting HS256 tokens for development.
@@ -43,6 +45,18 @@
 //! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
 //! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
 //!   transactional outbox, Kafka topics; docs/consumers.md).
+//!
+//! # Layers
+//! Lowest first; a module uses its own layer or those below, never one above (`layers.rs`
+//! lists them and its tests fail on a use that points up, or a cycle within a layer):
+//! 1. foundations, which know no `App`: `response`, `guard`, `compression`, `tls`, `token`,
+//!    `brokers`, `jwks`, `proxy`, `settings`, `publishing`;
+//! 2. `state`;
+//! 3. `engine`, `handshake`;
+//! 4. protocols and their handlers: `ws`, `pusher`, `uni`, `emulation`, `api`, `admin`,
+//!    `consumers`;
+//! 5. `http` (the route table and `http::Node`);
+//! 6. `serve` (the accept loop, which assembles the node); then `main`.
 
 pub mod admin;
 pub mod api;
@@ -55,7 +69,8 @@ pub mod guard;
 mod handshake;
 pub mod http;
 pub mod jwks;
-mod liveness;
+#[cfg(test)]
+mod layers;
 pub mod proxy;
 pub mod publishing;
 pub mod pusher;

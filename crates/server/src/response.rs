@@ -1,6 +1,8 @@
-//! HTTP response helpers every handler shares.
+//! HTTP response helpers every handler shares, and the JSON error answer
+//! (`{"error": {"code", "message"}}`) of the HTTP API, the upgrades and the route table.
 
 use bytes::Bytes;
+use herald_protocol::ErrorCode;
 use http_body_util::Full;
 use hyper::header::{self, HeaderValue};
 use hyper::{Response, StatusCode};
@@ -30,4 +32,12 @@ pub fn text(
     r.headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     r
+}
+
+/// A JSON error answer: `{"error": {"code", "message"}}` with `status`.
+pub fn error(status: StatusCode, code: ErrorCode, message: &str) -> HttpResponse {
+    json(
+        status,
+        &serde_json::json!({"error": {"code": code.as_u16(), "message": message}}),
+    )
 }

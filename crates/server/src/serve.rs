@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::guard::{HandshakeRate, IpSlot, PeerAddr, PerIp};
-use crate::http::route;
+use crate::http::{route, Node};
 use crate::state::App;
 
 /// Pending connections the kernel may queue. A reconnect storm after a deploy arrives all at
@@ -187,9 +187,15 @@ pub async fn run(
         sse_connections: AtomicUsize::new(0),
         ndjson_connections: AtomicUsize::new(0),
         emulated_connections: AtomicUsize::new(0),
-        emulated: crate::emulation::Sessions::default(),
-        pusher,
+    });
+    let node = Arc::new(Node {
+        app: app.clone(),
+        pusher: Arc::new(crate::pusher::Node {
+            state: app.clone(),
+            apps: pusher,
+        }),
         admin: admin.clone(),
+        emulated: Arc::default(),
     });
 
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -215,7 +221,7 @@ pub async fn run(
         .map(|listener| {
             tokio::spawn(accept_loop(
                 listener,
-                app.clone(),
+                node.clone(),
                 tls.clone(),
                 handshake_timeout,
                 failures.clone(),
@@ -243,7 +249,7 @@ pub async fn run(
     while app.open_connections() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    app.pusher.stop().await;
+    node.pusher.apps.stop().await;
     consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
@@ -281,7 +287,7 @@ impl AcceptFailures {
 /// Accept connections on one listener and serve each in its own task, until aborted.
 async fn accept_loop(
     listener: TcpListener,
-    app: Arc<App>,
+    node: Arc<Node>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     handshake_timeout: Duration,
     failures: Arc<AcceptFailures>,
@@ -299,12 +305,12 @@ async fn accept_loop(
                 continue;
             }
         };
-        let Some(slot) = app.per_ip.admit(peer.ip()) else {
+        let Some(slot) = node.app.per_ip.admit(peer.ip()) else {
             tracing::debug!(ip = %peer.ip(), "connection refused: limits.max_connections_per_ip");
             continue; // dropping the stream closes it
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
+        let node = node.clone();
         let tls = tls.clone();
         let slot = slot.map(Arc::new);
         tokio::spawn(async move {
@@ -312,18 +318,18 @@ async fn accept_loop(
                 Some(acceptor) => {
                     match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
                         Ok(Ok(s)) => {
-                            let metrics = app.ctx.hub.metrics();
+                            let metrics = node.app.ctx.hub.metrics();
                             metrics.tls_handshakes.inc();
                             if s.get_ref().1.handshake_kind() == Some(HandshakeKind::Resumed) {
                                 metrics.tls_resumed.inc();
                             }
-                            serve_connection(app, s, handshake_timeout, peer, slot).await
+                            serve_connection(node, s, handshake_timeout, peer, slot).await
                         }
                         Ok(Err(e)) => tracing::debug!(cause = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
                     }
                 }
-                None => serve_connection(app, stream, handshake_timeout, peer, slot).await,
+                None => serve_connection(node, stream, handshake_timeout, peer, slot).await,
             }
         });
     }
@@ -332,7 +338,7 @@ async fn accept_loop(
 /// Serve HTTP on one connection. Its per-IP slot travels with each request, so that a WebSocket
 /// upgraded out of it keeps the slot for its own lifetime.
 async fn serve_connection<S>(
-    app: Arc<App>,
+    node: Arc<Node>,
     stream: S,
     handshake_timeout: Duration,
     peer: std::net::SocketAddr,
@@ -342,9 +348,14 @@ async fn serve_connection<S>(
 {
     // An SSE request that opens the connection is served without hyper, which would keep its
     // HTTP connection state for the stream's whole life (uni/direct.rs).
-    let Some(stream) =
-        crate::uni::direct::first_request(&app, stream, handshake_timeout, peer, slot.as_ref())
-            .await
+    let Some(stream) = crate::uni::direct::first_request(
+        &node.app,
+        stream,
+        handshake_timeout,
+        peer,
+        slot.as_ref(),
+    )
+    .await
     else {
         return;
     };
@@ -353,16 +364,18 @@ async fn serve_connection<S>(
         if let Some(slot) = &slot {
             req.extensions_mut().insert(slot.clone());
         }
-        let app = app.clone();
+        let node = node.clone();
         async move {
             // One-way streams have a body of their own kind; everything else is a full body.
             if crate::uni::is_stream_path(req.uri().path()) {
+                let app = node.app.clone();
                 return Ok::<_, std::convert::Infallible>(crate::uni::serve(app, req).await);
             }
             if req.uri().path() == crate::emulation::PATH {
-                return Ok(crate::emulation::serve(app, req).await);
+                let app = node.app.clone();
+                return Ok(crate::emulation::serve(app, &node.emulated, req).await);
             }
-            let response = route(app, req).await?;
+            let response = route(node, req).await?;
             Ok(response.map(|body| body.boxed()))
         }
     });

@@ -1,5 +1,8 @@
 //! The node's application state: what every request handler and connection reaches through
-//! `Arc<App>`. Kept apart from the router so that handlers depend on the state, not on routing.
+//! `Arc<App>` (the hub, config, API key, connection counters, the drain). Kept apart from the
+//! router so that handlers depend on the state, not on routing; and it knows no protocol: each
+//! protocol's own state (the Pusher apps, the admin UI, the emulated sessions) is kept by that
+//! protocol and handed to it by the route table ([`crate::http::Node`]; crate::layers).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,23 +35,9 @@ pub struct App {
     pub ndjson_connections: AtomicUsize,
     /// Open WebSocket-emulation connections (SSE down, POST up).
     pub emulated_connections: AtomicUsize,
-    /// The emulated connections' inboxes, by session id.
-    pub emulated: crate::emulation::Sessions,
-    /// Pusher apps (none configured: `/app/*` closes with 4001, `/apps/*` answers 404).
-    pub pusher: crate::pusher::Apps,
-    /// The admin UI under `/admin` (`None`: off, the paths answer 404).
-    pub admin: Option<Arc<crate::admin::Admin>>,
 }
 
 impl App {
-    /// The open-connection counter of a one-way transport.
-    pub fn stream_connections(&self, format: crate::uni::format::Format) -> &AtomicUsize {
-        match format {
-            crate::uni::format::Format::Sse => &self.sse_connections,
-            crate::uni::format::Format::Ndjson => &self.ndjson_connections,
-        }
-    }
-
     /// Connections open on every transport (what a drain waits for).
     pub fn open_connections(&self) -> usize {
         self.ws_connections.load(Ordering::Relaxed)

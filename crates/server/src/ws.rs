@@ -1,29 +1,25 @@
-//! Herald's WebSocket endpoint (`/ws`): the upgrade, and running a client's text message, which
-//! WebSocket and emulated connections share. Each upgraded socket is served by one task, the
-//! engine's driver (crate::engine) over the WebSocket transport of [`connection`]: it reads
-//! commands, hands them to the [`Session`], writes queued frames in batches, pings, and closes
-//! with the protocol's close codes.
+//! Herald's WebSocket endpoint (`/ws`): the upgrade and the connection's task. Each upgraded
+//! socket is served by one task, the engine's driver (crate::engine) over the WebSocket
+//! transport of [`connection`] and Herald's protocol (`crate::engine::herald`, which runs the
+//! client's text messages, as for emulated connections): it reads commands, hands them to the
+//! [`Session`](herald_core::Session), writes queued frames in batches, pings, and closes with
+//! the protocol's close codes.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use futures_util::future::Either;
 use futures_util::FutureExt;
-use herald_core::outbound::CloseRequest;
 use herald_core::proxy::ClientMeta;
-use herald_core::{Outbound, Session};
-use herald_protocol::command::parse_frame;
-use herald_protocol::{CloseCode, ErrorCode, SUBPROTOCOL};
+use herald_protocol::{ErrorCode, SUBPROTOCOL};
 use hyper::body::Incoming;
 use hyper::header;
 use hyper::upgrade::OnUpgrade;
 use hyper::{Request, StatusCode};
 
-use crate::api;
 use crate::guard::{IpSlot, PeerAddr};
 use crate::handshake;
-use crate::response::HttpResponse;
+use crate::response::{error, HttpResponse};
 use crate::state::App;
 
 mod connection;
@@ -48,7 +44,7 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
         true => None,
         false if protocols.iter().any(|p| p == SUBPROTOCOL) => Some(SUBPROTOCOL),
         false => {
-            return api::error(
+            return error(
                 StatusCode::BAD_REQUEST,
                 ErrorCode::BadRequest,
                 "unsupported subprotocol (herald.v1.json only)",
@@ -56,7 +52,7 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
         }
     };
     if *app.draining.borrow() {
-        return api::error(
+        return error(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::TemporarilyUnavailable,
             "node is draining",
@@ -129,78 +125,10 @@ fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
     })
 }
 
-/// A close request with no reconnect hint.
-pub(crate) fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
-    CloseRequest {
-        code,
-        reason: reason.into(),
-        after_ms: None,
-    }
-}
-
-/// Run one text message from the client (a WebSocket frame, or an emulated connection's `POST`):
-/// the close it calls for, with the frames still queued. Enforces `limits.max_connections`,
-/// which counts connections that completed `connect` (the hub's registry), so sockets that never
-/// authenticate cannot lock others out.
-pub(crate) async fn handle_text(
-    app: &App,
-    session: &mut Session,
-    out: &Outbound,
-    text: &str,
-) -> Option<(Vec<Bytes>, CloseRequest)> {
-    let was_connected = session.is_connected();
-    if let Some(req) = dispatch(session, text).await {
-        return Some((out.drain().frames, req));
-    }
-    let limits = &app.ctx.config.limits;
-    if !was_connected
-        && session.is_connected()
-        && limits.max_connections > 0
-        && app.ctx.hub.connection_count() > limits.max_connections
-    {
-        out.drain();
-        let req = close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached");
-        return Some((Vec::new(), req));
-    }
-    None
-}
-
-/// Parse a text frame's messages and run them; stop at the first that closes the connection.
-pub(crate) async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
-    for parsed in parse_frame(text) {
-        let message = match parsed {
-            Ok(m) => m,
-            Err(malformed) => return Some(close_request(CloseCode::BAD_REQUEST, &malformed.0)),
-        };
-        if let Some(req) = session.handle(message).await {
-            return Some(req);
-        }
-    }
-    None
-}
-
-/// The size of a connection's task, for the tests that keep it in its allocator size class
-/// (this module's and the Pusher endpoint's).
-#[cfg(test)]
-pub(crate) mod task_size {
-    /// The size of the future `f` returns, without calling it.
-    pub(crate) fn future_size<A, F: std::future::Future>(_: fn(A) -> F) -> usize {
-        std::mem::size_of::<F>()
-    }
-
-    /// tokio (1.54, x86-64) allocates a task as one cell: a 32-byte header, the scheduler's
-    /// handle and the task id (16), the stage's tag (8), the future, a 48-byte trailer, the
-    /// whole aligned to 128 bytes. jemalloc's size classes around it are 1,024, 1,280 and
-    /// 1,536 bytes: a cell of 1,281 bytes costs 1,536.
-    pub(crate) fn task_cell_size(future: usize) -> usize {
-        (32 + 16 + 8 + future + 48).next_multiple_of(128)
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::task_size::{future_size, task_cell_size};
     use super::*;
+    use crate::engine::task_size::{future_size, task_cell_size};
 
     /// Every idle WebSocket connection keeps its task: it must stay in jemalloc's 1,280-byte
     /// size class (docs/bench/idle13: the class above costs 256 bytes more per connection).

@@ -28,9 +28,9 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::api::{body, error, ApiError};
+use crate::api::{body, ApiError};
 use crate::guard::PeerAddr;
-use crate::response::{json, HttpResponse};
+use crate::response::{error, json, HttpResponse};
 use crate::state::App;
 use auth::{AdminAuth, AdminConfig, Denied};
 use cluster::Cluster;
@@ -80,9 +80,14 @@ pub fn is_admin_path(path: &str) -> bool {
     path == "/admin" || path.starts_with("/admin/")
 }
 
-/// Answer one request under `/admin`.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
-    let Some(admin) = app.admin.clone() else {
+/// Answer one request under `/admin`; `admin` is the node's admin UI (`None`: off, every path
+/// answers 404).
+pub async fn handle(
+    app: Arc<App>,
+    admin: Option<Arc<Admin>>,
+    req: Request<Incoming>,
+) -> HttpResponse {
+    let Some(admin) = admin else {
         return error(
             StatusCode::NOT_FOUND,
             ErrorCode::BadRequest,

@@ -66,21 +66,26 @@ impl Sessions {
 
 /// Removes a session from the registry when its task ends, however it ends.
 pub(crate) struct Registered {
-    app: Arc<App>,
+    sessions: Arc<Sessions>,
     id: String,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.app.emulated.remove(&self.id);
+        self.sessions.remove(&self.id);
     }
 }
 
-/// Serve `GET` (open a session's downstream) or `POST` (a message to a session).
-pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
+/// Serve `GET` (open a session's downstream) or `POST` (a message to a session); `sessions` is
+/// the node's registry of open emulated connections.
+pub async fn serve(
+    app: Arc<App>,
+    sessions: &Arc<Sessions>,
+    req: Request<Incoming>,
+) -> StreamResponse {
     match *req.method() {
-        Method::GET => open(app, req),
-        Method::POST => post(app, req).await,
+        Method::GET => open(app, sessions, req),
+        Method::POST => post(app, sessions, req).await,
         _ => error(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest.as_u16(),
@@ -89,7 +94,7 @@ pub async fn serve(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     }
 }
 
-fn open(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
+fn open(app: Arc<App>, sessions: &Arc<Sessions>, req: Request<Incoming>) -> StreamResponse {
     let origin = match admit(&app, &req, true) {
         Ok(origin) => origin,
         Err(refused) => return *refused,
@@ -110,9 +115,9 @@ fn open(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     let id = format!("{:032x}", rand::random::<u128>());
     let (inbox_tx, inbox) = mpsc::channel::<Inbound>(INBOX);
     let (tx, rx) = mpsc::channel::<Bytes>(CHUNKS);
-    app.emulated.insert(id.clone(), inbox_tx);
+    sessions.insert(id.clone(), inbox_tx);
     let registered = Registered {
-        app: app.clone(),
+        sessions: sessions.clone(),
         id: id.clone(),
     };
     let first = format!("event: session\ndata: {{\"session\":\"{id}\"}}\n\n");
@@ -121,7 +126,7 @@ fn open(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     stream_response(rx, "text/event-stream", origin)
 }
 
-async fn post(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
+async fn post(app: Arc<App>, sessions: &Sessions, req: Request<Incoming>) -> StreamResponse {
     let origin = match admit(&app, &req, false) {
         Ok(origin) => origin,
         Err(refused) => return *refused,
@@ -129,7 +134,7 @@ async fn post(app: Arc<App>, req: Request<Incoming>) -> StreamResponse {
     let session = form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
         .find(|(k, _)| k == "session")
         .map(|(_, v)| v.into_owned());
-    let Some(inbox) = session.as_deref().and_then(|id| app.emulated.get(id)) else {
+    let Some(inbox) = session.as_deref().and_then(|id| sessions.get(id)) else {
         let mut r = error(
             StatusCode::NOT_FOUND,
             ErrorCode::NotAvailable.as_u16(),

@@ -22,10 +22,10 @@ use tokio::sync::mpsc;
 use super::{Inbound, Registered};
 use crate::engine::driver::Driver;
 use crate::engine::herald::{close, Herald};
+use crate::engine::liveness::Liveness;
 use crate::engine::policy::timed;
 use crate::engine::{Closing, End, Parts, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
-use crate::liveness::Liveness;
 use crate::state::App;
 
 /// Counts the connection while it lives.

@@ -1,21 +1,24 @@
 //! Herald's protocol as the driver runs it: the connection's [`Session`] and its timers
 //! ([`Liveness`]). Two-way transports (WebSocket, emulation) feed it the client's text messages
-//! through [`Herald::on_text`]; each implements [`Serve`](super::Serve) for its own input.
+//! through [`Herald::on_text`], which parses and runs them (and enforces
+//! `limits.max_connections` at `connect`); each implements [`Serve`](super::Serve) for its own
+//! input.
 
 use std::ops::ControlFlow::{Break, Continue};
 
 use bytes::Bytes;
 use herald_core::outbound::{CloseRequest, Control};
 use herald_core::{Outbound, Session};
+use herald_protocol::command::parse_frame;
 use herald_protocol::encode::push_disconnect;
 use herald_protocol::CloseCode;
 use tokio::time::Instant;
 
 use super::driver::write_failed;
+use super::liveness::Liveness;
 use super::policy;
 use super::{Closing, End, Parts, Protocol, Step, Transport, Written};
-use crate::liveness::Liveness;
-use crate::ws::{close_request, dispatch, handle_text};
+use crate::state::App;
 
 /// A Herald connection's session and timers.
 pub(crate) struct Herald {
@@ -98,6 +101,56 @@ impl Herald {
             None => Continue(()),
         }
     }
+}
+
+/// A close request with no reconnect hint.
+pub(crate) fn close_request(code: CloseCode, reason: &str) -> CloseRequest {
+    CloseRequest {
+        code,
+        reason: reason.into(),
+        after_ms: None,
+    }
+}
+
+/// Run one text message from the client (a WebSocket frame, or an emulated connection's `POST`):
+/// the close it calls for, with the frames still queued. Enforces `limits.max_connections`,
+/// which counts connections that completed `connect` (the hub's registry), so sockets that never
+/// authenticate cannot lock others out.
+async fn handle_text(
+    app: &App,
+    session: &mut Session,
+    out: &Outbound,
+    text: &str,
+) -> Option<(Vec<Bytes>, CloseRequest)> {
+    let was_connected = session.is_connected();
+    if let Some(req) = dispatch(session, text).await {
+        return Some((out.drain().frames, req));
+    }
+    let limits = &app.ctx.config.limits;
+    if !was_connected
+        && session.is_connected()
+        && limits.max_connections > 0
+        && app.ctx.hub.connection_count() > limits.max_connections
+    {
+        out.drain();
+        let req = close_request(CloseCode::CONNECTION_LIMIT, "connection limit reached");
+        return Some((Vec::new(), req));
+    }
+    None
+}
+
+/// Parse a text frame's messages and run them; stop at the first that closes the connection.
+async fn dispatch(session: &mut Session, text: &str) -> Option<CloseRequest> {
+    for parsed in parse_frame(text) {
+        let message = match parsed {
+            Ok(m) => m,
+            Err(malformed) => return Some(close_request(CloseCode::BAD_REQUEST, &malformed.0)),
+        };
+        if let Some(req) = session.handle(message).await {
+            return Some(req);
+        }
+    }
+    None
 }
 
 impl Protocol for Herald {

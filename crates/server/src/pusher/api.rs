@@ -17,11 +17,12 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::apps::{valid_channel, ChannelKind, PusherApp};
+use super::apps::{valid_channel, Apps, ChannelKind, PusherApp};
 use super::auth::check_request;
 use super::census::Census;
 use super::limits::check_event_name;
 use super::wire::Envelope;
+use super::Node;
 use crate::response::HttpResponse;
 use crate::state::App;
 
@@ -60,8 +61,8 @@ fn ok(body: serde_json::Value) -> Result<HttpResponse, Refused> {
 }
 
 /// Handle a request under `/apps/`.
-pub async fn handle(app: Arc<App>, req: Request<Incoming>) -> HttpResponse {
-    match dispatch(app, req).await {
+pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> HttpResponse {
+    match dispatch(&node.state, &node.apps, req).await {
         Ok(r) => r,
         Err(Refused(status, message)) => text(status, message),
     }
@@ -74,11 +75,11 @@ fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse, Refused> {
+async fn dispatch(app: &App, apps: &Apps, req: Request<Incoming>) -> Result<HttpResponse, Refused> {
     let path = req.uri().path().to_owned();
     let rest = path.strip_prefix("/apps/").unwrap_or("");
     let (id, route) = rest.split_once('/').unwrap_or((rest, ""));
-    let Some(pusher_app) = app.pusher.by_id(id).cloned() else {
+    let Some(pusher_app) = apps.by_id(id).cloned() else {
         return Err(refused(StatusCode::NOT_FOUND, format!("Unknown app {id}")));
     };
     let method = req.method().clone();
@@ -87,7 +88,7 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse,
         .query()
         .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
         .unwrap_or_default();
-    let body = read_body(&app, req).await?;
+    let body = read_body(app, req).await?;
     let config = &pusher_app.config;
     check_request(
         &config.key,
@@ -110,8 +111,8 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse,
         (&Method::POST, ["events"]) => {
             let event: EventBody = parse(&body)?;
             let channels = event.channels()?;
-            let max = app.pusher.settings.max_event_bytes;
-            publish(&app, &pusher_app, &event.event(&channels, max)?).await?;
+            let max = apps.settings.max_event_bytes;
+            publish(app, apps, &pusher_app, &event.event(&channels, max)?).await?;
             ok(json!({}))
         }
         (&Method::POST, ["batch_events"]) => {
@@ -131,20 +132,29 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> Result<HttpResponse,
                         "Each batch event names one channel",
                     ));
                 }
-                events.push(e.event(&channels, app.pusher.settings.max_event_bytes)?);
+                events.push(e.event(&channels, apps.settings.max_event_bytes)?);
             }
             for e in &events {
-                publish(&app, &pusher_app, e).await?;
+                publish(app, apps, &pusher_app, e).await?;
             }
             ok(json!({ "batch": events.iter().map(|_| json!({})).collect::<Vec<_>>() }))
         }
         (&Method::GET, ["channels"]) => {
-            channels(&app, &pusher_app, param("filter_by_prefix"), param("info")).await
+            channels(
+                app,
+                apps,
+                &pusher_app,
+                param("filter_by_prefix"),
+                param("info"),
+            )
+            .await
         }
-        (&Method::GET, ["channels", name]) => channel(&app, &pusher_app, name, param("info")).await,
-        (&Method::GET, ["channels", name, "users"]) => users(&app, &pusher_app, name).await,
+        (&Method::GET, ["channels", name]) => {
+            channel(app, apps, &pusher_app, name, param("info")).await
+        }
+        (&Method::GET, ["channels", name, "users"]) => users(app, &pusher_app, name).await,
         (&Method::POST, ["users", user, "terminate_connections"]) => {
-            terminate(&app, &pusher_app, user).await
+            terminate(app, &pusher_app, user).await
         }
         (
             _,
@@ -287,9 +297,14 @@ fn valid_socket_id(s: &str) -> bool {
     })
 }
 
-async fn publish(app: &App, pusher_app: &PusherApp, event: &Checked) -> Result<(), Refused> {
+async fn publish(
+    app: &App,
+    apps: &Apps,
+    pusher_app: &PusherApp,
+    event: &Checked,
+) -> Result<(), Refused> {
     let opts = PublishOptions {
-        stream: app.pusher.namespace.stream_options(),
+        stream: apps.namespace.stream_options(),
         idempotency_key: None,
     };
     for channel in &event.channels {
@@ -325,6 +340,7 @@ fn wants(info: Option<&str>, attribute: &str) -> bool {
 
 async fn channels(
     app: &App,
+    apps: &Apps,
     pusher_app: &PusherApp,
     prefix: Option<&str>,
     info: Option<&str>,
@@ -337,7 +353,7 @@ async fn channels(
         ));
     }
     let subscription_count = wants(info, "subscription_count");
-    let counts = census(app)?.channels(pusher_app).await.map_err(|e| {
+    let counts = census(apps)?.channels(pusher_app).await.map_err(|e| {
         tracing::warn!(app = %pusher_app.config.id, cause = %e, "channel counts not read");
         refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
     })?;
@@ -363,8 +379,8 @@ async fn channels(
 }
 
 /// The node's cluster-wide subscription counts (started with the node's first app).
-fn census(app: &App) -> Result<&Census, Refused> {
-    app.pusher.census.as_deref().ok_or_else(|| {
+fn census(apps: &Apps) -> Result<&Census, Refused> {
+    apps.census.as_deref().ok_or_else(|| {
         tracing::warn!("pusher channel counts asked for before they were started");
         refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
     })
@@ -372,6 +388,7 @@ fn census(app: &App) -> Result<&Census, Refused> {
 
 async fn channel(
     app: &App,
+    apps: &Apps,
     pusher_app: &PusherApp,
     name: &str,
     info: Option<&str>,
@@ -386,7 +403,7 @@ async fn channel(
             "info=user_count is only for presence channels",
         ));
     }
-    let subscribers = census(app)?.channel(pusher_app, name).await.map_err(|e| {
+    let subscribers = census(apps)?.channel(pusher_app, name).await.map_err(|e| {
         tracing::warn!(app = %pusher_app.config.id, cause = %e, "channel count not read");
         refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
     })?;

@@ -28,46 +28,51 @@ use super::wire::{
     self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
     UserData,
 };
-use crate::state::App;
+use super::Node;
 
 /// What the connection shares with the node: two handles, read through accessors (every idle
 /// connection keeps this, so it holds no copies of settings).
 pub struct ConnContext {
-    /// The node.
-    pub node: Arc<App>,
+    /// The node, as Pusher's endpoints see it.
+    pub node: Arc<Node>,
     /// The connection's app.
     pub app: Arc<PusherApp>,
 }
 
 impl ConnContext {
     fn hub(&self) -> &Hub {
-        &self.node.ctx.hub
+        &self.node.state.ctx.hub
     }
 
     /// Stream options of Pusher channels.
     fn namespace(&self) -> &Arc<NamespaceConfig> {
-        &self.node.pusher.namespace
+        &self.node.apps.namespace
     }
 
     /// Channels one connection may join.
     fn max_channels(&self) -> usize {
-        self.node.ctx.config.limits.max_channels_per_connection
+        self.node
+            .state
+            .ctx
+            .config
+            .limits
+            .max_channels_per_connection
     }
 
     /// Largest event data.
     fn max_event_bytes(&self) -> usize {
-        self.node.pusher.settings.max_event_bytes
+        self.node.apps.settings.max_event_bytes
     }
 
     /// Bytes of publications one catch-up may replay.
     fn max_recovery_bytes(&self) -> usize {
-        self.node.ctx.config.limits.max_recovery_bytes
+        self.node.state.ctx.config.limits.max_recovery_bytes
     }
 
     /// The webhook sender, when this app has webhooks.
     fn webhooks(&self) -> Option<&Arc<Webhooks>> {
         self.node
-            .pusher
+            .apps
             .webhooks
             .as_ref()
             .filter(|_| !self.app.config.webhooks.is_empty())
@@ -75,12 +80,12 @@ impl ConnContext {
 
     /// The node's subscription counts shared with the cluster.
     fn census(&self) -> Option<&Arc<Census>> {
-        self.node.pusher.census.as_ref()
+        self.node.apps.census.as_ref()
     }
 
     /// Publications translated once for every Pusher subscriber.
     fn frames(&self) -> &SharedFrames {
-        &self.node.pusher.frames
+        &self.node.apps.frames
     }
 }
 
@@ -149,7 +154,7 @@ impl PusherConn {
             .hub()
             .register(socket_id.clone(), ctx.app.prefix.clone(), out.clone());
         out.push(wire::connection_established(&socket_id, activity_timeout_s));
-        let rate = ctx.node.pusher.settings.client_events_per_second;
+        let rate = ctx.node.apps.settings.client_events_per_second;
         PusherConn {
             ctx,
             out,

@@ -14,6 +14,8 @@
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
 //! - [`census`]: subscriptions per channel counted for the cluster, for the API's channel queries.
 //! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
+//! - this file: [`Node`], what the endpoints are handed: the node's `App` and the Pusher apps
+//!   (kept here, not in `App`: the node's state knows no protocol, crate::layers).
 //!
 //! docs/pusher.md describes what is supported and how it differs from hosted Pusher.
 
@@ -29,4 +31,18 @@ pub mod webhooks;
 pub mod wire;
 pub mod ws;
 
+use std::sync::Arc;
+
 pub use apps::Apps;
+
+use crate::state::App;
+
+/// The node as the Pusher endpoints see it: the node's state and the Pusher apps (none
+/// configured: `/app/*` closes with 4001, `/apps/*` answers 404). Every Pusher connection keeps
+/// one handle to it.
+pub struct Node {
+    /// The node's state.
+    pub state: Arc<App>,
+    /// The Pusher apps, their settings, webhooks and census.
+    pub apps: Apps,
+}

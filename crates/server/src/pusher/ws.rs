@@ -30,6 +30,7 @@ use super::apps::PusherApp;
 use super::codes;
 use super::conn::{ConnContext, PusherConn};
 use super::wire;
+use super::Node;
 use crate::compression;
 use crate::engine::driver::Driver;
 use crate::engine::policy::{self, timed, AfterSilence, Tick};
@@ -68,8 +69,9 @@ fn from_request(req: &CloseRequest) -> Close {
 /// Answer the upgrade of `/app/{key}` and spawn the connection's task. Refusals that Pusher
 /// clients must see (unknown app, protocol version) complete the upgrade and close with the
 /// code; malformed upgrades get an HTTP error.
-pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
-    let accept = match handshake::accept_key(&app, req.headers(), crate::guard::Door::Pusher) {
+pub fn upgrade(node: Arc<Node>, mut req: Request<Incoming>) -> HttpResponse {
+    let app = &node.state;
+    let accept = match handshake::accept_key(app, req.headers(), crate::guard::Door::Pusher) {
         Ok(accept) => accept,
         Err(refused) => return *refused,
     };
@@ -84,7 +86,7 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
             .find(|(k, _)| k == "protocol")
             .map(|(_, v)| v.into_owned())
     });
-    let pusher_app = app.pusher.by_key(&key).cloned();
+    let pusher_app = node.apps.by_key(&key).cloned();
     let refusal = match (&pusher_app, protocol.as_deref()) {
         (None, _) => Some(close(
             codes::APP_NOT_FOUND,
@@ -106,14 +108,14 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
     };
 
     let max_frame = app.ctx.config.limits.max_frame_bytes;
-    let extensions = handshake::compression(&app, req.headers());
+    let extensions = handshake::compression(app, req.headers());
     let compress = extensions.is_some();
     let ip_slot = req.extensions().get::<Arc<IpSlot>>().cloned();
     // Only the upgrade travels into the task, not the request (the task's size is memory every
     // idle connection keeps).
     let on_upgrade = hyper::upgrade::on(&mut req);
     tokio::spawn(connection_task(Upgrade {
-        app,
+        node,
         pusher_app,
         refusal: refusal.map(Box::new),
         on_upgrade,
@@ -128,7 +130,7 @@ pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {
 /// What a connection's task starts from: the pending upgrade, the app (or why it is refused),
 /// and what the connection needs.
 struct Upgrade {
-    app: Arc<App>,
+    node: Arc<Node>,
     pusher_app: Option<Arc<PusherApp>>,
     /// Boxed: only refused connections have one, and every task would carry it inline.
     refusal: Option<Box<Close>>,
@@ -156,17 +158,23 @@ fn connection_task(u: Upgrade) -> impl Future<Output = ()> + Send {
         };
         let ws = handshake::serve(upgraded, u.max_frame, u.compress);
         match (u.refusal, u.pusher_app) {
-            (None, Some(pusher_app)) => Either::Left(run(u.app, pusher_app, ws, u.ip_slot)),
+            (None, Some(pusher_app)) => Either::Left(run(u.node, pusher_app, ws, u.ip_slot)),
             // Boxed: inline, the refusal's state would be part of every connection's task.
-            (refusal, _) => Either::Right(Either::Left(Box::pin(refuse(u.app, ws, refusal)))),
+            (refusal, _) => Either::Right(Either::Left(Box::pin(refuse(u.node, ws, refusal)))),
         }
     })
 }
 
 /// Close a connection refused at the upgrade (unknown app, protocol version, draining).
-async fn refuse(app: Arc<App>, mut ws: Ws, refusal: Option<Box<Close>>) {
+async fn refuse(node: Arc<Node>, mut ws: Ws, refusal: Option<Box<Close>>) {
     let refusal = refusal.map_or_else(|| close(codes::APP_NOT_FOUND, "unknown app"), |r| *r);
-    finish(&mut ws, Vec::new(), &refusal, policy::write_timeout(&app)).await;
+    finish(
+        &mut ws,
+        Vec::new(),
+        &refusal,
+        policy::write_timeout(&node.state),
+    )
+    .await;
 }
 
 /// Counts the connection (node-wide and per app) while it lives.
@@ -186,11 +194,12 @@ impl Drop for Counted {
 /// Not an `async fn`: the refusals are boxed, so that the task of a connection that is served
 /// holds only the driver's future (every idle connection keeps it).
 fn run(
-    app: Arc<App>,
+    node: Arc<Node>,
     pusher_app: Arc<PusherApp>,
     mut ws: Ws,
     ip_slot: Option<Arc<IpSlot>>,
 ) -> impl Future<Output = ()> + Send {
+    let app = node.state.clone();
     app.ws_connections.fetch_add(1, Ordering::Relaxed);
     let metrics = app.ctx.hub.metrics();
     metrics.connections.inc();
@@ -211,11 +220,12 @@ fn run(
             as std::pin::Pin<Box<dyn Future<Output = ()> + Send>>);
     }
     let out = Arc::new(Outbound::new(app.ctx.config.limits.outbound_queue_bytes));
+    let activity_timeout_s = node.apps.settings.activity_timeout_s;
+    let activity_timeout = node.apps.activity_timeout();
     let ctx = ConnContext {
-        node: app.clone(),
+        node,
         app: pusher_app,
     };
-    let activity_timeout_s = app.pusher.settings.activity_timeout_s;
     let conn = PusherConn::open(ctx, out.clone(), activity_timeout_s);
     // The node-wide limit counts Herald and Pusher connections alike.
     let max_connections = app.ctx.config.limits.max_connections;
@@ -234,7 +244,7 @@ fn run(
     let pong_timeout = Duration::from_secs(app.ctx.config.pong_timeout_s.max(1));
     let protocol = PusherProtocol {
         conn,
-        pings: AfterSilence::after_silence(app.pusher.activity_timeout(), pong_timeout),
+        pings: AfterSilence::after_silence(activity_timeout, pong_timeout),
     };
     let transport = PusherWs {
         ws,
@@ -464,7 +474,7 @@ fn text_frame(payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ws::task_size::{future_size, task_cell_size};
+    use crate::engine::task_size::{future_size, task_cell_size};
 
     /// Every idle Pusher connection keeps its task: it must stay in jemalloc's 1,280-byte size
     /// class, as a Herald WebSocket connection's does (the class above costs 256 bytes more per

@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::ops::ControlFlow::Break;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,10 +27,10 @@ use tokio::time::timeout;
 use super::format::{Encoder, Format};
 use crate::engine::driver::Driver;
 use crate::engine::herald::Herald;
+use crate::engine::liveness::Liveness;
 use crate::engine::policy::timed;
 use crate::engine::{Closing, End, Parts, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
-use crate::liveness::Liveness;
 use crate::state::App;
 
 /// What a stream's task runs: an accepted stream whose first chunk is already on its way.
@@ -147,10 +147,17 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> Sink for Socket<S> {
 /// Counts the connection while it lives, per transport.
 struct Counted(Arc<App>, Format);
 
+/// The open-connection counter of `format`'s transport.
+fn open_count(app: &App, format: Format) -> &AtomicUsize {
+    match format {
+        Format::Sse => &app.sse_connections,
+        Format::Ndjson => &app.ndjson_connections,
+    }
+}
+
 impl Counted {
     fn new(app: Arc<App>, format: Format) -> Self {
-        app.stream_connections(format)
-            .fetch_add(1, Ordering::Relaxed);
+        open_count(&app, format).fetch_add(1, Ordering::Relaxed);
         app.ctx.hub.metrics().connections.inc();
         app.ctx.hub.metrics().connections_accepted.inc();
         Counted(app, format)
@@ -159,9 +166,7 @@ impl Counted {
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0
-            .stream_connections(self.1)
-            .fetch_sub(1, Ordering::Relaxed);
+        open_count(&self.0, self.1).fetch_sub(1, Ordering::Relaxed);
         self.0.ctx.hub.metrics().connections.dec();
     }
 }

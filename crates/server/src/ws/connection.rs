@@ -29,11 +29,11 @@ use tokio_websockets::Message;
 use super::shared::{messages, SharedWs};
 use crate::engine::driver::Driver;
 use crate::engine::herald::{close, Herald};
+use crate::engine::liveness::Liveness;
 use crate::engine::policy::timed;
 use crate::engine::{Closing, End, Parts, Serve, Step, Transport, Written};
 use crate::guard::IpSlot;
 use crate::handshake::{close_and_wait, Ws};
-use crate::liveness::Liveness;
 use crate::state::App;
 
 /// A WebSocket connection's driver.

@@ -1,6 +1,6 @@
 //! A Herald connection's timers and what each means: before `connect`, the handshake deadline;
 //! after it, protocol pings and the pong each is owed (the schedule is the engine's, see
-//! `crate::engine::policy::Pings`), and token expiry. Shared by every transport of Herald's
+//! [`super::policy::Pings`]), and token expiry. Shared by every transport of Herald's
 //! protocol: a one-way stream is connected from the start and owes no pongs.
 
 use std::time::Duration;
@@ -12,8 +12,8 @@ use herald_protocol::encode::PING;
 use herald_protocol::CloseCode;
 use tokio::time::Instant;
 
-use crate::engine::policy::{Every, Tick};
-use crate::ws::close_request;
+use super::herald::close_request;
+use super::policy::{Every, Tick};
 
 /// The timers of one connection.
 pub(crate) struct Liveness {
