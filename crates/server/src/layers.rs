@@ -25,6 +25,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "proxy",
             "settings",
             "publishing",
+            "cluster",
         ],
     ),
     // The node's state (`App`): the hub, config, counters, the drain.

@@ -15,6 +15,9 @@
 //! - [`response`]: HTTP response helpers the handlers share, and the JSON error answer.
 //! - [`api`]: the HTTP API handlers.
 //! - [`admin`]: the admin web UI under `/admin` (embedded page, login, cluster-wide views).
+//! - [`cluster`]: what nodes share through broker presence sets and how a node reads it back
+//!   (entries keyed by node, which nodes count, channel counts summed over the cluster): the
+//!   admin's cluster view, the Pusher census and the Pusher occupancy webhooks use it.
 //! - [`publishing`]: publish and broadcast commands in the HTTP API's shape, run concurrently
 //!   with one idempotency key (the API and the outbox and Kafka consumers share it).
 //! - `handshake`: the WebSocket opening handshake both WebSocket endpoints share.
@@ -50,7 +53,7 @@
 //! Lowest first; a module uses its own layer or those below, never one above (`layers.rs`
 //! lists them and its tests fail on a use that points up, or a cycle within a layer):
 //! 1. foundations, which know no `App`: `response`, `guard`, `compression`, `tls`, `token`,
-//!    `brokers`, `jwks`, `proxy`, `settings`, `publishing`;
+//!    `brokers`, `jwks`, `proxy`, `settings`, `publishing`, `cluster`;
 //! 2. `state`;
 //! 3. `engine`, `handshake`;
 //! 4. protocols and their handlers: `ws`, `pusher`, `uni`, `emulation`, `api`, `admin`,
@@ -61,6 +64,7 @@
 pub mod admin;
 pub mod api;
 pub mod brokers;
+pub mod cluster;
 mod compression;
 pub mod consumers;
 pub mod emulation;

@@ -119,7 +119,7 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
     let name = required(query, "name")?;
     let ns = app.ctx.namespaces.resolve(name)?;
     let broker = app.ctx.hub.broker();
-    let subscribers: usize = admin
+    let subscribers: u64 = admin
         .cluster
         .channels(
             app.ctx.hub.node_name(),

@@ -3,10 +3,11 @@
 //!
 //! Why presence: it is the one piece of state every broker (memory, Redis, NATS) already shares
 //! between nodes, readable from any node, with entries that expire when their node dies (the
-//! Pusher occupancy webhooks decide cluster-wide the same way). So no broker changes: each node
-//! with the admin UI enabled, once a second, reads its own counters (the same atomics `/metrics`
-//! exports: nothing is added to the publish or fan-out path), stores its snapshot as its presence
-//! entry in [`NODES_CHANNEL`], then reads the whole set back and records the cluster's totals.
+//! Pusher census and occupancy webhooks share theirs the same way: [`crate::cluster`]). So no
+//! broker changes: each node with the admin UI enabled, once a second, reads its own counters
+//! (the same atomics `/metrics` exports: nothing is added to the publish or fan-out path), stores
+//! its snapshot as its presence entry in [`NODES_CHANNEL`], then reads the whole set back and
+//! records the cluster's totals.
 //!
 //! A user's connections are asked for the same way, since the hub's registry is per node: the
 //! asking node adds a question to [`ASK_CHANNEL`]; every node reads the questions at its next
@@ -20,11 +21,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use herald_core::Hub;
-use herald_protocol::ClientInfo;
 use serde::{Deserialize, Serialize};
+
+use crate::cluster::{self, unix_ms};
 
 /// The presence set holding one entry per node. `!` is outside the channel alphabet, so no
 /// client can subscribe to it or read it through the API.
@@ -185,14 +187,10 @@ impl Cluster {
     async fn tick(&self, hub: &Hub) {
         let mut mine = self.local(hub);
         let broker = hub.broker();
-        let entry = ClientInfo {
-            user: String::new(),
-            client: mine.name.clone(),
-            info: serde_json::value::to_raw_value(&mine).ok(),
-        };
-        mine.broker_ok = broker.add_presence(NODES_CHANNEL, &entry).await.is_ok();
-        let read = match broker.presence(NODES_CHANNEL).await {
-            Ok(all) => Some(all),
+        let written = cluster::put(&**broker, NODES_CHANNEL, &mine.name, Some(&mine)).await;
+        mine.broker_ok = written.is_ok();
+        let read = match cluster::read::<NodeStats>(&**broker, NODES_CHANNEL).await {
+            Ok(all) => Some(all.into_iter().map(|(_, stats)| stats).collect()),
             Err(e) => {
                 tracing::debug!(cause = %e, "admin: reading the cluster's snapshots failed");
                 mine.broker_ok = false;
@@ -205,13 +203,8 @@ impl Cluster {
 
     /// Keep the snapshots read from the broker (`None`: the read failed) and this node's own,
     /// and sample the totals.
-    fn record(&self, read: Option<Vec<ClientInfo>>, mine: NodeStats) {
+    fn record(&self, read: Option<Vec<NodeStats>>, mine: NodeStats) {
         let now = Instant::now();
-        let read = read.map(|all| {
-            all.into_iter()
-                .filter_map(|who| serde_json::from_str::<NodeStats>(who.info?.get()).ok())
-                .collect()
-        });
         let mut nodes = self.nodes.lock().expect("nodes lock");
         merge(&mut nodes, read, mine, now);
         let live: Vec<&NodeStats> = nodes
@@ -238,7 +231,7 @@ impl Cluster {
     /// Answer the other nodes' open questions about a user's connections.
     async fn answer_asks(&self, hub: &Hub) {
         let broker = hub.broker();
-        let Ok(asks) = broker.presence(ASK_CHANNEL).await else {
+        let Ok(asks) = cluster::read::<Ask>(&**broker, ASK_CHANNEL).await else {
             return;
         };
         let me = hub.node_name().to_owned();
@@ -246,7 +239,7 @@ impl Cluster {
             let mut answered = self.answered.lock().expect("answered lock");
             answered.retain(|_, at| at.elapsed() < ANSWER_KEPT * 4);
             asks.into_iter()
-                .filter_map(|who| serde_json::from_str::<Ask>(who.info?.get()).ok())
+                .map(|(_, ask)| ask)
                 .filter(|ask| {
                     ask.from != me && answered.insert(ask.id.clone(), Instant::now()).is_none()
                 })
@@ -257,20 +250,18 @@ impl Cluster {
                 node: me.clone(),
                 clients: hub.user_clients(&ask.user),
             };
-            let entry = ClientInfo {
-                user: String::new(),
-                client: me.clone(),
-                info: serde_json::value::to_raw_value(&answer).ok(),
-            };
             let channel = reply_channel(&ask.id);
-            if broker.add_presence(&channel, &entry).await.is_err() {
+            if cluster::put(&**broker, &channel, &me, Some(&answer))
+                .await
+                .is_err()
+            {
                 continue;
             }
             let broker = broker.clone();
             let me = me.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(ANSWER_KEPT).await;
-                let _ = broker.remove_presence(&channel, &me).await;
+                let _ = cluster::remove(&*broker, &channel, &me).await;
             });
         }
     }
@@ -306,29 +297,21 @@ impl Cluster {
             user: user.to_owned(),
             from: me,
         };
-        let entry = ClientInfo {
-            user: String::new(),
-            client: id.clone(),
-            info: serde_json::value::to_raw_value(&ask).ok(),
-        };
-        broker.add_presence(ASK_CHANNEL, &entry).await?;
+        cluster::put(&**broker, ASK_CHANNEL, &id, Some(&ask)).await?;
         let deadline = Instant::now() + ASK_WAIT;
         while !waiting.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            let Ok(answers) = broker.presence(&reply_channel(&id)).await else {
+            let Ok(answers) = cluster::read::<Answer>(&**broker, &reply_channel(&id)).await else {
                 continue;
             };
-            for answer in answers
-                .into_iter()
-                .filter_map(|who| serde_json::from_str::<Answer>(who.info?.get()).ok())
-            {
+            for (_, answer) in answers {
                 if let Some(i) = waiting.iter().position(|n| *n == answer.node) {
                     waiting.swap_remove(i);
                     found.push(answer);
                 }
             }
         }
-        let _ = broker.remove_presence(ASK_CHANNEL, &id).await;
+        let _ = cluster::remove(&**broker, ASK_CHANNEL, &id).await;
         found[1..].sort_by(|a, b| a.node.cmp(&b.node));
         waiting.sort();
         Ok(UserConnections {
@@ -419,28 +402,27 @@ impl Cluster {
             .collect()
     }
 
-    /// Channels by subscribers over every node: each node's busiest channels, summed by name,
-    /// plus `local` (this node's full list), filtered by `query` (a substring), busiest first.
+    /// Channels by subscribers over every node: each live node's busiest channels, summed by
+    /// name, plus `local` (this node's full list; [`cluster::channel_totals`]), filtered by
+    /// `query` (a substring), busiest first.
     pub fn channels(
         &self,
         local_name: &str,
         local: Vec<(String, usize)>,
         query: &str,
         limit: usize,
-    ) -> Vec<(String, usize)> {
-        let mut sum: HashMap<String, usize> = HashMap::new();
-        for node in self.nodes() {
-            if node.name == local_name {
-                continue;
-            }
-            for (name, n) in node.top_channels {
-                *sum.entry(name).or_default() += n;
-            }
-        }
-        for (name, n) in local {
-            *sum.entry(name).or_default() += n;
-        }
-        let mut all: Vec<(String, usize)> = sum
+    ) -> Vec<(String, u64)> {
+        let as_u64 = |list: Vec<(String, usize)>| {
+            list.into_iter()
+                .map(|(name, n)| (name, n as u64))
+                .collect::<Vec<_>>()
+        };
+        let nodes = self
+            .nodes()
+            .into_iter()
+            .map(|node| (node.name, as_u64(node.top_channels)));
+        let sum = cluster::channel_totals(nodes, local_name, None, as_u64(local));
+        let mut all: Vec<(String, u64)> = sum
             .into_iter()
             .filter(|(name, _)| query.is_empty() || name.contains(query))
             .collect();
@@ -505,14 +487,6 @@ fn histogram_totals(text: &str, name: &str) -> (f64, u64) {
 
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 /// User + system CPU time of this process in clock ticks (Linux; `None` elsewhere).

@@ -2,9 +2,8 @@
 //! queries (`GET /apps/{id}/channels`, `GET /apps/{id}/channels/{name}`).
 //!
 //! The hub counts subscribers per node only. So every node shares its counts through broker
-//! presence sets, the one piece of state that every broker (memory, Redis, NATS) shares between
-//! nodes, with entries that expire when their node dies (the admin's cluster view and the
-//! occupancy webhooks rely on them the same way; no broker change). Any node then answers for the
+//! presence sets, as the admin's cluster view and the occupancy webhooks share theirs
+//! ([`crate::cluster`]: the entries, which nodes count, the sums). Any node then answers for the
 //! cluster: its own counts exact from the hub, the other nodes' from those sets.
 //!
 //! An app's channels are spread over [`BUCKETS`] sets, `herald!pusher:<app id>:census:<bucket>`
@@ -23,7 +22,8 @@
 //! Nodes that are gone: a node withdraws its entries when it shuts down. One that stops without
 //! doing so (crash, network cut) is left out once the hub has not heard its heartbeat for 15 s,
 //! and the broker drops its entries after its presence TTL. A node that started less than
-//! [`HEARD_ALL_AFTER`] ago may not have heard every live node yet, so it counts every entry.
+//! [`HEARD_ALL_AFTER`](crate::cluster::HEARD_ALL_AFTER) ago may not have heard every live node
+//! yet, so it counts every entry ([`crate::cluster::heard_nodes`]).
 //! Entries are keyed by node name: names must be unique in the cluster (the default ones are).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -33,11 +33,11 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use herald_broker::BrokerError;
 use herald_core::Hub;
-use herald_protocol::ClientInfo;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
 use super::apps::{PusherApp, NAMESPACE};
+use crate::cluster;
 
 /// Presence sets per app.
 pub const BUCKETS: usize = 16;
@@ -45,9 +45,6 @@ pub const BUCKETS: usize = 16;
 pub const WRITE_GAP: Duration = Duration::from_secs(1);
 /// Longest time between two write passes of a node.
 pub const RESCAN_EVERY: Duration = Duration::from_secs(10);
-/// The hub forgets a node 15 s after its last heartbeat; before a node has been up that long it
-/// cannot tell a silent node from one it has not heard yet.
-pub const HEARD_ALL_AFTER: Duration = Duration::from_secs(15);
 
 /// Subscriptions per Pusher channel (the name without the app's prefix).
 pub type Counts = BTreeMap<String, u64>;
@@ -125,7 +122,8 @@ impl Census {
             .iter()
             .flat_map(|app| (0..BUCKETS).map(|b| set_of(&app.config.id, b)))
             .collect();
-        for result in join_all(sets.iter().map(|set| broker.remove_presence(set, node))).await {
+        let removals = sets.iter().map(|set| cluster::remove(&**broker, set, node));
+        for result in join_all(removals).await {
             if let Err(e) = result {
                 tracing::debug!(cause = %e, "pusher census: old entry not removed");
             }
@@ -159,17 +157,12 @@ impl Census {
                 }
                 let set = set_of(id, bucket);
                 let result = if counts.is_empty() {
-                    broker.remove_presence(&set, node).await
+                    cluster::remove(&**broker, &set, node).await
                 } else {
-                    let entry = ClientInfo {
-                        user: String::new(),
-                        client: node.to_owned(),
-                        info: serde_json::value::to_raw_value(&Entry {
-                            channels: counts.clone(),
-                        })
-                        .ok(),
+                    let entry = Entry {
+                        channels: counts.clone(),
                     };
-                    broker.add_presence(&set, &entry).await
+                    cluster::put(&**broker, &set, node, Some(&entry)).await
                 };
                 match result {
                     Ok(()) if counts.is_empty() => {
@@ -205,7 +198,8 @@ impl Census {
         let broker = self.hub.broker();
         let node = self.hub.node_name();
         let sets: Vec<String> = written.keys().map(|(id, b)| set_of(id, *b)).collect();
-        for result in join_all(sets.iter().map(|set| broker.remove_presence(set, node))).await {
+        let removals = sets.iter().map(|set| cluster::remove(&**broker, set, node));
+        for result in join_all(removals).await {
             if let Err(e) = result {
                 tracing::warn!(cause = %e, "pusher census entry not withdrawn");
             }
@@ -233,44 +227,43 @@ impl Census {
         all
     }
 
-    /// Names of the nodes whose entries count; `None`: every node's.
-    fn live_nodes(&self) -> Option<HashSet<String>> {
-        let me = self.hub.node_info();
-        if Duration::from_secs(me.uptime_s) < HEARD_ALL_AFTER {
-            return None;
-        }
-        Some(self.hub.nodes().into_iter().map(|n| n.name).collect())
-    }
-
-    /// The other nodes' counts of `app`'s channels in `buckets`.
-    async fn others(&self, app: &PusherApp, buckets: &[usize]) -> Result<Counts, BrokerError> {
+    /// Every node's entry among `app`'s sets in `buckets`: (node, its counts).
+    async fn entries(
+        &self,
+        app: &PusherApp,
+        buckets: &[usize],
+    ) -> Result<Vec<(String, Counts)>, BrokerError> {
         let broker = self.hub.broker();
         let sets: Vec<String> = buckets.iter().map(|b| set_of(&app.config.id, *b)).collect();
         let mut entries = Vec::new();
-        for read in join_all(sets.iter().map(|set| broker.presence(set))).await {
-            entries.extend(read?);
+        for read in join_all(
+            sets.iter()
+                .map(|set| cluster::read::<Entry>(&**broker, set)),
+        )
+        .await
+        {
+            entries.extend(read?.into_iter().map(|(node, e)| (node, e.channels)));
         }
-        Ok(merge(
-            entries,
-            self.hub.node_name(),
-            self.live_nodes().as_ref(),
-        ))
+        Ok(entries)
+    }
+
+    /// The cluster's counts from the nodes' `entries` and this node's own (`local`).
+    fn totals(&self, entries: Vec<(String, Counts)>, local: Counts) -> Counts {
+        let live = cluster::heard_nodes(&self.hub);
+        merge(entries, self.hub.node_name(), live.as_ref(), local)
     }
 
     /// Subscriptions to each of `app`'s channels in the cluster (channels with none left out).
     pub async fn channels(&self, app: &PusherApp) -> Result<Counts, BrokerError> {
         let buckets: Vec<usize> = (0..BUCKETS).collect();
-        let mut all = self.others(app, &buckets).await?;
+        let entries = self.entries(app, &buckets).await?;
         let here = self.local_all().remove(&app.config.id).unwrap_or_default();
-        for (name, n) in here {
-            *all.entry(name).or_default() += n;
-        }
-        Ok(all)
+        Ok(self.totals(entries, here))
     }
 
     /// Subscriptions to one of `app`'s channels in the cluster.
     pub async fn channel(&self, app: &PusherApp, name: &str) -> Result<u64, BrokerError> {
-        let others = self.others(app, &[bucket_of(name)]).await?;
+        let entries = self.entries(app, &[bucket_of(name)]).await?;
         let internal = app.internal(name);
         let here = self
             .hub
@@ -278,43 +271,34 @@ impl Census {
             .into_iter()
             .find(|(c, _)| *c == internal)
             .map_or(0, |(_, n)| n as u64);
-        Ok(others.get(name).copied().unwrap_or(0) + here)
+        let all = self.totals(entries, Counts::from([(name.to_owned(), here)]));
+        Ok(all.get(name).copied().unwrap_or(0))
     }
 }
 
-/// Sum the entries of other nodes (`me`'s own is left out: the hub counts it exactly), of live
-/// nodes only when `live` is given.
-fn merge(entries: Vec<ClientInfo>, me: &str, live: Option<&HashSet<String>>) -> Counts {
-    let mut counts = Counts::new();
-    for who in entries {
-        if who.client == me || live.is_some_and(|l| !l.contains(&who.client)) {
-            continue;
-        }
-        let Some(entry) = who
-            .info
-            .and_then(|i| serde_json::from_str::<Entry>(i.get()).ok())
-        else {
-            continue;
-        };
-        for (name, n) in entry.channels {
-            *counts.entry(name).or_default() += n;
-        }
-    }
-    counts.retain(|_, n| *n > 0);
-    counts
+/// The other nodes' counts summed (`me`'s own entry left out: the hub counts it exactly, in
+/// `local`), of the nodes in `live` only when it is given, plus `local`; channels with no
+/// subscription left out.
+fn merge(
+    entries: Vec<(String, Counts)>,
+    me: &str,
+    live: Option<&HashSet<String>>,
+    local: Counts,
+) -> Counts {
+    let mut all = cluster::channel_totals(entries, me, live, local);
+    all.retain(|_, n| *n > 0);
+    all
 }
 
 #[cfg(test)]
 mod tests {
+    use herald_protocol::ClientInfo;
+
     use super::*;
 
     fn entry(node: &str, channels: &[(&str, u64)]) -> ClientInfo {
         let channels = channels.iter().map(|(c, n)| (c.to_string(), *n)).collect();
-        ClientInfo {
-            user: String::new(),
-            client: node.into(),
-            info: serde_json::value::to_raw_value(&Entry { channels }).ok(),
-        }
+        cluster::entry(node, Some(&Entry { channels }))
     }
 
     #[test]
@@ -329,26 +313,31 @@ mod tests {
     #[test]
     fn merge_sums_other_live_nodes() {
         let entries = || {
-            vec![
+            let read = vec![
                 entry("a", &[("news", 2), ("sports", 1)]),
                 entry("b", &[("news", 3)]),
                 entry("me", &[("news", 100)]),
-                entry("dead", &[("news", 7), ("gone", 1)]),
-                ClientInfo {
-                    user: String::new(),
-                    client: "garbled".into(),
-                    info: None,
-                },
-            ]
+                entry("dead", &[("news", 7), ("gone", 1), ("none", 0)]),
+                cluster::entry::<Entry>("garbled", None),
+            ];
+            cluster::bodies::<Entry>(read)
+                .into_iter()
+                .map(|(node, e)| (node, e.channels))
+                .collect::<Vec<_>>()
         };
-        let all = merge(entries(), "me", None);
-        assert_eq!(all["news"], 12, "own entry left out, the rest summed");
+        let here = || Counts::from([("news".into(), 1), ("mine".into(), 2)]);
+        let all = merge(entries(), "me", None, here());
+        assert_eq!(
+            all["news"], 13,
+            "own entry left out, the rest and the hub's summed"
+        );
         assert_eq!(all["gone"], 1);
+        assert!(!all.contains_key("none"), "channels with none left out");
         let live: HashSet<String> = ["a", "b", "me"].map(String::from).into();
-        let live_only = merge(entries(), "me", Some(&live));
+        let live_only = merge(entries(), "me", Some(&live), here());
         assert_eq!(
             live_only,
-            Counts::from([("news".into(), 5), ("sports".into(), 1)])
+            Counts::from([("news".into(), 6), ("sports".into(), 1), ("mine".into(), 2)])
         );
     }
 }

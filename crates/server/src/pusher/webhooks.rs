@@ -4,8 +4,9 @@
 //!
 //! Occupancy is decided for the cluster, not the node: a node's first local subscriber to a
 //! channel records the node in a broker presence set of its own (`pusher-occupancy:` and the
-//! Herald channel), and `channel_occupied` is sent when no other node was there; the node's last
-//! subscriber leaving removes it, and `channel_vacated` is sent when the set is empty. Two nodes
+//! Herald channel; [`crate::cluster`]), and `channel_occupied` is sent when no other node was
+//! there; the node's last subscriber leaving removes it, and `channel_vacated` is sent when the
+//! set is empty. Two nodes
 //! racing on the same channel may both report; no transition goes unreported.
 //! `member_added`/`member_removed` are decided from the cluster-wide presence list.
 //!
@@ -17,11 +18,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use herald_broker::Backoff;
 use herald_core::Hub;
-use herald_protocol::ClientInfo;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use super::apps::PusherApp;
 use super::auth::sign;
+use crate::cluster::{self, unix_ms};
 
 /// One `webhooks` entry of an app.
 #[derive(Debug, Clone, Deserialize)]
@@ -132,21 +133,9 @@ impl Webhooks {
     }
 }
 
-fn unix_ms() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0)
-}
-
 async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
     let client = reqwest::Client::new();
     let mut queues: HashMap<Destination, mpsc::Sender<Delivery>> = HashMap::new();
-    let node = ClientInfo {
-        user: String::new(),
-        client: hub.node_name().to_owned(),
-        info: None,
-    };
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
         let deadline = Instant::now() + BATCH_WINDOW;
@@ -165,7 +154,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
                     internal,
                     occupied,
                 } => {
-                    let event = occupancy(&hub, &node, &app, &internal, occupied).await;
+                    let event = occupancy(&hub, &app, &internal, occupied).await;
                     (app, event)
                 }
             };
@@ -192,7 +181,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
                 if wanted.is_empty() {
                     continue;
                 }
-                let body = json!({"time_ms": unix_ms() as u64, "events": wanted}).to_string();
+                let body = json!({"time_ms": unix_ms(), "events": wanted}).to_string();
                 let delivery = Delivery {
                     key: app.config.key.clone(),
                     signature: sign(&app.config.secret, &body),
@@ -218,22 +207,17 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
 }
 
 /// Record or clear this node in the channel's occupancy set; the cluster-wide transition, if any.
-async fn occupancy(
-    hub: &Hub,
-    node: &ClientInfo,
-    app: &PusherApp,
-    internal: &str,
-    occupied: bool,
-) -> Option<Value> {
+async fn occupancy(hub: &Hub, app: &PusherApp, internal: &str, occupied: bool) -> Option<Value> {
     let set = format!("pusher-occupancy:{internal}");
     let broker = hub.broker();
+    let me = hub.node_name();
     let channel = app.external(internal)?;
     let transition = if occupied {
         let before = broker.presence(&set).await.ok()?;
-        broker.add_presence(&set, node).await.ok()?;
-        before.iter().all(|n| n.client == node.client)
+        cluster::put::<()>(&**broker, &set, me, None).await.ok()?;
+        !cluster::others_in(&before, me)
     } else {
-        broker.remove_presence(&set, &node.client).await.ok()?;
+        cluster::remove(&**broker, &set, me).await.ok()?;
         broker.presence(&set).await.ok()?.is_empty()
     };
     let name = if occupied {
