@@ -278,6 +278,8 @@ struct State {
     stats: ServerStats,
     /// The server's clock as last seen by its task.
     now: Option<Instant>,
+    /// (link, reply?) → when its last command arrives / its last reply leaves: links are FIFO.
+    fifo: BTreeMap<(u64, bool), Instant>,
 }
 
 /// The simulated broker server. See the module docs.
@@ -313,6 +315,7 @@ impl Server {
                 faults,
                 stats: ServerStats::default(),
                 now: None,
+                fifo: BTreeMap::new(),
             }),
             wake: Notify::new(),
         })
@@ -432,10 +435,21 @@ impl State {
     /// Give every event that arrived a time: now plus a latency, drawn in content order.
     fn take_inbox(&mut self, now: Instant) {
         let mut inbox = std::mem::take(&mut self.inbox);
-        inbox.sort_by_key(|(_, key, _)| *key);
+        // A link is one connection: its commands arrive in the order it sent them. Links (and
+        // faults) are taken in a fixed order, whichever node's task ran first.
+        inbox.sort_by_key(|(_, key, event)| match event {
+            Event::Request { link, .. } => (*link, 0),
+            _ => (0, *key),
+        });
         for (extra, key, event) in inbox {
-            let at = match event {
+            let at = match &event {
                 Event::Fault(_) => now,
+                Event::Request { link, .. } => {
+                    let at = now + extra + self.latency();
+                    let last = self.fifo.entry((*link, false)).or_insert(at);
+                    *last = (*last).max(at);
+                    *last
+                }
                 _ => now + extra + self.latency(),
             };
             self.schedule(at, key, event);
@@ -524,7 +538,11 @@ impl State {
         } else {
             result
         };
+        // Replies come back in order on the link (a slow command holds up the ones behind it).
         let at = now + extra + self.latency();
+        let last = self.fifo.entry((link, true)).or_insert(at);
+        *last = (*last).max(at);
+        let at = *last;
         self.schedule(
             at,
             key,
