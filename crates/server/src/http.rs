@@ -27,7 +27,8 @@ pub struct Node {
     /// The node's state.
     pub app: Arc<App>,
     /// The Pusher endpoints' apps (none configured: `/app/*` closes with 4001, `/apps/*`
-    /// answers 404).
+    /// answers 404; a build without the `pusher` feature has neither endpoint).
+    #[cfg(feature = "pusher")]
     pub pusher: Arc<crate::pusher::Node>,
     /// The admin UI under `/admin` (`None`: off, the paths answer 404).
     pub admin: Option<Arc<Admin>>,
@@ -95,6 +96,7 @@ pub async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<HttpRespon
         (_, p) if crate::admin::is_admin_path(p) => {
             crate::admin::handle(app.clone(), node.admin.clone(), req).await
         }
+        #[cfg(feature = "pusher")]
         (&Method::GET, p) if p.starts_with("/app/") => {
             let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
             if peer.is_some_and(|ip| !app.handshakes.admit(ip)) {
@@ -111,6 +113,7 @@ pub async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<HttpRespon
                 crate::pusher::ws::upgrade(node.pusher.clone(), req)
             }
         }
+        #[cfg(feature = "pusher")]
         (_, p) if p.starts_with("/apps/") => {
             crate::pusher::api::handle(node.pusher.clone(), req).await
         }

@@ -45,7 +45,9 @@
 //! - [`jwks`]: token keys fetched from a JWKS URL, cached and refreshed on an unknown `kid`.
 //! - [`proxy`]: proxy hooks: the HTTP client calling the application's backend, and the
 //!   headers and cookies forwarded to it.
-//! - [`pusher`]: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub.
+//! - `pusher`: the Pusher Channels protocol (`/app/{key}`, `/apps/{id}/…`) on the same hub
+//!   (cargo feature `pusher`, on by default; without it none of `src/pusher` is built, the
+//!   paths answer 404 and a config that names a Pusher app is refused at start-up).
 //! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
 //!   transactional outbox, Kafka topics; docs/consumers.md).
 //!
@@ -77,6 +79,7 @@ pub mod jwks;
 mod layers;
 pub mod proxy;
 pub mod publishing;
+#[cfg(feature = "pusher")]
 pub mod pusher;
 pub mod response;
 pub mod serve;

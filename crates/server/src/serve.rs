@@ -139,6 +139,7 @@ pub async fn run(
 
     // Checked before anything connects: a bad section stops the node at once.
     let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
+    ensure_pusher_supported(config.pusher.as_ref(), |k| std::env::var(k).ok(), PUSHER)?;
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
     broker.register_metrics(metrics.registry_mut());
@@ -153,13 +154,17 @@ pub async fn run(
     };
     let config = Arc::new(config);
     let namespaces = Namespaces::from_config(&config);
-    let mut pusher = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
-        std::env::var(k).ok()
-    })?;
-    pusher.start(&hub);
-    if !pusher.is_empty() {
-        tracing::info!(apps = ?pusher.ids(), "Pusher protocol on /app/{{key}} and /apps/{{id}}/");
-    }
+    #[cfg(feature = "pusher")]
+    let pusher = {
+        let mut apps = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
+            std::env::var(k).ok()
+        })?;
+        apps.start(&hub);
+        if !apps.is_empty() {
+            tracing::info!(apps = ?apps.ids(), "Pusher protocol on /app/{{key}} and /apps/{{id}}/");
+        }
+        apps
+    };
     let ctx = Arc::new(NodeContext {
         hub: hub.clone(),
         namespaces,
@@ -190,6 +195,7 @@ pub async fn run(
     });
     let node = Arc::new(Node {
         app: app.clone(),
+        #[cfg(feature = "pusher")]
         pusher: Arc::new(crate::pusher::Node {
             state: app.clone(),
             apps: pusher,
@@ -249,9 +255,32 @@ pub async fn run(
     while app.open_connections() > 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    #[cfg(feature = "pusher")]
     node.pusher.apps.stop().await;
     consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
+    Ok(())
+}
+
+/// Whether this build has the Pusher protocol (the `pusher` cargo feature).
+const PUSHER: bool = cfg!(feature = "pusher");
+
+/// Refuse the Pusher apps that `[pusher]` (`raw`) or `HERALD_PUSHER_APP_ID` (read through `env`)
+/// name, in a build without the Pusher protocol (`supported` false): an app the config asks for
+/// is never silently left out.
+fn ensure_pusher_supported(
+    raw: Option<&serde_json::Value>,
+    env: impl Fn(&str) -> Option<String>,
+    supported: bool,
+) -> anyhow::Result<()> {
+    let in_file = raw
+        .and_then(|v| v.get("apps"))
+        .is_some_and(|apps| !matches!(apps, serde_json::Value::Array(a) if a.is_empty()));
+    if (in_file || env("HERALD_PUSHER_APP_ID").is_some()) && !supported {
+        anyhow::bail!(
+            "pusher.apps: this build has no Pusher support: rebuild with --features pusher"
+        );
+    }
     Ok(())
 }
 
@@ -393,7 +422,25 @@ async fn serve_connection<S>(
 mod tests {
     use std::time::{Duration, Instant};
 
-    use super::AcceptFailures;
+    use super::{ensure_pusher_supported, AcceptFailures};
+
+    #[test]
+    fn pusher_apps_are_refused_by_a_build_without_pusher() {
+        let none = |_: &str| None;
+        let app = serde_json::json!({"apps": [{"id": "1", "key": "k", "secret": "s"}]});
+        let e = ensure_pusher_supported(Some(&app), none, false).unwrap_err();
+        assert!(
+            e.to_string().contains("rebuild with --features pusher"),
+            "{e}"
+        );
+        let from_env = |k: &str| (k == "HERALD_PUSHER_APP_ID").then(|| "1".to_owned());
+        assert!(ensure_pusher_supported(None, from_env, false).is_err());
+        // Nothing named: nothing to refuse. With the protocol: nothing refused here.
+        let settings = serde_json::json!({"apps": [], "activity_timeout_s": 30});
+        assert!(ensure_pusher_supported(Some(&settings), none, false).is_ok());
+        assert!(ensure_pusher_supported(None, none, false).is_ok());
+        assert!(ensure_pusher_supported(Some(&app), from_env, true).is_ok());
+    }
 
     #[test]
     fn accept_failures_log_once_a_second_with_the_count_between() {

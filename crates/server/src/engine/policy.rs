@@ -65,7 +65,8 @@ pub(crate) struct Pings<const AFTER_SILENCE: bool> {
 
 /// Herald's schedule: a ping every interval, whatever the traffic.
 pub(crate) type Every = Pings<false>;
-/// Pusher's schedule: a ping after an interval of silence.
+/// Pusher's schedule: a ping after an interval of silence (built with the `pusher` feature).
+#[cfg(any(test, feature = "pusher"))]
 pub(crate) type AfterSilence = Pings<true>;
 
 /// What a passed deadline means.
@@ -87,6 +88,7 @@ impl Every {
     }
 }
 
+#[cfg(any(test, feature = "pusher"))]
 impl AfterSilence {
     /// Ping after `silence` without a message from the client; a pong is owed within
     /// `pong_timeout`.

@@ -18,6 +18,10 @@
 //!   (kept here, not in `App`: the node's state knows no protocol, crate::layers).
 //!
 //! docs/pusher.md describes what is supported and how it differs from hosted Pusher.
+//!
+//! Built with the `pusher` cargo feature (on by default). Without it this module is not built:
+//! `http` has no Pusher routes (the paths answer 404) and `serve` refuses a config that names a
+//! Pusher app.
 
 pub mod api;
 pub mod apps;
