@@ -200,6 +200,7 @@ pub fn run(seed: u64, options: &Options) -> Report {
     let mut down: Vec<Option<u64>> = vec![None; o.nodes];
     let mut drained: Vec<Option<u64>> = vec![None; o.nodes];
     let mut error = None;
+    let mut calm = false;
     loop {
         let done = match sim.step() {
             Ok(done) => done,
@@ -223,6 +224,11 @@ pub fn run(seed: u64, options: &Options) -> Report {
                 sim.bounce(format!("n{i}"));
                 faults.push((now, format!("n{i} started again")));
             }
+        }
+        if now >= o.chaos_ms && !calm {
+            calm = true;
+            server.inject(Fault::Calm);
+            faults.push((now, "faults over: commands no longer fail".to_owned()));
         }
         if now < next_fault || now >= o.chaos_ms {
             continue;

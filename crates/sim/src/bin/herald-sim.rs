@@ -6,6 +6,7 @@
 //! herald-sim --for 600                 fresh seeds (from the clock) for ten minutes
 //! options: --no-identity (epochs not bound to the broker's life: synchronous_persistence)
 //!          --no-watermarks  --no-rollbacks  --trace (print every client's log)
+//!          --chaos-ms N (faults for N simulated ms instead of 20,000)
 //! ```
 //! A failing seed prints the one line that replays it and exits 1.
 
@@ -50,6 +51,11 @@ fn main() {
             "--no-rollbacks" => {
                 options.rollbacks = false;
                 flags.push_str(" --no-rollbacks");
+            }
+            "--chaos-ms" => {
+                options.chaos_ms = value(i).parse().expect("--chaos-ms N");
+                flags.push_str(&format!(" --chaos-ms {}", options.chaos_ms));
+                i += 1;
             }
             "--trace" => trace = true,
             other => {
