@@ -80,11 +80,12 @@ step "cargo clippy (-D warnings)" 2700 cargo clippy --workspace --all-targets --
 
 step "cargo build" 2700 cargo build --workspace --all-targets --locked
 
-# The server without the `kafka` feature (no librdkafka) still builds, and refuses a config that
-# names a Kafka consumer (about 1 min on 2 cores after the build above).
-step "herald-server without Kafka" 600 bash -c \
+# The server without its default features (`kafka`: no librdkafka; `pusher`) still builds, and
+# refuses a config that names a Kafka consumer or a Pusher app (about 1 min on 2 cores after the
+# build above).
+step "herald-server without Kafka and Pusher" 600 bash -c \
   'cargo check -p herald-server --no-default-features --locked &&
-   cargo test -p herald-server --no-default-features --locked --lib consumers::'
+   cargo test -p herald-server --no-default-features --locked --lib -- consumers:: serve::'
 
 # Each test binary runs through scripts/test-binary.sh (cargo's runner for the host target).
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -96,5 +97,9 @@ step "cargo test" 1800 env "$runner_var=$PWD/scripts/test-binary.sh" cargo test 
 # tokio's runtime, so an opt-level override for herald-sim alone would not help); a failing seed
 # prints its one-line replay. scripts/sim.sh runs fresh seeds longer, in release.
 step "simulation seeds" 360 target/debug/herald-sim --seeds 1..20
+
+# The Grafana dashboard and the Prometheus alert rules (deploy/): promtool's rule tests and the
+# dashboard's shape; tests/dashboards.rs (in cargo test) checks every metric they name is exported.
+step "monitoring: promtool rules, dashboard JSON" 300 bash scripts/monitoring-test.sh
 
 step "TypeScript SDK" 1200 env HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh
