@@ -5,7 +5,7 @@
 //! [`Outbound`] goes back to the client, controls first handled by the session. A crash of the
 //! host drops its runtime: every task of the node ends at once, as with `kill -9`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use herald_broker::{PublishOptions, SharedBroker};
@@ -16,7 +16,7 @@ use herald_core::outbound::CloseRequest;
 use herald_core::{Hub, Metrics, NodeContext, Outbound, Session};
 use herald_protocol::command::parse_frame;
 use herald_protocol::{CloseCode, StreamPosition};
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::broker::{NodeBroker, NodeOptions, Server};
 
@@ -47,7 +47,48 @@ pub enum NodeRequest {
 }
 
 /// A live node's door: its requests and its drain switch.
-type Door = (mpsc::UnboundedSender<NodeRequest>, watch::Sender<bool>);
+type Door = (mpsc::UnboundedSender<NodeRequest>, Arc<Drain>);
+
+/// A node's drain switch: closes its connections with 4000 in the order they connected, and every
+/// later one as it arrives. (Not a `tokio::sync::watch`: its receivers wait on one of eight
+/// `Notify`s picked by tokio's per-runtime random source, which no seed fixes, so the order in
+/// which the connections woke, and left their channels at the broker, changed from run to run.)
+#[derive(Default)]
+pub struct Drain {
+    state: Mutex<(bool, Vec<Weak<Outbound>>)>,
+}
+
+impl Drain {
+    fn close(out: &Outbound) {
+        out.close(CloseRequest {
+            code: CloseCode::SHUTDOWN,
+            reason: "node draining".into(),
+            after_ms: Some(0),
+        });
+    }
+
+    /// Start draining: every connection is closed.
+    fn start(&self) {
+        let mut s = self.state.lock().expect("drain");
+        s.0 = true;
+        for out in std::mem::take(&mut s.1) {
+            if let Some(out) = out.upgrade() {
+                Drain::close(&out);
+            }
+        }
+    }
+
+    /// A new connection: closed at once while draining.
+    fn add(&self, out: &Arc<Outbound>) {
+        let mut s = self.state.lock().expect("drain");
+        if s.0 {
+            Drain::close(out);
+        } else {
+            s.1.retain(|o| o.strong_count() > 0);
+            s.1.push(Arc::downgrade(out));
+        }
+    }
+}
 
 /// Where the live nodes take requests; the workload looks nodes up here.
 #[derive(Default)]
@@ -63,7 +104,7 @@ impl Registry {
         })
     }
 
-    fn set(&self, i: usize, tx: mpsc::UnboundedSender<NodeRequest>, drain: watch::Sender<bool>) {
+    fn set(&self, i: usize, tx: mpsc::UnboundedSender<NodeRequest>, drain: Arc<Drain>) {
         self.nodes.lock().expect("registry")[i] = Some((tx, drain));
     }
 
@@ -79,7 +120,7 @@ impl Registry {
     /// Start draining node `i`: its clients get close 4000.
     pub fn drain(&self, i: usize) {
         if let Some((_, d)) = &self.nodes.lock().expect("registry")[i] {
-            let _ = d.send(true);
+            d.start();
         }
     }
 }
@@ -132,8 +173,8 @@ pub async fn node_main(
         proxy: None,
     });
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let (drain_tx, drain_rx) = watch::channel(false);
-    registry.set(i, tx, drain_tx);
+    let drain = Arc::new(Drain::default());
+    registry.set(i, tx, drain.clone());
     while let Some(req) = rx.recv().await {
         match req {
             NodeRequest::Connect {
@@ -144,7 +185,7 @@ pub async fn node_main(
                     ctx.clone(),
                     from_client,
                     to_client,
-                    drain_rx.clone(),
+                    drain.clone(),
                 ));
             }
             NodeRequest::Publish {
@@ -188,10 +229,11 @@ async fn connection(
     ctx: Arc<NodeContext>,
     mut from_client: mpsc::UnboundedReceiver<String>,
     to_client: mpsc::UnboundedSender<Frame>,
-    mut draining: watch::Receiver<bool>,
+    drain: Arc<Drain>,
 ) {
     let limit = ctx.config.limits.outbound_queue_bytes;
     let out = Arc::new(Outbound::new(limit));
+    drain.add(&out);
     let mut session = Session::new(ctx.clone(), out.clone());
     let closed: Option<CloseRequest> = loop {
         tokio::select! {
@@ -236,18 +278,6 @@ async fn connection(
                         let _ = to_client.send(Frame::Text(frame));
                     }
                     break Some(c);
-                }
-            }
-            changed = draining.changed() => {
-                if changed.is_ok() && *draining.borrow() {
-                    out.close(CloseRequest {
-                        code: CloseCode::SHUTDOWN,
-                        reason: "node draining".into(),
-                        after_ms: Some(0),
-                    });
-                } else if changed.is_err() {
-                    // The node is going away; its runtime ends this task.
-                    std::future::pending::<()>().await;
                 }
             }
         }
