@@ -1,0 +1,532 @@
+#!/usr/bin/env node
+// Herald cross-SDK conformance driver. Node's standard library only (no npm packages).
+//
+//   node driver/driver.mjs --adapter "<command>" [--herald PATH] [--only NAME] [scenarios/*.json ...]
+//
+// For each scenario: start the real herald (`serve --dev` on a free port, the scenario's env), a
+// TCP proxy in front of it that the driver controls (refuse/reset, delay), the SDK's adapter
+// (commands on its stdin, events on its stdout, README.md), run the scenario's steps in order,
+// then check the merged event log (adapter events + what the driver and proxy saw) against the
+// scenario's expectations. One line per scenario; exit status 1 when any scenario failed.
+import { spawn } from 'node:child_process';
+import { createHmac } from 'node:crypto';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { connect, createServer } from 'node:net';
+import { dirname, join, resolve } from 'node:path';
+import { createInterface } from 'node:readline';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+const root = resolve(here, '..');
+const repo = resolve(root, '..', '..');
+const API_KEY = 'conformance-key';
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+
+function parseArgs(argv) {
+  const a = { adapter: undefined, herald: process.env.HERALD_BIN, only: undefined, files: [], verbose: false };
+  for (let i = 0; i < argv.length; i++) {
+    const v = argv[i];
+    if (v === '--adapter') a.adapter = argv[++i];
+    else if (v === '--herald') a.herald = argv[++i];
+    else if (v === '--only') a.only = argv[++i];
+    else if (v === '--verbose' || v === '-v') a.verbose = true;
+    else a.files.push(v);
+  }
+  if (!a.adapter) throw new Error('--adapter "<command>" is required (e.g. "node adapters/js/adapter.mjs")');
+  a.herald ??= join(repo, 'target', 'debug', 'herald');
+  if (!existsSync(a.herald)) throw new Error(`herald binary ${a.herald} missing (cargo build -p herald-server, or HERALD_BIN)`);
+  if (a.files.length === 0) {
+    const dir = join(root, 'scenarios');
+    a.files = readdirSync(dir)
+      .filter((f) => f.endsWith('.json'))
+      .sort()
+      .map((f) => join(dir, f));
+  }
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+function freePort() {
+  return new Promise((res, rej) => {
+    const s = createServer();
+    s.on('error', rej);
+    s.listen(0, '127.0.0.1', () => {
+      const { port } = s.address();
+      s.close(() => res(port));
+    });
+  });
+}
+
+function jwt(claims, secret) {
+  const b = (x) => Buffer.from(x).toString('base64url');
+  const head = b(JSON.stringify({ alg: 'HS256', typ: 'JWT' }));
+  const body = b(JSON.stringify(claims));
+  return `${head}.${body}.${createHmac('sha256', secret).update(`${head}.${body}`).digest('base64url')}`;
+}
+
+/** Bounded wait: polls `fn` until truthy; throws `what` after `ms`. */
+async function until(fn, what, ms) {
+  const deadline = Date.now() + ms;
+  for (;;) {
+    const v = fn();
+    if (v) return v;
+    if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
+    await sleep(10);
+  }
+}
+
+/** Partial deep match with a few operators: $in, $gte, $lte, $any, $absent. */
+function matches(value, pattern) {
+  if (pattern !== null && typeof pattern === 'object' && !Array.isArray(pattern)) {
+    if ('$in' in pattern) return pattern.$in.some((p) => matches(value, p));
+    if ('$gte' in pattern || '$lte' in pattern) {
+      if (typeof value !== 'number') return false;
+      if ('$gte' in pattern && value < pattern.$gte) return false;
+      if ('$lte' in pattern && value > pattern.$lte) return false;
+      return true;
+    }
+    if ('$any' in pattern) return value !== undefined;
+    if ('$absent' in pattern) return value === undefined;
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) return false;
+    return Object.entries(pattern).every(([k, p]) => matches(value[k], p));
+  }
+  if (Array.isArray(pattern)) {
+    return Array.isArray(value) && value.length === pattern.length && pattern.every((p, i) => matches(value[i], p));
+  }
+  return value === pattern;
+}
+
+const show = (x) => JSON.stringify(x);
+
+// ---------------------------------------------------------------------------------------------
+// The server
+
+class Server {
+  constructor(bin, port, env, log) {
+    this.bin = bin;
+    this.port = port;
+    this.env = env;
+    this.log = log;
+    this.output = [];
+  }
+  async start() {
+    const child = spawn(this.bin, ['serve', '--dev', '--port', String(this.port)], {
+      env: { ...process.env, RUST_LOG: 'warn', HERALD_API_KEY: API_KEY, ...this.env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.child = child;
+    const keep = (d) => {
+      this.output.push(d.toString());
+      if (this.output.length > 400) this.output.splice(0, 200);
+    };
+    child.stdout.on('data', keep);
+    child.stderr.on('data', keep);
+    this.exited = new Promise((r) => child.once('exit', (code, sig) => r(code ?? sig)));
+    let dead = false;
+    void this.exited.then(() => (dead = true));
+    const deadline = Date.now() + 20_000;
+    for (;;) {
+      if (dead) throw new Error(`herald exited during start-up:\n${this.output.join('')}`);
+      try {
+        const r = await fetch(`http://127.0.0.1:${this.port}/health`);
+        if (r.status === 200) break;
+      } catch {}
+      if (Date.now() > deadline) throw new Error('herald did not answer /health within 20 s');
+      await sleep(50);
+    }
+    this.log({ source: 'driver', event: 'server_started' });
+  }
+  async api(path, body) {
+    const r = await fetch(`http://127.0.0.1:${this.port}${path}`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${API_KEY}`, 'content-type': 'application/json' },
+      body: JSON.stringify(body),
+      signal: AbortSignal.timeout(5000),
+    });
+    const text = await r.text();
+    if (!r.ok) throw new Error(`${path} ${show(body)} → HTTP ${r.status}: ${text}`);
+    return text ? JSON.parse(text) : {};
+  }
+  /** SIGTERM (drain) and wait, bounded, for the exit. */
+  async stop(signal = 'SIGTERM', ms = 15_000) {
+    if (!this.child || this.child.exitCode !== null || this.child.signalCode !== null) return;
+    this.child.kill(signal);
+    const timer = setTimeout(() => this.child.kill('SIGKILL'), ms);
+    await this.exited;
+    clearTimeout(timer);
+    this.log({ source: 'driver', event: 'server_stopped', signal });
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fault-injecting proxy: every client TCP connection goes through it.
+//   up (default): forward both ways; `delay_ms` > 0 holds each chunk that long (order kept).
+//   down: reset (RST) every open connection and reset every new one at once, until `up`.
+// It logs `proxy_accept` / `proxy_refused` per connection and `disconnect_push` {code, after_ms}
+// when it sees a `disconnect` push go to a client (the push is small, so never compressed).
+
+class Proxy {
+  constructor(targetPort, log) {
+    this.targetPort = targetPort;
+    this.log = log;
+    this.down = false;
+    this.delayMs = 0;
+    this.pairs = new Set();
+  }
+  async start() {
+    this.port = await freePort();
+    this.server = createServer((client) => this.accept(client));
+    await new Promise((r, j) => {
+      this.server.once('error', j);
+      this.server.listen(this.port, '127.0.0.1', r);
+    });
+  }
+  accept(client) {
+    client.on('error', () => {});
+    if (this.down) {
+      this.log({ source: 'proxy', event: 'proxy_refused' });
+      client.resetAndDestroy();
+      return;
+    }
+    this.log({ source: 'proxy', event: 'proxy_accept' });
+    const upstream = connect(this.targetPort, '127.0.0.1');
+    const pair = { client, upstream };
+    this.pairs.add(pair);
+    const drop = () => {
+      this.pairs.delete(pair);
+      if (!client.destroyed) client.destroy();
+      if (!upstream.destroyed) upstream.destroy();
+    };
+    const forward = (to, d) => {
+      if (this.delayMs > 0) setTimeout(() => !to.destroyed && to.write(d), this.delayMs);
+      else to.write(d);
+    };
+    client.on('data', (d) => forward(upstream, d));
+    upstream.on('data', (d) => {
+      const s = d.toString('latin1');
+      const i = s.indexOf('{"disconnect":');
+      if (i >= 0) {
+        const code = /"code":(\d+)/.exec(s.slice(i));
+        const after = /"after_ms":(\d+)/.exec(s.slice(i));
+        this.log({
+          source: 'proxy',
+          event: 'disconnect_push',
+          code: code ? Number(code[1]) : undefined,
+          after_ms: after ? Number(after[1]) : undefined,
+        });
+      }
+      forward(client, d);
+    });
+    client.on('close', drop);
+    upstream.on('close', drop);
+    upstream.on('error', drop);
+  }
+  setDown() {
+    this.down = true;
+    for (const p of this.pairs) {
+      p.client.resetAndDestroy();
+      p.upstream.destroy();
+    }
+    this.pairs.clear();
+  }
+  setUp() {
+    this.down = false;
+  }
+  async close() {
+    this.setDown();
+    await new Promise((r) => this.server.close(() => r()));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The adapter process
+
+class Adapter {
+  constructor(command, log) {
+    this.log = log;
+    this.nextId = 1;
+    this.stderr = [];
+    this.child = spawn(command, { shell: true, stdio: ['pipe', 'pipe', 'pipe'], cwd: root });
+    this.child.stderr.on('data', (d) => this.stderr.push(d.toString()));
+    this.child.stdin.on('error', () => {});
+    this.exited = new Promise((r) => this.child.once('exit', (code) => r(code)));
+    this.exitCode = undefined;
+    void this.exited.then((c) => (this.exitCode = c));
+    createInterface({ input: this.child.stdout }).on('line', (line) => {
+      if (!line.trim()) return;
+      let ev;
+      try {
+        ev = JSON.parse(line);
+      } catch {
+        this.log({ source: 'adapter', event: 'bad_line', line });
+        return;
+      }
+      this.log({ source: 'adapter', ...ev });
+    });
+  }
+  send(cmd, args) {
+    const id = this.nextId++;
+    this.child.stdin.write(`${JSON.stringify({ id, cmd, args })}\n`);
+    return id;
+  }
+  async stop() {
+    if (this.exitCode !== undefined) return;
+    try {
+      this.send('exit', {});
+      this.child.stdin.end();
+    } catch {}
+    const t = setTimeout(() => this.child.kill('SIGKILL'), 3000);
+    await this.exited;
+    clearTimeout(t);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One scenario
+
+async function runScenario(sc, opts) {
+  const t0 = Date.now();
+  const events = [];
+  const log = (ev) => events.push({ at: Date.now() - t0, ...ev });
+  const ctx = { events, vars: {}, step: '(setup)' };
+  const env = { ...(sc.server?.env ?? {}) };
+  const secret = env.HERALD_TOKEN_HMAC_SECRET;
+  const serverPort = await freePort();
+  const server = new Server(opts.herald, serverPort, env, log);
+  const proxy = new Proxy(serverPort, log);
+  let adapter;
+
+  // Placeholders in step arguments: "$ws" (the proxy's WebSocket URL), "$client" (the client id of
+  // the adapter's latest `connected` event), {"$jwt": claims, "exp_in_s"?, "secret"?} (an HS256 token;
+  // "exp_in_s" sets exp relative to now).
+  const subst = (v) => {
+    if (v === '$ws') return `ws://127.0.0.1:${proxy.port}/ws`;
+    if (v === '$client') {
+      const c = [...events].reverse().find((e) => e.source === 'adapter' && e.event === 'connected');
+      if (!c) throw new Error('$client used before any connected event');
+      return c.client;
+    }
+    if (Array.isArray(v)) return v.map(subst);
+    if (v && typeof v === 'object') {
+      if ('$jwt' in v) {
+        const claims = { ...v.$jwt };
+        if (typeof v.exp_in_s === 'number') claims.exp = Math.floor(Date.now() / 1000) + v.exp_in_s;
+        return jwt(claims, v.secret ?? secret);
+      }
+      return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, subst(x)]));
+    }
+    return v;
+  };
+
+  const adapterEvents = (pattern, from = 0) =>
+    events.slice(from).filter((e) => e.source !== 'driver-step' && matches(e, pattern));
+
+  async function step(s) {
+    switch (s.do) {
+      case 'client': {
+        const id = adapter.send(s.cmd, subst(s.args ?? {}));
+        if (s.await === false) return;
+        const res = await until(
+          () => events.find((e) => e.source === 'adapter' && e.event === 'result' && e.id === id),
+          `the adapter's result of ${s.cmd} #${id}`,
+          s.timeout_ms ?? 10_000,
+        );
+        const want = s.expect ?? { ok: true };
+        if (!matches(res, want)) throw new Error(`${s.cmd} result ${show(res)} does not match ${show(want)}`);
+        return;
+      }
+      case 'wait': {
+        const n = s.count ?? 1;
+        await until(
+          () => adapterEvents(s.for).length >= n,
+          `${n} event(s) matching ${show(s.for)}`,
+          s.timeout_ms ?? 10_000,
+        );
+        return;
+      }
+      case 'publish': {
+        for (const data of s.data) await server.api('/api/publish', { channel: s.channel, data });
+        return;
+      }
+      case 'api':
+        await server.api(s.path, subst(s.body ?? {}));
+        return;
+      case 'proxy':
+        if (s.action === 'down') proxy.setDown();
+        else if (s.action === 'up') proxy.setUp();
+        else if (s.action === 'delay') proxy.delayMs = s.ms;
+        else throw new Error(`unknown proxy action ${s.action}`);
+        log({ source: 'driver', event: `proxy_${s.action}` });
+        return;
+      case 'server':
+        if (s.action === 'sigterm') await server.stop('SIGTERM', s.timeout_ms ?? 15_000);
+        else if (s.action === 'start') await server.start();
+        else throw new Error(`unknown server action ${s.action}`);
+        return;
+      case 'sleep':
+        await sleep(s.ms);
+        return;
+      case 'mark':
+        log({ source: 'driver', event: 'mark', name: s.name });
+        return;
+      default:
+        throw new Error(`unknown step ${show(s)}`);
+    }
+  }
+
+  const limit = sc.timeout_ms ?? 30_000;
+  let failure;
+  let timer;
+  try {
+    await server.start();
+    await proxy.start();
+    adapter = new Adapter(opts.adapter, log);
+    await until(() => events.some((e) => e.event === 'ready'), 'the adapter to print {"event":"ready"}', 15_000);
+    const body = (async () => {
+      for (const [i, s] of sc.steps.entries()) {
+        ctx.step = `step ${i + 1} ${show(s)}`;
+        if (adapter.exitCode !== undefined) throw new Error(`the adapter exited (${adapter.exitCode})`);
+        await step(s);
+      }
+    })();
+    const overall = new Promise((_, rej) => {
+      timer = setTimeout(() => rej(new Error(`scenario time limit ${limit} ms exceeded`)), limit);
+    });
+    await Promise.race([body, overall]);
+    ctx.step = '(expectations)';
+    const problems = check(sc.expect ?? [], events);
+    if (problems.length) failure = problems.join('\n    ');
+  } catch (e) {
+    failure = `${ctx.step}: ${e.message}`;
+  } finally {
+    clearTimeout(timer);
+    await adapter?.stop().catch(() => {});
+    await proxy.close().catch(() => {});
+    await server.stop('SIGKILL').catch(() => {});
+  }
+  return { failure, events, ms: Date.now() - t0, adapterStderr: adapter?.stderr.join('') ?? '', serverOut: server.output.join('') };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Expectations
+
+function check(expectations, events) {
+  const problems = [];
+  const sel = (pattern) => events.filter((e) => matches(e, pattern));
+  const idx = (pattern, from = 0) => {
+    for (let i = from; i < events.length; i++) if (matches(events[i], pattern)) return i;
+    return -1;
+  };
+  for (const x of expectations) {
+    const what = x.why ? `${x.why}: ` : '';
+    switch (x.check) {
+      case 'count': {
+        const n = sel(x.match).length;
+        if (x.equals !== undefined && n !== x.equals) problems.push(`${what}${n} events match ${show(x.match)}, expected exactly ${x.equals}`);
+        if (x.min !== undefined && n < x.min) problems.push(`${what}${n} events match ${show(x.match)}, expected at least ${x.min}`);
+        if (x.max !== undefined && n > x.max) problems.push(`${what}${n} events match ${show(x.match)}, expected at most ${x.max}`);
+        break;
+      }
+      case 'publications': {
+        // Exactly these data, in this order, each once, with strictly increasing offsets
+        // (consecutive when `consecutive_offsets`).
+        const pubs = events.filter((e) => e.source === 'adapter' && e.event === 'publication' && e.channel === x.channel);
+        const data = pubs.map((p) => p.data);
+        if (!matches(data, x.data)) problems.push(`${what}${x.channel} delivered ${show(data)}, expected ${show(x.data)}`);
+        for (let i = 1; i < pubs.length; i++) {
+          const sameEpoch = pubs[i].epoch === undefined || pubs[i].epoch === pubs[i - 1].epoch;
+          if (sameEpoch && pubs[i].offset <= pubs[i - 1].offset) {
+            problems.push(`${what}${x.channel} offset ${pubs[i].offset} after ${pubs[i - 1].offset}`);
+          }
+          if (x.consecutive_offsets && sameEpoch && pubs[i].offset !== pubs[i - 1].offset + 1) {
+            problems.push(`${what}${x.channel} offset ${pubs[i].offset} after ${pubs[i - 1].offset}: not consecutive`);
+          }
+        }
+        break;
+      }
+      case 'order': {
+        // The patterns occur in this order (as a subsequence of the log).
+        let at = 0;
+        for (const p of x.matches) {
+          const i = idx(p, at);
+          if (i < 0) {
+            problems.push(`${what}no ${show(p)} after position ${at} (order ${show(x.matches)})`);
+            break;
+          }
+          at = i + 1;
+        }
+        break;
+      }
+      case 'none_after': {
+        const i = idx(x.after);
+        if (i < 0) {
+          problems.push(`${what}no ${show(x.after)} in the log`);
+          break;
+        }
+        const late = events.slice(i + 1).filter((e) => matches(e, x.match));
+        if (late.length) problems.push(`${what}${late.length} ${show(x.match)} after ${show(x.after)}, e.g. ${show(late[0])}`);
+        break;
+      }
+      case 'reconnect_honours_after_ms': {
+        // Every disconnect push with after_ms: the client's next TCP connection comes no sooner.
+        const pushes = events.map((e, i) => [e, i]).filter(([e]) => e.event === 'disconnect_push' && e.after_ms !== undefined);
+        if (pushes.length === 0) problems.push(`${what}no disconnect push with after_ms was seen`);
+        for (const [p, i] of pushes) {
+          const next = events.slice(i + 1).find((e) => e.event === 'proxy_accept' || e.event === 'proxy_refused');
+          if (!next) {
+            problems.push(`${what}no reconnect attempt after the disconnect push ${show(p)}`);
+            continue;
+          }
+          const waited = next.at - p.at;
+          const tolerance = x.tolerance_ms ?? 10;
+          if (waited + tolerance < p.after_ms) problems.push(`${what}reconnected ${waited} ms after a push with after_ms ${p.after_ms}`);
+        }
+        break;
+      }
+      default:
+        problems.push(`unknown check ${show(x)}`);
+    }
+  }
+  return problems;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function main() {
+  const opts = parseArgs(process.argv.slice(2));
+  let failed = 0;
+  for (const file of opts.files) {
+    const sc = JSON.parse(readFileSync(file, 'utf8'));
+    if (opts.only && sc.name !== opts.only) continue;
+    const r = await runScenario(sc, opts);
+    const secs = (r.ms / 1000).toFixed(2);
+    let verdict;
+    if (sc.expected_failure) verdict = r.failure ? 'XFAIL' : 'XPASS';
+    else verdict = r.failure ? 'FAIL' : 'PASS';
+    const bad = verdict === 'FAIL' || verdict === 'XPASS';
+    if (bad) failed++;
+    let line = `${verdict.padEnd(5)} ${sc.name} (${secs} s)`;
+    if (verdict === 'XFAIL') line += ` [expected to fail: ${sc.expected_failure}]`;
+    if (verdict === 'XPASS') line += ' [marked expected_failure but passed: remove the mark]';
+    console.log(line);
+    if (r.failure && (verdict === 'FAIL' || opts.verbose)) console.log(`    ${r.failure}`);
+    if (bad || opts.verbose) {
+      console.log('    event log:');
+      for (const e of r.events) console.log(`      ${show(e)}`);
+      if (r.adapterStderr.trim()) console.log(`    adapter stderr:\n${r.adapterStderr.replace(/^/gm, '      ')}`);
+      if (bad && r.serverOut.trim()) console.log(`    herald output (tail):\n${r.serverOut.slice(-3000).replace(/^/gm, '      ')}`);
+    }
+  }
+  console.log(failed ? `conformance: ${failed} scenario(s) failed` : 'conformance: all scenarios passed');
+  process.exit(failed ? 1 : 0);
+}
+
+main().catch((e) => {
+  console.error(`conformance driver: ${e.message}`);
+  process.exit(2);
+});
