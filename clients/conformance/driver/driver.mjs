@@ -11,6 +11,7 @@
 import { spawn } from 'node:child_process';
 import { createHmac } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { createServer as createHttpServer } from 'node:http';
 import { connect, createServer } from 'node:net';
 import { dirname, join, resolve } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -167,6 +168,7 @@ class Server {
 // The fault-injecting proxy: every client TCP connection goes through it.
 //   up (default): forward both ways; `delay_ms` > 0 holds each chunk that long (order kept).
 //   down: reset (RST) every open connection and reset every new one at once, until `up`.
+//   blackhole: the open connections stay open but nothing more passes either way (new ones work).
 // It logs `proxy_accept` / `proxy_refused` per connection and `disconnect_push` {code, after_ms}
 // when it sees a `disconnect` push go to a client (the push is small, so never compressed).
 
@@ -195,7 +197,7 @@ class Proxy {
     }
     this.log({ source: 'proxy', event: 'proxy_accept' });
     const upstream = connect(this.targetPort, '127.0.0.1');
-    const pair = { client, upstream };
+    const pair = { client, upstream, holed: false };
     this.pairs.add(pair);
     const drop = () => {
       this.pairs.delete(pair);
@@ -203,6 +205,7 @@ class Proxy {
       if (!upstream.destroyed) upstream.destroy();
     };
     const forward = (to, d) => {
+      if (pair.holed) return;
       if (this.delayMs > 0) setTimeout(() => !to.destroyed && to.write(d), this.delayMs);
       else to.write(d);
     };
@@ -237,10 +240,42 @@ class Proxy {
   setUp() {
     this.down = false;
   }
+  /** Stop forwarding on the open connections without closing them (a dead path); new ones work. */
+  blackhole() {
+    for (const p of this.pairs) p.holed = true;
+  }
   async close() {
     this.setDown();
     await new Promise((r) => this.server.close(() => r()));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The application's backend for the server's proxy hooks (docs/proxy.md); "$backend" in
+// server.env is its base URL. rpc: method "echo" answers {"data": {"method", "user", "data"}},
+// method "refuse" answers error 1403, anything else error 1404.
+
+async function startBackend(log) {
+  const port = await freePort();
+  const server = createHttpServer((req, res) => {
+    let body = '';
+    req.on('data', (d) => (body += d));
+    req.on('end', () => {
+      let q = {};
+      try {
+        q = JSON.parse(body || '{}');
+      } catch {}
+      log({ source: 'backend', event: 'backend_call', path: req.url, method: q.method });
+      let answer;
+      if (req.url === '/rpc' && q.method === 'echo') answer = { result: { data: { method: q.method, user: q.user, data: q.data } } };
+      else if (req.url === '/rpc' && q.method === 'refuse') answer = { error: { code: 1403, message: 'refused by the test backend' } };
+      else answer = { error: { code: 1404, message: `no such hook or method: ${req.url} ${q.method}` } };
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end(JSON.stringify(answer));
+    });
+  });
+  await new Promise((r) => server.listen(port, '127.0.0.1', r));
+  return { url: `http://127.0.0.1:${port}`, close: () => new Promise((r) => server.close(() => r())) };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -294,7 +329,10 @@ async function runScenario(sc, opts) {
   const events = [];
   const log = (ev) => events.push({ at: Date.now() - t0, ...ev });
   const ctx = { events, vars: {}, step: '(setup)' };
-  const env = { ...(sc.server?.env ?? {}) };
+  const backend = await startBackend((ev) => events.push({ at: Date.now() - t0, ...ev }));
+  const env = Object.fromEntries(
+    Object.entries(sc.server?.env ?? {}).map(([k, v]) => [k, String(v).replaceAll('$backend', backend.url)]),
+  );
   const secret = env.HERALD_TOKEN_HMAC_SECRET;
   const serverPort = await freePort();
   const server = new Server(opts.herald, serverPort, env, log);
@@ -360,6 +398,7 @@ async function runScenario(sc, opts) {
         if (s.action === 'down') proxy.setDown();
         else if (s.action === 'up') proxy.setUp();
         else if (s.action === 'delay') proxy.delayMs = s.ms;
+        else if (s.action === 'blackhole') proxy.blackhole();
         else throw new Error(`unknown proxy action ${s.action}`);
         log({ source: 'driver', event: `proxy_${s.action}` });
         return;
@@ -408,6 +447,7 @@ async function runScenario(sc, opts) {
     await adapter?.stop().catch(() => {});
     await proxy.close().catch(() => {});
     await server.stop('SIGKILL').catch(() => {});
+    await backend.close().catch(() => {});
   }
   return { failure, events, ms: Date.now() - t0, adapterStderr: adapter?.stderr.join('') ?? '', serverOut: server.output.join('') };
 }

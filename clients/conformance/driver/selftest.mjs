@@ -37,6 +37,10 @@ const mutants = [
     (sc) => (sc.steps[0].args.tokens[1] = sc.steps[0].args.tokens[0])],
   ['08-server-side-subscription.json', 'the API does not unsubscribe (another user): publications continue',
     (sc) => (sc.steps.find((s) => s.path === '/api/unsubscribe').body.user = 'carol')],
+  ['09-delayed-then-reset.json', 'claim that publication 4 reached the client before the reset (it was still in the delay)',
+    setExpect((x) => x.check === 'order', { matches: [{ event: 'publication', data: { n: 4 } }, { event: 'disconnected' }] })],
+  ['10-dead-connection.json', 'an SDK that waits 20 s past ping_interval: the silence goes unnoticed',
+    (sc) => (sc.steps[0].args.ping_grace_ms = 20000)],
 ];
 
 const dir = mkdtempSync(join(tmpdir(), 'herald-conformance-selftest-'));

@@ -63,6 +63,7 @@ function makeClient(args) {
     minReconnectDelayMs: args.min_reconnect_delay_ms,
     maxReconnectDelayMs: args.max_reconnect_delay_ms,
     timeoutMs: args.timeout_ms,
+    pingGraceMs: args.ping_grace_ms,
     transport: 'websocket',
   };
   if (args.token !== undefined) opts.token = args.token;
