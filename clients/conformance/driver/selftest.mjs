@@ -41,6 +41,8 @@ const mutants = [
     setExpect((x) => x.check === 'order', { matches: [{ event: 'publication', data: { n: 4 } }, { event: 'disconnected' }] })],
   ['10-dead-connection.json', 'an SDK that waits 20 s past ping_interval: the silence goes unnoticed',
     (sc) => (sc.steps[0].args.ping_grace_ms = 20000)],
+  ['11-server-side-recovery-fails.json', 'history big enough: the server-side channel recovers',
+    (sc) => (sc.server.env.HERALD_DEFAULT_NAMESPACE__HISTORY_SIZE = '100')],
 ];
 
 const dir = mkdtempSync(join(tmpdir(), 'herald-conformance-selftest-'));

@@ -83,9 +83,12 @@ function makeClient(args) {
   c.on('disconnected', (ctx) => out({ event: 'disconnected', code: ctx.code, reconnect: false }));
   c.on('connected', (ctx) => out({ event: 'connected', client: ctx.client }));
   c.on('error', (ctx) => out({ event: 'error', type: ctx.type, code: errorBody(ctx.error).code, ...(ctx.channel ? { channel: ctx.channel } : {}) }));
-  c.on('subscribed', (ctx) =>
-    out({ event: 'subscribed', channel: ctx.channel, server_side: true, epoch: ctx.epoch, offset: ctx.offset, recovered: ctx.recovered === true }),
-  );
+  c.on('subscribed', (ctx) => {
+    // Server-side subscriptions have no recoveryFailed event: `recovered: false` (present, not
+    // absent) is how the SDK says the recovery it asked for failed.
+    if (ctx.recovered === false) out({ event: 'recovery_failed', channel: ctx.channel });
+    out({ event: 'subscribed', channel: ctx.channel, server_side: true, epoch: ctx.epoch, offset: ctx.offset, recovered: ctx.recovered === true });
+  });
   c.on('publication', (p) => out({ event: 'publication', channel: p.channel, offset: p.offset, data: p.data }));
   c.on('unsubscribed', (ctx) => out({ event: 'unsubscribed', channel: ctx.channel, code: ctx.code }));
   return c;
