@@ -103,3 +103,8 @@ step "simulation seeds" 360 target/debug/herald-sim --seeds 1..20
 step "monitoring: promtool rules, dashboard JSON" 300 bash scripts/monitoring-test.sh
 
 step "TypeScript SDK" 1200 env HERALD_BIN="$PWD/target/debug/herald" bash clients/js/scripts/test.sh
+
+# The cross-SDK conformance suite (clients/conformance): each scenario against the real binary
+# through a fault-injecting proxy, with the JS SDK's adapter (about 25 s). Its self-test (each
+# scenario can fail; about 70 s) runs by hand: node clients/conformance/driver/selftest.mjs
+step "conformance suite (JS SDK)" 300 env HERALD_BIN="$PWD/target/debug/herald" bash clients/conformance/run.sh
