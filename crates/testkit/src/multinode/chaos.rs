@@ -49,6 +49,9 @@ pub struct SoakReport {
     /// Per node process: (node, RSS KiB a moment after it was (re)started with clients
     /// connected, RSS KiB at the end once the clients left).
     pub memory: Vec<(String, u64, u64)>,
+    /// From the end of the last fault to n0's first acknowledged publication after the
+    /// publishers stopped: how long the cluster took to come back.
+    pub back_after: Duration,
 }
 
 /// Where a client stands in one channel.
@@ -370,26 +373,36 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
 
     // Quiesce: stop publishing, let every node settle, then a last publication per channel
     // that every client must reach.
+    let faults_ended = Instant::now();
     stop_publishers.store(true, Ordering::SeqCst);
     for p in publishers {
         p.await.expect("publisher");
     }
-    let last = nodes[0].as_ref().expect("n0 is up");
     let mut tops = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(30);
     for ch in &channels {
         loop {
+            let last = nodes[0].as_ref().expect("n0 is up");
             let body = json!({"channel": ch, "data": "end"});
             match last.try_http("POST", "/api/publish", Some(body)).await {
                 Ok((200, body)) => {
                     tops.insert(ch.clone(), body["offset"].as_u64().expect("offset"));
                     acked.fetch_add(1, Ordering::SeqCst);
+                    if tops.len() == 1 {
+                        report.back_after = faults_ended.elapsed();
+                    }
                     break;
                 }
-                other => assert!(
-                    Instant::now() < deadline,
-                    "the cluster never came back: {other:?}"
-                ),
+                other if Instant::now() >= deadline => {
+                    let why = diagnose(&mut nodes).await;
+                    panic!(
+                        "the cluster never came back: n0's closing publication to {ch}, {:?} after \
+                         the last fault: {other:?}\n{why}\nactions: {:#?}",
+                        faults_ended.elapsed(),
+                        report.actions
+                    );
+                }
+                _ => {}
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -438,12 +451,84 @@ pub async fn chaos_soak(broker: &mut dyn BrokerProcess, duration: Duration) -> S
             ));
         }
     }
-    assert!(
-        faults.is_empty(),
-        "faults: {faults:#?}\nactions: {:#?}",
-        report.actions
-    );
+    if !faults.is_empty() {
+        let why = diagnose(&mut nodes).await;
+        panic!("faults: {faults:#?}\n{why}\nactions: {:#?}", report.actions);
+    }
     report
+}
+
+/// What each node is doing, for a failure message: whether it answers `/health` within 2 s,
+/// and its process's threads over one second. A node that answers nothing while its threads
+/// run flat out is busy-looping (its runtime starved), not waiting on the broker; one whose
+/// threads sleep is waiting.
+async fn diagnose(nodes: &mut [Option<Node>]) -> String {
+    let mut out = String::from("nodes now:");
+    for (i, slot) in nodes.iter_mut().enumerate() {
+        let Some(node) = slot.as_mut() else {
+            out.push_str(&format!("\n  n{i}: not running"));
+            continue;
+        };
+        let health = match tokio::time::timeout(
+            Duration::from_secs(2),
+            node.try_http("GET", "/health", None),
+        )
+        .await
+        {
+            Ok(Ok((status, _))) => format!("/health {status}"),
+            Ok(Err(err)) => format!("/health failed: {err}"),
+            Err(_) => "/health no answer within 2 s".to_owned(),
+        };
+        let threads = match node.process().id() {
+            Some(pid) => {
+                let before = threads_cpu(pid);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let after = threads_cpu(pid);
+                match (before, after) {
+                    (Some((_, before)), Some((states, after))) => format!(
+                        "threads {states} (R runs, S sleeps), CPU {:.2} s in the last 1 s",
+                        after.saturating_sub(before) as f64 / CLOCK_TICKS_PER_S
+                    ),
+                    _ => "process gone".to_owned(),
+                }
+            }
+            None => "process exited".to_owned(),
+        };
+        out.push_str(&format!("\n  {}: {health}; {threads}", node.name));
+    }
+    out
+}
+
+/// Linux reports CPU times in `/proc` in units of `USER_HZ`, 100 per second.
+const CLOCK_TICKS_PER_S: f64 = 100.0;
+
+/// The state letter of each thread of `pid` (`RSS`: one running, two sleeping) and their CPU
+/// time together (user + system, in clock ticks), from `/proc/<pid>/task/*/stat`; `None` when
+/// the process is gone.
+fn threads_cpu(pid: u32) -> Option<(String, u64)> {
+    let mut states = String::new();
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: comm may hold spaces, so count from its closing paren.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // Fields 3 (state), 14 (utime) and 15 (stime) of proc(5), counted from the state.
+        if let (Some(state), Some(utime), Some(stime)) =
+            (fields.first(), fields.get(11), fields.get(12))
+        {
+            states.push_str(state);
+            ticks += utime.parse::<u64>().unwrap_or(0) + stime.parse::<u64>().unwrap_or(0);
+        }
+    }
+    Some((states, ticks))
 }
 
 /// The soak's length: `HERALD_SOAK_SECS`, else `default`.
