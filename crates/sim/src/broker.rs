@@ -55,6 +55,10 @@ pub struct Faults {
     pub slow_command: f64,
     /// Probability that a command fails ("unavailable"): half before it takes effect, half after.
     pub failed_command: f64,
+    /// Probability that a history read is served from the stream as it was 10–300 ms earlier (same
+    /// epoch), as a read served by a replica behind the pub/sub messages can be (NATS reads from a
+    /// replica): a reply older than deliveries the node already had.
+    pub stale_read: f64,
 }
 
 impl Faults {
@@ -66,6 +70,7 @@ impl Faults {
             pubsub_late: 0.0,
             slow_command: 0.0,
             failed_command: 0.0,
+            stale_read: 0.0,
         }
     }
 }
@@ -257,6 +262,7 @@ pub struct ServerStats {
     pub rollbacks: u64,
     pub link_cuts: u64,
     pub new_epochs_on_rollback: u64,
+    pub stale_reads: u64,
 }
 
 struct State {
@@ -663,8 +669,29 @@ impl State {
                 floor,
                 ident,
             } => {
+                let stale = self.faults.stale_read > 0.0 && self.rng.chance(self.faults.stale_read);
+                let lag = if stale {
+                    Duration::from_millis(self.rng.range(10, 300))
+                } else {
+                    Duration::ZERO
+                };
                 let stream = self.stream(&channel, &floor, ident);
                 trim_age(stream, &opts, now);
+                let (epoch, top) = (stream.epoch.clone(), stream.top);
+                if stale {
+                    let old = self
+                        .snapshots
+                        .iter()
+                        .rev()
+                        .find(|(t, _)| *t + lag <= now)
+                        .and_then(|(_, d)| d.streams.get(&channel))
+                        .filter(|s| s.epoch == epoch && s.top <= top);
+                    if let Some(old) = old {
+                        self.stats.stale_reads += 1;
+                        return Reply::History(read_history(old, &query));
+                    }
+                }
+                let stream = self.data.streams.get(&channel).expect("stream");
                 Reply::History(read_history(stream, &query))
             }
             Request::Subscribe(channel) => {

@@ -82,6 +82,7 @@ impl Default for Options {
                 pubsub_late: 0.01,
                 slow_command: 0.02,
                 failed_command: 0.01,
+                stale_read: 0.02,
             },
             node: NodeOptions::default(),
             rollbacks: true,

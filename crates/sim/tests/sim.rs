@@ -56,6 +56,19 @@ fn a_failed_tail_read_after_the_faults_is_not_taken_for_a_loss() {
     assert!(r.violations.is_empty(), "{:?}", r.violations.first());
 }
 
+/// Found by `scripts/sim.sh` (the 656th fresh seed, 17 minutes in): two subscribers pending on a
+/// channel without a baseline on n0; the newer reply activated first and set the baseline at 4,
+/// past publication 4, whose pub/sub message to n0 was lost; the older reply (2) was given the
+/// held 3 and went live: its client got 3 then 5. `Hub::activate` now tells such a subscriber
+/// (4003); unit test `an_older_reply_with_a_held_publication_lost_is_told_not_left_with_a_hole`.
+#[test]
+fn an_older_reply_short_of_a_newer_baseline_is_told() {
+    let mut o = Options::default();
+    o.faults.stale_read = 0.0; // as it was found
+    let r = run(120_323_311_744_021, &o);
+    assert!(r.violations.is_empty(), "{:?}", r.violations.first());
+}
+
 /// With epochs no longer bound to the broker's life (the run_id / boot id defence reverted, as
 /// `synchronous_persistence = true` does), a rollback is continued in its old epoch: a node that
 /// never saw the channel publishes into the rolled-back stream, and clients holding the lost

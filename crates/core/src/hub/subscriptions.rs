@@ -110,17 +110,21 @@ impl Hub {
         let top = position.offset;
         match std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top }) {
             Mode::Pending(waiting) => {
-                // What the channel delivered after this subscriber became pending is contiguous
-                // and ends at the baseline. If it does not reach down to the reply's position
-                // (the reply is older than publications delivered before that), the subscriber
-                // would miss the ones in between: tell it (4003) instead; it recovers with
-                // `since` from history.
-                let next = waiting
-                    .iter()
-                    .map(|p| p.offset)
-                    .find(|o| *o > top)
-                    .or(ch.last_offset.map(|l| l + 1));
-                if next.is_some_and(|next| next > top + 1) {
+                // What the subscriber is given after its reply must run on from the reply's
+                // position without a hole up to the baseline (deliveries continue from there).
+                // It does not when the reply is older than publications delivered before the
+                // subscriber was pending, or when another reply set the baseline past a
+                // publication held for it that never reached the node: tell it (4003) instead;
+                // it recovers with `since` from history.
+                let mut reach = top;
+                for p in waiting.iter() {
+                    if p.offset == reach + 1 {
+                        reach = p.offset;
+                    }
+                }
+                let hole = waiting.iter().any(|p| p.offset > reach)
+                    || ch.last_offset.is_some_and(|last| last > reach);
+                if hole {
                     sub.mode = Mode::Lost;
                     sub.out.control(Control::Lost {
                         channel: channel.to_owned(),

@@ -334,6 +334,43 @@ async fn an_older_reply_activated_after_a_newer_one_misses_nothing() {
     assert!(lost(&a_out).is_empty());
 }
 
+/// As above, but a publication held meanwhile was lost on its way to the node: the newer reply
+/// sets the baseline past it, so what the hub holds for the older reply stops short of the
+/// baseline. The older subscriber must be told (4003), not left with a hole. Found by the
+/// simulator (crates/sim, seed 120323311744021: a client got 3 then 5).
+#[tokio::test]
+async fn an_older_reply_with_a_held_publication_lost_is_told_not_left_with_a_hole() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    publish(&hub, "ch", 2).await;
+    let (a_out, b_out) = (
+        Arc::new(Outbound::new(1 << 20)),
+        Arc::new(Outbound::new(1 << 20)),
+    );
+    let a = hub.register("a".into(), "u".into(), a_out.clone());
+    let b = hub.register("b".into(), "u".into(), b_out.clone());
+    let a_pos = hub
+        .prepare_subscription("ch", a, &a_out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    broker.lose(&[4]);
+    publish(&hub, "ch", 2).await; // 3 is held, 4 never reaches the node: no baseline yet
+    let b_pos = hub
+        .prepare_subscription("ch", b, &b_out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    assert_eq!((a_pos.offset, b_pos.offset), (2, 4));
+    hub.activate("ch", b, &b_pos);
+    hub.activate("ch", a, &a_pos);
+    assert_eq!(lost(&a_out), vec!["ch".to_string()]);
+    publish(&hub, "ch", 1).await;
+    assert!(offsets(&a_out).is_empty(), "nothing after the hole");
+    assert_eq!(offsets(&b_out), vec![5]);
+}
+
 /// A reply older than what the channel already delivered before the subscriber was pending
 /// cannot be completed from what the hub holds: the subscriber is told (4003), not left
 /// with a hole.
