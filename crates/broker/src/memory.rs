@@ -257,24 +257,35 @@ impl Broker for MemoryBroker {
     }
 }
 
-/// Answer a history query from a trimmed stream. Shared logic of the recovery guarantee: with
-/// `since`, the answer is `continuous` only if the epoch matches and nothing after `since.offset`
-/// has been trimmed away.
+/// Answer a history query from a trimmed stream.
 fn read_history(stream: &Stream, query: &HistoryQuery) -> HistoryResult {
-    let position = stream.position();
+    answer_history(&stream.epoch, stream.top, &stream.entries, query)
+}
+
+/// Answer a history query from a stream's epoch, its top offset and its kept entries (oldest
+/// first, each with whatever the store keeps beside it). The recovery guarantee's one rule, shared
+/// by the in-memory broker and the simulator's broker model: with `since`, the answer is
+/// `continuous` only if the epoch matches and nothing after `since.offset` has been trimmed away,
+/// and a discontinuous answer carries no publications.
+pub fn answer_history<T>(
+    epoch: &str,
+    top: u64,
+    entries: &VecDeque<(Publication, T)>,
+    query: &HistoryQuery,
+) -> HistoryResult {
+    let position = StreamPosition {
+        epoch: epoch.to_owned(),
+        offset: top,
+    };
     let limit = query.limit.unwrap_or(usize::MAX);
     let (publications, continuous) = match &query.since {
         Some(since) => {
-            if since.epoch != stream.epoch || since.offset > stream.top {
+            if since.epoch != epoch || since.offset > top {
                 (Vec::new(), false)
             } else {
-                let first_kept = stream
-                    .entries
-                    .front()
-                    .map_or(stream.top + 1, |(p, _)| p.offset);
+                let first_kept = entries.front().map_or(top + 1, |(p, _)| p.offset);
                 let continuous = since.offset + 1 >= first_kept;
-                let pubs = stream
-                    .entries
+                let pubs = entries
                     .iter()
                     .filter(|(p, _)| p.offset > since.offset)
                     .take(limit)
@@ -284,13 +295,8 @@ fn read_history(stream: &Stream, query: &HistoryQuery) -> HistoryResult {
             }
         }
         None => {
-            let skip = stream.entries.len().saturating_sub(limit);
-            let pubs = stream
-                .entries
-                .iter()
-                .skip(skip)
-                .map(|(p, _)| p.clone())
-                .collect();
+            let skip = entries.len().saturating_sub(limit);
+            let pubs = entries.iter().skip(skip).map(|(p, _)| p.clone()).collect();
             (pubs, true)
         }
     };

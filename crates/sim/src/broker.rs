@@ -867,49 +867,9 @@ fn trim_age(stream: &mut Stream, opts: &StreamOptions, now: Instant) {
     }
 }
 
-/// The history script's answer: all or nothing with `since`.
+/// The history script's answer: all or nothing with `since` (the in-memory broker's rule).
 fn read_history(stream: &Stream, query: &HistoryQuery) -> HistoryResult {
-    let position = StreamPosition {
-        epoch: stream.epoch.clone(),
-        offset: stream.top,
-    };
-    let limit = query.limit.unwrap_or(usize::MAX);
-    let (publications, continuous) = match &query.since {
-        Some(since) => {
-            if since.epoch != stream.epoch || since.offset > stream.top {
-                (Vec::new(), false)
-            } else {
-                let first_kept = stream
-                    .entries
-                    .front()
-                    .map_or(stream.top + 1, |(p, _)| p.offset);
-                let continuous = since.offset + 1 >= first_kept;
-                let pubs: Vec<Publication> = stream
-                    .entries
-                    .iter()
-                    .filter(|(p, _)| p.offset > since.offset)
-                    .take(limit)
-                    .map(|(p, _)| p.clone())
-                    .collect();
-                (if continuous { pubs } else { Vec::new() }, continuous)
-            }
-        }
-        None => {
-            let skip = stream.entries.len().saturating_sub(limit);
-            let pubs = stream
-                .entries
-                .iter()
-                .skip(skip)
-                .map(|(p, _)| p.clone())
-                .collect();
-            (pubs, true)
-        }
-    };
-    HistoryResult {
-        position,
-        publications,
-        continuous,
-    }
+    herald_broker::memory::answer_history(&stream.epoch, stream.top, &stream.entries, query)
 }
 
 /// The link a node holds: its id and the server identity read when it opened.
