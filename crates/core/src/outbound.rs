@@ -237,7 +237,7 @@ impl Outbound {
     /// Call [`written`](Self::written) once what it took is written.
     pub fn drain_frames(&self) -> Option<Vec<Bytes>> {
         let mut state = self.state.lock().expect("outbound lock");
-        if !state.take_writing() {
+        if state.frames.is_empty() || !state.take_writing() {
             return None;
         }
         state.bytes = 0;
@@ -429,6 +429,16 @@ mod tests {
             ]
         );
         assert!(q.push(Bytes::from_static(b"0123456789")));
+    }
+
+    #[tokio::test]
+    async fn drain_frames_takes_nothing_when_only_controls_wait() {
+        let q = Outbound::new(100);
+        q.control(Control::Subscribe("c".into()));
+        // An empty batch here made the connection task write nothing and call `written`, which
+        // woke it again for the control it may not take while its command runs: a busy loop.
+        assert_eq!(q.drain_frames(), None);
+        assert_eq!(q.drain().controls, vec![Control::Subscribe("c".into())]);
     }
 
     #[tokio::test]
