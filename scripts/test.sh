@@ -93,10 +93,10 @@ runner_var="CARGO_TARGET_$(echo "$host" | tr 'a-z-' 'A-Z_')_RUNNER"
 step "cargo test" 1800 env "$runner_var=$PWD/scripts/test-binary.sh" cargo test --workspace --locked
 
 # The deterministic simulation (crates/sim): a fixed budget of seeds in the debug build as CI
-# builds it (about 6 s of one core per seed: 20 seeds about 2 min on 2 cores; most of it is
+# builds it (about 6 s of one core per seed: 12 seeds about 70 s on 2 cores; most of it is
 # tokio's runtime, so an opt-level override for herald-sim alone would not help); a failing seed
 # prints its one-line replay. scripts/sim.sh runs fresh seeds longer, in release.
-step "simulation seeds" 360 target/debug/herald-sim --seeds 1..20
+step "simulation seeds" 360 target/debug/herald-sim --seeds 1..12
 
 # The Grafana dashboard and the Prometheus alert rules (deploy/): promtool's rule tests and the
 # dashboard's shape; tests/dashboards.rs (in cargo test) checks every metric they name is exported.
