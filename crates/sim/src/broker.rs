@@ -896,6 +896,12 @@ pub struct NodeBroker {
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_LAST: Duration = Duration::from_millis(1600);
 
+/// The node's reconnect delays: the project's one `Backoff`, without jitter (its jitter draws
+/// from an unseeded source, and a seed must replay).
+fn reconnect_backoff() -> herald_broker::Backoff {
+    herald_broker::Backoff::new(RECONNECT_FIRST, RECONNECT_LAST).exact()
+}
+
 impl NodeBroker {
     /// The broker of node `node` on `server`.
     pub fn new(node: &str, server: Arc<Server>, options: NodeOptions) -> Arc<Self> {
@@ -985,12 +991,11 @@ impl NodeBroker {
                 }
             }
             *self.link.lock().expect("link lock") = None;
-            let mut delay = RECONNECT_FIRST;
+            let mut backoff = reconnect_backoff();
             rx = loop {
-                tokio::time::sleep(delay).await;
-                match self.open().await {
-                    Ok(rx) => break Some(rx),
-                    Err(_) => delay = (delay * 2).min(RECONNECT_LAST),
+                tokio::time::sleep(backoff.next_delay()).await;
+                if let Ok(rx) = self.open().await {
+                    break Some(rx);
                 }
             };
             handler.on_reconnected();
@@ -1005,14 +1010,11 @@ impl Broker for NodeBroker {
             .set(handler)
             .map_err(|_| BrokerError::internal("broker started twice"))?;
         let me = self.me.upgrade().expect("alive");
-        let mut delay = RECONNECT_FIRST;
+        let mut backoff = reconnect_backoff();
         let rx = loop {
             match me.open().await {
                 Ok(rx) => break rx,
-                Err(_) => {
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(RECONNECT_LAST);
-                }
+                Err(_) => tokio::time::sleep(backoff.next_delay()).await,
             }
         };
         tokio::spawn(me.receive(Some(rx)));
