@@ -96,7 +96,7 @@ if [ "${HERALD_IMAGE_STRIP:-1}" = 1 ]; then
 fi
 
 # Every shared library the binary loads (ldd resolves the whole tree), and the loader.
-libs=$(ldd "$bin" | awk '/=> \// {print $3} /^\s*\/.*ld-linux/ {print $1}')
+libs=$(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
 if ldd "$bin" | grep -q "not found"; then
   die "ldd $bin: a library is missing on this machine: $(ldd "$bin" | grep 'not found')"
 fi
