@@ -1,0 +1,5 @@
+module github.com/herald-rt/herald/clients/go
+
+go 1.24
+
+require github.com/coder/websocket v1.8.15

@@ -1,0 +1,424 @@
+package herald
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// SubState is a subscription's state.
+type SubState int
+
+const (
+	SubSubscribing SubState = iota
+	SubSubscribed
+	SubUnsubscribed
+)
+
+func (s SubState) String() string {
+	switch s {
+	case SubSubscribed:
+		return "subscribed"
+	case SubUnsubscribed:
+		return "unsubscribed"
+	}
+	return "subscribing"
+}
+
+// SubscribeOptions configure one subscription. Every field is optional. The callbacks run on the
+// client's event goroutine (see Handlers), in order.
+type SubscribeOptions struct {
+	// Since resumes from a position stored earlier (Subscription.Position): the first subscribe
+	// asks the server for everything after it.
+	Since *StreamPosition
+	// Token is a subscription token (JWT) for channels that need one.
+	Token string
+	// Data is sent with every subscribe of this channel, for the subscribe proxy.
+	Data any
+
+	// OnSubscribed: every subscribe reply (the first, after each reconnect, after a resync).
+	OnSubscribed func(SubscribedEvent)
+	// OnPublication: every publication, exactly once, in offset order (recovered ones first).
+	OnPublication func(PublicationEvent)
+	OnJoin        func(PresenceEvent)
+	OnLeave       func(PresenceEvent)
+	// OnRecoveryFailed: the server could not recover what was missed; reload the app's state.
+	// It comes just before the OnSubscribed of the same reply.
+	OnRecoveryFailed func(RecoveryFailedEvent)
+	// OnUnsubscribed: the subscription ended for good (server unsub, a refusal, Unsubscribe).
+	OnUnsubscribed func(UnsubscribedEvent)
+	// OnError: a non-fatal error (a subscribe that will be retried).
+	OnError func(SubscriptionErrorEvent)
+}
+
+// Subscription is the app's handle on one channel. Its fields are guarded by the client's lock.
+type Subscription struct {
+	c              *Client
+	channel        string
+	opts           SubscribeOptions
+	state          SubState
+	changed        chan struct{} // closed and replaced on every state change (for Ready)
+	tracker        *streamTracker
+	sentSince      *StreamPosition
+	busy           bool // a subscribe (or a resync's unsubscribe) is in flight
+	backoff        *Backoff
+	retryTimer     *time.Timer
+	subscribedOnce bool
+	endErr         error
+}
+
+// Subscribe subscribes to a channel. It returns at once; the subscribe is sent when connected
+// (inside the connect command when connecting) and restored, with recovery, after every
+// reconnect. It fails for an invalid channel name or a channel already subscribed.
+func (c *Client) Subscribe(channel string, opts SubscribeOptions) (*Subscription, error) {
+	if !ValidChannel(channel) {
+		return nil, &UsageError{Code: ErrBadRequest, Message: "invalid channel name"}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, &ConnectionError{Code: CodeClosed, Message: "client is closed"}
+	}
+	if c.subs[channel] != nil {
+		return nil, &UsageError{Code: CodeAlreadySubscribed, Message: "already subscribed to " + channel}
+	}
+	s := &Subscription{
+		c: c, channel: channel, opts: opts, changed: make(chan struct{}),
+		tracker: newStreamTracker(opts.Since),
+		backoff: NewBackoff(200*time.Millisecond, 10*time.Second),
+	}
+	c.subs[channel] = s
+	if c.state == StateConnected {
+		c.sendSubscribe(s)
+	}
+	return s, nil
+}
+
+// Subscription returns the active subscription to a channel, or nil.
+func (c *Client) Subscription(channel string) *Subscription {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.subs[channel]
+}
+
+// Channel is the subscription's channel.
+func (s *Subscription) Channel() string { return s.channel }
+
+// State is the subscription's state now.
+func (s *Subscription) State() SubState {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.state
+}
+
+// Position is the last position delivered to the app; store it to resume later with Since.
+func (s *Subscription) Position() (StreamPosition, bool) {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return s.tracker.position()
+}
+
+// Ready waits until the subscription is active. It fails when ctx ends, when the subscription
+// ends, or when the client is disconnected.
+func (s *Subscription) Ready(ctx context.Context) error {
+	for {
+		s.c.mu.Lock()
+		st, ch, cst := s.state, s.changed, s.c.state
+		endErr := s.endErr
+		s.c.mu.Unlock()
+		switch {
+		case st == SubSubscribed:
+			return nil
+		case st == SubUnsubscribed:
+			return endErr
+		case cst == StateDisconnected:
+			return &ConnectionError{Code: CodeNotConnected, Message: "client is disconnected"}
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Unsubscribe ends the subscription for good (OnUnsubscribed with CodeUnsubscribeCalled).
+func (s *Subscription) Unsubscribe() {
+	c := s.c
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.subs[s.channel] != s {
+		return
+	}
+	delete(c.subs, s.channel)
+	serverKnows := c.state == StateConnected && (s.state == SubSubscribed || s.busy)
+	s.end(CodeUnsubscribeCalled, "unsubscribe called", nil)
+	if serverKnows {
+		c.request("unsubscribe", map[string]any{"channel": s.channel}, func(json.RawMessage, error) {})
+	}
+}
+
+// Publish publishes to the subscription's channel (Client.Publish).
+func (s *Subscription) Publish(ctx context.Context, data any) (PublishResult, error) {
+	return s.c.Publish(ctx, s.channel, data)
+}
+
+// History reads the channel's history (Client.History).
+func (s *Subscription) History(ctx context.Context, opts HistoryOptions) (HistoryResult, error) {
+	return s.c.History(ctx, s.channel, opts)
+}
+
+// Presence answers who is subscribed to the channel (Client.Presence).
+func (s *Subscription) Presence(ctx context.Context) (PresenceResult, error) {
+	return s.c.Presence(ctx, s.channel)
+}
+
+// --- internal, lock held ---
+
+func (s *Subscription) sentAlone() bool { return s.opts.Token != "" || s.opts.Data != nil }
+
+func (s *Subscription) needsSubscribe() bool {
+	return s.state == SubSubscribing && !s.busy && s.retryTimer == nil
+}
+
+func (s *Subscription) setState(st SubState) {
+	if s.state == st {
+		return
+	}
+	s.state = st
+	s.notify()
+}
+
+func (s *Subscription) notify() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// subscribeSent: a subscribe is in flight; returns the since to send.
+func (s *Subscription) subscribeSent() *StreamPosition {
+	since := s.tracker.since()
+	s.setState(SubSubscribing)
+	s.sentSince = since
+	s.busy = true
+	return since
+}
+
+// applySubscribe delivers a subscribe reply; returns true when a hole means a resync.
+func (s *Subscription) applySubscribe(r *SubscribeResult) bool {
+	asked := s.sentSince
+	s.sentSince = nil
+	out := s.tracker.applySubscribe(r, asked)
+	resubscribed := s.subscribedOnce
+	s.subscribedOnce = true
+	ch := s.channel
+	if out.recoveryFailed && asked != nil {
+		ev := RecoveryFailedEvent{Channel: ch, Since: *asked, Epoch: r.Epoch, Offset: r.Offset}
+		s.emit(func(o *SubscribeOptions) {
+			if o.OnRecoveryFailed != nil {
+				o.OnRecoveryFailed(ev)
+			}
+		})
+	}
+	ev := SubscribedEvent{
+		Channel: ch, Epoch: r.Epoch, Offset: r.Offset, Recoverable: r.recoverable(),
+		Recovered: out.recovered, Resubscribed: resubscribed, Data: r.Data,
+	}
+	s.setState(SubSubscribed)
+	s.emit(func(o *SubscribeOptions) {
+		if o.OnSubscribed != nil {
+			o.OnSubscribed(ev)
+		}
+	})
+	for i := range out.publications {
+		s.deliver(&out.publications[i])
+	}
+	return out.gap
+}
+
+// applyPublication handles a live publication; returns true when it revealed a hole. Pushes that
+// arrive while (re)subscribing are dropped: the subscribe reply's recovery covers them.
+func (s *Subscription) applyPublication(p *Publication) bool {
+	if s.state != SubSubscribed {
+		return false
+	}
+	switch s.tracker.applyPublication(p) {
+	case verdictGap:
+		return true
+	case verdictDeliver:
+		s.backoff.Reset()
+		s.deliver(p)
+	}
+	return false
+}
+
+func (s *Subscription) applyPresence(join bool, ev PresenceEvent) {
+	if s.state != SubSubscribed {
+		return
+	}
+	s.emit(func(o *SubscribeOptions) {
+		if join && o.OnJoin != nil {
+			o.OnJoin(ev)
+		} else if !join && o.OnLeave != nil {
+			o.OnLeave(ev)
+		}
+	})
+}
+
+func (s *Subscription) deliver(p *Publication) {
+	pos, _ := s.tracker.position()
+	epoch := ""
+	if s.tracker.recoverable {
+		epoch = pos.Epoch
+	}
+	ev := PublicationEvent{Channel: s.channel, Offset: p.Offset, Epoch: epoch, Data: p.Data, Info: p.Info}
+	s.emit(func(o *SubscribeOptions) {
+		if o.OnPublication != nil {
+			o.OnPublication(ev)
+		}
+	})
+}
+
+func (s *Subscription) connectionLost() {
+	s.busy = false
+	s.cancelRetry()
+	if s.state == SubSubscribed {
+		s.setState(SubSubscribing)
+	}
+}
+
+func (s *Subscription) retryLater(fn func()) {
+	if s.retryTimer != nil {
+		return
+	}
+	s.c.setTimer(&s.retryTimer, s.backoff.Next(0), fn)
+}
+
+func (s *Subscription) cancelRetry() { s.c.stopTimer(&s.retryTimer) }
+
+func (s *Subscription) reportError(err error) {
+	ev := SubscriptionErrorEvent{Channel: s.channel, Err: err}
+	s.emit(func(o *SubscribeOptions) {
+		if o.OnError != nil {
+			o.OnError(ev)
+		}
+	})
+}
+
+func (s *Subscription) end(code int, reason string, err error) {
+	if s.state == SubUnsubscribed {
+		return
+	}
+	s.cancelRetry()
+	if err == nil {
+		err = &UsageError{Code: code, Message: "unsubscribed: " + reason}
+	} else {
+		s.reportError(err)
+	}
+	s.endErr = err
+	s.setState(SubUnsubscribed)
+	ev := UnsubscribedEvent{Channel: s.channel, Code: code, Reason: reason}
+	s.emit(func(o *SubscribeOptions) {
+		if o.OnUnsubscribed != nil {
+			o.OnUnsubscribed(ev)
+		}
+	})
+}
+
+func (s *Subscription) emit(f func(o *SubscribeOptions)) {
+	o := &s.opts
+	s.c.disp.push(func() { f(o) })
+}
+
+// --- the client's side of subscriptions (lock held) ---
+
+func (c *Client) sendSubscribe(s *Subscription) {
+	if c.state != StateConnected || s.busy || s.state == SubUnsubscribed {
+		return
+	}
+	since := s.subscribeSent()
+	p := map[string]any{"channel": s.channel}
+	if since != nil {
+		p["since"] = since
+	}
+	if s.opts.Token != "" {
+		p["token"] = s.opts.Token
+	}
+	if s.opts.Data != nil {
+		p["data"] = s.opts.Data
+	}
+	c.request("subscribe", p, func(raw json.RawMessage, err error) {
+		s.busy = false
+		if c.subs[s.channel] != s {
+			return // unsubscribed meanwhile
+		}
+		if err != nil {
+			c.onSubscribeError(s, err)
+			return
+		}
+		var r SubscribeResult
+		if jerr := json.Unmarshal(raw, &r); jerr != nil {
+			c.onSubscribeError(s, &ConnectionError{Code: CodeBadFrame, Message: "bad subscribe reply"})
+			return
+		}
+		c.applySubscribe(s, &r)
+	})
+}
+
+func (c *Client) applySubscribe(s *Subscription, r *SubscribeResult) {
+	if s.applySubscribe(r) && c.subs[s.channel] == s {
+		c.resync(s, true)
+	}
+}
+
+func (c *Client) onSubscribeError(s *Subscription, err error) {
+	var ce *ConnectionError
+	if errors.As(err, &ce) && ce.Code != CodeBadFrame {
+		return // the next connect restores it
+	}
+	var te *TimeoutError
+	var re *ReplyError
+	if errors.As(err, &te) || (errors.As(err, &re) && re.Temporary()) || ce != nil {
+		s.reportError(err)
+		c.reportError("subscribe", err, s.channel)
+		c.retrySubscribe(s, func() { c.sendSubscribe(s) })
+		return
+	}
+	delete(c.subs, s.channel)
+	c.reportError("subscribe", err, s.channel)
+	s.end(ErrorCode(err), err.Error(), err)
+}
+
+// resync re-establishes a channel from the position held, after a hole in the offsets or a
+// resubscribe code. If the server still has it subscribed, unsubscribe first.
+func (c *Client) resync(s *Subscription, serverSubscribed bool) {
+	if s.state == SubSubscribed {
+		s.setState(SubSubscribing)
+	}
+	if c.state != StateConnected || s.busy {
+		return
+	}
+	c.retrySubscribe(s, func() {
+		if !serverSubscribed {
+			c.sendSubscribe(s)
+			return
+		}
+		s.busy = true
+		c.request("unsubscribe", map[string]any{"channel": s.channel}, func(_ json.RawMessage, err error) {
+			s.busy = false
+			var ce *ConnectionError
+			if c.subs[s.channel] != s || errors.As(err, &ce) {
+				return
+			}
+			c.sendSubscribe(s)
+		})
+	})
+}
+
+func (c *Client) retrySubscribe(s *Subscription, fn func()) {
+	s.retryLater(func() {
+		if c.subs[s.channel] == s && c.state == StateConnected {
+			fn()
+		}
+	})
+}
