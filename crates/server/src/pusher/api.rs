@@ -17,7 +17,7 @@ use serde::Deserialize;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::apps::{valid_channel, Apps, ChannelKind, PusherApp};
+use super::apps::{take, valid_channel, Apps, ChannelKind, PusherApp};
 use super::auth::check_request;
 use super::census::Census;
 use super::limits::check_event_name;
@@ -26,9 +26,9 @@ use super::Node;
 use crate::response::HttpResponse;
 use crate::state::App;
 
-/// Channels one event may go to.
+/// Channels one event may go to (an app's `max_event_channels_at_once` overrides it).
 const MAX_EVENT_CHANNELS: usize = 100;
-/// Events in one batch.
+/// Events in one batch (an app's `max_event_batch_size` overrides it).
 const MAX_BATCH: usize = 10;
 /// The close code `terminate_connections` ends connections with (Pusher's "unauthorized").
 const TERMINATED: u16 = super::codes::UNAUTHORIZED;
@@ -107,37 +107,67 @@ async fn dispatch(app: &App, apps: &Apps, req: Request<Incoming>) -> Result<Http
             .map(|(_, v)| v.as_str())
     };
     let segments: Vec<&str> = route.split('/').collect();
+    if method == Method::GET && !take(&pusher_app.reads, 1) {
+        return Err(too_many("max_read_requests_per_second"));
+    }
+    let limits = Limits::of(apps, &pusher_app);
     match (&method, segments.as_slice()) {
         (&Method::POST, ["events"]) => {
             let event: EventBody = parse(&body)?;
-            let channels = event.channels()?;
-            let max = apps.settings.max_event_bytes;
-            publish(app, apps, &pusher_app, &event.event(&channels, max)?).await?;
-            ok(json!({}))
+            let channels = event.channels(limits.channels)?;
+            let checked = event.event(&channels, &limits)?;
+            if !take(&pusher_app.backend_events, 1) {
+                return Err(too_many("max_backend_events_per_second"));
+            }
+            publish(app, apps, &pusher_app, &checked).await?;
+            let Some(info) = event.info.as_deref().filter(|i| !i.is_empty()) else {
+                return ok(json!({}));
+            };
+            let mut answer = serde_json::Map::new();
+            for channel in &channels {
+                let attributes = attributes(app, apps, &pusher_app, channel, info).await?;
+                answer.insert(channel.clone(), attributes.into());
+            }
+            ok(json!({ "channels": answer }))
         }
         (&Method::POST, ["batch_events"]) => {
             let batch: BatchBody = parse(&body)?;
-            if batch.batch.len() > MAX_BATCH {
+            if batch.batch.len() > limits.batch {
                 return Err(refused(
                     StatusCode::BAD_REQUEST,
-                    format!("Batch too large: at most {MAX_BATCH} events"),
+                    format!("Batch too large: at most {} events", limits.batch),
                 ));
             }
             let mut events = Vec::with_capacity(batch.batch.len());
             for e in &batch.batch {
-                let channels = e.channels()?;
+                let channels = e.channels(limits.channels)?;
                 if channels.len() != 1 {
                     return Err(refused(
                         StatusCode::BAD_REQUEST,
                         "Each batch event names one channel",
                     ));
                 }
-                events.push(e.event(&channels, apps.settings.max_event_bytes)?);
+                events.push(e.event(&channels, &limits)?);
+            }
+            if !take(&pusher_app.backend_events, events.len()) {
+                return Err(too_many("max_backend_events_per_second"));
             }
             for e in &events {
                 publish(app, apps, &pusher_app, e).await?;
             }
-            ok(json!({ "batch": events.iter().map(|_| json!({})).collect::<Vec<_>>() }))
+            let mut answers = Vec::with_capacity(events.len());
+            for (body, checked) in batch.batch.iter().zip(&events) {
+                answers.push(match body.info.as_deref().filter(|i| !i.is_empty()) {
+                    Some(info) => {
+                        let channel = &checked.channels[0];
+                        attributes(app, apps, &pusher_app, channel, info)
+                            .await?
+                            .into()
+                    }
+                    None => json!({}),
+                });
+            }
+            ok(json!({ "batch": answers }))
         }
         (&Method::GET, ["channels"]) => {
             channels(
@@ -215,7 +245,71 @@ struct EventBody {
     channel: Option<String>,
     #[serde(default)]
     socket_id: Option<String>,
-    // Other fields (`info`: attributes to return) are accepted and not answered.
+    /// Attributes to answer for each channel (`user_count`, `subscription_count`).
+    #[serde(default)]
+    info: Option<String>,
+}
+
+/// The limits an app's events are checked against.
+struct Limits {
+    /// Channels per event.
+    channels: usize,
+    /// Events per batch.
+    batch: usize,
+    /// Bytes of event data.
+    data_bytes: usize,
+    /// Characters of an event name.
+    name_chars: usize,
+}
+
+impl Limits {
+    fn of(apps: &Apps, app: &PusherApp) -> Limits {
+        let config = &app.config;
+        Limits {
+            channels: config
+                .max_event_channels_at_once
+                .unwrap_or(MAX_EVENT_CHANNELS),
+            batch: config.max_event_batch_size.unwrap_or(MAX_BATCH),
+            data_bytes: app.max_event_bytes(apps.settings.max_event_bytes),
+            name_chars: app.max_event_name_chars(),
+        }
+    }
+}
+
+/// 429 for the app's limit `name`.
+fn too_many(name: &str) -> Refused {
+    refused(
+        StatusCode::TOO_MANY_REQUESTS,
+        format!("Too many requests: over the app's {name}"),
+    )
+}
+
+/// The `info` attributes of one channel an event went to: `user_count` (presence channels)
+/// and `subscription_count`, for the cluster.
+async fn attributes(
+    app: &App,
+    apps: &Apps,
+    pusher_app: &PusherApp,
+    channel: &str,
+    info: &str,
+) -> Result<serde_json::Map<String, serde_json::Value>, Refused> {
+    let mut attributes = serde_json::Map::new();
+    let presence = ChannelKind::of(channel) == ChannelKind::Presence;
+    if presence && wants(Some(info), "user_count") {
+        let n = user_ids(app, &pusher_app.internal(channel)).await?.len();
+        attributes.insert("user_count".into(), json!(n));
+    }
+    if wants(Some(info), "subscription_count") {
+        let n = census(apps)?
+            .channel(pusher_app, channel)
+            .await
+            .map_err(|e| {
+                tracing::warn!(app = %pusher_app.config.id, cause = %e, "channel count not read");
+                refused(StatusCode::SERVICE_UNAVAILABLE, "Temporarily unavailable")
+            })?;
+        attributes.insert("subscription_count".into(), json!(n));
+    }
+    Ok(attributes)
 }
 
 #[derive(Deserialize)]
@@ -230,7 +324,7 @@ struct Checked {
 }
 
 impl EventBody {
-    fn channels(&self) -> Result<Vec<String>, Refused> {
+    fn channels(&self, max: usize) -> Result<Vec<String>, Refused> {
         let channels: Vec<String> = match (&self.channels, &self.channel) {
             (Some(list), None) => list.clone(),
             (None, Some(one)) => vec![one.clone()],
@@ -241,10 +335,10 @@ impl EventBody {
                 ))
             }
         };
-        if channels.is_empty() || channels.len() > MAX_EVENT_CHANNELS {
+        if channels.is_empty() || channels.len() > max {
             return Err(refused(
                 StatusCode::BAD_REQUEST,
-                format!("An event goes to 1 to {MAX_EVENT_CHANNELS} channels"),
+                format!("An event goes to 1 to {max} channels"),
             ));
         }
         if let Some(bad) = channels.iter().find(|c| !valid_channel(c)) {
@@ -256,8 +350,10 @@ impl EventBody {
         Ok(channels)
     }
 
-    fn event(&self, channels: &[String], max_data_bytes: usize) -> Result<Checked, Refused> {
-        check_event_name(&self.name).map_err(|e| refused(StatusCode::BAD_REQUEST, e.message()))?;
+    fn event(&self, channels: &[String], limits: &Limits) -> Result<Checked, Refused> {
+        let max_data_bytes = limits.data_bytes;
+        check_event_name(&self.name, limits.name_chars)
+            .map_err(|e| refused(StatusCode::BAD_REQUEST, e.to_string()))?;
         if let Some(socket_id) = &self.socket_id {
             if !valid_socket_id(socket_id) {
                 return Err(refused(StatusCode::BAD_REQUEST, "Invalid socket_id"));
@@ -303,11 +399,11 @@ async fn publish(
     pusher_app: &PusherApp,
     event: &Checked,
 ) -> Result<(), Refused> {
-    let opts = PublishOptions {
-        stream: apps.namespace.stream_options(),
-        idempotency_key: None,
-    };
     for channel in &event.channels {
+        let opts = PublishOptions {
+            stream: apps.namespace_for(channel).stream_options(),
+            idempotency_key: None,
+        };
         let internal = pusher_app.internal(channel);
         app.ctx
             .hub
@@ -476,9 +572,18 @@ mod tests {
             r#"{"name":"e","data":"{\"a\":1}","channel":"c","socket_id":"1.2"}"#,
         )
         .unwrap();
-        let channels = body.channels().unwrap();
-        let checked = body.event(&channels, 100).unwrap();
-        assert!(body.event(&channels, 3).is_err(), "over the data limit");
+        let channels = body.channels(100).unwrap();
+        let limits = |data_bytes| Limits {
+            channels: 100,
+            batch: 10,
+            data_bytes,
+            name_chars: 200,
+        };
+        let checked = body.event(&channels, &limits(100)).unwrap();
+        assert!(
+            body.event(&channels, &limits(3)).is_err(),
+            "over the data limit"
+        );
         let v: serde_json::Value = serde_json::from_slice(&checked.envelope).unwrap();
         assert_eq!(
             v,
@@ -487,6 +592,6 @@ mod tests {
         let both: EventBody =
             serde_json::from_str(r#"{"name":"e","data":"x","channel":"c","channels":["d"]}"#)
                 .unwrap();
-        assert!(both.channels().is_err());
+        assert!(both.channels(100).is_err());
     }
 }

@@ -5,16 +5,18 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use herald_core::config::NamespaceConfig;
 use herald_core::namespace::Namespaces;
+use herald_core::rate::TokenBucket;
 use herald_core::Hub;
 use serde::{Deserialize, Deserializer};
 
 use super::census::Census;
+use super::counting::Counting;
 use super::shared::SharedFrames;
 use super::webhooks::{WebhookConfig, Webhooks};
 
@@ -24,7 +26,7 @@ pub const NAMESPACE: &str = "pusher";
 pub const MAX_CHANNEL_LEN: usize = 164;
 
 /// One `[[pusher.apps]]` entry.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppConfig {
     /// App id: the `/apps/{id}/…` HTTP API path and the channel mapping.
@@ -45,6 +47,40 @@ pub struct AppConfig {
     /// Where webhooks go.
     #[serde(default)]
     pub webhooks: Vec<WebhookConfig>,
+    /// Pusher's "subscription counting": subscribers of non-presence channels receive
+    /// `pusher_internal:subscription_count` when the channel's count changes.
+    #[serde(default)]
+    pub enable_subscription_count: bool,
+    // Per-app limits, named as Soketi names them. `None`: the default in each doc.
+    /// Longest event name, in characters (default 200, Pusher's); over: HTTP 400, or
+    /// `pusher:error` for a client event.
+    #[serde(default)]
+    pub max_event_name_length: Option<usize>,
+    /// Largest event `data`, in KiB (default `pusher.max_event_bytes`); over: HTTP 413, or
+    /// `pusher:error` for a client event.
+    #[serde(default)]
+    pub max_event_payload_in_kb: Option<u64>,
+    /// Channels one `POST /events` may name (default 100); over: HTTP 400.
+    #[serde(default)]
+    pub max_event_channels_at_once: Option<usize>,
+    /// Events in one `POST /batch_events` (default 10); over: HTTP 400.
+    #[serde(default)]
+    pub max_event_batch_size: Option<usize>,
+    /// Distinct users in one presence channel (default: no limit); a new user over it is
+    /// refused with `pusher:subscription_error` `LimitReached`, status 4004.
+    #[serde(default)]
+    pub max_presence_members_per_channel: Option<usize>,
+    /// Largest presence `user_info`, in KiB (default 1, Pusher's); over: `LimitReached`/400.
+    #[serde(default)]
+    pub max_presence_member_size_in_kb: Option<u64>,
+    /// Events the HTTP API accepts per second on this node (`events` and `batch_events`, one
+    /// per event; burst: as many); over: HTTP 429. Default: no limit.
+    #[serde(default)]
+    pub max_backend_events_per_second: Option<u32>,
+    /// `GET` requests of the HTTP API per second on this node (burst: as many); over: HTTP
+    /// 429. Default: no limit.
+    #[serde(default)]
+    pub max_read_requests_per_second: Option<u32>,
 }
 
 /// The `[pusher]` section.
@@ -59,6 +95,8 @@ pub struct PusherConfig {
     pub client_events_per_second: u32,
     /// Largest event `data`, from the HTTP API or a client, in bytes (413 / 4301 beyond).
     pub max_event_bytes: usize,
+    /// How long a cache channel (`cache-`, `private-cache-`, …) keeps its last event, in seconds.
+    pub cache_ttl_s: u64,
 }
 
 impl Default for PusherConfig {
@@ -68,6 +106,7 @@ impl Default for PusherConfig {
             activity_timeout_s: 120,
             client_events_per_second: 10,
             max_event_bytes: 10 * 1024,
+            cache_ttl_s: 30 * 60,
         }
     }
 }
@@ -81,12 +120,70 @@ pub struct PusherApp {
     pub prefix: Arc<str>,
     /// Its open connections on this node.
     pub connections: AtomicUsize,
+    /// `max_backend_events_per_second`, when set.
+    pub backend_events: Option<Mutex<TokenBucket>>,
+    /// `max_read_requests_per_second`, when set.
+    pub reads: Option<Mutex<TokenBucket>>,
+}
+
+/// A rate limit of `rate` per second with a burst of as many.
+fn bucket(rate: Option<u32>) -> Option<Mutex<TokenBucket>> {
+    rate.filter(|r| *r > 0)
+        .map(|r| Mutex::new(TokenBucket::new(r, r)))
+}
+
+/// Take `n` tokens from an optional bucket; `false` (nothing taken) when there are not enough.
+pub fn take(bucket: &Option<Mutex<TokenBucket>>, n: usize) -> bool {
+    let Some(bucket) = bucket else {
+        return true;
+    };
+    let mut b = bucket.lock().expect("rate lock");
+    let now = Instant::now();
+    let mut taken = 0;
+    while taken < n && b.try_take(now) {
+        taken += 1;
+    }
+    taken == n
 }
 
 impl PusherApp {
     /// The Herald channel of Pusher channel `channel`.
     pub fn internal(&self, channel: &str) -> String {
         format!("{}{channel}", self.prefix)
+    }
+
+    /// Built from its configuration.
+    pub fn new(config: AppConfig) -> PusherApp {
+        PusherApp {
+            prefix: format!("{NAMESPACE}:{}:", config.id).into(),
+            connections: AtomicUsize::new(0),
+            backend_events: bucket(config.max_backend_events_per_second),
+            reads: bucket(config.max_read_requests_per_second),
+            config,
+        }
+    }
+
+    /// Longest event name, in characters.
+    pub fn max_event_name_chars(&self) -> usize {
+        self.config
+            .max_event_name_length
+            .unwrap_or(super::limits::MAX_EVENT_NAME_CHARS)
+    }
+
+    /// Largest event data, in bytes (`shared` is `pusher.max_event_bytes`).
+    pub fn max_event_bytes(&self, shared: usize) -> usize {
+        self.config
+            .max_event_payload_in_kb
+            .map_or(shared, |kb| (kb as usize).saturating_mul(1024))
+    }
+
+    /// Largest presence `user_info`, in bytes.
+    pub fn max_user_info_bytes(&self) -> usize {
+        self.config
+            .max_presence_member_size_in_kb
+            .map_or(super::limits::MAX_USER_INFO_BYTES, |kb| {
+                (kb as usize).saturating_mul(1024)
+            })
     }
 
     /// The Pusher channel of a Herald channel of this app.
@@ -104,6 +201,11 @@ pub struct Apps {
     /// Stream options of Pusher channels: the `pusher` namespace when configured (so Herald
     /// clients can reach the channels), else the namespace defaults.
     pub namespace: Arc<NamespaceConfig>,
+    /// Stream options of cache channels: the namespace's, with at least one publication kept
+    /// for at least `cache_ttl_s`.
+    pub cache_namespace: Arc<NamespaceConfig>,
+    /// Subscription counts pushed to subscribers, when some app enables them.
+    pub counting: Option<Arc<Counting>>,
     /// The webhook sender, once started, when some app has webhooks.
     pub webhooks: Option<Arc<Webhooks>>,
     /// The cluster-wide subscription counts, once started, when some app is configured.
@@ -155,6 +257,11 @@ impl Apps {
                         .context("HERALD_PUSHER_APP_MAX_CONNECTIONS must be a number")?
                 },
                 webhooks,
+                enable_subscription_count: matches!(
+                    env("HERALD_PUSHER_APP_ENABLE_SUBSCRIPTION_COUNT").as_deref(),
+                    Some("true" | "1" | "yes")
+                ),
+                ..AppConfig::default()
             });
         }
         let mut by_key = HashMap::new();
@@ -172,11 +279,7 @@ impl Apps {
             if config.key.is_empty() || config.secret.is_empty() {
                 bail!("pusher app {:?} needs a key and a secret", config.id);
             }
-            let app = Arc::new(PusherApp {
-                config: config.clone(),
-                prefix: format!("{NAMESPACE}:{}:", config.id).into(),
-                connections: AtomicUsize::new(0),
-            });
+            let app = Arc::new(PusherApp::new(config.clone()));
             if by_key.insert(config.key.clone(), app.clone()).is_some() {
                 bail!("two pusher apps share the key {:?}", config.key);
             }
@@ -194,11 +297,25 @@ impl Apps {
                 ..NamespaceConfig::default()
             }),
         };
+        let cache_namespace = Arc::new(NamespaceConfig {
+            history: true,
+            history_size: namespace.history_size.max(1),
+            history_ttl_s: namespace.history_ttl_s.max(settings.cache_ttl_s),
+            history_meta_ttl_s: namespace
+                .history_meta_ttl_s
+                .max(settings.cache_ttl_s.saturating_mul(2)),
+            ..(*namespace).clone()
+        });
+        if settings.cache_ttl_s == 0 {
+            bail!("pusher.cache_ttl_s must be at least 1");
+        }
         Ok(Apps {
             by_key,
             by_id,
             settings,
             namespace,
+            cache_namespace,
+            counting: None,
             webhooks: None,
             census: None,
             frames: Arc::default(),
@@ -216,6 +333,24 @@ impl Apps {
         }
         if self.by_id.values().any(|a| !a.config.webhooks.is_empty()) {
             self.webhooks = Some(Webhooks::start(hub.clone()));
+        }
+        if let Some(census) = &self.census {
+            if self
+                .by_id
+                .values()
+                .any(|a| a.config.enable_subscription_count)
+            {
+                self.counting = Some(Counting::start(census.clone()));
+            }
+        }
+    }
+
+    /// Stream options of `channel` (a Pusher channel name): cache channels keep their last
+    /// event for `cache_ttl_s`.
+    pub fn namespace_for(&self, channel: &str) -> &Arc<NamespaceConfig> {
+        match is_cache(channel) {
+            true => &self.cache_namespace,
+            false => &self.namespace,
         }
     }
 
@@ -265,6 +400,19 @@ pub fn valid_channel(name: &str) -> bool {
         && rest
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"_-=@,.;".contains(&b))
+}
+
+/// The prefixes of cache channels: the last event is kept and sent to each new subscriber.
+pub const CACHE_PREFIXES: [&str; 4] = [
+    "cache-",
+    "private-cache-",
+    "presence-cache-",
+    "private-encrypted-cache-",
+];
+
+/// Whether `channel` is a cache channel.
+pub fn is_cache(channel: &str) -> bool {
+    CACHE_PREFIXES.iter().any(|p| channel.starts_with(p))
 }
 
 /// What a channel's name makes it.
@@ -369,6 +517,16 @@ mod tests {
         assert!(valid_channel("#server-to-user-42"));
         assert!(!valid_channel("#server-to-user-"));
         assert!(!valid_channel("#other"));
+        for cache in [
+            "cache-x",
+            "private-cache-x",
+            "presence-cache-x",
+            "private-encrypted-cache-x",
+        ] {
+            assert!(is_cache(cache), "{cache}");
+        }
+        assert!(!is_cache("news-cache-x") && !is_cache("private-x"));
+        assert_eq!(ChannelKind::of("presence-cache-x"), ChannelKind::Presence);
         assert_eq!(ChannelKind::of("#server-to-user-42"), ChannelKind::User);
     }
 }

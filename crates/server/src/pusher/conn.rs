@@ -7,20 +7,21 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use herald_broker::PublishOptions;
+use herald_broker::{HistoryQuery, PublishOptions};
 use herald_core::config::NamespaceConfig;
 use herald_core::hub::ConnKey;
 use herald_core::outbound::Control;
 use herald_core::permission;
 use herald_core::rate::TokenBucket;
 use herald_core::{Hub, Outbound};
-use herald_protocol::ClientInfo;
+use herald_protocol::{ClientInfo, StreamPosition};
 use serde_json::value::RawValue;
 
-use super::apps::{valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
+use super::apps::{is_cache, valid_channel, ChannelKind, PusherApp, USER_CHANNEL_PREFIX};
 use super::auth::{channel_authorized, user_authenticated};
 use super::census::Census;
 use super::codes;
+use super::counting::Counting;
 use super::limits;
 use super::shared::SharedFrames;
 use super::webhooks::Webhooks;
@@ -44,9 +45,9 @@ impl ConnContext {
         &self.node.state.ctx.hub
     }
 
-    /// Stream options of Pusher channels.
-    fn namespace(&self) -> &Arc<NamespaceConfig> {
-        &self.node.apps.namespace
+    /// Stream options of a Pusher channel (cache channels keep their last event longer).
+    fn namespace(&self, channel: &str) -> &Arc<NamespaceConfig> {
+        self.node.apps.namespace_for(channel)
     }
 
     /// Channels one connection may join.
@@ -61,7 +62,17 @@ impl ConnContext {
 
     /// Largest event data.
     fn max_event_bytes(&self) -> usize {
-        self.node.apps.settings.max_event_bytes
+        self.app
+            .max_event_bytes(self.node.apps.settings.max_event_bytes)
+    }
+
+    /// Subscription counts for this app's subscribers, when the app enables them.
+    fn counting(&self) -> Option<&Arc<Counting>> {
+        self.node
+            .apps
+            .counting
+            .as_ref()
+            .filter(|_| self.app.config.enable_subscription_count)
     }
 
     /// Bytes of publications one catch-up may replay.
@@ -336,8 +347,9 @@ impl PusherConn {
                         400,
                     );
                 };
-                if let Err(why) = limits::check_user_info(info.as_deref()) {
-                    return self.refuse(&channel, "LimitReached", why.message(), 400);
+                let max_info = self.ctx.app.max_user_info_bytes();
+                if let Err(why) = limits::check_user_info(info.as_deref(), max_info) {
+                    return self.refuse(&channel, "LimitReached", &why.to_string(), 400);
                 }
                 me = Some(ClientInfo {
                     user,
@@ -347,12 +359,26 @@ impl PusherConn {
             }
         }
         let internal = self.ctx.app.internal(&channel);
-        let since = data.herald_since.as_ref();
-        let positions = data.herald_positions || since.is_some();
+        let positions = data.herald_positions || data.herald_since.is_some();
+        // A cache channel without the catch-up extension: read from its last publication on,
+        // so that the answer holds the event to send (and nothing between it and going live is
+        // lost or sent twice).
+        let cache = is_cache(&channel) && data.herald_since.is_none();
+        let from_last = match cache {
+            true => self.last_position(&channel, &internal).await,
+            false => None,
+        };
+        let since = data.herald_since.as_ref().or(from_last.as_ref());
         let prepared = self
             .ctx
             .hub()
-            .prepare_subscription(&internal, self.key, &self.out, since, self.ctx.namespace())
+            .prepare_subscription(
+                &internal,
+                self.key,
+                &self.out,
+                since,
+                self.ctx.namespace(&channel),
+            )
             .await;
         let mut result = match prepared {
             Ok(r) => r,
@@ -361,6 +387,18 @@ impl PusherConn {
                 return self.refuse(&channel, "ServerError", "Temporarily unavailable", 503);
             }
         };
+        if let (Some(who), Some(max)) = (&me, self.ctx.app.config.max_presence_members_per_channel)
+        {
+            if !self.room_for(&internal, &who.user, max).await {
+                self.ctx.hub().unsubscribe(&internal, self.key).await;
+                return self.refuse(
+                    &channel,
+                    "LimitReached",
+                    &format!("The presence channel is full: at most {max} members"),
+                    4004,
+                );
+            }
+        }
         let mut members = HashMap::new();
         let mut succeeded = match &me {
             Some(who) => {
@@ -383,9 +421,19 @@ impl PusherConn {
             &channel,
             &succeeded.to_string(),
         ));
-        for p in &result.publications {
+        // The cached event: the newest publication up to the subscription's start, whoever it
+        // excluded when it was sent live.
+        let cached = match (cache, result.recovered) {
+            (true, Some(true)) => result.publications.last(),
+            _ => None,
+        };
+        let replay: Vec<&herald_protocol::Publication> = match cache {
+            true => cached.into_iter().collect(),
+            false => result.publications.iter().collect(),
+        };
+        for p in replay {
             let envelope = wire::envelope_of(p.data_raw());
-            if envelope.exclude.as_deref() != Some(&*self.socket_id) {
+            if cache || envelope.exclude.as_deref() != Some(&*self.socket_id) {
                 self.out.push(wire::event(
                     &envelope.event,
                     &channel,
@@ -395,11 +443,31 @@ impl PusherConn {
                 ));
             }
         }
+        if cache && cached.is_none() {
+            self.out.push(wire::cache_miss(&channel));
+            if let Some(hooks) = self.ctx.webhooks() {
+                hooks.event(
+                    &self.ctx.app,
+                    serde_json::json!({"name": "cache_miss", "channel": channel}),
+                );
+            }
+        }
         self.ctx
             .hub()
             .activate(&internal, self.key, &result.position);
         if let Some(census) = self.ctx.census() {
             census.changed();
+        }
+        if let (Some(counting), ChannelKind::Public | ChannelKind::Private) =
+            (self.ctx.counting(), kind)
+        {
+            counting.add(
+                &self.ctx.app,
+                &channel,
+                &internal,
+                &self.socket_id,
+                &self.out,
+            );
         }
         let presence = me.is_some();
         // A user's own channel is private plumbing: no occupancy webhooks for it.
@@ -432,6 +500,42 @@ impl PusherConn {
         if presence {
             self.reconcile_members(&channel).await;
         }
+    }
+
+    /// The position just before a cache channel's newest publication (`None`: it has none, or
+    /// history could not be read: the subscriber is told `pusher:cache_miss`).
+    async fn last_position(&self, channel: &str, internal: &str) -> Option<StreamPosition> {
+        let query = HistoryQuery {
+            since: None,
+            limit: Some(1),
+        };
+        let opts = self.ctx.namespace(channel).stream_options();
+        match self
+            .ctx
+            .hub()
+            .broker()
+            .history(internal, &query, &opts)
+            .await
+        {
+            Ok(h) => h.publications.last().map(|p| StreamPosition {
+                epoch: h.position.epoch.clone(),
+                offset: p.offset.saturating_sub(1),
+            }),
+            Err(e) => {
+                tracing::warn!(channel = %internal, cause = %e, "cache channel not read");
+                None
+            }
+        }
+    }
+
+    /// Whether `user` may join a presence channel limited to `max` distinct users: one of them
+    /// already, or fewer than `max` there.
+    async fn room_for(&self, internal: &str, user: &str, max: usize) -> bool {
+        let Ok(now) = self.ctx.hub().members(internal).await else {
+            return true; // not read: the limit is not enforced rather than the channel refused
+        };
+        let users: std::collections::HashSet<&str> = now.iter().map(|c| c.user.as_str()).collect();
+        users.contains(user) || users.len() < max
     }
 
     /// Joins and leaves published between the member list read and going live never reach this
@@ -518,6 +622,9 @@ impl PusherConn {
         if let Some(census) = self.ctx.census() {
             census.changed();
         }
+        if let Some(counting) = self.ctx.counting() {
+            counting.remove(&internal, &self.socket_id);
+        }
         if let Some(hooks) = self.ctx.webhooks() {
             if sub.kind != ChannelKind::User {
                 hooks.unsubscribed(&self.ctx.app, &internal);
@@ -561,8 +668,10 @@ impl PusherConn {
         let Some(sub) = sub else {
             return;
         };
-        if let Err(why) = limits::check_event_name(&message.event) {
-            return self.error(None, why.message());
+        if let Err(why) =
+            limits::check_event_name(&message.event, self.ctx.app.max_event_name_chars())
+        {
+            return self.error(None, &why.to_string());
         }
         if !self.client_events.try_take(Instant::now()) {
             return self.error(
@@ -588,7 +697,7 @@ impl PusherConn {
             exclude: Some((*self.socket_id).into()),
         };
         let opts = PublishOptions {
-            stream: self.ctx.namespace().stream_options(),
+            stream: self.ctx.namespace(channel).stream_options(),
             idempotency_key: None,
         };
         if let Some(hooks) = self.ctx.webhooks() {
@@ -701,7 +810,13 @@ impl PusherConn {
             match self
                 .ctx
                 .hub()
-                .prepare_subscription(&channel, self.key, &self.out, None, self.ctx.namespace())
+                .prepare_subscription(
+                    &channel,
+                    self.key,
+                    &self.out,
+                    None,
+                    self.ctx.namespace(&name),
+                )
                 .await
             {
                 Ok(result) => {

@@ -1,5 +1,6 @@
-//! Pusher's own size limits, in one place for every path that takes the input (client events,
-//! the HTTP API, presence subscriptions).
+//! Pusher's size limits, in one place for every path that takes the input (client events,
+//! the HTTP API, presence subscriptions). An app may set its own (`AppConfig`'s Soketi-named
+//! limits); these are the defaults.
 
 use serde_json::value::RawValue;
 
@@ -11,39 +12,29 @@ pub const MAX_EVENT_NAME_CHARS: usize = 200;
 /// bounded as hosted Pusher bounds it.
 pub const MAX_USER_INFO_BYTES: usize = 1024;
 
-/// Input over one of Pusher's limits. Its message is the text Pusher clients are sent.
+/// Input over one of the limits. Its message is the text Pusher clients are sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum LimitError {
-    /// An event name of 0 or more than [`MAX_EVENT_NAME_CHARS`] characters.
-    #[error("Event names are 1 to {MAX_EVENT_NAME_CHARS} characters")]
-    EventName,
-    /// A presence `user_info` over [`MAX_USER_INFO_BYTES`].
-    #[error("user_info is over {MAX_USER_INFO_BYTES} bytes")]
-    UserInfo,
+    /// An event name of 0 or more than this many characters.
+    #[error("Event names are 1 to {0} characters")]
+    EventName(usize),
+    /// A presence `user_info` over this many bytes.
+    #[error("user_info is over {0} bytes")]
+    UserInfo(usize),
 }
 
-impl LimitError {
-    /// The message as static text (what `Display` writes).
-    pub fn message(&self) -> &'static str {
-        match self {
-            LimitError::EventName => "Event names are 1 to 200 characters",
-            LimitError::UserInfo => "user_info is over 1024 bytes",
-        }
-    }
-}
-
-/// An event name is 1 to [`MAX_EVENT_NAME_CHARS`] characters; the error says so.
-pub fn check_event_name(name: &str) -> Result<(), LimitError> {
+/// An event name is 1 to `max` characters; the error says so.
+pub fn check_event_name(name: &str, max: usize) -> Result<(), LimitError> {
     match name.chars().count() {
-        1..=MAX_EVENT_NAME_CHARS => Ok(()),
-        _ => Err(LimitError::EventName),
+        n if n >= 1 && n <= max => Ok(()),
+        _ => Err(LimitError::EventName(max)),
     }
 }
 
-/// A presence member's `user_info` is at most [`MAX_USER_INFO_BYTES`] of JSON.
-pub fn check_user_info(info: Option<&RawValue>) -> Result<(), LimitError> {
+/// A presence member's `user_info` is at most `max` bytes of JSON.
+pub fn check_user_info(info: Option<&RawValue>, max: usize) -> Result<(), LimitError> {
     match info {
-        Some(info) if info.get().len() > MAX_USER_INFO_BYTES => Err(LimitError::UserInfo),
+        Some(info) if info.get().len() > max => Err(LimitError::UserInfo(max)),
         _ => Ok(()),
     }
 }
@@ -54,27 +45,31 @@ mod tests {
 
     #[test]
     fn bounds_are_inclusive() {
+        let names = MAX_EVENT_NAME_CHARS;
         assert!(
-            check_event_name(&"é".repeat(200)).is_ok(),
+            check_event_name(&"é".repeat(200), names).is_ok(),
             "characters, not bytes"
         );
-        assert!(check_event_name(&"x".repeat(201)).is_err());
-        assert!(check_event_name("").is_err());
+        assert!(check_event_name(&"x".repeat(201), names).is_err());
+        assert!(check_event_name("", names).is_err());
+        assert!(check_event_name("abc", 2).is_err(), "an app's own limit");
+        let info = MAX_USER_INFO_BYTES;
         let at = RawValue::from_string(format!("\"{}\"", "a".repeat(1022))).unwrap();
         let over = RawValue::from_string(format!("\"{}\"", "a".repeat(1023))).unwrap();
-        assert!(check_user_info(Some(&at)).is_ok());
-        assert!(check_user_info(Some(&over)).is_err());
-        assert!(check_user_info(None).is_ok());
+        assert!(check_user_info(Some(&at), info).is_ok());
+        assert!(check_user_info(Some(&over), info).is_err());
+        assert!(check_user_info(None, info).is_ok());
     }
 
     #[test]
     fn messages_name_the_limits() {
-        for e in [LimitError::EventName, LimitError::UserInfo] {
-            assert_eq!(
-                e.to_string(),
-                e.message(),
-                "the static text follows the constants"
-            );
-        }
+        assert_eq!(
+            LimitError::EventName(200).to_string(),
+            "Event names are 1 to 200 characters"
+        );
+        assert_eq!(
+            LimitError::UserInfo(1024).to_string(),
+            "user_info is over 1024 bytes"
+        );
     }
 }

@@ -13,6 +13,7 @@
 //! - [`ws`]: the WebSocket endpoint `/app/{key}`.
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
 //! - [`census`]: subscriptions per channel counted for the cluster, for the API's channel queries.
+//! - [`counting`]: `pusher_internal:subscription_count` pushed to subscribers (opt-in per app).
 //! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
 //! - this file: [`Node`], what the endpoints are handed: the node's `App` and the Pusher apps
 //!   (kept here, not in `App`: the node's state knows no protocol, crate::layers).
@@ -29,6 +30,7 @@ pub mod auth;
 pub mod census;
 pub mod codes;
 pub mod conn;
+pub mod counting;
 pub mod limits;
 pub mod shared;
 pub mod webhooks;

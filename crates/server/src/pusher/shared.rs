@@ -125,18 +125,12 @@ mod tests {
     use herald_protocol::Publication;
 
     fn app() -> PusherApp {
-        PusherApp {
-            config: AppConfig {
-                id: "7".into(),
-                key: "k".into(),
-                secret: "s".into(),
-                enable_client_events: false,
-                max_connections: 0,
-                webhooks: Vec::new(),
-            },
-            prefix: "pusher:7:".into(),
-            connections: Default::default(),
-        }
+        PusherApp::new(AppConfig {
+            id: "7".into(),
+            key: "k".into(),
+            secret: "s".into(),
+            ..AppConfig::default()
+        })
     }
 
     fn frame(channel: &str, offset: u64, data: &str) -> Bytes {

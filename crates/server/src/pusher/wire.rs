@@ -252,6 +252,22 @@ pub fn member_added(channel: &str, user_id: &str, user_info: Option<&RawValue>) 
     )
 }
 
+/// `pusher_internal:subscription_count`: data (a JSON string) `{"subscription_count": N}`.
+pub fn subscription_count(channel: &str, count: u64) -> Bytes {
+    let data = serde_json::json!({ "subscription_count": count });
+    encode(
+        "pusher_internal:subscription_count",
+        Some(channel),
+        &data.to_string(),
+        None,
+    )
+}
+
+/// `pusher:cache_miss`: a cache channel holds no event for the new subscriber.
+pub fn cache_miss(channel: &str) -> Bytes {
+    encode("pusher:cache_miss", Some(channel), "{}", None)
+}
+
 /// `pusher_internal:member_removed`.
 pub fn member_removed(channel: &str, user_id: &str) -> Bytes {
     let data = serde_json::json!({ "user_id": user_id });
