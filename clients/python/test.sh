@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Herald's Python SDK: unit tests (pytest, some against a real herald node) and the cross-SDK
+# Herald's Python SDK: type check (mypy --strict), unit tests (pytest, some against a real herald node) and the cross-SDK
 # conformance suite with the Python adapter.
 #   bash clients/python/test.sh
 # Creates or reuses a virtual environment in clients/python/.venv and installs the package (editable)
@@ -27,11 +27,14 @@ if [[ ! -x $venv/bin/python ]]; then
   python3 -m venv "$venv"
 fi
 stamp=$venv/.herald-installed
-if [[ ! -f $stamp || pyproject.toml -nt $stamp ]] || ! "$venv/bin/python" -c 'import herald, websockets, pytest' 2>/dev/null; then
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]] || ! "$venv/bin/python" -c 'import herald, websockets, pytest, mypy' 2>/dev/null; then
   echo "== pip install -e '.[test]'"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e ".[test]"
   touch "$stamp"
 fi
+
+echo "== mypy --strict (the package's type hints)"
+"$venv/bin/python" -m mypy --strict --cache-dir "$venv/.mypy_cache" src/herald
 
 start=$(date +%s)
 echo "== pytest (clients/python/tests)"

@@ -45,6 +45,7 @@ from .events import (
     StreamPosition,
     Subscribed,
     Unsubscribed,
+    as_int,
 )
 from .subscription import SubTokenGetter, Subscription
 
@@ -244,7 +245,11 @@ class Client(Emitter):
 
     async def __aenter__(self) -> "Client":
         self.connect()
-        await self.ready(self._timeout)
+        try:
+            await self.ready(self._timeout)
+        except BaseException:
+            await self.close()
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -274,7 +279,7 @@ class Client(Emitter):
         if channel in self._subs:
             raise UsageError(ClientCode.ALREADY_SUBSCRIBED, f"already subscribed to {channel}")
         if since is not None and not isinstance(since, StreamPosition):
-            since = StreamPosition(str(since["epoch"]), int(since["offset"]))  # type: ignore[index]
+            since = StreamPosition(str(since["epoch"]), int(since["offset"]))
         sub = Subscription(self, channel, since=since, token=token, get_token=get_token, data=data)
         if on_publication is not None:
             sub.on("publication", on_publication)
@@ -291,7 +296,8 @@ class Client(Emitter):
 
     async def publish(self, channel: str, data: Any) -> Dict[str, Any]:
         """Publish (where the namespace allows clients to). Returns ``{"epoch", "offset"}``."""
-        return await self.call("publish", {"channel": channel, "data": data})
+        r: Dict[str, Any] = await self.call("publish", {"channel": channel, "data": data})
+        return r
 
     async def history(
         self, channel: str, *, since: Optional[StreamPosition] = None, limit: Optional[int] = None
@@ -302,11 +308,13 @@ class Client(Emitter):
             params["since"] = since.to_json() if isinstance(since, StreamPosition) else since
         if limit is not None:
             params["limit"] = limit
-        return await self.call("history", params)
+        r: Dict[str, Any] = await self.call("history", params)
+        return r
 
     async def presence(self, channel: str) -> Dict[str, Any]:
         """Who is subscribed now: ``{"clients": {client: {"user", "info"?}}}``."""
-        return await self.call("presence", {"channel": channel})
+        r: Dict[str, Any] = await self.call("presence", {"channel": channel})
+        return r
 
     async def rpc(self, method: str, data: Any = None) -> Any:
         """Call the application's backend through the server's RPC proxy; returns its ``data``.
@@ -390,7 +398,7 @@ class Client(Emitter):
             self._need_token = False
 
         conn = _Conn()
-        conn.task = asyncio.current_task()  # type: ignore[assignment]
+        conn.task = asyncio.current_task()
         self._conn = conn
         self._disconnect_push = None
         self._connect_handle = self._loop.call_later(  # type: ignore[union-attr]
@@ -526,7 +534,7 @@ class Client(Emitter):
                 continue  # ours, but sent alone: its own subscribe reply follows
             self._server_subs.add(channel)
             epoch = str(res.get("epoch", ""))
-            offset = res.get("offset") if isinstance(res.get("offset"), int) else 0
+            offset = as_int(res.get("offset"))
             held = self._server_positions.get(channel)
             recovered = res.get("recovered")
             if recovered is not True or held is None or held.epoch != epoch:
@@ -703,7 +711,7 @@ class Client(Emitter):
             self._server_subs.add(msg.channel)
             r = msg.result or {}
             epoch = str(r.get("epoch", ""))
-            offset = r.get("offset") if isinstance(r.get("offset"), int) else 0
+            offset = as_int(r.get("offset"))
             self._server_positions[msg.channel] = StreamPosition(epoch, offset)
             self._emit(
                 Subscribed(
@@ -737,8 +745,8 @@ class Client(Emitter):
 
     def _server_publication(self, channel: str, pub: Dict[str, Any]) -> None:
         pos = self._server_positions.get(channel)
-        off = pub.get("offset", 0)
-        if pos is not None and isinstance(off, int) and off > 0:
+        off = as_int(pub.get("offset"))
+        if pos is not None and off > 0:
             if off <= pos.offset:
                 return  # already delivered (recovered, then live again)
             pos = StreamPosition(pos.epoch, off)

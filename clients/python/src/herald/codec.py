@@ -118,6 +118,6 @@ def classify(value: Any) -> ServerMessage:
             code=code,
             reason=d["reason"] if isinstance(d.get("reason"), str) else "",
             reconnect=reconnect,
-            after_ms=after if _is_int(after) and after >= 0 else None,
+            after_ms=after if isinstance(after, int) and not isinstance(after, bool) and after >= 0 else None,
         )
     return ServerMessage("unknown", raw=value)

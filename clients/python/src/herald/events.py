@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, ClassVar, Dict, List, Optional, Set
 
 
+def as_int(v: Any) -> int:
+    """An integer field of a server message, 0 when absent or not an integer."""
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+
+
 @dataclass(frozen=True)
 class StreamPosition:
     """Where a subscriber stands in a channel's stream."""

@@ -86,7 +86,7 @@ class StreamTracker:
         if not self.recoverable or self.epoch is None:
             return "deliver"
         off = pub.get("offset")
-        if not _is_int(off):
+        if not isinstance(off, int) or isinstance(off, bool):
             return "deliver"
         if off <= self.offset:
             return "duplicate"

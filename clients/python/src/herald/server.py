@@ -153,12 +153,18 @@ class HeraldAPI:
         except ValueError:
             raise ApiError(0, f"{method} {path}: the answer is not JSON", 200) from None
 
+    @staticmethod
+    def _object(answer: Any) -> Dict[str, Any]:
+        if not isinstance(answer, dict):
+            raise ApiError(0, "the answer is not a JSON object", 200)
+        return answer
+
     def publish(self, channel: str, data: Any, *, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
         """Publish to a channel: ``{"epoch", "offset"}``."""
         body: Dict[str, Any] = {"channel": channel, "data": data}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return self.request("POST", "/api/publish", body)
+        return self._object(self.request("POST", "/api/publish", body))
 
     def broadcast(
         self, channels: Sequence[str], data: Any, *, idempotency_key: Optional[str] = None
@@ -170,20 +176,20 @@ class HeraldAPI:
         body: Dict[str, Any] = {"channels": list(channels), "data": data}
         if idempotency_key is not None:
             body["idempotency_key"] = idempotency_key
-        return self.request("POST", "/api/broadcast", body)
+        return self._object(self.request("POST", "/api/broadcast", body))
 
     def history(
         self, channel: str, *, since: Optional[Dict[str, Any]] = None, limit: Optional[int] = None
     ) -> Dict[str, Any]:
         body: Dict[str, Any] = {"channel": channel}
         if since is not None:
-            body["since"] = since.to_json() if hasattr(since, "to_json") else since  # type: ignore[union-attr]
+            body["since"] = since.to_json() if hasattr(since, "to_json") else since
         if limit is not None:
             body["limit"] = limit
-        return self.request("POST", "/api/history", body)
+        return self._object(self.request("POST", "/api/history", body))
 
     def presence(self, channel: str) -> Dict[str, Any]:
-        return self.request("POST", "/api/presence", {"channel": channel})
+        return self._object(self.request("POST", "/api/presence", {"channel": channel}))
 
     def disconnect(self, *, user: Optional[str] = None, client: Optional[str] = None, code: Optional[int] = None) -> Dict[str, Any]:
         """Disconnect a user's connections or one client (close 4502 unless ``code`` says else)."""
@@ -192,20 +198,20 @@ class HeraldAPI:
         body: Dict[str, Any] = {"user": user} if user is not None else {"client": client}
         if code is not None:
             body["code"] = code
-        return self.request("POST", "/api/disconnect", body)
+        return self._object(self.request("POST", "/api/disconnect", body))
 
     def subscribe(self, user: str, channel: str) -> Dict[str, Any]:
         """Subscribe every connection of ``user`` to ``channel`` (a server-side subscription)."""
-        return self.request("POST", "/api/subscribe", {"user": user, "channel": channel})
+        return self._object(self.request("POST", "/api/subscribe", {"user": user, "channel": channel}))
 
     def unsubscribe(self, user: str, channel: str) -> Dict[str, Any]:
-        return self.request("POST", "/api/unsubscribe", {"user": user, "channel": channel})
+        return self._object(self.request("POST", "/api/unsubscribe", {"user": user, "channel": channel}))
 
     def channels(self) -> Dict[str, Any]:
-        return self.request("GET", "/api/channels")
+        return self._object(self.request("GET", "/api/channels"))
 
     def info(self) -> Dict[str, Any]:
-        return self.request("GET", "/api/info")
+        return self._object(self.request("GET", "/api/info"))
 
 
 class AsyncHeraldAPI:
@@ -222,30 +228,39 @@ class AsyncHeraldAPI:
         return await self._run(self.sync.request, method, path, body)
 
     async def publish(self, channel: str, data: Any, *, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
-        return await self._run(self.sync.publish, channel, data, idempotency_key=idempotency_key)
+        r: Dict[str, Any] = await self._run(self.sync.publish, channel, data, idempotency_key=idempotency_key)
+        return r
 
     async def broadcast(self, channels: Sequence[str], data: Any, *, idempotency_key: Optional[str] = None) -> Dict[str, Any]:
-        return await self._run(self.sync.broadcast, channels, data, idempotency_key=idempotency_key)
+        r: Dict[str, Any] = await self._run(self.sync.broadcast, channels, data, idempotency_key=idempotency_key)
+        return r
 
     async def history(self, channel: str, *, since: Optional[Dict[str, Any]] = None, limit: Optional[int] = None) -> Dict[str, Any]:
-        return await self._run(self.sync.history, channel, since=since, limit=limit)
+        r: Dict[str, Any] = await self._run(self.sync.history, channel, since=since, limit=limit)
+        return r
 
     async def presence(self, channel: str) -> Dict[str, Any]:
-        return await self._run(self.sync.presence, channel)
+        r: Dict[str, Any] = await self._run(self.sync.presence, channel)
+        return r
 
     async def disconnect(self, *, user: Optional[str] = None, client: Optional[str] = None, code: Optional[int] = None) -> Dict[str, Any]:
-        return await self._run(self.sync.disconnect, user=user, client=client, code=code)
+        r: Dict[str, Any] = await self._run(self.sync.disconnect, user=user, client=client, code=code)
+        return r
 
     async def subscribe(self, user: str, channel: str) -> Dict[str, Any]:
-        return await self._run(self.sync.subscribe, user, channel)
+        r: Dict[str, Any] = await self._run(self.sync.subscribe, user, channel)
+        return r
 
     async def unsubscribe(self, user: str, channel: str) -> Dict[str, Any]:
-        return await self._run(self.sync.unsubscribe, user, channel)
+        r: Dict[str, Any] = await self._run(self.sync.unsubscribe, user, channel)
+        return r
 
     async def channels(self) -> Dict[str, Any]:
-        return await self._run(self.sync.channels)
+        r: Dict[str, Any] = await self._run(self.sync.channels)
+        return r
 
     async def info(self) -> Dict[str, Any]:
-        return await self._run(self.sync.info)
+        r: Dict[str, Any] = await self._run(self.sync.info)
+        return r
 
 

@@ -22,6 +22,7 @@ from .events import (
     StreamPosition,
     Subscribed,
     Unsubscribed,
+    as_int,
 )
 from .recovery import StreamTracker
 
@@ -138,7 +139,7 @@ class Subscription(Emitter):
         resubscribed = self._subscribed_once
         self._subscribed_once = True
         epoch = str(result.get("epoch", ""))
-        offset = result.get("offset") if isinstance(result.get("offset"), int) else 0
+        offset = as_int(result.get("offset"))
         if outcome.recovery_failed and asked is not None:
             self._emit(RecoveryFailed(self.channel, asked, epoch, offset))
         self._emit(
@@ -265,7 +266,7 @@ class Subscription(Emitter):
         self._emit(
             Publication(
                 channel=self.channel,
-                offset=pub.get("offset", 0),
+                offset=as_int(pub.get("offset")),
                 data=pub.get("data"),
                 info=pub.get("info"),
                 epoch=pos.epoch if pos else None,
