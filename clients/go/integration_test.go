@@ -1,0 +1,143 @@
+package herald_test
+
+// Tests against the real herald binary (HERALD_BIN, default target/debug/herald at the
+// repository root). The conformance suite (clients/conformance) covers faults and recovery; these
+// cover the API surface and the README's quick start.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	herald "github.com/herald-rt/herald/clients/go"
+	"github.com/herald-rt/herald/clients/go/internal/heraldtest"
+)
+
+func TestRealNodeCommands(t *testing.T) {
+	node := heraldtest.Start(t, "")
+	pubs := make(chan herald.PublicationEvent, 16)
+	c, err := herald.New(node.WS(), herald.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Connect(); err != nil {
+		t.Fatal(err)
+	}
+	sub, err := c.Subscribe("room", herald.SubscribeOptions{
+		OnPublication: func(p herald.PublicationEvent) { pubs <- p },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sub.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 3; i++ {
+		r, err := sub.Publish(ctx, map[string]int{"n": i})
+		if err != nil || r.Offset != uint64(i) || r.Epoch == "" {
+			t.Fatalf("publish %d: %+v %v", i, r, err)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		select {
+		case p := <-pubs:
+			if p.Offset != uint64(i) || string(p.Data) != `{"n":`+string(rune('0'+i))+`}` || p.Epoch == "" {
+				t.Fatalf("publication %d: %+v", i, p)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("publication %d not received", i)
+		}
+	}
+	h, err := c.History(ctx, "room", herald.HistoryOptions{Limit: 2})
+	if err != nil || len(h.Publications) != 2 || h.Publications[0].Offset != 2 || h.Offset != 3 {
+		t.Fatalf("history: %+v %v", h, err)
+	}
+	pos, ok := sub.Position()
+	if !ok || pos.Offset != 3 || pos.Epoch != h.Epoch {
+		t.Fatalf("position %+v %v", pos, ok)
+	}
+	h, err = c.History(ctx, "room", herald.HistoryOptions{Since: &herald.StreamPosition{Epoch: h.Epoch, Offset: 1}})
+	if err != nil || len(h.Publications) != 2 || h.Publications[0].Offset != 2 {
+		t.Fatalf("history since: %+v %v", h, err)
+	}
+	p, err := c.Presence(ctx, "room")
+	if _, ok := p.Clients[c.ClientID()]; err != nil || !ok {
+		t.Fatalf("presence: %+v %v (me %s)", p, err, c.ClientID())
+	}
+	_, err = c.History(ctx, "bad name!", herald.HistoryOptions{})
+	var re *herald.ReplyError
+	if !errors.As(err, &re) || re.Code != herald.ErrBadRequest {
+		t.Fatalf("bad channel: want ReplyError 107, got %v", err)
+	}
+	_, err = c.RPC(ctx, "anything", nil)
+	if !errors.As(err, &re) || re.Code != herald.ErrNotAvailable {
+		t.Fatalf("rpc without a proxy: want 108, got %v", err)
+	}
+	raw, err := c.Call(ctx, "publish", map[string]any{"channel": "room", "data": 4})
+	if err != nil || !bytes.Contains(raw, []byte(`"offset":4`)) {
+		t.Fatalf("call: %s %v", raw, err)
+	}
+	sub.Unsubscribe()
+	if sub.State() != herald.SubUnsubscribed || c.Subscription("room") != nil {
+		t.Fatal("unsubscribe")
+	}
+	c.Disconnect()
+	if _, err := c.Publish(ctx, "room", 1); herald.ErrorCode(err) != herald.CodeNotConnected {
+		t.Fatalf("publish while disconnected: %v", err)
+	}
+	// Connect again after Disconnect works.
+	c.Connect()
+	if err := c.WaitConnected(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The README's quick start, as written, against a real node.
+func TestReadmeQuickStart(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	example, err := os.ReadFile(filepath.Join("examples", "quickstart", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := readme
+	if i := bytes.Index(block, []byte("```go\n")); i >= 0 {
+		block = block[i+len("```go\n"):]
+		if j := bytes.Index(block, []byte("```")); j >= 0 {
+			block = block[:j]
+		}
+	}
+	if !bytes.Equal(bytes.TrimSpace(block), bytes.TrimSpace(example)) {
+		t.Fatal("README.md's first go block differs from examples/quickstart/main.go; keep them equal")
+	}
+	node := heraldtest.Start(t, "")
+	bin := filepath.Join(t.TempDir(), "quickstart")
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "./examples/quickstart").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	run := exec.CommandContext(ctx, bin)
+	run.Env = append(os.Environ(), "HERALD_URL="+node.WS())
+	run.WaitDelay = time.Second
+	out, err := run.CombinedOutput()
+	if err != nil {
+		t.Fatalf("quick start failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{"connected as ", "published at offset 1", `received {"text":"hello"} at offset 1`} {
+		if !strings.Contains(string(out), want) {
+			t.Fatalf("quick start output lacks %q:\n%s", want, out)
+		}
+	}
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The Go SDK's checks: go vet, go test -race ./... (unit tests, and tests against the real herald),
+# then the whole cross-SDK conformance suite with the Go adapter. Exits non-zero on any failure.
+#   bash clients/go/test.sh
+# HERALD_BIN: the server binary (default target/debug/herald at the repository root; a relative
+# path is taken from the repository root). Needs Go 1.24+ (modules come from the Go module proxy
+# on first use) and Node 18+ for the conformance driver.
+set -euo pipefail
+cd "$(dirname "$0")"
+repo=$(cd ../.. && pwd)
+HERALD_BIN=${HERALD_BIN:-target/debug/herald}
+[[ $HERALD_BIN == /* ]] || HERALD_BIN=$repo/$HERALD_BIN
+export HERALD_BIN
+if [[ ! -x $HERALD_BIN ]]; then
+  echo "clients/go/test.sh: no herald binary at $HERALD_BIN (cargo build -p herald-server, or set HERALD_BIN)" >&2
+  exit 1
+fi
+for tool in go node; do
+  command -v "$tool" >/dev/null || { echo "clients/go/test.sh: $tool is not installed" >&2; exit 1; }
+done
+
+start=$(date +%s)
+echo "== go vet"
+go vet ./...
+echo "== go test -race ./..."
+go test -race -count=1 -timeout 300s ./...
+
+echo "== conformance suite (Go adapter)"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+go build -o "$tmp/herald-conformance-adapter" ./cmd/herald-conformance-adapter
+node ../conformance/driver/driver.mjs --adapter "$tmp/herald-conformance-adapter" --herald "$HERALD_BIN"
+echo "clients/go/test.sh: all passed in $(($(date +%s) - start)) s"
