@@ -70,7 +70,9 @@ def node(herald_bin: str) -> Iterator[Node]:
         f.write(CONFIG)
     log_path = os.path.join(tmp, "herald.log")
     port = free_port()
-    env = dict(os.environ, RUST_LOG="warn", HERALD_API_KEY=API_KEY, HERALD_TOKEN_HMAC_SECRET=SECRET, HERALD_PING_INTERVAL_S="1")
+    env = dict(os.environ, RUST_LOG="warn", HERALD_API_KEY=API_KEY, HERALD_TOKEN_HMAC_SECRET=SECRET, HERALD_PING_INTERVAL_S="1",
+        HERALD_LIMITS__COMPRESSION="true",  # the conformance suite covers the uncompressed path
+    )
     with open(log_path, "wb") as logf:
         proc = subprocess.Popen(
             [herald_bin, "serve", "--dev", "--port", str(port), "--config", cfg],

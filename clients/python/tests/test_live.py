@@ -249,3 +249,56 @@ def test_reconnects_and_recovers_after_the_node_drops_it(node: Any) -> None:
         await client.close()
 
     run(main())
+
+
+def test_large_messages_over_a_compressed_connection(node: Any) -> None:
+    """The fixture's node has compression on: websockets negotiates permessage-deflate with it,
+    and large publications (compressed by the server) arrive intact, both ways."""
+    api = HeraldAPI(node.http, node.api_key)
+    big = {"text": "herald " * 3000, "n": list(range(500))}
+
+    async def main() -> None:
+        async with herald.Client(node.ws) as client:
+            sub = client.subscribe("py-big")
+            pubs = sub.publications()
+            await sub.ready(5)
+            await asyncio.get_running_loop().run_in_executor(None, api.publish, "py-big", big)
+            await client.publish("py-big", big)
+            got = [await pubs.__anext__(), await pubs.__anext__()]
+            assert [p.data for p in got] == [big, big] and [p.offset for p in got] == [1, 2]
+
+    run(main())
+
+
+def test_runs_on_the_callers_loop_cell_by_cell(node: Any) -> None:
+    """As in a notebook: the caller owns the loop and runs one step ("cell") at a time; the client
+    starts no loop of its own and keeps its state between steps."""
+    api = HeraldAPI(node.http, node.api_key)
+    loop = asyncio.new_event_loop()
+    try:
+
+        async def cell1() -> herald.Client:
+            c = herald.Client(node.ws)
+            c.connect()
+            return c
+
+        client = loop.run_until_complete(asyncio.wait_for(cell1(), 5))
+        loop.run_until_complete(asyncio.wait_for(client.ready(), 5))
+        got: List[Any] = []
+
+        async def cell3() -> herald.Subscription:
+            s = client.subscribe("py-cells", on_publication=lambda p: got.append(p.data))
+            await s.ready(5)
+            return s
+
+        loop.run_until_complete(asyncio.wait_for(cell3(), 5))
+        api.publish("py-cells", "x")
+
+        async def cell4() -> None:
+            await wait_for(lambda: got == ["x"], "the publication")
+
+        loop.run_until_complete(asyncio.wait_for(cell4(), 5))
+        loop.run_until_complete(asyncio.wait_for(client.close(), 5))
+        assert client.state == "disconnected"
+    finally:
+        loop.close()
