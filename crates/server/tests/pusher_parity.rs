@@ -1,6 +1,6 @@
 //! Pusher / Soketi parity features against the real binary, with raw WebSocket frames and
 //! signed HTTP API calls: cache channels (last event or `pusher:cache_miss`, in memory and
-//! across two nodes on Redis), `pusher_internal:subscription_count` (opt-in per app),
+//! across two nodes on Redis and on NATS), `pusher_internal:subscription_count` (opt-in per app),
 //! `info` attributes answered by `POST /events` and `/batch_events`, and the per-app limits.
 //! (pusher-js and the `pusher` Node SDK drive the same features in
 //! clients/js/test/integration/pusher-parity.test.ts.)
@@ -277,9 +277,18 @@ async fn cache_channels_send_the_last_event_or_a_cache_miss() {
 #[tokio::test]
 async fn cache_channels_answer_across_two_nodes_on_redis() {
     let redis = herald_testkit::redis::RedisServer::start();
+    cache_channels_answer_across_two_nodes(&redis.url()).await;
+}
+
+#[tokio::test]
+async fn cache_channels_answer_across_two_nodes_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    cache_channels_answer_across_two_nodes(&nats.url()).await;
+}
+
+async fn cache_channels_answer_across_two_nodes(url: &str) {
     let config = config_file("herald.toml", &app_toml(MAIN, ""));
-    let env = [("HERALD_BROKER_URL", redis.url())];
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let env = [("HERALD_BROKER_URL", url)];
     let a = Node::start(&["--dev", "--config", &config], &env).await;
     let b = Node::start(&["--dev", "--config", &config], &env).await;
 
