@@ -1,4 +1,4 @@
-//! Request routing: `/ws`, `/api/*`, `/health`, `/metrics`, the demo page, the admin UI
+//! Request routing: `/ws`, `/api/*`, `/health`, `/ready`, `/metrics`, the demo page, the admin UI
 //! (`/admin`), and the Pusher endpoints `/app/{key}` and `/apps/{id}/…`; and [`Node`], what the
 //! routes hand requests to.
 
@@ -87,6 +87,17 @@ pub async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<HttpRespon
                 json(StatusCode::OK, &serde_json::json!({"status": "ok"}))
             }
         }
+        // Readiness (a Kubernetes readiness probe): whether the node takes new connections.
+        (&Method::GET, "/ready") => {
+            if *app.draining.borrow() {
+                json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &serde_json::json!({"status": "draining"}),
+                )
+            } else {
+                json(StatusCode::OK, &serde_json::json!({"status": "ready"}))
+            }
+        }
         (&Method::GET, "/metrics") => {
             let open = Box::new(crate::state::OpenConnections(app.clone()));
             let body = app.ctx.hub.metrics().render_with(open);
@@ -128,7 +139,7 @@ pub async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<HttpRespon
         (&Method::GET, "/") => text(
             StatusCode::OK,
             "text/plain; charset=utf-8",
-            "Herald real-time messaging node. WebSocket: /ws · API: /api/* · /health · /metrics\n",
+            "Herald real-time messaging node. WebSocket: /ws · API: /api/* · /health · /ready · /metrics\n",
         ),
         _ => error(
             StatusCode::NOT_FOUND,

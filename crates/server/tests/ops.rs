@@ -52,6 +52,63 @@ async fn health_is_ok() {
     assert_eq!((status, body), (200, json!({"status": "ok"})));
 }
 
+/// `GET /ready` (a readiness probe): 200 while the node takes connections, 503 once it drains.
+/// The listener closes at SIGTERM, so the 503 is seen on a keep-alive connection opened before.
+#[tokio::test]
+async fn ready_is_ok_then_503_while_draining() {
+    let mut node = Node::start(&["--dev"], &[("HERALD_DRAIN_MS", "3000")]).await;
+    let (status, body) = node.http("GET", "/ready", None, None).await;
+    assert_eq!((status, body), (200, json!({"status": "ready"})));
+
+    // One HTTP/1.1 connection kept alive across the SIGTERM.
+    let mut http = TcpStream::connect(node.addr).await.unwrap();
+    let before = ask_ready(&mut http).await;
+    assert!(before.starts_with("HTTP/1.1 200"), "{before}");
+    assert!(before.ends_with(r#"{"status":"ready"}"#), "{before}");
+
+    // A client that keeps the node draining (it is not read, so it does not finish the close).
+    let _client = node.connected(&["room"]).await;
+    node.sigterm();
+    let started = Instant::now();
+    let during = loop {
+        let answer = ask_ready(&mut http).await;
+        if answer.starts_with("HTTP/1.1 503") {
+            break answer;
+        }
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "/ready still 200 5 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(during.ends_with(r#"{"status":"draining"}"#), "{during}");
+    let status = tokio::time::timeout(Duration::from_secs(10), node.process().wait())
+        .await
+        .expect("herald did not exit after SIGTERM")
+        .unwrap();
+    assert!(status.success(), "exit status {status:?}");
+}
+
+/// `GET /ready` on an open HTTP/1.1 connection (kept alive): the raw answer.
+async fn ask_ready(http: &mut TcpStream) -> String {
+    let host = http.peer_addr().unwrap();
+    http.write_all(format!("GET /ready HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !seen.ends_with(b"}") {
+        let n = tokio::time::timeout(Duration::from_secs(5), http.read(&mut buf))
+            .await
+            .expect("no answer to GET /ready within 5 s")
+            .unwrap();
+        assert!(n > 0, "connection closed: {}", text(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    text(&seen)
+}
+
 #[tokio::test]
 async fn metrics_count_connections() {
     let node = Node::dev().await;
