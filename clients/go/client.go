@@ -236,7 +236,7 @@ func (c *Client) Close() error {
 	case <-done:
 		return nil
 	case <-time.After(c.timeout + 5*time.Second):
-		return errors.New("herald: Close: a TokenFunc did not return after its context ended")
+		return errors.New("herald: Close: the client's goroutines did not end in time (a TokenFunc that ignores its context?)")
 	}
 }
 

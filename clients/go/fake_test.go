@@ -10,6 +10,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -462,6 +463,7 @@ func TestCloseEndsGoroutines(t *testing.T) {
 		}
 	})
 	r := &recorder{}
+	baseline := runtime.NumGoroutine()
 	c, err := New(url, recordingOptions(r))
 	if err != nil {
 		t.Fatal(err)
@@ -487,5 +489,111 @@ func TestCloseEndsGoroutines(t *testing.T) {
 	}
 	if c.State() != StateDisconnected {
 		t.Fatal("state after Close")
+	}
+	// Every goroutine of the client (and the fake server's handler for it) has ended.
+	deadline := time.Now().Add(3 * time.Second)
+	for runtime.NumGoroutine() > baseline && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := runtime.NumGoroutine(); n > baseline {
+		buf := make([]byte, 1<<16)
+		t.Fatalf("%d goroutines after Close, %d before New:\n%s", n, baseline, buf[:runtime.Stack(buf, true)])
+	}
+}
+
+// unsub with a resubscribe code (4003): the client subscribes again with since, without
+// an unsubscribe (the server already dropped it), after the subscription's short retry delay, and recovers.
+func TestUnsubResubscribeCode(t *testing.T) {
+	var commands atomic.Value
+	url, _ := fakeServer(t, func(f *fakeConn) {
+		c, _ := f.read()
+		f.send(`{"id":`+itoa(c.ID)+`,"connect":{"client":"c","node":"n","ping_interval":25,"subs":{"room":{"epoch":"E","offset":5,"recoverable":true}}}}`,
+			`{"pub":{"channel":"room","offset":6,"data":6}}`,
+			`{"unsub":{"channel":"room","code":4003,"reason":"insufficient state"}}`)
+		var seen []string
+		for {
+			c, err := f.read()
+			if err != nil {
+				return
+			}
+			seen = append(seen, c.Method+" "+string(c.Params["since"]))
+			commands.Store(strings.Join(seen, "|"))
+			if c.Method == "subscribe" {
+				f.send(`{"id":` + itoa(c.ID) + `,"subscribe":{"epoch":"E","offset":7,"recoverable":true,"recovered":true,"publications":[{"offset":7,"data":7}]}}`)
+			}
+		}
+	})
+	r := &recorder{}
+	c, err := New(url, recordingOptions(r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Subscribe("room", SubscribeOptions{
+		OnPublication:  func(e PublicationEvent) { r.add("pub " + string(e.Data)) },
+		OnUnsubscribed: func(e UnsubscribedEvent) { r.add("unsubscribed") },
+	})
+	c.Connect()
+	r.wait(t, "pub 7", 3*time.Second)
+	if got, _ := commands.Load().(string); got != `subscribe {"epoch":"E","offset":6}` {
+		t.Fatalf("commands after unsub 4003: %q", got)
+	}
+	if r.count("unsubscribed") != 0 || r.count("pub ") != 2 {
+		t.Fatalf("events %v", r.all())
+	}
+}
+
+// TokenFunc: an error is reported and retried with backoff; 109 at connect asks for a new token.
+func TestTokenFuncRetriesAndExpiredToken(t *testing.T) {
+	var tokensSeen atomic.Value
+	url, conns := fakeServer(t, func(f *fakeConn) {
+		c, err := f.read()
+		if err != nil {
+			return
+		}
+		tok := string(c.Params["token"])
+		prev, _ := tokensSeen.Load().(string)
+		tokensSeen.Store(prev + tok + " ")
+		if tok == `"t1"` {
+			f.send(`{"id":` + itoa(c.ID) + `,"error":{"code":109,"message":"token expired"}}`)
+			f.ws.Close(4004, "token expired")
+			return
+		}
+		f.send(`{"id":` + itoa(c.ID) + `,"connect":` + okConnect + `}`)
+		<-f.ctx.Done()
+	})
+	var calls atomic.Int32
+	r := &recorder{}
+	opts := recordingOptions(r)
+	opts.TokenFunc = func(ctx context.Context) (string, error) {
+		switch calls.Add(1) {
+		case 1:
+			return "", errors.New("backend down")
+		case 2:
+			return "t1", nil
+		}
+		return "t2", nil
+	}
+	opts.OnError = func(e ErrorEvent) { r.add("error " + e.Type + " " + itoa(uint64(ErrorCode(e.Err)))) }
+	newTestClient(t, url, opts)
+	r.wait(t, "connected", 3*time.Second)
+	if got, _ := tokensSeen.Load().(string); got != `"t1" "t2" ` || conns.Load() != 2 {
+		t.Fatalf("tokens sent %q over %d connections", got, conns.Load())
+	}
+	if r.count("error token 5") != 1 || r.count("error connect 109") != 1 || r.count("disconnected") != 0 {
+		t.Fatalf("events %v", r.all())
+	}
+}
+
+// A token func that returns "" means the user may not connect: the client stops.
+func TestTokenFuncNoToken(t *testing.T) {
+	url, conns := fakeServer(t, func(f *fakeConn) { f.handshake(okConnect) })
+	r := &recorder{}
+	opts := recordingOptions(r)
+	opts.TokenFunc = func(ctx context.Context) (string, error) { return "", nil }
+	newTestClient(t, url, opts)
+	r.wait(t, "disconnected 5", 3*time.Second)
+	if conns.Load() != 0 {
+		t.Fatal("connected without a token")
 	}
 }
