@@ -76,6 +76,9 @@ type Options struct {
 	PingGrace time.Duration
 	// MaxMessageBytes limits one incoming WebSocket message (default 64 MiB).
 	MaxMessageBytes int64
+	// Compression offers permessage-deflate without context takeover (used where the node's
+	// limits.compression is on; otherwise the connection is uncompressed).
+	Compression bool
 
 	Handlers
 }
@@ -413,11 +416,15 @@ func (c *Client) dial(ctx context.Context, cancel context.CancelFunc, seq uint64
 		}
 	}
 	dctx, dcancel := context.WithTimeout(ctx, c.timeout)
-	ws, _, err := websocket.Dial(dctx, c.url, &websocket.DialOptions{
+	dopts := &websocket.DialOptions{
 		HTTPClient:   c.opts.HTTPClient,
 		HTTPHeader:   c.opts.Header,
 		Subprotocols: c.opts.Subprotocols,
-	})
+	}
+	if c.opts.Compression {
+		dopts.CompressionMode = websocket.CompressionNoContextTakeover
+	}
+	ws, _, err := websocket.Dial(dctx, c.url, dopts)
 	dcancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()

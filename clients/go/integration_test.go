@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	herald "github.com/herald-rt/herald/clients/go"
 	"github.com/herald-rt/herald/clients/go/internal/heraldtest"
 )
@@ -139,5 +140,46 @@ func TestReadmeQuickStart(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Fatalf("quick start output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// With compression offered by the client and on at the node, large publications (compressed by
+// the server) and commands arrive intact.
+func TestRealNodeCompression(t *testing.T) {
+	node := heraldtest.Start(t, "", "HERALD_LIMITS__COMPRESSION=true")
+	got := make(chan herald.PublicationEvent, 4)
+	c, err := herald.New(node.WS(), herald.Options{Compression: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Connect()
+	sub, _ := c.Subscribe("big", herald.SubscribeOptions{OnPublication: func(p herald.PublicationEvent) { got <- p }})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := sub.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The offer the client makes (the websocket module's no-context-takeover mode) is one the
+	// node accepts, so the option is not a silent no-op.
+	ws, resp, err := websocket.Dial(ctx, node.WS(), &websocket.DialOptions{CompressionMode: websocket.CompressionNoContextTakeover})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws.CloseNow()
+	if ext := resp.Header.Get("Sec-WebSocket-Extensions"); !strings.Contains(ext, "permessage-deflate") {
+		t.Fatalf("compression not negotiated: %q", ext)
+	}
+	text := strings.Repeat("compressible ", 2000)
+	if _, err := c.Publish(ctx, "big", map[string]string{"text": text}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		if !strings.Contains(string(p.Data), text) {
+			t.Fatalf("publication garbled: %d bytes", len(p.Data))
+		}
+	case <-ctx.Done():
+		t.Fatal("no publication")
 	}
 }
