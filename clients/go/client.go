@@ -226,6 +226,7 @@ func (c *Client) Close() error {
 	c.closed = true
 	for _, s := range c.subs {
 		s.cancelRetry()
+		c.stopTimer(&s.refreshTimer)
 	}
 	c.cancel()
 	c.mu.Unlock()
@@ -897,6 +898,9 @@ func (c *Client) onMessage(m serverMsg) {
 			return
 		}
 		if shouldResubscribe(m.code) {
+			if m.code == UnsubTokenExpired && s.opts.TokenFunc != nil {
+				s.needToken = true // the resubscribe needs a fresh token
+			}
 			c.resync(s, false)
 		} else {
 			delete(c.subs, s.channel)

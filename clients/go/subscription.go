@@ -34,6 +34,12 @@ type SubscribeOptions struct {
 	Since *StreamPosition
 	// Token is a subscription token (JWT) for channels that need one.
 	Token string
+	// TokenFunc is called for a subscription token: before subscribing (when Token is empty),
+	// before the token expires (the client then sends sub_refresh), and after the server ended
+	// the subscription because it expired (unsub 4004) or refused an expired one (109).
+	// Returning "" with a nil error gives up: the subscription ends (CodeNoToken). An error is
+	// reported (OnError) and retried. ctx ends when the client is closed.
+	TokenFunc func(ctx context.Context, channel string) (string, error)
 	// Data is sent with every subscribe of this channel, for the subscribe proxy.
 	Data any
 
@@ -66,6 +72,10 @@ type Subscription struct {
 	retryTimer     *time.Timer
 	subscribedOnce bool
 	endErr         error
+	token          string      // the subscription token to send, if any
+	needToken      bool        // the next subscribe must ask TokenFunc first
+	fetching       bool        // a TokenFunc call for the next subscribe is under way
+	refreshTimer   *time.Timer // sends sub_refresh ahead of the token's expiry
 }
 
 // Subscribe subscribes to a channel. It returns at once; the subscribe is sent when connected
@@ -87,6 +97,7 @@ func (c *Client) Subscribe(channel string, opts SubscribeOptions) (*Subscription
 		c: c, channel: channel, opts: opts, changed: make(chan struct{}),
 		tracker: newStreamTracker(opts.Since),
 		backoff: NewBackoff(200*time.Millisecond, 10*time.Second),
+		token:   opts.Token, needToken: opts.Token == "" && opts.TokenFunc != nil,
 	}
 	c.subs[channel] = s
 	if c.state == StateConnected {
@@ -176,10 +187,13 @@ func (s *Subscription) Presence(ctx context.Context) (PresenceResult, error) {
 
 // --- internal, lock held ---
 
-func (s *Subscription) sentAlone() bool { return s.opts.Token != "" || s.opts.Data != nil }
+// sentAlone: subscriptions with a token or data are sent one by one, never in connect.subs.
+func (s *Subscription) sentAlone() bool {
+	return s.opts.Token != "" || s.opts.TokenFunc != nil || s.opts.Data != nil
+}
 
 func (s *Subscription) needsSubscribe() bool {
-	return s.state == SubSubscribing && !s.busy && s.retryTimer == nil
+	return s.state == SubSubscribing && !s.busy && !s.fetching && s.retryTimer == nil
 }
 
 func (s *Subscription) setState(st SubState) {
@@ -282,6 +296,7 @@ func (s *Subscription) deliver(p *Publication) {
 func (s *Subscription) connectionLost() {
 	s.busy = false
 	s.cancelRetry()
+	s.c.stopTimer(&s.refreshTimer)
 	if s.state == SubSubscribed {
 		s.setState(SubSubscribing)
 	}
@@ -310,6 +325,7 @@ func (s *Subscription) end(code int, reason string, err error) {
 		return
 	}
 	s.cancelRetry()
+	s.c.stopTimer(&s.refreshTimer)
 	if err == nil {
 		err = &UsageError{Code: code, Message: "unsubscribed: " + reason}
 	} else {
@@ -333,7 +349,11 @@ func (s *Subscription) emit(f func(o *SubscribeOptions)) {
 // --- the client's side of subscriptions (lock held) ---
 
 func (c *Client) sendSubscribe(s *Subscription) {
-	if c.state != StateConnected || s.busy || s.state == SubUnsubscribed {
+	if c.state != StateConnected || s.busy || s.fetching || s.state == SubUnsubscribed {
+		return
+	}
+	if s.needToken {
+		c.fetchSubscriptionToken(s)
 		return
 	}
 	since := s.subscribeSent()
@@ -341,8 +361,8 @@ func (c *Client) sendSubscribe(s *Subscription) {
 	if since != nil {
 		p["since"] = since
 	}
-	if s.opts.Token != "" {
-		p["token"] = s.opts.Token
+	if s.token != "" {
+		p["token"] = s.token
 	}
 	if s.opts.Data != nil {
 		p["data"] = s.opts.Data
@@ -366,6 +386,9 @@ func (c *Client) sendSubscribe(s *Subscription) {
 }
 
 func (c *Client) applySubscribe(s *Subscription, r *SubscribeResult) {
+	if r.ExpiresIn != nil && *r.ExpiresIn > 0 {
+		c.scheduleSubRefresh(s, time.Duration(*r.ExpiresIn*float64(time.Second)))
+	}
 	if s.applySubscribe(r) && c.subs[s.channel] == s {
 		c.resync(s, true)
 	}
@@ -378,6 +401,11 @@ func (c *Client) onSubscribeError(s *Subscription, err error) {
 	}
 	var te *TimeoutError
 	var re *ReplyError
+	if errors.As(err, &re) && re.Code == ErrTokenExpired && s.opts.TokenFunc != nil {
+		s.needToken = true
+		c.retrySubscribe(s, func() { c.sendSubscribe(s) })
+		return
+	}
 	if errors.As(err, &te) || (errors.As(err, &re) && re.Temporary()) || ce != nil {
 		s.reportError(err)
 		c.reportError("subscribe", err, s.channel)
@@ -420,5 +448,94 @@ func (c *Client) retrySubscribe(s *Subscription, fn func()) {
 		if c.subs[s.channel] == s && c.state == StateConnected {
 			fn()
 		}
+	})
+}
+
+// fetchSubscriptionToken asks the subscription's TokenFunc for a token, then subscribes.
+func (c *Client) fetchSubscriptionToken(s *Subscription) {
+	if c.closed {
+		return
+	}
+	s.fetching = true
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(c.ctx, c.timeout)
+		tok, err := s.opts.TokenFunc(ctx, s.channel)
+		cancel()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		s.fetching = false
+		if c.subs[s.channel] != s {
+			return
+		}
+		switch {
+		case err != nil:
+			e := &ConnectionError{Code: CodeNoToken, Message: "subscription token func failed: " + err.Error()}
+			s.reportError(e)
+			c.reportError("subscribe", e, s.channel)
+			c.retrySubscribe(s, func() { c.sendSubscribe(s) })
+		case tok == "":
+			delete(c.subs, s.channel)
+			s.end(CodeNoToken, "token func returned no token", nil)
+		default:
+			s.token, s.needToken = tok, false
+			c.sendSubscribe(s)
+		}
+	}()
+}
+
+// scheduleSubRefresh sends sub_refresh ahead of the subscription token's expiry (10 s early, or
+// a quarter of a short lifetime). A fixed token cannot be refreshed: the server then ends the
+// subscription with unsub 4004 when it expires.
+func (c *Client) scheduleSubRefresh(s *Subscription, expiresIn time.Duration) {
+	c.stopTimer(&s.refreshTimer)
+	if s.opts.TokenFunc == nil {
+		return
+	}
+	delay := max(expiresIn-min(10*time.Second, expiresIn/4), 0)
+	c.setTimer(&s.refreshTimer, delay, func() {
+		if c.subs[s.channel] != s || s.state != SubSubscribed || c.closed {
+			return
+		}
+		conn := c.conn
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			ctx, cancel := context.WithTimeout(c.ctx, c.timeout)
+			tok, err := s.opts.TokenFunc(ctx, s.channel)
+			cancel()
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if err != nil {
+				// It will expire: the server sends unsub 4004 and the resubscribe asks again.
+				s.needToken = true
+				c.reportError("refresh", &ConnectionError{Code: CodeNoToken, Message: "subscription token func failed: " + err.Error()}, s.channel)
+				return
+			}
+			if tok == "" || c.subs[s.channel] != s || s.state != SubSubscribed || c.conn != conn {
+				if tok != "" {
+					s.token, s.needToken = tok, false
+				}
+				return
+			}
+			s.token = tok
+			c.request("sub_refresh", map[string]any{"channel": s.channel, "token": tok}, func(raw json.RawMessage, err error) {
+				if err != nil {
+					var ce *ConnectionError
+					if !errors.As(err, &ce) {
+						c.reportError("refresh", err, s.channel)
+					}
+					s.needToken = true
+					return
+				}
+				var r struct {
+					ExpiresIn *float64 `json:"expires_in"`
+				}
+				if json.Unmarshal(raw, &r) == nil && r.ExpiresIn != nil && *r.ExpiresIn > 0 && c.subs[s.channel] == s {
+					c.scheduleSubRefresh(s, time.Duration(*r.ExpiresIn*float64(time.Second)))
+				}
+			})
+		}()
 	})
 }

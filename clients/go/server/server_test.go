@@ -334,3 +334,64 @@ func TestHTTPAPI(t *testing.T) {
 	}
 	ev.wait(t, "disconnected 4502")
 }
+
+// A subscription token func: asked before subscribing, and again before the 3 s token expires
+// (sub_refresh), so the subscription outlives its first token without a resubscribe. A fixed
+// token that expires ends the subscription instead.
+func TestSubscriptionTokenRefresh(t *testing.T) {
+	node := heraldtest.Start(t, config)
+	secret := []byte(heraldtest.Secret)
+	api, _ := server.NewClient(node.HTTP(), heraldtest.APIKey, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	conTok, _ := server.ConnectionToken(secret, server.ConnectionClaims{Subject: "erin"})
+	ev := &events{}
+	c := connect(t, node.WS(), conTok, ev)
+	var mu sync.Mutex
+	calls := 0
+	sub, err := c.Subscribe("private:live", herald.SubscribeOptions{
+		TokenFunc: func(ctx context.Context, channel string) (string, error) {
+			mu.Lock()
+			calls++
+			mu.Unlock()
+			return server.SubscriptionToken(secret, server.SubscriptionClaims{Subject: "erin", Channel: channel, ExpiresAt: time.Now().Add(3 * time.Second)})
+		},
+		OnSubscribed:   func(e herald.SubscribedEvent) { ev.add("subscribed " + e.Channel) },
+		OnUnsubscribed: func(e herald.UnsubscribedEvent) { ev.add("unsubscribed " + e.Channel + " " + itoa(e.Code)) },
+		OnPublication:  func(p herald.PublicationEvent) { ev.add("pub " + p.Channel + " " + string(p.Data)) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fixed, _ := server.SubscriptionToken(secret, server.SubscriptionClaims{Subject: "erin", Channel: "private:fixed", ExpiresAt: time.Now().Add(2 * time.Second)})
+	c.Subscribe("private:fixed", herald.SubscribeOptions{
+		Token:          fixed,
+		OnUnsubscribed: func(e herald.UnsubscribedEvent) { ev.add("unsubscribed " + e.Channel) },
+	})
+	time.Sleep(4500 * time.Millisecond)
+	if _, err := api.Publish(ctx, "private:live", "after"); err != nil {
+		t.Fatal(err)
+	}
+	ev.wait(t, `pub private:live "after"`)
+	ev.wait(t, "unsubscribed private:fixed")
+	mu.Lock()
+	n := calls
+	mu.Unlock()
+	ev.mu.Lock()
+	defer ev.mu.Unlock()
+	subscribed := 0
+	for _, e := range ev.log {
+		if e == "subscribed private:live" {
+			subscribed++
+		}
+		if strings.HasPrefix(e, "unsubscribed private:live") || strings.HasPrefix(e, "connecting ") && e != "connecting 0" {
+			t.Fatalf("the subscription or connection was lost: %v", ev.log)
+		}
+	}
+	if n < 2 || subscribed != 1 {
+		t.Fatalf("token func called %d times, %d subscribe replies (want a refresh, one subscribe): %v", n, subscribed, ev.log)
+	}
+}
