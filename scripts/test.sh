@@ -108,3 +108,7 @@ step "TypeScript SDK" 1200 env HERALD_BIN="$PWD/target/debug/herald" bash client
 # through a fault-injecting proxy, with the JS SDK's adapter (about 25 s). Its self-test (each
 # scenario can fail; about 70 s) runs by hand: node clients/conformance/driver/selftest.mjs
 step "conformance suite (JS SDK)" 300 env HERALD_BIN="$PWD/target/debug/herald" bash clients/conformance/run.sh
+
+# The Python SDK (clients/python): mypy --strict, its unit and real-node tests, then the whole
+# conformance suite with its adapter (about 40 s; 60 s with a fresh venv).
+step "Python SDK and its conformance run" 300 env HERALD_BIN="$PWD/target/debug/herald" bash clients/python/test.sh
