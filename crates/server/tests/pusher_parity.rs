@@ -145,7 +145,8 @@ async fn trigger(node: &Node, app: App, channel: &str, name: &str, data: &str) {
     assert_eq!(status, 200, "trigger {name} on {channel}: {answer}");
 }
 
-/// A webhook receiver: answers 200 and hands over each request's JSON body.
+/// A webhook receiver: answers 200 and hands over each request as `{"headers": {lowercased
+/// name: value}, "body": JSON body}`.
 async fn webhook_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Value>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -178,7 +179,14 @@ async fn webhook_receiver() -> (String, tokio::sync::mpsc::UnboundedReceiver<Val
                     if body.len() < length {
                         continue;
                     }
-                    let _ = tx.send(serde_json::from_str::<Value>(body).unwrap());
+                    let headers: serde_json::Map<String, Value> = head
+                        .lines()
+                        .skip(1)
+                        .filter_map(|l| l.split_once(':'))
+                        .map(|(k, v)| (k.trim().to_ascii_lowercase(), json!(v.trim())))
+                        .collect();
+                    let body = serde_json::from_str::<Value>(body).unwrap();
+                    let _ = tx.send(json!({"headers": headers, "body": body}));
                     let answer =
                         "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
                     let _ = stream.write_all(answer.as_bytes()).await;
@@ -195,10 +203,10 @@ async fn webhook_event(rx: &mut tokio::sync::mpsc::UnboundedReceiver<Value>, nam
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let Ok(Some(body)) = tokio::time::timeout(left, rx.recv()).await else {
+        let Ok(Some(request)) = tokio::time::timeout(left, rx.recv()).await else {
             panic!("no {name} webhook within 10 s");
         };
-        if let Some(e) = body["events"]
+        if let Some(e) = request["body"]["events"]
             .as_array()
             .and_then(|events| events.iter().find(|e| e["name"] == name))
         {
@@ -596,4 +604,152 @@ max_presence_member_size_in_kb = 2";
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(rated_post(1).await.0, 200, "a second later");
     assert_eq!(read().await.0, 200, "a second later");
+}
+
+// ---- webhook filters and headers, CORS ----
+
+/// `name channel` of every webhook event received within `wait`, and the requests' headers.
+async fn webhook_requests(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<Value>,
+    wait: Duration,
+) -> (Vec<String>, Vec<Value>) {
+    let mut events = Vec::new();
+    let mut headers = Vec::new();
+    while let Ok(Some(request)) = tokio::time::timeout(wait, rx.recv()).await {
+        for e in request["body"]["events"].as_array().unwrap() {
+            events.push(format!(
+                "{} {}",
+                e["name"].as_str().unwrap(),
+                e["channel"].as_str().unwrap()
+            ));
+        }
+        headers.push(request["headers"].clone());
+    }
+    (events, headers)
+}
+
+#[tokio::test]
+async fn webhooks_filter_by_channel_name_and_send_their_own_headers() {
+    let (all_url, mut all) = webhook_receiver().await;
+    let (orders_url, mut orders) = webhook_receiver().await;
+    let hooks = format!(
+        "webhooks = [\n  {{ url = \"{all_url}\", event_types = [\"channel_occupied\"] }},\n  \
+         {{ url = \"{orders_url}\", event_types = [\"channel_occupied\"], \
+         filter = {{ channel_name_starts_with = \"orders-\" }}, \
+         headers = {{ \"X-Api-Token\" = \"t0ken\" }} }},\n]"
+    );
+    let config = config_file("herald.toml", &app_toml(MAIN, &hooks));
+    let node = Node::start(&["--dev", "--config", &config], &[]).await;
+    let (mut c, _) = connected(&node, MAIN).await;
+    for channel in ["chat-1", "orders-1", "orders-2-eu"] {
+        subscribe(&mut c, channel).await;
+    }
+    let (mut seen, _) = webhook_requests(&mut all, Duration::from_secs(3)).await;
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            "channel_occupied chat-1",
+            "channel_occupied orders-1",
+            "channel_occupied orders-2-eu"
+        ]
+    );
+    let (mut filtered, headers) = webhook_requests(&mut orders, Duration::from_millis(500)).await;
+    filtered.sort();
+    assert_eq!(
+        filtered,
+        ["channel_occupied orders-1", "channel_occupied orders-2-eu"]
+    );
+    for h in &headers {
+        assert_eq!(h["x-api-token"], "t0ken", "the webhook's own header: {h}");
+        assert!(h["x-pusher-signature"].is_string(), "still signed: {h}");
+    }
+}
+
+/// A raw HTTP/1.1 request (`connection: close`): status and lowercased headers.
+async fn raw_http(node: &Node, request: &str) -> (u16, Vec<(String, String)>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut raw))
+        .await
+        .expect("an answer within 10 s")
+        .unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let head = text.split("\r\n\r\n").next().unwrap();
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .unwrap()
+        .split(' ')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    (status, headers)
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+#[tokio::test]
+async fn the_http_api_answers_cors_for_listed_origins() {
+    let toml = format!(
+        "[pusher]\ncors_allowed_origins = [\"https://app.example\"]\n\n{}",
+        app_toml(MAIN, "")
+    );
+    let config = config_file("herald.toml", &toml);
+    let node = Node::start(&["--dev", "--config", &config], &[]).await;
+    let preflight = |origin: &str| {
+        format!(
+            "OPTIONS /apps/7/events HTTP/1.1\r\nhost: localhost\r\norigin: {origin}\r\n\
+             access-control-request-method: POST\r\naccess-control-request-headers: content-type\r\n\
+             connection: close\r\n\r\n"
+        )
+    };
+    let (status, headers) = raw_http(&node, &preflight("https://app.example")).await;
+    assert_eq!(status, 204, "{headers:?}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert!(header(&headers, "access-control-allow-methods")
+        .unwrap()
+        .contains("POST"));
+    assert!(header(&headers, "access-control-allow-headers")
+        .unwrap()
+        .contains("content-type"));
+    let (status, headers) = raw_http(&node, &preflight("https://evil.example")).await;
+    assert_eq!(status, 403, "an origin not listed");
+    assert_eq!(header(&headers, "access-control-allow-origin"), None);
+
+    // A signed call from the listed origin is served and names the origin.
+    use herald_server::pusher::auth::sign;
+    let query = format!(
+        "auth_key=app-key&auth_timestamp={}&auth_version=1.0",
+        common::now()
+    );
+    let signature = sign("app-secret", &format!("GET\n/apps/7/channels\n{query}"));
+    let get = format!(
+        "GET /apps/7/channels?{query}&auth_signature={signature} HTTP/1.1\r\nhost: localhost\r\n\
+         origin: https://app.example\r\nconnection: close\r\n\r\n"
+    );
+    let (status, headers) = raw_http(&node, &get).await;
+    assert_eq!(status, 200, "{headers:?}");
+    assert_eq!(
+        header(&headers, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    // Without an Origin (a backend), nothing changes.
+    let (status, _) = signed(&node, MAIN, "GET", "channels", &[], None).await;
+    assert_eq!(status, 200);
 }

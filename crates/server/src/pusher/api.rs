@@ -23,6 +23,7 @@ use super::census::Census;
 use super::limits::check_event_name;
 use super::wire::Envelope;
 use super::Node;
+use crate::guard::origin_listed;
 use crate::response::HttpResponse;
 use crate::state::App;
 
@@ -60,12 +61,59 @@ fn ok(body: serde_json::Value) -> Result<HttpResponse, Refused> {
     Ok(r)
 }
 
-/// Handle a request under `/apps/`.
+/// Handle a request under `/apps/`. With `pusher.cors_allowed_origins` set, a browser's
+/// request (one with `Origin`) is served to listed origins only (403 otherwise), its preflight
+/// (`OPTIONS`) is answered without a signature, and the answer names the origin (CORS).
 pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> HttpResponse {
-    match dispatch(&node.state, &node.apps, req).await {
+    let allowed = &node.apps.settings.cors_allowed_origins;
+    let origin = req
+        .headers()
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .map(str::to_owned)
+        .filter(|_| !allowed.is_empty());
+    if let Some(origin) = &origin {
+        if !origin_listed(allowed, origin) {
+            return text(
+                StatusCode::FORBIDDEN,
+                "Cross-origin calls from this origin are refused (pusher.cors_allowed_origins)"
+                    .into(),
+            );
+        }
+        if req.method() == Method::OPTIONS {
+            let mut r = Response::new(Full::new(Bytes::new()));
+            *r.status_mut() = StatusCode::NO_CONTENT;
+            let h = r.headers_mut();
+            h.insert(
+                "access-control-allow-methods",
+                HeaderValue::from_static("GET, POST, OPTIONS"),
+            );
+            h.insert(
+                "access-control-allow-headers",
+                HeaderValue::from_static("content-type, x-requested-with"),
+            );
+            h.insert("access-control-max-age", HeaderValue::from_static("600"));
+            return with_cors(r, origin);
+        }
+    }
+    let response = match dispatch(&node.state, &node.apps, req).await {
         Ok(r) => r,
         Err(Refused(status, message)) => text(status, message),
+    };
+    match &origin {
+        Some(origin) => with_cors(response, origin),
+        None => response,
     }
+}
+
+/// The CORS headers of an answer to `origin`.
+fn with_cors(mut response: HttpResponse, origin: &str) -> HttpResponse {
+    if let Ok(v) = HeaderValue::from_str(origin) {
+        let h = response.headers_mut();
+        h.insert("access-control-allow-origin", v);
+        h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    response
 }
 
 fn unix_now() -> u64 {

@@ -38,9 +38,14 @@ pub struct AppConfig {
     /// Secret that signs channel authorizations and HTTP API requests.
     #[serde(deserialize_with = "text")]
     pub secret: String,
-    /// Let clients send `client-*` events on private and presence channels.
-    #[serde(default)]
+    /// Let clients send `client-*` events on private and presence channels (Soketi's and
+    /// Sockudo's `enable_client_messages` is read as this).
+    #[serde(default, alias = "enable_client_messages")]
     pub enable_client_events: bool,
+    /// Client events one connection may send per second (burst twice as many); default
+    /// `pusher.client_events_per_second`; beyond, `pusher:error` 4301.
+    #[serde(default)]
+    pub max_client_events_per_second: Option<u32>,
     /// Connections this app may hold on this node (0: no limit); beyond it 4100.
     #[serde(default)]
     pub max_connections: usize,
@@ -97,6 +102,9 @@ pub struct PusherConfig {
     pub max_event_bytes: usize,
     /// How long a cache channel (`cache-`, `private-cache-`, …) keeps its last event, in seconds.
     pub cache_ttl_s: u64,
+    /// Browser origins allowed to call the HTTP API `/apps/…` (CORS; `*`: any). Empty: no CORS
+    /// headers and no preflight answer (as before), requests with an `Origin` are served.
+    pub cors_allowed_origins: Vec<String>,
 }
 
 impl Default for PusherConfig {
@@ -107,6 +115,7 @@ impl Default for PusherConfig {
             client_events_per_second: 10,
             max_event_bytes: 10 * 1024,
             cache_ttl_s: 30 * 60,
+            cors_allowed_origins: Vec::new(),
         }
     }
 }
@@ -241,7 +250,7 @@ impl Apps {
                 .filter(|u| !u.is_empty())
                 .map(|url| WebhookConfig {
                     url,
-                    event_types: Vec::new(),
+                    ..WebhookConfig::default()
                 })
                 .into_iter()
                 .collect();
@@ -278,6 +287,10 @@ impl Apps {
             }
             if config.key.is_empty() || config.secret.is_empty() {
                 bail!("pusher app {:?} needs a key and a secret", config.id);
+            }
+            for hook in &config.webhooks {
+                hook.check()
+                    .with_context(|| format!("pusher app {:?} webhook", config.id))?;
             }
             let app = Arc::new(PusherApp::new(config.clone()));
             if by_key.insert(config.key.clone(), app.clone()).is_some() {
@@ -493,6 +506,36 @@ mod tests {
         assert_eq!(one.external("pusher:10:chat"), None);
         assert_eq!(apps.by_id("two").unwrap().config.secret, "s2");
         assert_eq!(apps.namespace.history_size, 100);
+    }
+
+    #[test]
+    fn soketi_names_are_read() {
+        let raw = serde_json::json!({"apps": [{
+            "id": "1", "key": "k", "secret": "s",
+            "enable_client_messages": true,
+            "max_client_events_per_second": 3,
+            "max_event_payload_in_kb": 2,
+            "max_presence_member_size_in_kb": 4,
+            "max_event_name_length": 50,
+        }]});
+        let apps = Apps::load(Some(&raw), &namespaces(), |_| None).unwrap();
+        let app = apps.by_id("1").unwrap();
+        assert!(
+            app.config.enable_client_events,
+            "Soketi's enable_client_messages"
+        );
+        assert_eq!(app.config.max_client_events_per_second, Some(3));
+        assert_eq!(app.max_event_bytes(10_240), 2048);
+        assert_eq!(app.max_user_info_bytes(), 4096);
+        assert_eq!(app.max_event_name_chars(), 50);
+        assert_eq!(apps.namespace_for("cache-x").history_ttl_s, 1800);
+        assert_eq!(apps.namespace_for("x").history_ttl_s, 300);
+        let unknown =
+            serde_json::json!({"apps": [{"id": "1", "key": "k", "secret": "s", "max_nothing": 1}]});
+        assert!(Apps::load(Some(&unknown), &namespaces(), |_| None).is_err());
+        let reserved = serde_json::json!({"apps": [{"id": "1", "key": "k", "secret": "s",
+            "webhooks": [{"url": "http://x", "headers": {"x-pusher-key": "v"}}]}]});
+        assert!(Apps::load(Some(&reserved), &namespaces(), |_| None).is_err());
     }
 
     #[test]

@@ -165,7 +165,11 @@ impl PusherConn {
             .hub()
             .register(socket_id.clone(), ctx.app.prefix.clone(), out.clone());
         out.push(wire::connection_established(&socket_id, activity_timeout_s));
-        let rate = ctx.node.apps.settings.client_events_per_second;
+        let rate = ctx
+            .app
+            .config
+            .max_client_events_per_second
+            .unwrap_or(ctx.node.apps.settings.client_events_per_second);
         PusherConn {
             ctx,
             out,

@@ -16,7 +16,7 @@
 //! most [`QUEUED_BATCHES`]; beyond, new batches are dropped (logged) rather than held without
 //! bound while an endpoint is down.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use super::auth::sign;
 use crate::cluster::{self, unix_ms};
 
 /// One `webhooks` entry of an app.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// Where batches are POSTed.
@@ -40,6 +40,69 @@ pub struct WebhookConfig {
     /// Event names sent there; empty: all of them.
     #[serde(default)]
     pub event_types: Vec<String>,
+    /// Only events of channels whose names match (Soketi's webhook `filter`).
+    #[serde(default)]
+    pub filter: WebhookFilter,
+    /// Extra request headers (an API key of the receiver, say); not `content-type` nor the
+    /// `x-pusher-*` signature headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// Which channels' events a webhook receives (both given: both must match).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFilter {
+    /// The channel name starts with this.
+    #[serde(default)]
+    pub channel_name_starts_with: Option<String>,
+    /// The channel name ends with this.
+    #[serde(default)]
+    pub channel_name_ends_with: Option<String>,
+}
+
+/// Headers a webhook may not set: the request's own and the signature's.
+const RESERVED_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-length",
+    "host",
+    "x-pusher-key",
+    "x-pusher-signature",
+];
+
+impl WebhookConfig {
+    /// Refuse headers that are not valid HTTP or that the signed request sets itself. The error
+    /// names the header, never its value (which may be a credential).
+    pub fn check(&self) -> anyhow::Result<()> {
+        for (name, value) in &self.headers {
+            let lower = name.to_ascii_lowercase();
+            if RESERVED_HEADERS.contains(&lower.as_str()) {
+                anyhow::bail!("header {name:?} is set by Herald and may not be configured");
+            }
+            if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                anyhow::bail!("header name {name:?} is not a valid HTTP header name");
+            }
+            if reqwest::header::HeaderValue::from_str(value).is_err() {
+                anyhow::bail!("the value of header {name:?} is not a valid HTTP header value");
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this webhook wants `event` (its type and its channel).
+    fn wants(&self, event: &Value) -> bool {
+        let name = event["name"].as_str();
+        let typed = self.event_types.is_empty() || self.event_types.iter().any(|t| name == Some(t));
+        let channel = event["channel"].as_str().unwrap_or("");
+        let f = &self.filter;
+        typed
+            && f.channel_name_starts_with
+                .as_deref()
+                .is_none_or(|p| channel.starts_with(p))
+            && f.channel_name_ends_with
+                .as_deref()
+                .is_none_or(|s| channel.ends_with(s))
+    }
 }
 
 /// Events gathered into one request at most this long after the first.
@@ -58,6 +121,8 @@ struct Delivery {
     key: String,
     signature: String,
     body: String,
+    /// The webhook's own headers.
+    headers: BTreeMap<String, String>,
 }
 
 /// Where an app's batches go: the app id and the URL.
@@ -168,16 +233,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
         }
         for (app, events) in per_app.into_values() {
             for hook in &app.config.webhooks {
-                let wanted: Vec<&Value> = events
-                    .iter()
-                    .filter(|e| {
-                        hook.event_types.is_empty()
-                            || hook
-                                .event_types
-                                .iter()
-                                .any(|t| e["name"].as_str() == Some(t))
-                    })
-                    .collect();
+                let wanted: Vec<&Value> = events.iter().filter(|e| hook.wants(e)).collect();
                 if wanted.is_empty() {
                     continue;
                 }
@@ -186,6 +242,7 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
                     key: app.config.key.clone(),
                     signature: sign(&app.config.secret, &body),
                     body,
+                    headers: hook.headers.clone(),
                 };
                 let queue = queues
                     .entry((app.config.id.clone(), hook.url.clone()))
@@ -240,12 +297,16 @@ async fn deliver(client: &reqwest::Client, url: &str, delivery: Delivery) {
         key,
         signature,
         body,
+        headers,
     } = delivery;
     // 1, 2, 4, 8 s between the attempts.
     let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(8)).exact();
     for attempt in 1..=ATTEMPTS {
-        let sent = client
-            .post(url)
+        let mut request = client.post(url);
+        for (name, value) in &headers {
+            request = request.header(name, value);
+        }
+        let sent = request
             .header("content-type", "application/json")
             .header("x-pusher-key", &key)
             .header("x-pusher-signature", &signature)
@@ -263,4 +324,45 @@ async fn deliver(client: &reqwest::Client, url: &str, delivery: Delivery) {
         }
     }
     tracing::error!(url, "webhook dropped after {ATTEMPTS} attempts");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hook(config: Value) -> WebhookConfig {
+        serde_json::from_value(config).unwrap()
+    }
+
+    #[test]
+    fn filters_match_type_and_channel() {
+        let h = hook(json!({
+            "url": "http://x",
+            "event_types": ["channel_occupied"],
+            "filter": {"channel_name_starts_with": "orders-", "channel_name_ends_with": "-eu"},
+        }));
+        let event = |name: &str, channel: &str| json!({"name": name, "channel": channel});
+        assert!(h.wants(&event("channel_occupied", "orders-1-eu")));
+        assert!(!h.wants(&event("channel_occupied", "orders-1-us")));
+        assert!(!h.wants(&event("channel_occupied", "chat-1-eu")));
+        assert!(!h.wants(&event("channel_vacated", "orders-1-eu")));
+        assert!(hook(json!({"url": "http://x"})).wants(&event("member_added", "any")));
+    }
+
+    #[test]
+    fn reserved_and_invalid_headers_are_refused_without_their_values() {
+        let with = |name: &str, value: &str| hook(json!({"url": "u", "headers": {name: value}}));
+        assert!(with("X-Api-Token", "t").check().is_ok());
+        let why = with("X-Pusher-Signature", "secret-value")
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            why.contains("X-Pusher-Signature") && !why.contains("secret-value"),
+            "{why}"
+        );
+        let why = with("X-A", "line\nbreak").check().unwrap_err().to_string();
+        assert!(why.contains("X-A") && !why.contains("break"), "{why}");
+        assert!(with("bad name", "v").check().is_err());
+    }
 }
