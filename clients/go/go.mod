@@ -1,5 +1,5 @@
 module github.com/herald-rt/herald/clients/go
 
-go 1.24
+go 1.23
 
 require github.com/coder/websocket v1.8.15

@@ -3,8 +3,10 @@
 # then the whole cross-SDK conformance suite with the Go adapter. Exits non-zero on any failure.
 #   bash clients/go/test.sh
 # HERALD_BIN: the server binary (default target/debug/herald at the repository root; a relative
-# path is taken from the repository root). Needs Go 1.24+ (modules come from the Go module proxy
-# on first use) and Node 18+ for the conformance driver.
+# path is taken from the repository root). Needs a Go toolchain (1.21 or newer: an older-than-1.23
+# one fetches go.mod's version itself from the Go module proxy), a C compiler for -race, and
+# Node 18+ for the conformance driver. The one module dependency (github.com/coder/websocket)
+# comes from the Go module proxy on first use and is cached after.
 set -euo pipefail
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)
@@ -16,8 +18,12 @@ if [[ ! -x $HERALD_BIN ]]; then
   exit 1
 fi
 for tool in go node; do
-  command -v "$tool" >/dev/null || { echo "clients/go/test.sh: $tool is not installed" >&2; exit 1; }
+  command -v "$tool" >/dev/null || { echo "clients/go/test.sh: $tool is not installed (Go: https://go.dev/doc/install)" >&2; exit 1; }
 done
+if [[ $(go env CGO_ENABLED) != 1 ]] || ! command -v "$(go env CC)" >/dev/null; then
+  echo "clients/go/test.sh: no C compiler for the race detector; install gcc (apt-get install gcc)" >&2
+  exit 1
+fi
 
 start=$(date +%s)
 echo "== go vet"
