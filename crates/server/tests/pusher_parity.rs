@@ -397,6 +397,44 @@ async fn subscription_count_events_follow_the_count_when_the_app_enables_them() 
     quiet(&mut other, "an app without subscription counting").await;
 }
 
+#[tokio::test]
+async fn subscription_counts_are_for_the_cluster_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let config = config_file(
+        "herald.toml",
+        &app_toml(MAIN, "enable_subscription_count = true"),
+    );
+    let env = [("HERALD_BROKER_URL", redis.url())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let a = Node::start(&["--dev", "--config", &config], &env).await;
+    let b = Node::start(&["--dev", "--config", &config], &env).await;
+
+    let (mut on_a, _) = connected(&a, MAIN).await;
+    subscribe(&mut on_a, "room").await;
+    assert_eq!(next_count(&mut on_a, "room").await, 1);
+    // A subscriber on node B: both nodes' subscribers see 2 (A's within its next look, ~1 s
+    // plus the census's gap).
+    let (mut on_b, _) = connected(&b, MAIN).await;
+    subscribe(&mut on_b, "room").await;
+    let mut seen_b = next_count(&mut on_b, "room").await;
+    if seen_b == 1 {
+        // B's census had not heard of A's subscriber yet: the correction follows.
+        seen_b = next_count(&mut on_b, "room").await;
+    }
+    assert_eq!(seen_b, 2, "node B counts node A's subscriber");
+    assert_eq!(
+        next_count(&mut on_a, "room").await,
+        2,
+        "node A counts node B's"
+    );
+    drop(on_b);
+    assert_eq!(
+        next_count(&mut on_a, "room").await,
+        1,
+        "B's subscriber left"
+    );
+}
+
 // ---- info on trigger ----
 
 #[tokio::test]
