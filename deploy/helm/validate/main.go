@@ -155,6 +155,34 @@ func main() {
 			fmt.Printf("FAIL %-20s\n", name)
 		}
 	}
+	// Values the chart must refuse, with a message saying what to fix.
+	refusals := []struct{ name, values, want string }{
+		{"the memory broker with 3 replicas", "replicaCount: 3", "broker.type memory serves one node"},
+		{"the memory broker autoscaled", "autoscaling: {enabled: true}", "broker.type memory serves one node"},
+		{"redis without a URL", "{broker: {type: redis}, replicaCount: 2}", "broker.redis.url is required"},
+		{"redis-cluster without nodes", "{broker: {type: redis-cluster}, replicaCount: 2}", "broker.redisCluster.nodes"},
+		{"nats without URLs", "{broker: {type: nats}, replicaCount: 2}", "broker.nats.urls is required"},
+		{"an unknown broker", "broker: {type: kafka}", `broker.type "kafka"`},
+		{"a grace period shorter than the drain", "terminationGracePeriodSeconds: 10", "terminationGracePeriodSeconds 10 is too short"},
+		{"no Secret at all", "secrets: {create: false}", "secrets.create false needs secrets.existingSecret"},
+	}
+	for _, r := range refusals {
+		vals, err := chartutil.ReadValues([]byte(r.values))
+		if err != nil {
+			failf("refusal %q: %v", r.name, err)
+			continue
+		}
+		_, err = render(ch, vals)
+		switch {
+		case err == nil:
+			failf("the chart renders %s (%s): it must refuse it with %q", r.name, r.values, r.want)
+		case !strings.Contains(err.Error(), r.want):
+			failf("the chart refuses %s with %q, want a message with %q", r.name, err, r.want)
+		default:
+			fmt.Printf("ok   refuses %s\n", r.name)
+		}
+	}
+
 	if len(failures) > 0 {
 		fmt.Fprintln(os.Stderr, "\nthe chart is broken:")
 		for _, f := range failures {
@@ -162,7 +190,7 @@ func main() {
 		}
 		os.Exit(1)
 	}
-	fmt.Printf("chart OK: lint and %d renders, every object strictly decoded\n", len(cases))
+	fmt.Printf("chart OK: lint and %d renders, every object strictly decoded, %d bad values refused\n", len(cases), len(refusals))
 	if ranMetrics != "" {
 		fmt.Printf("the node started with %s's settings; its /metrics has the HPA's metric\n", ranMetrics)
 	} else if *metricsFile == "" {
