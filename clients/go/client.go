@@ -118,6 +118,7 @@ type Client struct {
 	subs            map[string]*Subscription
 	serverSubs      map[string]bool
 	serverPositions map[string]*StreamPosition
+	serverNoHistory map[string]bool // server-side channels without history: resubscribed without since
 	pending         map[uint64]*pending
 	nextID          uint64
 	token           string
@@ -151,6 +152,7 @@ func New(url string, opts Options) (*Client, error) {
 		subs:            map[string]*Subscription{},
 		serverSubs:      map[string]bool{},
 		serverPositions: map[string]*StreamPosition{},
+		serverNoHistory: map[string]bool{},
 		pending:         map[uint64]*pending{},
 		token:           opts.Token,
 		needToken:       opts.Token == "",
@@ -576,7 +578,11 @@ func (c *Client) sendConnect() {
 	// Server-side subscriptions of the last connection, named with since so the server recovers.
 	for ch, pos := range c.serverPositions {
 		if _, ok := subs[ch]; !ok {
-			subs[ch] = map[string]any{"since": *pos}
+			if c.serverNoHistory[ch] {
+				subs[ch] = map[string]any{}
+			} else {
+				subs[ch] = map[string]any{"since": *pos}
+			}
 		}
 	}
 	params := map[string]any{}
@@ -658,6 +664,7 @@ func (c *Client) onConnectReply(raw json.RawMessage, err error, included []*Subs
 	for ch := range c.serverPositions {
 		if res, ok := r.Subs[ch]; !ok || res == nil || res.Error != nil {
 			delete(c.serverPositions, ch) // no longer granted
+			delete(c.serverNoHistory, ch)
 		}
 	}
 	for ch, res := range r.Subs {
@@ -666,11 +673,15 @@ func (c *Client) onConnectReply(raw json.RawMessage, err error, included []*Subs
 		}
 		c.serverSubs[ch] = true
 		held := c.serverPositions[ch]
+		if c.serverNoHistory[ch] {
+			held = nil // named without since: nothing to recover
+		}
 		recovered := res.Recovered != nil && *res.Recovered
 		ev := ServerSubscribedEvent{
 			Channel: ch, Epoch: res.Epoch, Offset: res.Offset, Recoverable: res.recoverable(),
 			Recovering: held != nil, Recovered: recovered && held != nil && held.Epoch == res.Epoch,
 		}
+		c.serverNoHistory[ch] = !res.recoverable()
 		if !ev.Recovered {
 			c.serverPositions[ch] = &StreamPosition{Epoch: res.Epoch, Offset: res.Offset}
 		}
@@ -876,6 +887,7 @@ func (c *Client) onMessage(m serverMsg) {
 		c.serverSubs[m.channel] = true
 		r := m.sub
 		c.serverPositions[m.channel] = &StreamPosition{Epoch: r.Epoch, Offset: r.Offset}
+		c.serverNoHistory[m.channel] = !r.recoverable()
 		ev := ServerSubscribedEvent{Channel: m.channel, Epoch: r.Epoch, Offset: r.Offset, Recoverable: r.recoverable()}
 		c.emit(func(h *Handlers) {
 			if h.OnServerSubscribed != nil {
@@ -886,6 +898,7 @@ func (c *Client) onMessage(m serverMsg) {
 		s := c.subs[m.channel]
 		if s == nil {
 			delete(c.serverPositions, m.channel)
+			delete(c.serverNoHistory, m.channel)
 			if c.serverSubs[m.channel] {
 				delete(c.serverSubs, m.channel)
 				ev := UnsubscribedEvent{Channel: m.channel, Code: m.code, Reason: m.reason}
@@ -918,7 +931,7 @@ func (c *Client) onMessage(m serverMsg) {
 func (c *Client) serverPublication(channel string, p *Publication) {
 	pos := c.serverPositions[channel]
 	epoch := ""
-	if pos != nil {
+	if pos != nil && !c.serverNoHistory[channel] {
 		epoch = pos.Epoch
 		if p.Offset > 0 {
 			if p.Offset <= pos.Offset {

@@ -597,3 +597,53 @@ func TestTokenFuncNoToken(t *testing.T) {
 		t.Fatal("connected without a token")
 	}
 }
+
+// Server-side subscriptions are named again in the next connect: with since when the channel has
+// history (and recovered: true is reported, then the missed publications), without it when not.
+func TestServerSideSubscriptionsAcrossReconnect(t *testing.T) {
+	var secondSubs atomic.Value
+	url, _ := fakeServer(t, func(f *fakeConn) {
+		c, err := f.read()
+		if err != nil {
+			return
+		}
+		if f.n == 1 {
+			f.send(`{"id":`+itoa(c.ID)+`,"connect":{"client":"c","node":"n","ping_interval":25,"subs":{`+
+				`"hist":{"epoch":"E","offset":2,"recoverable":true},"nohist":{"epoch":"","offset":0,"recoverable":false}}}}`,
+				`{"pub":{"channel":"hist","offset":3,"data":3}}`,
+				`{"pub":{"channel":"nohist","offset":0,"data":"a"}}`)
+			f.ws.Close(4001, "slow consumer")
+			return
+		}
+		secondSubs.Store(string(c.Params["subs"]))
+		f.send(`{"id":` + itoa(c.ID) + `,"connect":{"client":"c2","node":"n","ping_interval":25,"subs":{` +
+			`"hist":{"epoch":"E","offset":4,"recoverable":true,"recovered":true,"publications":[{"offset":3,"data":3},{"offset":4,"data":4}]},` +
+			`"nohist":{"epoch":"","offset":0,"recoverable":false}}}}`)
+		<-f.ctx.Done()
+	})
+	r := &recorder{}
+	opts := recordingOptions(r)
+	opts.OnServerSubscribed = func(e ServerSubscribedEvent) {
+		r.add("server-subscribed " + e.Channel + " " + map[bool]string{true: "recovering", false: "fresh"}[e.Recovering] +
+			" " + map[bool]string{true: "recovered", false: "-"}[e.Recovered])
+	}
+	newTestClient(t, url, opts)
+	r.waitN(t, "connected", 2, 3*time.Second)
+	r.wait(t, "serverpub hist 4", 3*time.Second)
+	want := `{"hist":{"since":{"epoch":"E","offset":3}},"nohist":{}}`
+	if got, _ := secondSubs.Load().(string); got != want {
+		t.Fatalf("second connect named %s, want %s", got, want)
+	}
+	var pubs []string
+	for _, e := range r.all() {
+		if strings.HasPrefix(e, "serverpub hist") {
+			pubs = append(pubs, e)
+		}
+	}
+	if strings.Join(pubs, "|") != "serverpub hist 3|serverpub hist 4" {
+		t.Fatalf("hist delivered %v (want 3 then 4, once each)", pubs)
+	}
+	if r.count("server-subscribed hist recovering recovered") != 1 || r.count("server-subscribed nohist recovering") != 0 {
+		t.Fatalf("events %v", r.all())
+	}
+}
