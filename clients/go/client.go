@@ -27,6 +27,8 @@ import (
 // State of a Client.
 type State int
 
+// The client's states: Disconnected (before Connect, after Disconnect/Close or a permanent close),
+// Connecting (dialing, waiting for the connect reply, or waiting out the backoff), Connected.
 const (
 	StateDisconnected State = iota
 	StateConnecting

@@ -10,6 +10,8 @@ import (
 // SubState is a subscription's state.
 type SubState int
 
+// A subscription is Subscribing until a subscribe reply (again after each reconnect or resync),
+// then Subscribed; Unsubscribed is final.
 const (
 	SubSubscribing SubState = iota
 	SubSubscribed
