@@ -42,16 +42,21 @@ func (n *Node) Output() string { return n.out.String() }
 
 // Binary is the herald binary to test against. With HERALD_BIN unset and the default missing,
 // tests skip; with HERALD_BIN set to a missing file, they fail.
+// A relative HERALD_BIN is taken from the repository root, like the default.
 func Binary(t testing.TB) string {
+	_, file, _, _ := runtime.Caller(0)
+	// internal/heraldtest -> go -> clients -> repository root
+	root := filepath.Join(filepath.Dir(file), "..", "..", "..", "..")
 	if b := os.Getenv("HERALD_BIN"); b != "" {
+		if !filepath.IsAbs(b) {
+			b = filepath.Join(root, b)
+		}
 		if _, err := os.Stat(b); err != nil {
-			t.Fatalf("HERALD_BIN=%s: %v", b, err)
+			t.Fatalf("HERALD_BIN: %v", err)
 		}
 		return b
 	}
-	_, file, _, _ := runtime.Caller(0)
-	// internal/heraldtest -> clients/go -> clients -> repository root
-	b := filepath.Join(filepath.Dir(file), "..", "..", "..", "..", "target", "debug", "herald")
+	b := filepath.Join(root, "target", "debug", "herald")
 	if _, err := os.Stat(b); err != nil {
 		t.Skipf("no herald binary at %s (build it or set HERALD_BIN)", b)
 	}
