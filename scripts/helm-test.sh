@@ -61,6 +61,7 @@ breaks=(
   "templates/service.yaml|s.replace('targetPort: http', 'targetPort: web')|targetPort web"
   "templates/hpa.yaml|s.replace('kind: Deployment', 'kind: StatefulSet')|HPA herald scales StatefulSet"
   "templates/deployment.yaml|s.replace('gt (int .Values.replicaCount) 1', 'gt (int .Values.replicaCount) 100')|the chart renders the memory broker with 3 replicas"
+  "values.schema.json|s.replace('\"additionalProperties\": false', '\"additionalProperties\": true')|the chart renders a misspelt value"
 )
 if [ -n "$herald_bin" ]; then
   breaks+=(

@@ -162,9 +162,10 @@ func main() {
 		{"redis without a URL", "{broker: {type: redis}, replicaCount: 2}", "broker.redis.url is required"},
 		{"redis-cluster without nodes", "{broker: {type: redis-cluster}, replicaCount: 2}", "broker.redisCluster.nodes"},
 		{"nats without URLs", "{broker: {type: nats}, replicaCount: 2}", "broker.nats.urls is required"},
-		{"an unknown broker", "broker: {type: kafka}", `broker.type "kafka"`},
+		{"an unknown broker (values.schema.json)", "broker: {type: kafka}", "at '/broker/type': value must be one of 'memory', 'redis', 'redis-cluster', 'nats'"},
 		{"a grace period shorter than the drain", "terminationGracePeriodSeconds: 10", "terminationGracePeriodSeconds 10 is too short"},
 		{"no Secret at all", "secrets: {create: false}", "secrets.create false needs secrets.existingSecret"},
+		{"a misspelt value (values.schema.json)", "herald: {drainMS: 3000}", "at '/herald': additional properties 'drainMS' not allowed"},
 	}
 	for _, r := range refusals {
 		vals, err := chartutil.ReadValues([]byte(r.values))
