@@ -112,7 +112,10 @@ with tarfile.open(archive) as t:
                     fail(f"whiteout {m.name} in a layer: this unpacker does not apply them")
                 if m.name.startswith("/") or ".." in m.name.split("/"):
                     fail(f"layer member escapes the root: {m.name}")
-            lt.extractall(rootfs, numeric_owner=True, filter="fully_trusted")
+            try:  # members were checked above; `filter` exists from Python 3.11.4/3.12
+                lt.extractall(rootfs, numeric_owner=True, filter="fully_trusted")
+            except TypeError:
+                lt.extractall(rootfs, numeric_owner=True)
 json.dump(config, open(out, "w"), indent=1)
 EOF
 
