@@ -7,7 +7,10 @@ package herald_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -181,5 +184,86 @@ func TestRealNodeCompression(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("no publication")
+	}
+}
+
+// Options.Data, Name and Header reach the application's connect hook through the real node; the
+// hook's data comes back in ConnectedEvent.Data and its channels as server-side subscriptions.
+// A hook's error refuses the connect for good (its code, no retry).
+func TestRealNodeConnectProxy(t *testing.T) {
+	type hookCall struct {
+		Name    string            `json:"name"`
+		Data    json.RawMessage   `json:"data"`
+		Cookies map[string]string `json:"cookies"`
+	}
+	calls := make(chan hookCall, 16)
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var q hookCall
+		json.NewDecoder(r.Body).Decode(&q)
+		calls <- q
+		w.Header().Set("Content-Type", "application/json")
+		if q.Cookies["sessionid"] == "good" {
+			w.Write([]byte(`{"result":{"user":"dana","data":{"welcome":true},"channels":["inbox"]}}`))
+		} else {
+			w.Write([]byte(`{"error":{"code":1403,"message":"no session"}}`))
+		}
+	}))
+	defer backend.Close()
+	node := heraldtest.Start(t, "[proxy]\nconnect_url = \""+backend.URL+"/connect\"\ncookies = [\"sessionid\"]\n")
+
+	type result struct {
+		data   string
+		server string
+		stop   int
+	}
+	run := func(cookie string) (result, int) {
+		out := make(chan result, 4)
+		var attempts int
+		c, err := herald.New(node.WS(), herald.Options{
+			Name: "go-test", Data: map[string]int{"tab": 2},
+			Header:            http.Header{"Cookie": []string{"sessionid=" + cookie}},
+			MinReconnectDelay: 20 * time.Millisecond, MaxReconnectDelay: 50 * time.Millisecond,
+			Handlers: herald.Handlers{
+				OnConnected:        func(e herald.ConnectedEvent) { out <- result{data: string(e.Data)} },
+				OnServerSubscribed: func(e herald.ServerSubscribedEvent) { out <- result{server: e.Channel} },
+				OnDisconnected:     func(e herald.DisconnectedEvent) { out <- result{stop: e.Code} },
+			},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.Connect()
+		var r result
+		for r.stop == 0 && (r.data == "" || r.server == "") {
+			select {
+			case e := <-out:
+				r.data, r.server, r.stop = r.data+e.data, r.server+e.server, r.stop+e.stop
+			case <-time.After(5 * time.Second):
+				t.Fatalf("no connect outcome within 5 s: %+v", r)
+			}
+		}
+		time.Sleep(300 * time.Millisecond) // a retry after a refusal would call the hook again
+	drain:
+		for {
+			select {
+			case q := <-calls:
+				attempts++
+				if q.Name != "go-test" || string(q.Data) != `{"tab":2}` {
+					t.Fatalf("hook got name %q data %s", q.Name, q.Data)
+				}
+			default:
+				break drain
+			}
+		}
+		return r, attempts
+	}
+	r, n := run("good")
+	if r.data != `{"welcome":true}` || r.server != "inbox" || n != 1 {
+		t.Fatalf("accepted connect: %+v after %d hook calls", r, n)
+	}
+	r, n = run("bad")
+	if r.stop != 1403 || n != 1 {
+		t.Fatalf("refused connect: stopped with %d after %d hook calls (want 1403, 1)", r.stop, n)
 	}
 }
