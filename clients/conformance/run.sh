@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Herald cross-SDK conformance suite against the JS SDK (clients/js), for CI and by hand.
+# Herald cross-SDK conformance suite against the JS SDK (clients/js), for CI and by hand: one node,
+# and three nodes on Redis, side by side (suite.sh).
 #   bash clients/conformance/run.sh [scenario.json ...]     (default: every scenarios/*.json)
 # Installs what it needs: clients/js's npm packages (npm ci) and its build (dist/) when missing or
 # older than src/. The driver itself uses only Node's standard library. HERALD_BIN overrides the
@@ -26,6 +27,6 @@ fi
 
 start=$(date +%s)
 status=0
-node driver/driver.mjs --adapter "node adapters/js/adapter.mjs" "$@" || status=$?
+bash suite.sh "node adapters/js/adapter.mjs" "$@" || status=$?
 echo "conformance (js): $(($(date +%s) - start)) s in all"
 exit "$status"

@@ -42,6 +42,7 @@ echo "== pytest (clients/python/tests)"
 echo "pytest: $(($(date +%s) - start)) s"
 
 start=$(date +%s)
-echo "== conformance suite, Python adapter"
-(cd "$repo/clients/conformance" && node driver/driver.mjs --adapter "'$venv/bin/python' adapters/python/adapter.py" --herald "$HERALD_BIN")
+echo "== conformance suite, Python adapter (one node; three nodes on Redis)"
+# One node, and three nodes on Redis, side by side (clients/conformance/suite.sh).
+bash "$repo/clients/conformance/suite.sh" "'$venv/bin/python' adapters/python/adapter.py" --herald "$HERALD_BIN"
 echo "conformance (python): $(($(date +%s) - start)) s"

@@ -1,13 +1,16 @@
 #!/usr/bin/env node
 // Herald cross-SDK conformance driver. Node's standard library only (no npm packages).
 //
-//   node driver/driver.mjs --adapter "<command>" [--herald PATH] [--only NAME] [scenarios/*.json ...]
+//   node driver/driver.mjs --adapter "<command>" [--herald PATH] [--nodes N] [--only NAME] [scenarios/*.json ...]
 //
 // For each scenario: start the real herald (`serve --dev` on a free port, the scenario's env), a
 // TCP proxy in front of it that the driver controls (refuse/reset, delay), the SDK's adapter
 // (commands on its stdin, events on its stdout, README.md), run the scenario's steps in order,
 // then check the merged event log (adapter events + what the driver and proxy saw) against the
 // scenario's expectations. One line per scenario; exit status 1 when any scenario failed.
+// With --nodes N (N >= 2, or CONFORMANCE_NODES=N): N nodes on one real Redis (redis-server on a
+// free port), the proxy sending each new client connection to the next live node and the API
+// calls going round-robin over them, so every reconnect lands on another node.
 import { spawn } from 'node:child_process';
 import { createHmac } from 'node:crypto';
 import { existsSync, readdirSync, readFileSync } from 'node:fs';
@@ -27,16 +30,25 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // Arguments
 
 function parseArgs(argv) {
-  const a = { adapter: undefined, herald: process.env.HERALD_BIN, only: undefined, files: [], verbose: false };
+  const a = {
+    adapter: undefined,
+    herald: process.env.HERALD_BIN,
+    nodes: Number(process.env.CONFORMANCE_NODES ?? 1),
+    only: undefined,
+    files: [],
+    verbose: false,
+  };
   for (let i = 0; i < argv.length; i++) {
     const v = argv[i];
     if (v === '--adapter') a.adapter = argv[++i];
     else if (v === '--herald') a.herald = argv[++i];
     else if (v === '--only') a.only = argv[++i];
+    else if (v === '--nodes') a.nodes = Number(argv[++i]);
     else if (v === '--verbose' || v === '-v') a.verbose = true;
     else a.files.push(v);
   }
   if (!a.adapter) throw new Error('--adapter "<command>" is required (e.g. "node adapters/js/adapter.mjs")');
+  if (!Number.isInteger(a.nodes) || a.nodes < 1 || a.nodes > 9) throw new Error('--nodes must be 1 to 9');
   a.herald ??= join(repo, 'target', 'debug', 'herald');
   if (!existsSync(a.herald)) throw new Error(`herald binary ${a.herald} missing (cargo build -p herald-server, or HERALD_BIN)`);
   if (a.files.length === 0) {
@@ -140,7 +152,7 @@ class Server {
       if (Date.now() > deadline) throw new Error('herald did not answer /health within 20 s');
       await sleep(50);
     }
-    this.log({ source: 'driver', event: 'server_started' });
+    this.log({ source: 'driver', event: 'server_started', port: this.port });
   }
   async api(path, body) {
     const r = await fetch(`http://127.0.0.1:${this.port}${path}`, {
@@ -153,6 +165,9 @@ class Server {
     if (!r.ok) throw new Error(`${path} ${show(body)} → HTTP ${r.status}: ${text}`);
     return text ? JSON.parse(text) : {};
   }
+  running() {
+    return this.child !== undefined && this.child.exitCode === null && this.child.signalCode === null;
+  }
   /** SIGTERM (drain) and wait, bounded, for the exit. */
   async stop(signal = 'SIGTERM', ms = 15_000) {
     if (!this.child || this.child.exitCode !== null || this.child.signalCode !== null) return;
@@ -160,7 +175,102 @@ class Server {
     const timer = setTimeout(() => this.child.kill('SIGKILL'), ms);
     await this.exited;
     clearTimeout(timer);
-    this.log({ source: 'driver', event: 'server_stopped', signal });
+    this.log({ source: 'driver', event: 'server_stopped', signal, port: this.port });
+  }
+}
+
+// A real Redis for the nodes of a multi-node run (redis-server from PATH; no persistence).
+class Redis {
+  async start() {
+    this.port = await freePort();
+    this.output = [];
+    this.child = spawn('redis-server', ['--port', String(this.port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    this.child.on('error', (e) => this.output.push(`redis-server: ${e.message} (is redis-server installed?)`));
+    this.child.stdout.on('data', (d) => this.output.push(d.toString()));
+    this.child.stderr.on('data', (d) => this.output.push(d.toString()));
+    this.exited = new Promise((r) => this.child.once('exit', r));
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const pong = await new Promise((res) => {
+        const c = connect(this.port, '127.0.0.1');
+        c.setTimeout(1000, () => c.destroy());
+        c.on('error', () => res(false));
+        c.on('close', () => res(false));
+        c.on('connect', () => c.write('PING\r\n'));
+        c.on('data', (d) => {
+          res(d.toString().startsWith('+PONG'));
+          c.destroy();
+        });
+      });
+      if (pong) return;
+      if (this.child.exitCode !== null || Date.now() > deadline)
+        throw new Error(`redis-server did not answer PING within 10 s:\n${this.output.join('')}`);
+      await sleep(50);
+    }
+  }
+  get url() {
+    return `redis://127.0.0.1:${this.port}`;
+  }
+  async stop() {
+    if (!this.child || this.child.exitCode !== null || this.child.signalCode !== null) return;
+    this.child.kill('SIGKILL');
+    await this.exited;
+  }
+}
+
+// The node(s) under test, with Server's interface. One node: exactly the Server. Several: all on
+// one Redis; `start` starts every node that is down, `stop` drains the node the client is on
+// (the proxy's newest connection) or, at the end, kills them all; API calls go round-robin over
+// the live nodes.
+class Nodes {
+  constructor(bin, n, env, log) {
+    this.n = n;
+    this.bin = bin;
+    this.env = env;
+    this.log = log;
+    this.nodes = [];
+    this.next = 0;
+    this.nextApi = 0;
+  }
+  async start() {
+    if (this.nodes.length === 0) {
+      let env = this.env;
+      if (this.n > 1) {
+        this.redis = new Redis();
+        await this.redis.start();
+        env = { HERALD_BROKER_URL: this.redis.url, ...env }; // a scenario may name another (selftest)
+      }
+      for (let i = 0; i < this.n; i++) this.nodes.push(new Server(this.bin, await freePort(), env, this.log));
+    }
+    for (const node of this.nodes) if (!node.running()) await node.start();
+  }
+  live() {
+    const up = this.nodes.filter((node) => node.running());
+    if (up.length === 0) throw new Error('no node is running');
+    return up;
+  }
+  /** The port of the node that takes the next client connection (round-robin over live nodes). */
+  pick() {
+    const up = this.live();
+    return up[this.next++ % up.length].port;
+  }
+  async api(path, body) {
+    const up = this.live();
+    return up[this.nextApi++ % up.length].api(path, body);
+  }
+  async stop(signal = 'SIGTERM', ms = 15_000, clientPort = undefined) {
+    if (signal === 'SIGKILL') {
+      for (const node of this.nodes) await node.stop('SIGKILL', ms);
+      await this.redis?.stop();
+      return;
+    }
+    const target = this.nodes.find((node) => node.port === clientPort && node.running()) ?? this.live()[0];
+    await target.stop(signal, ms);
+  }
+  get output() {
+    return this.nodes.flatMap((node, i) => (this.n > 1 ? [`--- node ${i} (port ${node.port})\n`, ...node.output] : node.output));
   }
 }
 
@@ -173,8 +283,9 @@ class Server {
 // when it sees a `disconnect` push go to a client (the push is small, so never compressed).
 
 class Proxy {
-  constructor(targetPort, log) {
-    this.targetPort = targetPort;
+  /** `target()`: the port to connect a new client connection to. */
+  constructor(target, log) {
+    this.target = target;
     this.log = log;
     this.down = false;
     this.delayMs = 0;
@@ -195,9 +306,10 @@ class Proxy {
       client.resetAndDestroy();
       return;
     }
-    this.log({ source: 'proxy', event: 'proxy_accept' });
-    const upstream = connect(this.targetPort, '127.0.0.1');
-    const pair = { client, upstream, holed: false };
+    const port = this.target();
+    this.log({ source: 'proxy', event: 'proxy_accept', port });
+    const upstream = connect(port, '127.0.0.1');
+    const pair = { client, upstream, port, holed: false };
     this.pairs.add(pair);
     const drop = () => {
       this.pairs.delete(pair);
@@ -239,6 +351,10 @@ class Proxy {
   }
   setUp() {
     this.down = false;
+  }
+  /** The node port of the newest open connection (the client's node), if any. */
+  newestPort() {
+    return [...this.pairs].at(-1)?.port;
   }
   /** Stop forwarding on the open connections without closing them (a dead path); new ones work. */
   blackhole() {
@@ -334,9 +450,8 @@ async function runScenario(sc, opts) {
     Object.entries(sc.server?.env ?? {}).map(([k, v]) => [k, String(v).replaceAll('$backend', backend.url)]),
   );
   const secret = env.HERALD_TOKEN_HMAC_SECRET;
-  const serverPort = await freePort();
-  const server = new Server(opts.herald, serverPort, env, log);
-  const proxy = new Proxy(serverPort, log);
+  const server = new Nodes(opts.herald, opts.nodes, env, log);
+  const proxy = new Proxy(() => server.pick(), log);
   let adapter;
 
   // Placeholders in step arguments: "$ws" (the proxy's WebSocket URL), "$client" (the client id of
@@ -403,7 +518,7 @@ async function runScenario(sc, opts) {
         log({ source: 'driver', event: `proxy_${s.action}` });
         return;
       case 'server':
-        if (s.action === 'sigterm') await server.stop('SIGTERM', s.timeout_ms ?? 15_000);
+        if (s.action === 'sigterm') await server.stop('SIGTERM', s.timeout_ms ?? 15_000, proxy.newestPort());
         else if (s.action === 'start') await server.start();
         else throw new Error(`unknown server action ${s.action}`);
         return;
@@ -438,7 +553,10 @@ async function runScenario(sc, opts) {
     });
     await Promise.race([body, overall]);
     ctx.step = '(expectations)';
-    const problems = check(sc.expect ?? [], events);
+    // A multi-node run may expect other outcomes (e.g. recovery across a drain works on a shared
+    // broker): the scenario's `cluster.expect` replaces `expect` there.
+    const expectations = opts.nodes > 1 && sc.cluster?.expect ? sc.cluster.expect : sc.expect;
+    const problems = check(expectations ?? [], events);
     if (problems.length) failure = problems.join('\n    ');
   } catch (e) {
     failure = `${ctx.step}: ${e.message}`;
@@ -528,6 +646,18 @@ function check(expectations, events) {
         }
         break;
       }
+      case 'reconnected_to_another_node': {
+        // The first connection after each disconnect push goes to another node than the one before.
+        const pushes = events.map((e, i) => [e, i]).filter(([e]) => e.event === 'disconnect_push');
+        if (pushes.length === 0) problems.push(`${what}no disconnect push was seen`);
+        for (const [p, i] of pushes) {
+          const before = events.slice(0, i).findLast((e) => e.event === 'proxy_accept');
+          const after = events.slice(i + 1).find((e) => e.event === 'proxy_accept');
+          if (!before || !after) problems.push(`${what}no connection before and after ${show(p)}`);
+          else if (before.port === after.port) problems.push(`${what}reconnected to the same node (port ${after.port}) after ${show(p)}`);
+        }
+        break;
+      }
       default:
         problems.push(`unknown check ${show(x)}`);
     }
@@ -543,6 +673,10 @@ async function main() {
   for (const file of opts.files) {
     const sc = JSON.parse(readFileSync(file, 'utf8'));
     if (opts.only && sc.name !== opts.only) continue;
+    if (opts.nodes > 1 && sc.cluster?.skip) {
+      console.log(`SKIP  ${sc.name} [with ${opts.nodes} nodes: ${sc.cluster.skip}]`);
+      continue;
+    }
     const r = await runScenario(sc, opts);
     const secs = (r.ms / 1000).toFixed(2);
     let verdict;
@@ -562,7 +696,8 @@ async function main() {
       if (bad && r.serverOut.trim()) console.log(`    herald output (tail):\n${r.serverOut.slice(-3000).replace(/^/gm, '      ')}`);
     }
   }
-  console.log(failed ? `conformance: ${failed} scenario(s) failed` : 'conformance: all scenarios passed');
+  const mode = opts.nodes > 1 ? ` (${opts.nodes} nodes on Redis)` : '';
+  console.log(failed ? `conformance${mode}: ${failed} scenario(s) failed` : `conformance${mode}: all scenarios passed`);
   process.exit(failed ? 1 : 0);
 }
 

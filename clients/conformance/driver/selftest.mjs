@@ -29,6 +29,10 @@ const mutants = [
   ['03-recovery-fails.json', 'history big enough: recovery succeeds, so recovered: false never comes',
     (sc) => (sc.server.env.HERALD_DEFAULT_NAMESPACE__HISTORY_SIZE = '100')],
   ['04-drain-reconnect.json', 'an SDK that ignores after_ms', null, 'ignore-after-ms'],
+  ['04-drain-reconnect.json', 'the several-node expectations on one node: the restart loses the epoch, the reconnect comes back to the same node',
+    (sc) => (sc.expect = sc.cluster.expect)],
+  ['04-drain-reconnect.json', 'three nodes that do not share a broker (each in memory): recovery on another node fails',
+    (sc) => (sc.server.env.HERALD_BROKER_URL = 'memory'), null, 3],
   ['05-permanent-close-api-disconnect.json', 'a disconnect code that allows reconnecting (4000 via the API)',
     (sc) => (sc.steps.find((s) => s.path === '/api/disconnect').body.code = 4000)],
   ['06-permanent-close-invalid-token.json', 'a valid token: the client connects',
@@ -47,12 +51,13 @@ const mutants = [
 
 const dir = mkdtempSync(join(tmpdir(), 'herald-conformance-selftest-'));
 let bad = 0;
-for (const [file, why, mutate, envMutant] of mutants) {
+for (const [file, why, mutate, envMutant, nodes] of mutants) {
   const sc = JSON.parse(readFileSync(join(root, 'scenarios', file), 'utf8'));
   if (mutate) mutate(sc);
   const f = join(dir, file);
   writeFileSync(f, JSON.stringify(sc));
-  const r = spawnSync(process.execPath, [join(root, 'driver', 'driver.mjs'), '--adapter', adapter, f], {
+  const args = [join(root, 'driver', 'driver.mjs'), '--adapter', adapter, '--nodes', String(nodes ?? 1), f];
+  const r = spawnSync(process.execPath, args, {
     env: { ...process.env, ...(envMutant ? { CONFORMANCE_MUTANT: envMutant } : {}) },
     encoding: 'utf8',
     timeout: 120_000,
