@@ -31,9 +31,10 @@ go vet ./...
 echo "== go test -race ./..."
 go test -race -count=1 -timeout 300s ./...
 
-echo "== conformance suite (Go adapter)"
+echo "== conformance suite (Go adapter; one node, three nodes on Redis)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 go build -o "$tmp/herald-conformance-adapter" ./cmd/herald-conformance-adapter
-node ../conformance/driver/driver.mjs --adapter "$tmp/herald-conformance-adapter" --herald "$HERALD_BIN"
+# One node, and three nodes on Redis, side by side (clients/conformance/suite.sh).
+bash ../conformance/suite.sh "$tmp/herald-conformance-adapter" --herald "$HERALD_BIN"
 echo "clients/go/test.sh: all passed in $(($(date +%s) - start)) s"
