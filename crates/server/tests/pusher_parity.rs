@@ -435,6 +435,47 @@ async fn subscription_counts_are_for_the_cluster_on_redis() {
     );
 }
 
+#[tokio::test]
+async fn subscription_count_webhooks_carry_the_count() {
+    let (hook_url, mut hooks) = webhook_receiver().await;
+    let extra = format!(
+        "enable_subscription_count = true\n\
+         webhooks = [{{ url = \"{hook_url}\", event_types = [\"subscription_count\"] }}]"
+    );
+    let config = config_file("herald.toml", &app_toml(MAIN, &extra));
+    let node = Node::start(&["--dev", "--config", &config], &[]).await;
+    let (mut one, _) = connected(&node, MAIN).await;
+    subscribe(&mut one, "room").await;
+    let first = webhook_event(&mut hooks, "subscription_count").await;
+    assert_eq!(
+        (&first["channel"], &first["subscription_count"]),
+        (&json!("room"), &json!(1))
+    );
+    let (mut two, _) = connected(&node, MAIN).await;
+    subscribe(&mut two, "room").await;
+    let second = webhook_event(&mut hooks, "subscription_count").await;
+    assert_eq!(second["subscription_count"], 2, "{second}");
+    send(&mut two, "pusher:unsubscribe", json!({"channel": "room"})).await;
+    let third = webhook_event(&mut hooks, "subscription_count").await;
+    assert_eq!(third["subscription_count"], 1, "{third}");
+    // Presence channels are not counted.
+    let (mut three, socket) = connected(&node, MAIN).await;
+    let ok = subscribe_signed(
+        &mut three,
+        MAIN,
+        &socket,
+        "presence-x",
+        Some(r#"{"user_id":"u"}"#),
+    )
+    .await;
+    assert_eq!(ok["event"], "pusher_internal:subscription_succeeded");
+    let (rest, _) = webhook_requests(&mut hooks, Duration::from_millis(500)).await;
+    assert!(
+        rest.is_empty(),
+        "no webhook for the presence channel: {rest:?}"
+    );
+}
+
 // ---- info on trigger ----
 
 #[tokio::test]

@@ -345,7 +345,7 @@ impl Apps {
             ));
         }
         if self.by_id.values().any(|a| !a.config.webhooks.is_empty()) {
-            self.webhooks = Some(Webhooks::start(hub.clone()));
+            self.webhooks = Some(Webhooks::start(hub.clone(), self.census.clone()));
         }
         if let Some(census) = &self.census {
             if self

@@ -472,6 +472,9 @@ impl PusherConn {
                 &self.socket_id,
                 &self.out,
             );
+            if let Some(hooks) = self.ctx.webhooks() {
+                hooks.count_changed(&self.ctx.app, &internal);
+            }
         }
         let presence = me.is_some();
         // A user's own channel is private plumbing: no occupancy webhooks for it.
@@ -626,8 +629,13 @@ impl PusherConn {
         if let Some(census) = self.ctx.census() {
             census.changed();
         }
-        if let Some(counting) = self.ctx.counting() {
+        if let (Some(counting), ChannelKind::Public | ChannelKind::Private) =
+            (self.ctx.counting(), sub.kind)
+        {
             counting.remove(&internal, &self.socket_id);
+            if let Some(hooks) = self.ctx.webhooks() {
+                hooks.count_changed(&self.ctx.app, &internal);
+            }
         }
         if let Some(hooks) = self.ctx.webhooks() {
             if sub.kind != ChannelKind::User {

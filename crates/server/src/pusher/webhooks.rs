@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use super::apps::PusherApp;
 use super::auth::sign;
+use super::census::Census;
 use crate::cluster::{self, unix_ms};
 
 /// One `webhooks` entry of an app.
@@ -137,6 +138,12 @@ enum Hook {
     },
     /// A ready event.
     Event { app: Arc<PusherApp>, event: Value },
+    /// A subscription to `internal` began or ended on this node (an app with subscription
+    /// counting): `subscription_count` with the cluster's count, once per batch and channel.
+    Count {
+        app: Arc<PusherApp>,
+        internal: String,
+    },
 }
 
 /// The node's webhook sender. See the module docs.
@@ -147,10 +154,11 @@ pub struct Webhooks {
 }
 
 impl Webhooks {
-    /// Start the sender: one task that batches, resolves occupancy and spawns deliveries.
-    pub fn start(hub: Hub) -> Arc<Webhooks> {
+    /// Start the sender: one task that batches, resolves occupancy and counts, and spawns
+    /// deliveries.
+    pub fn start(hub: Hub, census: Option<Arc<Census>>) -> Arc<Webhooks> {
         let (queue, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(rx, hub));
+        tokio::spawn(run(rx, hub, census));
         Arc::new(Webhooks {
             queue,
             local: Mutex::default(),
@@ -189,6 +197,14 @@ impl Webhooks {
         }
     }
 
+    /// The subscription count of `internal` changed here (subscription counting apps only).
+    pub fn count_changed(&self, app: &Arc<PusherApp>, internal: &str) {
+        let _ = self.queue.send(Hook::Count {
+            app: app.clone(),
+            internal: internal.to_owned(),
+        });
+    }
+
     /// Queue an event (`{"name", …}`) for the app's webhooks.
     pub fn event(&self, app: &Arc<PusherApp>, event: Value) {
         let _ = self.queue.send(Hook::Event {
@@ -198,7 +214,7 @@ impl Webhooks {
     }
 }
 
-async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
+async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub, census: Option<Arc<Census>>) {
     let client = reqwest::Client::new();
     let mut queues: HashMap<Destination, mpsc::Sender<Delivery>> = HashMap::new();
     while let Some(first) = rx.recv().await {
@@ -211,9 +227,16 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
             }
         }
         let mut per_app: HashMap<String, (Arc<PusherApp>, Vec<Value>)> = HashMap::new();
+        let mut counted: Vec<(Arc<PusherApp>, String)> = Vec::new();
         for hook in batch {
             let (app, event) = match hook {
                 Hook::Event { app, event } => (app, Some(event)),
+                Hook::Count { app, internal } => {
+                    if !counted.iter().any(|(_, c)| *c == internal) {
+                        counted.push((app, internal));
+                    }
+                    continue;
+                }
                 Hook::Occupancy {
                     app,
                     internal,
@@ -229,6 +252,19 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Hook>, hub: Hub) {
                     .or_insert_with(|| (app.clone(), Vec::new()))
                     .1
                     .push(event);
+            }
+        }
+        for (app, internal) in counted {
+            let (Some(census), Some(name)) = (&census, app.external(&internal)) else {
+                continue;
+            };
+            match census.channel(&app, name).await {
+                Ok(n) => per_app
+                    .entry(app.config.id.clone())
+                    .or_insert_with(|| (app.clone(), Vec::new()))
+                    .1
+                    .push(json!({"name": "subscription_count", "channel": name, "subscription_count": n})),
+                Err(e) => tracing::warn!(channel = %internal, cause = %e, "subscription count not read for its webhook"),
             }
         }
         for (app, events) in per_app.into_values() {
