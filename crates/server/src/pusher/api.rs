@@ -1,7 +1,9 @@
 //! The Pusher HTTP API under `/apps/{id}/`: signed requests (see [`super::auth`]), events,
 //! batches and channel queries (answered for the cluster: see [`super::census`]). Errors are
-//! plain text with Pusher's statuses: 400 bad request, 401 bad signature or stale timestamp, 404
-//! unknown app or path, 413 oversized event.
+//! plain text with Pusher's statuses: 400 bad request (or over an app's limit), 401 bad
+//! signature or stale timestamp, 403 an origin not in `pusher.cors_allowed_origins`, 404 unknown
+//! app or path, 413 oversized event, 429 over an app's rate. `info` on a trigger is answered with
+//! the channels' attributes.
 
 use std::collections::HashSet;
 use std::sync::Arc;

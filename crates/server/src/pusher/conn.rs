@@ -1,6 +1,11 @@
 //! One Pusher connection's protocol state: its subscriptions (through the hub, as every Herald
 //! connection's), presence members, client events, and the translation of hub pushes into
 //! Pusher events. The WebSocket task in [`super::ws`] drives it.
+//!
+//! Cache channels (`cache-`, `private-cache-`, …): a new subscriber reads the channel from its
+//! last publication on (the position before it goes as `since` to the hub, which answers that
+//! publication and anything after it consistently with live delivery), and is sent the newest
+//! of them after `subscription_succeeded`, or `pusher:cache_miss` when there is none.
 
 use std::collections::HashMap;
 use std::sync::Arc;
