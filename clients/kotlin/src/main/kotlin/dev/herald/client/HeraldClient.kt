@@ -131,7 +131,7 @@ class HeraldClient @JvmOverloads constructor(
         loop.shutdownNow()
         tokenExec.shutdownNow()
         events.shutdown()
-        events.awaitTermination(2, TimeUnit.SECONDS)
+        events.awaitTermination(1, TimeUnit.SECONDS)
         if (ownHttp) {
             http.dispatcher.executorService.shutdown()
             http.connectionPool.evictAll()
