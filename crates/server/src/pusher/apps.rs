@@ -44,10 +44,10 @@ pub struct AppConfig {
     pub enable_client_events: bool,
     /// Client events one connection may send per second (burst twice as many); default
     /// `pusher.client_events_per_second`; beyond, `pusher:error` 4301.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_client_events_per_second: Option<u32>,
-    /// Connections this app may hold on this node (0: no limit); beyond it 4100.
-    #[serde(default)]
+    /// Connections this app may hold on this node (0, or Soketi's -1: no limit); beyond it 4100.
+    #[serde(default, deserialize_with = "no_limit_below_zero")]
     pub max_connections: usize,
     /// Where webhooks go.
     #[serde(default)]
@@ -59,32 +59,32 @@ pub struct AppConfig {
     // Per-app limits, named as Soketi names them. `None`: the default in each doc.
     /// Longest event name, in characters (default 200, Pusher's); over: HTTP 400, or
     /// `pusher:error` for a client event.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_event_name_length: Option<usize>,
     /// Largest event `data`, in KiB (default `pusher.max_event_bytes`); over: HTTP 413, or
     /// `pusher:error` for a client event.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_event_payload_in_kb: Option<u64>,
     /// Channels one `POST /events` may name (default 100); over: HTTP 400.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_event_channels_at_once: Option<usize>,
     /// Events in one `POST /batch_events` (default 10); over: HTTP 400.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_event_batch_size: Option<usize>,
     /// Distinct users in one presence channel (default: no limit); a new user over it is
     /// refused with `pusher:subscription_error` `LimitReached`, status 4004.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_presence_members_per_channel: Option<usize>,
     /// Largest presence `user_info`, in KiB (default 1, Pusher's); over: `LimitReached`/400.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_presence_member_size_in_kb: Option<u64>,
     /// Events the HTTP API accepts per second on this node (`events` and `batch_events`, one
     /// per event; burst: as many); over: HTTP 429. Default: no limit.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_backend_events_per_second: Option<u32>,
     /// `GET` requests of the HTTP API per second on this node (burst: as many); over: HTTP
     /// 429. Default: no limit.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "limit")]
     pub max_read_requests_per_second: Option<u32>,
 }
 
@@ -465,6 +465,26 @@ impl ChannelKind {
     }
 }
 
+/// A limit: a number, or Soketi's `-1` (any negative number) for "no limit" (`None`).
+fn limit<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    match Option::<i64>::deserialize(d)? {
+        None => Ok(None),
+        Some(n) if n < 0 => Ok(None),
+        Some(n) => T::try_from(n as u64)
+            .map(Some)
+            .map_err(|_| serde::de::Error::custom(format!("{n} is too large"))),
+    }
+}
+
+/// `max_connections`: Soketi's `-1` (any negative number) is 0, no limit.
+fn no_limit_below_zero<'de, D: Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    Ok(limit::<D, usize>(d)?.unwrap_or(0))
+}
+
 /// App ids and keys written as numbers in TOML (`id = 12345`) are read as text.
 fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     #[derive(Deserialize)]
@@ -530,6 +550,13 @@ mod tests {
         assert_eq!(app.max_event_name_chars(), 50);
         assert_eq!(apps.namespace_for("cache-x").history_ttl_s, 1800);
         assert_eq!(apps.namespace_for("x").history_ttl_s, 300);
+        let soketi_off = serde_json::json!({"apps": [{"id": "1", "key": "k", "secret": "s",
+            "max_connections": -1, "max_backend_events_per_second": -1}]});
+        let apps = Apps::load(Some(&soketi_off), &namespaces(), |_| None).unwrap();
+        let app = apps.by_id("1").unwrap();
+        assert_eq!(app.config.max_connections, 0, "-1: no limit");
+        assert_eq!(app.config.max_backend_events_per_second, None);
+        assert!(app.backend_events.is_none());
         let unknown =
             serde_json::json!({"apps": [{"id": "1", "key": "k", "secret": "s", "max_nothing": 1}]});
         assert!(Apps::load(Some(&unknown), &namespaces(), |_| None).is_err());
