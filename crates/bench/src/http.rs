@@ -63,6 +63,16 @@ impl Client {
         }
     }
 
+    /// A client for `target` that sends the key as `X-API-Key: key` (Centrifugo's HTTP API,
+    /// `--centrifugo`).
+    pub fn with_x_api_key(target: Target, api_key: &str) -> Self {
+        Self {
+            target,
+            auth: Some(format!("X-API-Key: {api_key}\r\n")),
+            conn: None,
+        }
+    }
+
     /// Sends one request and reads the whole response; one retry on a stale keep-alive socket.
     ///
     /// # Errors

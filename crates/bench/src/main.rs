@@ -66,6 +66,15 @@ async fn coordinate(cli: Cli) -> Result<()> {
             "--transport sse: idle and broadcast only, without --pusher"
         );
     }
+    if cli.params.centrifugo {
+        anyhow::ensure!(
+            matches!(
+                cli.scenario,
+                Scenario::Idle | Scenario::Broadcast | Scenario::Jitter | Scenario::Storm
+            ) && cli.params.transport == Transport::Ws,
+            "--centrifugo: idle, broadcast, jitter and storm over WebSocket only"
+        );
+    }
     let mut runs = Vec::new();
     let base_workers = cli.params.worker_count();
     let plan: Vec<usize> = if cli.self_check {

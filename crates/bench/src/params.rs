@@ -137,6 +137,15 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub pusher: bool,
+    /// Speak Centrifugo's JSON client protocol and HTTP API (v5/v6) instead of Herald's, for a
+    /// side-by-side run against a Centrifugo node (scripts/peers.sh, docs/bench/peers/): `--ws`
+    /// URLs are `/connection/websocket` endpoints; clients connect anonymously and subscribe in one
+    /// frame (`recover` from the last offset after a drop), answer `{}` pings with `{}`; publications
+    /// go to `POST /api/publish` with `X-API-Key`. Needs history on the channels (the offsets
+    /// are the delivery accounting). `idle`, `broadcast`, `jitter`, `storm` only.
+    #[arg(long, conflicts_with = "pusher")]
+    #[serde(default)]
+    pub centrifugo: bool,
     /// Transport the clients use: `ws` (WebSocket) or `sse` (Server-Sent Events, the same
     /// node's `/connection/sse`; `idle` and `broadcast` only).
     #[arg(long, value_enum, default_value_t = Transport::Ws)]

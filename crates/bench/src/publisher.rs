@@ -124,10 +124,14 @@ pub async fn run(
         let all_channels = all_channels.clone();
         let mut clients: Vec<Client> = targets
             .iter()
-            .map(|t| Client::new(t.clone(), Some(&p.api_key)))
+            .map(|t| match p.centrifugo {
+                true => Client::with_x_api_key(t.clone(), &p.api_key),
+                false => Client::new(t.clone(), Some(&p.api_key)),
+            })
             .collect();
         let payload = p.payload;
         let pusher = p.pusher;
+        let centrifugo = p.centrifugo;
         lanes.push(tokio::spawn(async move {
             loop {
                 let job = { rx.lock().await.recv().await };
@@ -188,7 +192,18 @@ pub async fn run(
                             s.ok += 1;
                             let v: serde_json::Value =
                                 serde_json::from_slice(&r.body).unwrap_or_default();
-                            s.got(channel, &v);
+                            if !centrifugo {
+                                s.got(channel, &v);
+                            } else {
+                                // Centrifugo answers its errors with HTTP 200 too.
+                                match crate::wire::centrifugo_api_result(&v) {
+                                    Ok(res) => s.got(channel, res),
+                                    Err(e) => {
+                                        s.ok -= 1;
+                                        s.error(e.chars().take(160).collect());
+                                    }
+                                }
+                            }
                         }
                         Ok(r) => s.error(format!(
                             "HTTP {}: {}",

@@ -42,7 +42,7 @@ pub fn table(r: &RunResult) -> String {
     if let Some(p) = p {
         let _ = writeln!(
             o,
-            "{:<26} channels={} rate={}/s duration={}s payload={}B ws={:?} transport={}{}",
+            "{:<26} channels={} rate={}/s duration={}s payload={}B ws={:?} transport={}{}{}",
             "parameters",
             p.channels,
             p.rate,
@@ -57,6 +57,11 @@ pub fn table(r: &RunResult) -> String {
                 " compression offered"
             } else {
                 ""
+            },
+            match (p.pusher, p.centrifugo) {
+                (true, _) => " protocol=pusher",
+                (_, true) => " protocol=centrifugo",
+                _ => "",
             }
         );
     }
@@ -80,13 +85,18 @@ pub fn table(r: &RunResult) -> String {
         );
     }
     for (i, m) in r.metrics_connected_delta.iter().enumerate() {
-        let g = |k: &str| m.get(k).map_or("n/a".to_string(), |v| format!("{v:.0}"));
+        // Herald's gauges, or a Centrifugo node's (`--centrifugo`).
+        let g = |keys: &[&str]| {
+            keys.iter()
+                .find_map(|k| m.get(*k))
+                .map_or("n/a".to_string(), |v| format!("{v:.0}"))
+        };
         let _ = writeln!(
             o,
             "{:<26} node {i}: +{} connections, +{} subscriptions (server's /metrics when all were connected)",
             "server-side count",
-            g("herald_connections"),
-            g("herald_subscriptions")
+            g(&["herald_connections", "centrifugo_node_num_clients"]),
+            g(&["herald_subscriptions", "centrifugo_node_num_subscriptions"])
         );
     }
     for (i, m) in r.metrics_delta.iter().enumerate() {

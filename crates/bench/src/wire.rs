@@ -1,6 +1,7 @@
 //! The slice of the Herald wire protocol (docs/protocol.md) the load generator speaks: the
 //! `connect` command with `subs`, its reply, pushes, and the publication payload that carries the
-//! send time.
+//! send time; and the same slice of the Pusher protocol (`--pusher`) and of Centrifugo's JSON
+//! client protocol and HTTP API (`--centrifugo`, for side-by-side runs: docs/bench/peers/).
 
 use std::collections::BTreeMap;
 
@@ -89,6 +90,124 @@ pub struct PusherPosition {
     /// With `herald_since`: whether every missed event follows.
     #[serde(default)]
     pub recovered: Option<bool>,
+}
+
+/// `--centrifugo`: connect anonymously and subscribe in one frame (two commands, one per line:
+/// Centrifugo's JSON protocol reads newline-separated commands and answers them in order), with
+/// `recover` from `since` after a drop.
+///
+/// ```text
+/// {"id":1,"connect":{"name":"herald-bench"}}
+/// {"id":2,"subscribe":{"channel":"bench0","recover":true,"epoch":"e","offset":7}}
+/// ```
+pub fn centrifugo_connect_subscribe(channel: &str, since: Option<&Since>) -> String {
+    let mut sub = serde_json::json!({"channel": channel});
+    if let Some(s) = since {
+        sub["recover"] = true.into();
+        sub["epoch"] = s.epoch.clone().into();
+        sub["offset"] = s.offset.into();
+    }
+    let connect = serde_json::json!({"id": 1, "connect": {"name": "herald-bench"}});
+    format!(
+        "{connect}\n{}",
+        serde_json::json!({"id": 2, "subscribe": sub})
+    )
+}
+
+/// `--centrifugo`: one message from the server (one line of a frame): a reply to a command, an
+/// asynchronous push, or the `{}` ping (answered with `{}`). Fields the bench does not act on are
+/// skipped; zero values are absent on the wire (`omitempty`).
+#[derive(Debug, Deserialize)]
+pub struct CentrifugoIncoming<'a> {
+    /// Reply id (absent on pushes and pings).
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// An error reply.
+    #[serde(default)]
+    pub error: Option<Box<RawValue>>,
+    /// The `connect` result.
+    #[serde(default)]
+    pub connect: Option<Box<RawValue>>,
+    /// The `subscribe` result.
+    #[serde(borrow, default)]
+    pub subscribe: Option<CentrifugoSubscribed<'a>>,
+    /// An asynchronous push.
+    #[serde(borrow, default)]
+    pub push: Option<CentrifugoPush<'a>>,
+}
+
+impl CentrifugoIncoming<'_> {
+    /// Whether this is the `{}` ping.
+    pub fn is_ping(&self) -> bool {
+        self.id.is_none()
+            && self.error.is_none()
+            && self.connect.is_none()
+            && self.subscribe.is_none()
+            && self.push.is_none()
+    }
+}
+
+/// `--centrifugo`: a subscribe result. With history and `force_recovery` it carries the stream
+/// position; after `recover`, the missed publications and whether all of them were there.
+#[derive(Debug, Deserialize)]
+pub struct CentrifugoSubscribed<'a> {
+    /// Stream epoch.
+    #[serde(default)]
+    pub epoch: String,
+    /// Newest offset at subscribe time.
+    #[serde(default)]
+    pub offset: u64,
+    /// Whether every missed publication follows (absent: false).
+    #[serde(default)]
+    pub recovered: bool,
+    /// Recovered publications, in order.
+    #[serde(borrow, default)]
+    pub publications: Vec<Publication<'a>>,
+}
+
+/// `--centrifugo`: a push; the channel is on the push, the payload in one of its members.
+#[derive(Debug, Deserialize)]
+pub struct CentrifugoPush<'a> {
+    /// Channel the push is about.
+    #[serde(borrow, default)]
+    pub channel: Option<std::borrow::Cow<'a, str>>,
+    /// A publication.
+    #[serde(borrow, default, rename = "pub")]
+    pub publication: Option<Publication<'a>>,
+    /// The server ended the subscription.
+    #[serde(default)]
+    pub unsub: Option<Box<RawValue>>,
+    /// Presence: someone subscribed.
+    #[serde(default)]
+    pub join: Option<Box<RawValue>>,
+    /// Presence: someone left.
+    #[serde(default)]
+    pub leave: Option<Box<RawValue>>,
+    /// The server is about to close the connection.
+    #[serde(default)]
+    pub disconnect: Option<Box<RawValue>>,
+}
+
+/// `--centrifugo`: parses one line of a frame.
+///
+/// # Errors
+/// Invalid JSON.
+pub fn parse_centrifugo(line: &str) -> serde_json::Result<CentrifugoIncoming<'_>> {
+    serde_json::from_str(line)
+}
+
+/// `--centrifugo`: the `{"channel":…,"data":…}` answer of `POST /api/publish` is
+/// `{"result":{"offset":N,"epoch":"…"}}`, or `{"error":{"code":…,"message":…}}` with HTTP 200.
+/// Returns the result (what Herald answers at the top level) or the error's text.
+///
+/// # Errors
+/// The API's error, or an answer without a result.
+pub fn centrifugo_api_result(v: &serde_json::Value) -> Result<&serde_json::Value, String> {
+    if let Some(e) = v.get("error") {
+        return Err(format!("API error {e}"));
+    }
+    v.get("result")
+        .ok_or_else(|| format!("API answer without result: {v}"))
 }
 
 /// Where a subscription resumes from (`since`).
@@ -295,6 +414,85 @@ mod tests {
             }),
         )]);
         assert!(cmd.contains(r#""since":{"epoch":"e","offset":3}"#));
+    }
+
+    #[test]
+    fn centrifugo_frames() {
+        // A frame of several messages, one per line, as Centrifugo batches them.
+        let frame = "{\"id\":1,\"connect\":{\"client\":\"c1\",\"version\":\"6.9.1\",\"ping\":25,\"pong\":true}}\n\
+            {\"id\":2,\"subscribe\":{\"recoverable\":true,\"epoch\":\"ep\",\"offset\":12,\"positioned\":true}}\n\
+            {\"push\":{\"channel\":\"bench0\",\"pub\":{\"data\":{\"t\":5,\"s\":9,\"p\":\"xx\"},\"offset\":13}}}\n\
+            {}";
+        let msgs: Vec<_> = frame
+            .split('\n')
+            .map(|l| parse_centrifugo(l).unwrap())
+            .collect();
+        assert_eq!(msgs[0].id, Some(1));
+        assert!(msgs[0].connect.is_some() && !msgs[0].is_ping());
+        let s = msgs[1].subscribe.as_ref().unwrap();
+        assert_eq!((s.epoch.as_str(), s.offset, s.recovered), ("ep", 12, false));
+        let push = msgs[2].push.as_ref().unwrap();
+        assert_eq!(push.channel.as_deref(), Some("bench0"));
+        let p = push.publication.as_ref().unwrap();
+        assert_eq!((p.offset, p.data.t, p.data.s), (13, 5, 9));
+        assert!(msgs[3].is_ping());
+        // A recovered resubscribe: the missed publications come in the reply.
+        let r = parse_centrifugo(
+            r#"{"id":2,"subscribe":{"recoverable":true,"epoch":"ep","offset":14,"recovered":true,"publications":[{"data":{"t":1,"s":2},"offset":14}]}}"#,
+        )
+        .unwrap();
+        let s = r.subscribe.unwrap();
+        assert!(s.recovered);
+        assert_eq!(s.publications[0].offset, 14);
+        // Errors, unsubscribe pushes and a publication without our payload are not pings.
+        let e = parse_centrifugo(r#"{"id":2,"error":{"code":103,"message":"permission denied"}}"#)
+            .unwrap();
+        assert!(e.error.is_some() && !e.is_ping());
+        let u = parse_centrifugo(r#"{"push":{"channel":"bench0","unsub":{"code":2500}}}"#).unwrap();
+        assert!(u.push.unwrap().unsub.is_some());
+        let other =
+            parse_centrifugo(r#"{"push":{"channel":"x","pub":{"data":"text","offset":1}}}"#);
+        assert!(
+            other.is_err(),
+            "a publication whose data is not our payload object"
+        );
+        assert!(parse_centrifugo("{\"push\":").is_err());
+    }
+
+    #[test]
+    fn centrifugo_commands_and_api() {
+        let first = centrifugo_connect_subscribe("bench0", None);
+        let lines: Vec<serde_json::Value> = first
+            .split('\n')
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0]["id"], 1);
+        assert!(lines[0]["connect"].is_object());
+        assert_eq!(
+            lines[1]["subscribe"],
+            serde_json::json!({"channel": "bench0"})
+        );
+        let since = Since {
+            epoch: "ep".into(),
+            offset: 7,
+        };
+        let again = centrifugo_connect_subscribe("bench0", Some(&since));
+        let sub: serde_json::Value =
+            serde_json::from_str(again.split('\n').nth(1).unwrap()).unwrap();
+        assert_eq!(
+            sub["subscribe"],
+            serde_json::json!({"channel": "bench0", "recover": true, "epoch": "ep", "offset": 7})
+        );
+        let ok: serde_json::Value =
+            serde_json::from_str(r#"{"result":{"offset":3,"epoch":"ep"}}"#).unwrap();
+        assert_eq!(centrifugo_api_result(&ok).unwrap()["offset"], 3);
+        let err: serde_json::Value =
+            serde_json::from_str(r#"{"error":{"code":102,"message":"unknown channel"}}"#).unwrap();
+        assert!(centrifugo_api_result(&err)
+            .unwrap_err()
+            .contains("unknown channel"));
+        assert!(centrifugo_api_result(&serde_json::json!({})).is_err());
     }
 
     #[test]

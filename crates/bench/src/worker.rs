@@ -744,6 +744,11 @@ async fn connect_once(
         reply.compressed = compressed;
         return Ok((Conn::Ws(ws), reply));
     }
+    if p.centrifugo {
+        let (ws, mut reply) = centrifugo_subscribe(ws, channel, since).await?;
+        reply.compressed = compressed;
+        return Ok((Conn::Ws(ws), reply));
+    }
     ws.send(Message::text(wire::connect_cmd(&[(channel, since)])))
         .await
         .map_err(|e| format!("send connect: {e}"))?;
@@ -922,6 +927,72 @@ async fn pusher_subscribe(
     }
 }
 
+/// `--centrifugo`: `connect` and `subscribe` in one frame, then read until the subscribe reply
+/// (id 2). Messages after it in the same frame (publications) are handed on as `rest`.
+async fn centrifugo_subscribe(
+    mut ws: Ws,
+    channel: &str,
+    since: Option<&Since>,
+) -> Result<(Ws, Reply), String> {
+    ws.send(Message::text(wire::centrifugo_connect_subscribe(
+        channel, since,
+    )))
+    .await
+    .map_err(|e| format!("send connect: {e}"))?;
+    loop {
+        let msg = match ws.next().await {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return Err(format!("closed before subscribe reply: {e}")),
+            None => return Err("closed before subscribe reply".into()),
+        };
+        if msg.is_close() {
+            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
+            return Err(format!("closed with {code} before subscribe reply"));
+        }
+        let Some(text) = msg.as_text() else { continue };
+        let mut at = 0;
+        for line in text.split('\n') {
+            let end = at + line.len();
+            at = end + 1;
+            if line.is_empty() {
+                continue;
+            }
+            let inc = wire::parse_centrifugo(line).map_err(|e| format!("bad reply: {e}"))?;
+            if let Some(e) = &inc.error {
+                let what = match inc.id {
+                    Some(1) => "connect",
+                    _ => "subscribe",
+                };
+                return Err(format!("{what} error reply: {}", e.get()));
+            }
+            if inc.id != Some(2) {
+                continue;
+            }
+            let sub = inc.subscribe.ok_or("subscribe reply without result")?;
+            let rest = text
+                .get(end + 1..)
+                .filter(|r| !r.trim().is_empty())
+                .map(str::to_owned);
+            let publications = sub
+                .publications
+                .iter()
+                .map(|p| (p.offset, p.data.t, p.data.s))
+                .collect();
+            return Ok((
+                ws,
+                Reply {
+                    epoch: sub.epoch,
+                    offset: sub.offset,
+                    recovered: since.map(|_| sub.recovered),
+                    publications,
+                    rest,
+                    compressed: false,
+                },
+            ));
+        }
+    }
+}
+
 /// Receives until the connection ends; returns why to reconnect, or `None` to stop.
 async fn receive(
     ctx: &Ctx,
@@ -1055,6 +1126,9 @@ fn on_frame(
     if ctx.p.pusher {
         return on_pusher_message(ctx, text, channel, acct, live_from);
     }
+    if ctx.p.centrifugo {
+        return on_centrifugo_frame(ctx, text, channel, acct, live_from);
+    }
     let now = now_ns();
     let mut ping = false;
     let mut s = ctx.shared();
@@ -1141,4 +1215,56 @@ fn on_pusher_message(
         _ => {}
     }
     false
+}
+
+/// `--centrifugo`: one frame (one message a line); true if it held a `{}` ping to answer.
+fn on_centrifugo_frame(
+    ctx: &Ctx,
+    text: &str,
+    channel: &str,
+    acct: &mut SubAccount,
+    live_from: u64,
+) -> bool {
+    let now = now_ns();
+    let mut ping = false;
+    let mut s = ctx.shared();
+    for line in text.split('\n').filter(|l| !l.is_empty()) {
+        let inc = match wire::parse_centrifugo(line) {
+            Ok(i) => i,
+            Err(_) => {
+                s.counters.parse_errors += 1;
+                continue;
+            }
+        };
+        if let Some(push) = inc.push {
+            if push.channel.as_deref().is_some_and(|c| c != channel) {
+                continue;
+            }
+            if let Some(p) = push.publication {
+                ctx.deliveries.fetch_add(1, Relaxed);
+                match acct.on_pub(p.offset) {
+                    Seen::Duplicate | Seen::Stale => {}
+                    _ => {
+                        ctx.unique.fetch_add(1, Relaxed);
+                        let live = p.data.t >= live_from;
+                        count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
+                    }
+                }
+            } else if push.unsub.is_some() {
+                s.counters.unsub_pushes += 1;
+            } else if push.disconnect.is_some() {
+                s.counters.disconnect_pushes += 1;
+            } else if push.join.is_some() {
+                s.counters.joins += 1;
+            } else if push.leave.is_some() {
+                s.counters.leaves += 1;
+            }
+        } else if inc.error.is_some() {
+            s.counters.error_replies += 1;
+        } else if inc.is_ping() {
+            s.counters.pings += 1;
+            ping = true;
+        }
+    }
+    ping
 }

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# Peers for side-by-side benchmarks (docs/bench/peers/README.md): other real-time servers built from
+# their public registries into a cache outside the tree, and started with settings that match
+# docs/bench/bench.toml. Never commit their sources or binaries.
+#
+#   scripts/peers.sh build centrifugo            # go install from the Go module proxy
+#   scripts/peers.sh build sockudo               # cargo install from crates.io (a long build)
+#   scripts/peers.sh start centrifugo --port N   # execs the server (herald-bench --server-cmd)
+#   scripts/peers.sh start sockudo --port N
+#   scripts/peers.sh config centrifugo --port N  # print the configuration only
+#   scripts/peers.sh path centrifugo             # the binary's path
+#
+# Environment: PEERS_DIR (default ~/.cache/herald/peers), HERALD_API_KEY (default benchkey: the
+# same key herald-bench sends).
+set -euo pipefail
+
+CENTRIFUGO_VERSION=v6.9.1
+SOCKUDO_VERSION=5.2.0
+PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
+API_KEY=${HERALD_API_KEY:-benchkey}
+
+usage() {
+  sed -n '2,14p' "$0" >&2
+  exit 2
+}
+
+bin_path() {
+  case $1 in
+    centrifugo) echo "$PEERS_DIR/centrifugo-$CENTRIFUGO_VERSION/centrifugo" ;;
+    sockudo) echo "$PEERS_DIR/sockudo-$SOCKUDO_VERSION/bin/sockudo" ;;
+    *) usage ;;
+  esac
+}
+
+build() {
+  local peer=$1 dir
+  case $peer in
+    centrifugo)
+      dir=$PEERS_DIR/centrifugo-$CENTRIFUGO_VERSION
+      mkdir -p "$dir"
+      # The module proxy's published version; CGO off: a static binary, as upstream releases it.
+      # The version string is set with -X as upstream's release build does.
+      CGO_ENABLED=0 GOBIN=$dir nice -n 19 go install -trimpath \
+        -ldflags "-X github.com/centrifugal/centrifugo/v6/internal/build.Version=${CENTRIFUGO_VERSION#v}" \
+        "github.com/centrifugal/centrifugo/v6@$CENTRIFUGO_VERSION"
+      ;;
+    sockudo)
+      dir=$PEERS_DIR/sockudo-$SOCKUDO_VERSION
+      mkdir -p "$dir"
+      # Its own target dir under the cache: the workspace's shared target dir is left alone.
+      CARGO_TARGET_DIR=$dir/target nice -n 19 cargo install --locked --root "$dir" \
+        sockudo --version "=$SOCKUDO_VERSION"
+      rm -rf "$dir/target"
+      ;;
+    *) usage ;;
+  esac
+  "$(bin_path "$peer")" version 2>/dev/null || "$(bin_path "$peer")" --version 2>/dev/null || true
+}
+
+# Centrifugo v6 configuration matching docs/bench/bench.toml: anonymous clients connect without a
+# token and subscribe to channels without a namespace; history of 1000 for 300 s; no presence and
+# no join/leave; the HTTP API behind the bench's key. `force_recovery` makes every subscription
+# recoverable, so that the subscribe reply carries the stream position (epoch, offset) as Herald's
+# does. `client.insecure` stays off: the bench does not need it.
+centrifugo_config() {
+  local port=$1
+  cat <<EOF
+{
+  "log": { "level": "error" },
+  "http_server": { "address": "127.0.0.1", "port": $port },
+  "health": { "enabled": true },
+  "prometheus": { "enabled": true },
+  "http_api": { "key": "$API_KEY" },
+  "client": {
+    "allow_anonymous_connect_without_token": true,
+    "allowed_origins": ["*"]
+  },
+  "channel": {
+    "without_namespace": {
+      "allow_subscribe_for_client": true,
+      "allow_subscribe_for_anonymous": true,
+      "history_size": 1000,
+      "history_ttl": "300s",
+      "force_recovery": true,
+      "presence": false,
+      "join_leave": false
+    }
+  }
+}
+EOF
+}
+
+# Sockudo configuration matching docs/bench/pusher.toml's app (bench-app / bench-key /
+# bench-secret), in memory, on one node.
+sockudo_config() {
+  local port=$1
+  cat <<EOF
+{
+  "host": "127.0.0.1",
+  "port": $port,
+  "debug": false,
+  "adapter": { "driver": "local" },
+  "app_manager": {
+    "driver": "memory",
+    "array": {
+      "apps": [
+        { "id": "bench-app", "key": "bench-key", "secret": "bench-secret", "enabled": true,
+          "enable_client_messages": false, "max_connections": 100000 }
+      ]
+    }
+  },
+  "cache": { "driver": "memory" },
+  "queue": { "driver": "none" },
+  "rate_limiter": { "enabled": false },
+  "metrics": { "enabled": false }
+}
+EOF
+}
+
+start() {
+  local peer=$1 port=8000 conf bin
+  shift
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --port) port=$2; shift 2 ;;
+      *) usage ;;
+    esac
+  done
+  bin=$(bin_path "$peer")
+  [ -x "$bin" ] || { echo "peers.sh: $bin missing; run: scripts/peers.sh build $peer" >&2; exit 1; }
+  conf=$(mktemp "${TMPDIR:-/tmp}/herald-peer-$peer-$port.XXXXXX.json")
+  case $peer in
+    centrifugo)
+      centrifugo_config "$port" >"$conf"
+      exec "$bin" --config "$conf"
+      ;;
+    sockudo)
+      sockudo_config "$port" >"$conf"
+      exec "$bin" --config "$conf"
+      ;;
+  esac
+}
+
+[ $# -ge 2 ] || usage
+cmd=$1
+shift
+case $cmd in
+  build) build "$1" ;;
+  start) start "$@" ;;
+  path) bin_path "$1" ;;
+  config)
+    peer=$1; shift
+    port=8000
+    [ "${1:-}" = --port ] && port=$2
+    "${peer}_config" "$port"
+    ;;
+  *) usage ;;
+esac
