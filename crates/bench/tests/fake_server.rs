@@ -230,6 +230,105 @@ async fn counts_drops_duplicates_reordering_and_gaps() {
     assert_eq!(lat.len(), 27, "latency recorded once per unique delivery");
 }
 
+/// A publication as a Centrifugo node pushes it (`--centrifugo`): the channel on the push.
+fn centrifugo_push(offset: u64) -> String {
+    format!(
+        "{{\"push\":{{\"channel\":\"t0\",\"pub\":{{\"data\":{},\"offset\":{offset}}}}}}}",
+        make_data(now_ns(), offset - 1, 64)
+    )
+}
+
+/// [`misbehaving_server`] speaking Centrifugo's JSON protocol: it expects `connect` and
+/// `subscribe` in the first frame, answers both (the subscribe reply at offset 0) with offset 1
+/// in the same frame, then pushes 2, 2, 4, 3, 5, 7, 8, then "9\n10" in one frame (6 never
+/// comes), a publication of another channel, and a `{}` ping.
+async fn misbehaving_centrifugo(pongs: Arc<Mutex<u64>>) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            let pongs = pongs.clone();
+            tokio::spawn(async move {
+                let (_, mut ws) = ServerBuilder::new().accept(s).await.unwrap();
+                let first = ws.next().await.unwrap().unwrap();
+                let cmds: Vec<serde_json::Value> = first
+                    .as_text()
+                    .unwrap()
+                    .split('\n')
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+                assert!(cmds[0]["connect"].is_object(), "{cmds:?}");
+                assert_eq!(cmds[1]["subscribe"]["channel"], "t0", "{cmds:?}");
+                ws.send(Message::text(format!(
+                    "{}\n{}\n{}",
+                    r#"{"id":1,"connect":{"client":"c","version":"6.9.1","ping":25,"pong":true}}"#,
+                    r#"{"id":2,"subscribe":{"recoverable":true,"epoch":"E","positioned":true}}"#,
+                    centrifugo_push(1)
+                )))
+                .await
+                .unwrap();
+                for o in [2, 2, 4, 3, 5, 7, 8] {
+                    ws.send(Message::text(centrifugo_push(o))).await.unwrap();
+                }
+                let other = centrifugo_push(11).replace("\"t0\"", "\"t1\"");
+                ws.send(Message::text(format!(
+                    "{}\n{}\n{other}",
+                    centrifugo_push(9),
+                    centrifugo_push(10)
+                )))
+                .await
+                .unwrap();
+                ws.send(Message::text("{}".to_string())).await.unwrap();
+                while let Some(Ok(m)) = ws.next().await {
+                    if m.as_text() == Some("{}") {
+                        *pongs.lock().unwrap() += 1;
+                    }
+                }
+            });
+        }
+    });
+    format!("ws://{addr}/connection/websocket")
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn centrifugo_counts_drops_duplicates_reordering_and_gaps() {
+    let pongs = Arc::new(Mutex::new(0));
+    let url = misbehaving_centrifugo(pongs.clone()).await;
+    let n = 3;
+    let expect = Expected {
+        epoch: "E".into(),
+        first: 1,
+        last: 10,
+        count: 10,
+    };
+    let r = run_worker(
+        params(&url, &["--drain", "1", "--centrifugo"]),
+        Scenario::Broadcast,
+        n,
+        Finish::After(Duration::from_millis(300)),
+        expect,
+    )
+    .await;
+    let d = &r.delivery;
+    assert_eq!(d.subscriptions, 3);
+    assert_eq!(d.expected, 30);
+    assert_eq!(d.delivered, 27, "offset 6 never arrives");
+    assert_eq!(d.missing, 3);
+    assert_eq!(d.counts.duplicates, 3, "offset 2 twice per connection");
+    assert_eq!(d.counts.out_of_order, 3, "3 after 4");
+    assert_eq!(d.counts.gap_events, 6, "2→4 and 5→7 per connection");
+    assert_eq!(
+        r.counters.deliveries, 30,
+        "the other channel's push not counted"
+    );
+    assert_eq!(r.counters.parse_errors, 0);
+    assert_eq!(r.counters.pings, 3);
+    assert_eq!(*pongs.lock().unwrap(), 3, "every ping answered with {{}}");
+    let lat = herald_bench::hist::decode(&r.latency).unwrap();
+    assert_eq!(lat.len(), 27, "latency recorded once per unique delivery");
+}
+
 /// A fake server with history (see [`history_server`]).
 struct History {
     url: String,
