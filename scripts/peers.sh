@@ -4,30 +4,27 @@
 # docs/bench/bench.toml. Never commit their sources or binaries.
 #
 #   scripts/peers.sh build centrifugo            # go install from the Go module proxy
-#   scripts/peers.sh build sockudo               # cargo install from crates.io (a long build)
 #   scripts/peers.sh start centrifugo --port N   # execs the server (herald-bench --server-cmd)
-#   scripts/peers.sh start sockudo --port N
 #   scripts/peers.sh config centrifugo --port N  # print the configuration only
 #   scripts/peers.sh path centrifugo             # the binary's path
 #
+# Only Centrifugo for now: Sockudo (crates.io, 5.2.0) was not built, see the README.
 # Environment: PEERS_DIR (default ~/.cache/herald/peers), HERALD_API_KEY (default benchkey: the
 # same key herald-bench sends).
 set -euo pipefail
 
 CENTRIFUGO_VERSION=v6.9.1
-SOCKUDO_VERSION=5.2.0
 PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
 API_KEY=${HERALD_API_KEY:-benchkey}
 
 usage() {
-  sed -n '2,14p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 }
 
 bin_path() {
   case $1 in
     centrifugo) echo "$PEERS_DIR/centrifugo-$CENTRIFUGO_VERSION/centrifugo" ;;
-    sockudo) echo "$PEERS_DIR/sockudo-$SOCKUDO_VERSION/bin/sockudo" ;;
     *) usage ;;
   esac
 }
@@ -43,14 +40,6 @@ build() {
       CGO_ENABLED=0 GOBIN=$dir nice -n 19 go install -trimpath \
         -ldflags "-X github.com/centrifugal/centrifugo/v6/internal/build.Version=${CENTRIFUGO_VERSION#v}" \
         "github.com/centrifugal/centrifugo/v6@$CENTRIFUGO_VERSION"
-      ;;
-    sockudo)
-      dir=$PEERS_DIR/sockudo-$SOCKUDO_VERSION
-      mkdir -p "$dir"
-      # Its own target dir under the cache: the workspace's shared target dir is left alone.
-      CARGO_TARGET_DIR=$dir/target nice -n 19 cargo install --locked --root "$dir" \
-        sockudo --version "=$SOCKUDO_VERSION"
-      rm -rf "$dir/target"
       ;;
     *) usage ;;
   esac
@@ -90,33 +79,6 @@ centrifugo_config() {
 EOF
 }
 
-# Sockudo configuration matching docs/bench/pusher.toml's app (bench-app / bench-key /
-# bench-secret), in memory, on one node.
-sockudo_config() {
-  local port=$1
-  cat <<EOF
-{
-  "host": "127.0.0.1",
-  "port": $port,
-  "debug": false,
-  "adapter": { "driver": "local" },
-  "app_manager": {
-    "driver": "memory",
-    "array": {
-      "apps": [
-        { "id": "bench-app", "key": "bench-key", "secret": "bench-secret", "enabled": true,
-          "enable_client_messages": false, "max_connections": 100000 }
-      ]
-    }
-  },
-  "cache": { "driver": "memory" },
-  "queue": { "driver": "none" },
-  "rate_limiter": { "enabled": false },
-  "metrics": { "enabled": false }
-}
-EOF
-}
-
 start() {
   local peer=$1 port=8000 conf bin
   shift
@@ -128,14 +90,11 @@ start() {
   done
   bin=$(bin_path "$peer")
   [ -x "$bin" ] || { echo "peers.sh: $bin missing; run: scripts/peers.sh build $peer" >&2; exit 1; }
-  conf=$(mktemp "${TMPDIR:-/tmp}/herald-peer-$peer-$port.XXXXXX.json")
+  # One file per peer and port, rewritten at every start.
+  conf=${TMPDIR:-/tmp}/herald-peer-$peer-$port.json
   case $peer in
     centrifugo)
       centrifugo_config "$port" >"$conf"
-      exec "$bin" --config "$conf"
-      ;;
-    sockudo)
-      sockudo_config "$port" >"$conf"
       exec "$bin" --config "$conf"
       ;;
   esac
