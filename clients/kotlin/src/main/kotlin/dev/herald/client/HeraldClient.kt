@@ -48,6 +48,7 @@ class HeraldClient @JvmOverloads constructor(
     private val events: ExecutorService = Executors.newSingleThreadExecutor(daemon("herald-events"))
     private val tokenExec: ExecutorService = Executors.newSingleThreadExecutor(daemon("herald-token"))
     @Volatile private var loopThread: Thread? = null
+    @Volatile private var eventsThread: Thread? = null
 
     // Everything below is touched on the loop thread only.
     private var state = ClientState.DISCONNECTED
@@ -76,6 +77,7 @@ class HeraldClient @JvmOverloads constructor(
     init {
         if (listener != null) listeners.add(listener)
         loop.execute { loopThread = Thread.currentThread() }
+        events.execute { eventsThread = Thread.currentThread() }
     }
 
     private class Pending(val method: String, val cb: (JSONObject?, HeraldException?) -> Unit, val timer: ScheduledFuture<*>?)
@@ -131,7 +133,8 @@ class HeraldClient @JvmOverloads constructor(
         loop.shutdownNow()
         tokenExec.shutdownNow()
         events.shutdown()
-        events.awaitTermination(1, TimeUnit.SECONDS)
+        // From a listener (the events thread itself) there is nothing to wait for.
+        if (Thread.currentThread() !== eventsThread) events.awaitTermination(1, TimeUnit.SECONDS)
         if (ownHttp) {
             http.dispatcher.executorService.shutdown()
             http.connectionPool.evictAll()
