@@ -24,7 +24,8 @@
 # Environment: HERALD_BIN (default target/debug/herald); HERALD_IMAGE_ARCHIVE (test this OCI
 # archive instead of building one); HERALD_IMAGE_TEST_BREAK (missing-lib | root-user | stop-signal:
 # what the self-test breaks).
-# Must run as root (chroot, dropping to the image's user); buildah is installed when missing.
+# Must run as root (chroot, dropping to the image's user): it re-runs itself with passwordless sudo
+# when it can. buildah is installed when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -53,7 +54,10 @@ if [ "${1:-}" = selftest ]; then
   exit 0
 fi
 
-[ "$(id -u)" -eq 0 ] || fail "run as root (chroot and switching to the image's user need it)"
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  exec sudo -n -E env "PATH=$PATH" bash "$0" "$@"
+fi
+[ "$(id -u)" -eq 0 ] || fail "run as root (chroot and switching to the image's user need it; no passwordless sudo)"
 command -v node >/dev/null 2>&1 || fail "node not found (Node.js 18 or later runs the WebSocket client)"
 
 # The WebSocket client library: the SDK's copy of `ws` when installed, else from npm into a cache.
