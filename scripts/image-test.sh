@@ -32,6 +32,11 @@ repo=$PWD
 
 fail() { echo "image-test: FAIL: $*" >&2; exit 1; }
 
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  exec sudo -n -E env "PATH=$PATH" bash "$0" "$@"
+fi
+[ "$(id -u)" -eq 0 ] || fail "run as root (chroot and switching to the image's user need it; no passwordless sudo)"
+
 if [ "${1:-}" = selftest ]; then
   work=$(mktemp -d "${TMPDIR:-/tmp}/herald-image-selftest.XXXXXX")
   trap 'rm -rf "$work"' EXIT
@@ -54,10 +59,6 @@ if [ "${1:-}" = selftest ]; then
   exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  exec sudo -n -E env "PATH=$PATH" bash "$0" "$@"
-fi
-[ "$(id -u)" -eq 0 ] || fail "run as root (chroot and switching to the image's user need it; no passwordless sudo)"
 command -v node >/dev/null 2>&1 || fail "node not found (Node.js 18 or later runs the WebSocket client)"
 
 # The WebSocket client library: the SDK's copy of `ws` when installed, else from npm into a cache.
