@@ -27,13 +27,14 @@
 # Must run as root (chroot, dropping to the image's user): it re-runs itself with passwordless sudo
 # when it can. buildah is installed when missing.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+self=$(readlink -f "$0")
+cd "$(dirname "$self")/.."
 repo=$PWD
 
 fail() { echo "image-test: FAIL: $*" >&2; exit 1; }
 
 if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  exec sudo -n -E env "PATH=$PATH" bash "$0" "$@"
+  exec sudo -n -E env "PATH=$PATH" bash "$self" "$@"
 fi
 [ "$(id -u)" -eq 0 ] || fail "run as root (chroot and switching to the image's user need it; no passwordless sudo)"
 
@@ -49,7 +50,7 @@ if [ "${1:-}" = selftest ]; then
     "stop-signal:StopSignal 'SIGKILL', want SIGTERM"; do
     brk=${case%%:*} want=${case#*:}
     echo "== selftest: $brk must fail with '$want'"
-    if HERALD_IMAGE_TEST_BREAK=$brk bash "$0" >"$work/$brk.log" 2>&1; then
+    if HERALD_IMAGE_TEST_BREAK=$brk bash "$self" >"$work/$brk.log" 2>&1; then
       cat "$work/$brk.log"; fail "selftest: the test passed on a broken image ($brk)"
     fi
     grep -q "$want" "$work/$brk.log" || { cat "$work/$brk.log"; fail "selftest: $brk failed without '$want'"; }
