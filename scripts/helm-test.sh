@@ -6,7 +6,9 @@
 # /ready and /health, grace period above preStop + drain_ms, liveness outlasting the drain,
 # drain_ms the binary's default unless overridden, non-root). With a herald binary (HERALD_BIN,
 # default target/debug/herald when built) the in-memory cases are also started with the rendered
-# settings: /health and /ready answer 200, SIGTERM exits 0, and the HPA's metric is on /metrics.
+# settings: /health and /ready answer 200, SIGTERM exits 0, and the HPA's metric is on /metrics;
+# the Redis, Redis Cluster and NATS cases are started with their broker URL on a closed port and
+# must stop at connecting to it (every setting the chart passes accepted).
 #
 #   bash scripts/helm-test.sh            the check
 #   bash scripts/helm-test.sh selftest   the check must fail on broken copies of the chart
@@ -68,6 +70,7 @@ breaks=(
 if [ -n "$herald_bin" ]; then
   breaks+=(
     "values.yaml|s.replace('metricName: herald_connections', 'metricName: herald_connection')|metric herald_connection is not in a node's /metrics"
+    "templates/deployment.yaml|s.replace('name: HERALD_NATS__REPLICAS', 'name: HERALD_NATS__REPLICA')|nats.yaml: running herald with the rendered settings (broker unreachable): the node did not get as far as connecting"
     "templates/deployment.yaml|s.replace('value: \"0.0.0.0\"', 'value: \"0.0.0.0\"\\n            - name: HERALD_LIMITS__NO_SUCH_KEY\\n              value: \"1\"')|did not start with the chart's settings"
   )
 fi

@@ -97,6 +97,7 @@ func main() {
 	}
 	cases := append([]string{""}, examples...)
 	ranMetrics := ""
+	var tried []string
 	for _, file := range cases {
 		name := "values.yaml"
 		vals := map[string]any{}
@@ -134,6 +135,13 @@ func main() {
 		expectDrain := defaultDrain
 		if d, ok := intAt(vals, "herald", "drainMs"); ok {
 			expectDrain = d
+		}
+		if *heraldBin != "" && brokerOf(objects) != "memory" {
+			if err := brokerConfigAccepted(*heraldBin, objects); err != nil {
+				caseFail("running herald with the rendered settings (broker unreachable): %v", err)
+			} else {
+				tried = append(tried, name)
+			}
 		}
 		if *heraldBin != "" && brokerOf(objects) == "memory" {
 			m, err := runNode(*heraldBin, objects)
@@ -194,6 +202,7 @@ func main() {
 	fmt.Printf("chart OK: lint and %d renders, every object strictly decoded, %d bad values refused\n", len(cases), len(refusals))
 	if ranMetrics != "" {
 		fmt.Printf("the node started with %s's settings; its /metrics has the HPA's metric\n", ranMetrics)
+		fmt.Printf("the node took the settings of %s and stopped at connecting to the (closed) broker port\n", strings.Join(tried, ", "))
 	} else if *metricsFile == "" {
 		fmt.Println("(no -herald binary: the chart's settings were not tried on a node)")
 	}

@@ -25,6 +25,19 @@ import (
 // /health and /ready answer 200, that SIGTERM makes it exit 0 within drain_ms + 5 s, and returns
 // its /metrics page. Only for the in-memory broker (other brokers need their servers).
 func runNode(bin string, objects []object) (metrics string, err error) {
+	return startNode(bin, objects, false)
+}
+
+// brokerConfigAccepted starts the binary like runNode for a case with a broker server (Redis,
+// Redis Cluster, NATS), with the broker URL pointed at a closed port (127.0.0.1:1, same scheme):
+// the node must get past its configuration (every HERALD_* the chart passes accepted) and stop
+// at connecting to the broker, which is what the message it exits with says.
+func brokerConfigAccepted(bin string, objects []object) error {
+	_, err := startNode(bin, objects, true)
+	return err
+}
+
+func startNode(bin string, objects []object, brokerDown bool) (metrics string, err error) {
 	var dep *appsv1.Deployment
 	secrets := map[string]*corev1.Secret{}
 	configMaps := map[string]*corev1.ConfigMap{}
@@ -115,6 +128,14 @@ func runNode(bin string, objects []object) (metrics string, err error) {
 			value = "127.0.0.1"
 		case "HERALD_DRAIN_MS":
 			fmt.Sscan(value, &drainMs)
+		case "HERALD_BROKER_URL":
+			if brokerDown {
+				scheme, _, ok := strings.Cut(value, "://")
+				if !ok {
+					return "", fmt.Errorf("HERALD_BROKER_URL %q has no scheme", value)
+				}
+				value = scheme + "://127.0.0.1:1"
+			}
 		}
 		env = append(env, e.Name+"="+value)
 	}
@@ -148,6 +169,19 @@ func runNode(bin string, objects []object) (metrics string, err error) {
 			lines = lines[len(lines)-15:]
 		}
 		return "\n      " + strings.Join(lines, "\n      ")
+	}
+
+	if brokerDown {
+		select {
+		case <-exited:
+		case <-time.After(30 * time.Second):
+			return "", fmt.Errorf("with its broker unreachable the node neither started nor stopped within 30 s")
+		}
+		out := logs()
+		if !strings.Contains(out, "Error: connecting to") {
+			return "", fmt.Errorf("the node did not get as far as connecting to its broker:%s", out)
+		}
+		return "", nil
 	}
 
 	// The first stdout line names the address.
