@@ -66,7 +66,7 @@ class RealNodeTest {
 
     @BeforeAll
     fun start() {
-        node = HeraldNode()
+        node = HeraldNode(mapOf("HERALD_LIMITS__COMMANDS_PER_SECOND" to "10000", "HERALD_LIMITS__COMMAND_BURST" to "10000"))
         api = HeraldApi(node.http, HeraldNode.API_KEY)
     }
 
@@ -157,6 +157,29 @@ class RealNodeTest {
         val u = assertThrows(HeraldApiException::class.java) { wrong.publish("room", 1) }
         assertEquals(401, u.status)
         assertTrue(!u.message!!.contains("wrong-key"), "the API key must not appear in errors")
+    }
+
+    @Test
+    fun concurrentPublishersFromManyThreads() {
+        val rec = Recorder()
+        HeraldClient(node.ws, ClientOptions().withTimeoutMs(10_000), rec).use { c ->
+            c.connect()
+            val sub = c.subscribe("busy", listener = rec)
+            sub.readyAsync().get(10, TimeUnit.SECONDS)
+            val threads = 8
+            val each = 40
+            val pool = java.util.concurrent.Executors.newFixedThreadPool(threads)
+            try {
+                val futures = (0 until threads).map { t ->
+                    pool.submit<List<Long>> { (0 until each).map { i -> c.publishAsync("busy", mapOf("t" to t, "i" to i)).get(10, TimeUnit.SECONDS).offset } }
+                }
+                val offsets = futures.flatMap { it.get(30, TimeUnit.SECONDS) }.sorted()
+                assertEquals((1L..threads * each).toList(), offsets)
+            } finally {
+                pool.shutdownNow()
+            }
+            for (i in 1..threads * each) assertEquals(i.toLong(), rec.next<PublicationEvent>("publication $i").offset)
+        }
     }
 
     @Test

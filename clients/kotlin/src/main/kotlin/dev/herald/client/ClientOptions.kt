@@ -48,6 +48,11 @@ class SubscribeOptions @JvmOverloads constructor(
     val token: String? = null,
     /** `subscribe.data` for the subscribe proxy. */
     val data: Any? = null,
+    /**
+     * Gives subscription tokens: for the first subscribe (without [token]), ahead of the token's
+     * expiry (the client then sends `sub_refresh`), and after `unsub` 4004 / error 109.
+     */
+    val tokenProvider: SubscriptionTokenProvider? = null,
 )
 
 /** The client's state. */

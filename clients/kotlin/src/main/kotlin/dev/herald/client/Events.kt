@@ -72,6 +72,12 @@ interface SubscriptionListener {
     fun onError(event: SubscriptionErrorEvent) {}
 }
 
+/** Gives a subscription token for a channel. Called on a background thread; may block. Return null to end the subscription ([Codes.NO_TOKEN]); throw to retry with backoff. */
+fun interface SubscriptionTokenProvider {
+    @Throws(Exception::class)
+    fun getToken(channel: String): String?
+}
+
 /** Gives the client a connection token. Called on a background thread; may block (bounded by the client's timeout). Return null to stop the client ([Codes.NO_TOKEN]); throw to retry with backoff. */
 fun interface TokenProvider {
     @Throws(Exception::class)

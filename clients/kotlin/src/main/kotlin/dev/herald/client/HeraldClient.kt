@@ -124,7 +124,7 @@ class HeraldClient @JvmOverloads constructor(
                 c = conn
                 if (state != ClientState.DISCONNECTED) stop(Codes.DISCONNECT_CALLED, "client closed")
                 closed = true
-                for (s in subs.values) s.cancelRetry()
+                for (s in subs.values) { s.cancelRetry(); s.cancelRefresh() }
             }
         }.isSuccess
         c?.closedLatch?.await(1, TimeUnit.SECONDS)
@@ -600,6 +600,7 @@ class HeraldClient @JvmOverloads constructor(
                 return
             }
             if (Codes.shouldResubscribe(code)) {
+                if (code == Codes.UNSUB_TOKEN_EXPIRED && s.options.tokenProvider != null) s.needToken = true
                 resync(s, false)
             } else {
                 subs.remove(ch)
@@ -637,11 +638,15 @@ class HeraldClient @JvmOverloads constructor(
     // Subscriptions (loop thread)
 
     internal fun sendSubscribe(s: Subscription) {
-        if (state != ClientState.CONNECTED || s.busy || s.state == SubscriptionState.UNSUBSCRIBED) return
+        if (state != ClientState.CONNECTED || s.busy || s.fetching || s.state == SubscriptionState.UNSUBSCRIBED) return
+        if (s.needToken) {
+            fetchSubscriptionToken(s)
+            return
+        }
         val since = s.subscribeSent()
         val p = JSONObject().put("channel", s.channel)
         since?.let { p.put("since", it.toJson()) }
-        s.options.token?.let { p.put("token", it) }
+        s.token?.let { p.put("token", it) }
         s.options.data?.let { p.put("data", Json.value(it)) }
         request("subscribe", p) { r, e ->
             s.busy = false
@@ -652,11 +657,91 @@ class HeraldClient @JvmOverloads constructor(
     }
 
     private fun applySubscribe(s: Subscription, r: SubscribeReply) {
+        if (r.expiresIn != null && r.expiresIn > 0) scheduleSubRefresh(s, (r.expiresIn * 1000).toLong())
         if (s.applySubscribe(r) && subs[s.channel] === s) resync(s, true)
+    }
+
+    /** Ask the subscription's token provider (on the token thread), then subscribe. */
+    private fun fetchSubscriptionToken(s: Subscription) {
+        val provider = s.options.tokenProvider ?: return
+        s.fetching = true
+        val submitted = runCatching {
+            tokenExec.execute {
+                var tok: String? = null
+                var err: Exception? = null
+                try { tok = provider.getToken(s.channel) } catch (e: Exception) { err = e }
+                post {
+                    s.fetching = false
+                    if (subs[s.channel] !== s) return@post
+                    when {
+                        err != null -> {
+                            val e = ConnectionException(Codes.NO_TOKEN, "subscription token provider failed: ${err.javaClass.simpleName}")
+                            s.reportError(e)
+                            reportError("subscribe", e, s.channel)
+                            s.retryLater { sendSubscribe(s) }
+                        }
+                        tok.isNullOrEmpty() -> {
+                            subs.remove(s.channel)
+                            s.end(Codes.NO_TOKEN, "subscription token provider returned no token", null)
+                        }
+                        else -> {
+                            s.token = tok
+                            s.needToken = false
+                            sendSubscribe(s)
+                        }
+                    }
+                }
+            }
+        }.isSuccess
+        if (!submitted) s.fetching = false
+    }
+
+    /** Send `sub_refresh` with a fresh subscription token ahead of the current one's expiry. */
+    private fun scheduleSubRefresh(s: Subscription, expiresInMs: Long) {
+        s.cancelRefresh()
+        val provider = s.options.tokenProvider ?: return // a fixed token: the server ends it with unsub 4004
+        val delay = maxOf(expiresInMs - minOf(10_000L, expiresInMs / 4), 0)
+        s.refreshTimer = schedule(delay) {
+            s.refreshTimer = null
+            val c = conn ?: return@schedule
+            runCatching {
+                tokenExec.execute {
+                    var tok: String? = null
+                    var err: Exception? = null
+                    try { tok = provider.getToken(s.channel) } catch (e: Exception) { err = e }
+                    post {
+                        if (conn !== c || subs[s.channel] !== s || s.state != SubscriptionState.SUBSCRIBED) return@post
+                        if (err != null || tok.isNullOrEmpty()) {
+                            val e = ConnectionException(Codes.NO_TOKEN, "subscription token provider gave no token for sub_refresh")
+                            s.reportError(e)
+                            s.needToken = true // if it expires first: unsub 4004, then a fresh subscribe
+                            return@post
+                        }
+                        s.token = tok
+                        request("sub_refresh", JSONObject().put("channel", s.channel).put("token", tok)) { r, e ->
+                            if (e != null) {
+                                if (e !is ConnectionException) s.reportError(e)
+                                s.needToken = true
+                                return@request
+                            }
+                            if (r != null && r.has("expires_in") && conn === c && subs[s.channel] === s) {
+                                val ms = (r.optDouble("expires_in", 0.0) * 1000).toLong()
+                                if (ms > 0) scheduleSubRefresh(s, ms)
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     private fun onSubscribeError(s: Subscription, err: HeraldException) {
         if (err is ConnectionException && err.code != Codes.BAD_FRAME) return // the next connect restores it
+        if (err is ReplyException && err.code == Codes.ERR_TOKEN_EXPIRED && s.options.tokenProvider != null) {
+            s.needToken = true
+            s.retryLater { sendSubscribe(s) }
+            return
+        }
         if (err is CommandTimeoutException || (err is ReplyException && err.isTemporary) || err is ConnectionException) {
             s.reportError(err)
             reportError("subscribe", err, s.channel)

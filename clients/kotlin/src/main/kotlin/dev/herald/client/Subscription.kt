@@ -20,6 +20,10 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     private val backoff = Backoff(200, 10_000)
     private var retryTimer: ScheduledFuture<*>? = null
     private var subscribedOnce = false
+    internal var token: String? = options.token
+    internal var needToken = options.token == null && options.tokenProvider != null
+    internal var fetching = false
+    internal var refreshTimer: ScheduledFuture<*>? = null
     private var readyFutures = ArrayList<CompletableFuture<Subscription>>()
     @Volatile private var publicState = SubscriptionState.SUBSCRIBING
     internal var state: SubscriptionState = SubscriptionState.SUBSCRIBING
@@ -73,9 +77,9 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
         client.dispatch { for (f in fs) if (err == null) f.complete(this) else f.completeExceptionally(err) }
     }
 
-    internal fun sentAlone() = options.token != null || options.data != null
+    internal fun sentAlone() = options.token != null || options.tokenProvider != null || options.data != null
 
-    internal fun needsSubscribe() = state == SubscriptionState.SUBSCRIBING && !busy && retryTimer == null
+    internal fun needsSubscribe() = state == SubscriptionState.SUBSCRIBING && !busy && !fetching && retryTimer == null
 
     internal fun subscribeSent(): StreamPosition? {
         val since = tracker.since()
@@ -128,6 +132,7 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     internal fun connectionLost() {
         busy = false
         cancelRetry()
+        cancelRefresh()
         if (state == SubscriptionState.SUBSCRIBED) state = SubscriptionState.SUBSCRIBING
     }
 
@@ -137,6 +142,11 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
             retryTimer = null
             f()
         }
+    }
+
+    internal fun cancelRefresh() {
+        refreshTimer?.cancel(false)
+        refreshTimer = null
     }
 
     internal fun cancelRetry() {
@@ -152,6 +162,7 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     internal fun end(code: Int, reason: String, err: HeraldException?) {
         if (state == SubscriptionState.UNSUBSCRIBED) return
         cancelRetry()
+        cancelRefresh()
         if (err != null) reportError(err)
         state = SubscriptionState.UNSUBSCRIBED
         val ev = UnsubscribedEvent(channel, code, reason)
