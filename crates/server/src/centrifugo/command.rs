@@ -99,9 +99,15 @@ pub fn decode(
 fn data(f: &mut Fields) -> Result<Bytes, PublishError> {
     let raw = f.take_raw("data");
     let b64 = f.take::<String>("b64data")?.filter(|s| !s.is_empty());
+    // `"data": null` is data (as on Herald's API), unless `b64data` gives the data.
+    let raw = raw.filter(|r| b64.is_none() || r.get() != "null");
     let text = match (raw, b64) {
         (Some(_), Some(_)) => return Err(bad("give \"data\" or \"b64data\", not both")),
-        (None, None) => return Err(bad("\"data\" (or \"b64data\") is required")),
+        (None, None) => {
+            return Err(bad(
+                "bad JSON body: missing field \"data\" (or \"b64data\")",
+            ))
+        }
         (Some(raw), None) => raw.get().as_bytes().to_vec(),
         (None, Some(b64)) => {
             let bytes = base64::engine::general_purpose::STANDARD
@@ -239,7 +245,11 @@ mod tests {
         let e = err("publish", r#"{"channel":"a","b64data":"%%"}"#);
         assert!(e.message().contains("not base64"), "{e}");
         let e = err("publish", r#"{"channel":"a"}"#);
-        assert!(e.message().contains("required"), "{e}");
+        assert!(e.message().contains("missing field \"data\""), "{e}");
+        let e = err("publish", r#"{"chanel":"a","data":1}"#);
+        assert!(e.message().starts_with("bad JSON body"), "{e}");
+        let e = err("publish", "[1, 2]");
+        assert!(e.message().starts_with("bad JSON body"), "{e}");
         let e = err("publish", r#"{"channel":"a","data":1,"version":3}"#);
         assert!(e.message().contains("\"version\""), "{e}");
         let e = err("publish", r#"{"channel":"a","data":1,"colour":3}"#);

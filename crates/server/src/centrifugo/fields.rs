@@ -4,6 +4,7 @@
 //! honour that is set is refused with error 107 naming it, and a field Centrifugo does not know
 //! either is refused as unknown. Nothing is dropped silently.
 
+use herald_protocol::command::json_error_reason;
 use herald_protocol::ErrorCode;
 use std::collections::BTreeMap;
 
@@ -25,11 +26,10 @@ impl Fields {
     pub fn parse(method: &'static str, body: &[u8]) -> Result<Fields, PublishError> {
         let first = body.iter().find(|b| !b.is_ascii_whitespace());
         if first.is_some_and(|b| *b != b'{') {
-            return Err(bad(format!("{method}: the request must be a JSON object")));
+            return Err(bad(format!("bad JSON body: {method} takes a JSON object")));
         }
-        let map = serde_json::from_slice(body).map_err(|e| {
-            PublishError::refused(ErrorCode::BadRequest, format!("bad JSON body: {e}"))
-        })?;
+        let map = serde_json::from_slice(body)
+            .map_err(|e| bad(format!("bad JSON body: {}", json_error_reason(&e))))?;
         Ok(Fields { method, map })
     }
 
@@ -40,13 +40,13 @@ impl Fields {
             Some(v) if v.get() == "null" => Ok(None),
             Some(v) => serde_json::from_str(v.get())
                 .map(Some)
-                .map_err(|e| bad(format!("{}: field {name:?}: {e}", self.method))),
+                .map_err(|e| bad(format!("bad JSON body: field {name:?}: {e}"))),
         }
     }
 
-    /// A field Herald reads, as its JSON text (`None` when absent or `null`).
+    /// A field Herald reads, as its JSON text (`None` when absent; `null` is kept).
     pub fn take_raw(&mut self, name: &str) -> Option<Box<RawValue>> {
-        self.map.remove(name).filter(|v| v.get() != "null")
+        self.map.remove(name)
     }
 
     /// A field that must be present and not empty.
@@ -54,8 +54,8 @@ impl Fields {
         let value: Option<Value> = self.take(name)?;
         match value {
             Some(v) if !is_zero(&v) => serde_json::from_value(v)
-                .map_err(|e| bad(format!("{}: field {name:?}: {e}", self.method))),
-            _ => Err(bad(format!("{}: {name:?} is required", self.method))),
+                .map_err(|e| bad(format!("bad JSON body: field {name:?}: {e}"))),
+            _ => Err(bad(format!("bad JSON body: missing field {name:?}"))),
         }
     }
 
@@ -70,7 +70,7 @@ impl Fields {
         let method = self.method;
         for (name, value) in self.map {
             if !known.contains(&name.as_str()) {
-                return Err(bad(format!("{method}: unknown field {name:?}")));
+                return Err(bad(format!("bad JSON body: unknown field {name:?}")));
             }
             let value: Value = serde_json::from_str(value.get()).unwrap_or(Value::Bool(true));
             if !is_zero(&value) {

@@ -12,14 +12,14 @@ use herald_protocol::ErrorCode;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
 use tokio::sync::watch;
 
 use super::dead_letter::{DeadLetter, Skipped};
-use super::{parse_record, record_key, KafkaConfig, Secret};
+use super::{parse_message, record_key, KafkaConfig, Secret};
 use crate::publishing::execute;
 
 impl KafkaConfig {
@@ -435,7 +435,21 @@ impl Runner {
         metrics.kafka_consumed.get_or_create(&self.labels).inc();
         let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
         let consumer = self.config.name();
-        let cmd = match parse_record(m.payload(), &self.ctx.config.limits) {
+        let headers: Vec<(&str, &[u8])> = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key, h.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cmd = match parse_message(
+            m.payload(),
+            &headers,
+            &self.config,
+            &self.ctx.config.limits,
+            &self.ctx.namespaces,
+        ) {
             Ok(cmd) => cmd,
             Err(e) => {
                 let reason = match e.error_code() {
