@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{config_file, Client, Node};
+use common::{config_file, token, Client, Node};
 use herald_testkit::eventually_ok;
 use herald_testkit::kafka::KafkaServer;
 use herald_testkit::postgres::PostgresServer;
@@ -82,6 +82,11 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
     let file = config_file("herald.toml", &toml);
     let node = Node::start(&["--dev", "--config", &file], &[]).await;
     let mut sub = node.connected(&["room", "live:a", "live:b"]).await;
+    let mut alice = node.client().await;
+    let r = alice
+        .call("connect", json!({"token": token(json!({"sub": "alice"}))}))
+        .await;
+    assert!(r["connect"]["client"].is_string(), "{r}");
 
     pg.psql(
         r#"INSERT INTO centrifugo_outbox (method, payload) VALUES
@@ -89,7 +94,8 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
            ('publish', '{"channel": "room", "b64data": "eyJpIjogMn0="}'),
            ('broadcast', '{"channels": ["live:a", "live:b"], "data": {"i": 3}, "skip_history": true, "idempotency_key": "typing-1"}'),
            ('publish', '{"channel": "room", "data": {"i": 4}, "tags": {"kind": "x"}}'),
-           ('publish', '{"channel": "room", "data": {"i": 5}}');"#,
+           ('publish', '{"channel": "room", "data": {"i": 5}}'),
+           ('subscribe', '{"user": "alice", "channel": "room"}');"#,
     );
     let seen = received(&mut sub, 5).await;
     assert_eq!(
@@ -116,6 +122,15 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
     )
     .await;
     assert!(dead.contains("\"tags\" is not supported"), "{dead}");
+    // Centrifugo's control commands reach the user's connection: subscribed, then closed.
+    let first = alice.next().await;
+    assert_eq!(first["subscribe"]["channel"], "room", "{first}");
+    pg.psql(
+        r#"INSERT INTO centrifugo_outbox (method, payload) VALUES
+           ('disconnect', '{"user": "alice", "disconnect": {"code": 4510, "reason": "bye"}}');"#,
+    );
+    let closed = alice.closed().await;
+    assert_eq!(closed.code, Some(4510), "{closed:?}");
     let left = pg.psql("SELECT count(*) FROM centrifugo_outbox");
     assert_eq!(left.trim(), "0");
 }
@@ -170,6 +185,11 @@ async fn kafka_takes_centrifugo_method_headers_and_publication_data() {
     let file = config_file("herald.toml", &toml);
     let node = Node::start(&["--dev", "--config", &file], &[]).await;
     let mut sub = node.connected(&["k1", "k2", "k3"]).await;
+    let mut bob = node.client().await;
+    let r = bob
+        .call("connect", json!({"token": token(json!({"sub": "bob"}))}))
+        .await;
+    assert!(r["connect"]["client"].is_string(), "{r}");
 
     let p: FutureProducer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -211,6 +231,14 @@ async fn kafka_takes_centrifugo_method_headers_and_publication_data() {
         &[("centrifugo-channels", "k3")],
     )
     .await;
+    // A control command by method header: the user's connection is subscribed.
+    produce(
+        &p,
+        "cent-commands",
+        r#"{"user":"bob","channel":"k9"}"#,
+        &[("centrifugo-method", "subscribe")],
+    )
+    .await;
 
     let mut seen = received(&mut sub, 6).await;
     assert_eq!(seen["k1"], [json!({"i": 1}), json!({"i": 2})], "{seen:?}");
@@ -220,4 +248,6 @@ async fn kafka_takes_centrifugo_method_headers_and_publication_data() {
     assert_eq!(seen["k2"], [json!({"i": 2}), json!({"i": 3})], "{seen:?}");
     assert_eq!(seen["k3"], [json!({"i": 3}), json!({"i": 4})], "{seen:?}");
     nothing_more(&mut sub, Duration::from_millis(1000)).await;
+    let m = bob.next().await;
+    assert_eq!(m["subscribe"]["channel"], "k9", "{m}");
 }

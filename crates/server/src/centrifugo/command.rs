@@ -1,6 +1,7 @@
-//! Centrifugo's `publish` and `broadcast` requests as Herald commands: the one decoder that the
-//! compatibility API (`/centrifugo/api/publish`, `…/broadcast`, `batch`), the PostgreSQL outbox
-//! and the Kafka consumer share.
+//! Centrifugo's `publish` and `broadcast` requests as Herald commands ([`decode`]), and its
+//! `subscribe`, `unsubscribe` and `disconnect` requests as control messages ([`control`]): the
+//! one decoder that the compatibility API (`/centrifugo/api/<method>`, `batch`), the PostgreSQL
+//! outbox and the Kafka consumer share.
 //!
 //! Centrifugo's fields are a superset of Herald's own bodies (`channel`/`channels`, `data`,
 //! `idempotency_key`), so every row or record Herald took before still decodes the same way.
@@ -17,9 +18,10 @@
 
 use base64::Engine;
 use bytes::Bytes;
+use herald_broker::ControlMessage;
 use herald_core::namespace::Namespaces;
 use herald_core::session::check_data_depth;
-use herald_protocol::ErrorCode;
+use herald_protocol::{CloseCode, ErrorCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -126,6 +128,102 @@ fn data(f: &mut Fields) -> Result<Bytes, PublishError> {
 
 fn bad(message: impl Into<String>) -> PublishError {
     PublishError::refused(ErrorCode::BadRequest, message)
+}
+
+/// Centrifugo's `subscribe`, `unsubscribe` and `disconnect` requests as the control message
+/// every node acts on (`None` for another method): the compatibility API and the consumers
+/// run them alike.
+/// - `subscribe` / `unsubscribe`: `user` and `channel` (every connection of the user); the
+///   other Centrifugo fields (`client`, `session`, `info`, `data`, `expire_at`,
+///   `recover_since`, `override`, …) are error 107 when set.
+/// - `disconnect`: `user` (all its connections) or `client` (one connection), with
+///   `disconnect.code` in 4000–4999 (default 4502, no reconnect, Centrifugo's 3503 "force
+///   disconnect"); `disconnect.reason` is not carried (the client sees Herald's reason);
+///   `whitelist`, `session` are error 107 when set.
+pub fn control(
+    method: &str,
+    payload: &[u8],
+    namespaces: &Namespaces,
+) -> Result<Option<ControlMessage>, PublishError> {
+    match method {
+        "subscribe" | "unsubscribe" => {
+            let subscribe = method == "subscribe";
+            let mut f = Fields::parse(
+                if subscribe {
+                    "subscribe"
+                } else {
+                    "unsubscribe"
+                },
+                payload,
+            )?;
+            let channel: String = f.required("channel")?;
+            let user: String = f.required("user")?;
+            if subscribe {
+                f.finish(&[
+                    "expire_at",
+                    "info",
+                    "b64info",
+                    "client",
+                    "data",
+                    "b64data",
+                    "recover_since",
+                    "override",
+                    "session",
+                    "label_filter",
+                    "all_users",
+                ])?;
+            } else {
+                f.finish(&["client", "session", "label_filter", "all_users"])?;
+            }
+            namespaces.resolve(&channel)?;
+            Ok(Some(if subscribe {
+                ControlMessage::Subscribe { user, channel }
+            } else {
+                ControlMessage::Unsubscribe { user, channel }
+            }))
+        }
+        "disconnect" => disconnect(payload).map(Some),
+        _ => Ok(None),
+    }
+}
+
+fn disconnect(payload: &[u8]) -> Result<ControlMessage, PublishError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Disconnect {
+        #[serde(default)]
+        code: u32,
+        #[serde(default)]
+        #[allow(dead_code)]
+        reason: String,
+    }
+    let mut f = Fields::parse("disconnect", payload)?;
+    let user = f.string("user")?;
+    let client = f.string("client")?;
+    let code = match f.take::<Disconnect>("disconnect")? {
+        Some(d) if d.code != 0 => d.code,
+        _ => u32::from(CloseCode::DISCONNECTED_BY_API.0),
+    };
+    f.finish(&["whitelist", "session", "label_filter", "all_users"])?;
+    if !(4000..5000).contains(&code) {
+        return Err(bad(
+            "disconnect: Herald's close codes are 4000–4999 (4000–4499 reconnect, 4500–4999 do \
+             not); Centrifugo's 3503 \"force disconnect\" is Herald's default, 4502",
+        ));
+    }
+    if user.is_empty() && client.is_empty() {
+        return Err(bad("bad JSON body: missing field \"user\""));
+    }
+    // A client id names one connection, whoever its user.
+    let (user, client) = match client.is_empty() {
+        true => (Some(user), None),
+        false => (None, Some(client)),
+    };
+    Ok(ControlMessage::Disconnect {
+        user,
+        client,
+        code: code as u16,
+    })
 }
 
 /// `{"method", "payload"}`, the shape of a Centrifugo outbox row or Kafka record, where the
@@ -264,6 +362,51 @@ mod tests {
         let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
         let e = err("publish", &format!(r#"{{"channel":"a","data":{deep}}}"#));
         assert_eq!(e.error_code(), ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn control_commands_become_messages_for_every_node() {
+        let ns = namespaces();
+        let msg = |m: &str, b: &str| control(m, b.as_bytes(), &ns);
+        assert_eq!(
+            msg("disconnect", r#"{"user":"u"}"#).unwrap(),
+            Some(ControlMessage::Disconnect {
+                user: Some("u".into()),
+                client: None,
+                code: 4502
+            })
+        );
+        assert_eq!(
+            msg(
+                "disconnect",
+                r#"{"user":"u","client":"c","disconnect":{"code":4001,"reason":"r"}}"#
+            )
+            .unwrap(),
+            Some(ControlMessage::Disconnect {
+                user: None,
+                client: Some("c".into()),
+                code: 4001
+            })
+        );
+        let e = msg("disconnect", r#"{"user":"u","disconnect":{"code":3503}}"#).unwrap_err();
+        assert!(e.message().contains("4502"), "{e}");
+        assert!(msg("disconnect", r#"{"user":"u","whitelist":["c"]}"#).is_err());
+        assert_eq!(
+            msg("unsubscribe", r#"{"user":"u","channel":"a"}"#).unwrap(),
+            Some(ControlMessage::Unsubscribe {
+                user: "u".into(),
+                channel: "a".into()
+            })
+        );
+        let e = msg("subscribe", r#"{"user":"u","channel":"a","client":"c"}"#).unwrap_err();
+        assert!(e.message().contains("\"client\" is not supported"), "{e}");
+        assert_eq!(
+            msg("subscribe", r#"{"user":"u","channel":"nope:a"}"#)
+                .unwrap_err()
+                .error_code(),
+            ErrorCode::UnknownNamespace
+        );
+        assert_eq!(msg("publish", "{}").unwrap(), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub mod fields;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use herald_broker::{BrokerError, ControlMessage, HistoryQuery};
+use herald_broker::{BrokerError, HistoryQuery};
 use herald_core::namespace::NamespaceError;
 use herald_protocol::{ErrorCode, StreamPosition};
 use hyper::body::Incoming;
@@ -314,9 +314,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn call(app: &App, method: &str, body: &[u8]) -> CentResult {
     match method {
         "publish" | "broadcast" => publish(app, method, body).await,
-        "subscribe" => subscribe(app, body, true).await,
-        "unsubscribe" => subscribe(app, body, false).await,
-        "disconnect" => disconnect(app, body).await,
+        "subscribe" | "unsubscribe" | "disconnect" => control(app, method, body).await,
         "presence" => presence(app, body, false).await,
         "presence_stats" => presence(app, body, true).await,
         "history" => history(app, body).await,
@@ -366,82 +364,13 @@ fn position(p: &StreamPosition) -> Value {
     json!({"offset": p.offset, "epoch": p.epoch})
 }
 
-/// `subscribe` / `unsubscribe` a user's connections, on every node: `{}`.
-async fn subscribe(app: &App, body: &[u8], subscribe: bool) -> CentResult {
-    let name = if subscribe {
-        "subscribe"
-    } else {
-        "unsubscribe"
-    };
-    let mut f = Fields::parse(name, body)?;
-    let channel: String = f.required("channel")?;
-    let user: String = f.required("user")?;
-    if subscribe {
-        f.finish(&[
-            "expire_at",
-            "info",
-            "b64info",
-            "client",
-            "data",
-            "b64data",
-            "recover_since",
-            "override",
-            "session",
-            "label_filter",
-            "all_users",
-        ])?;
-    } else {
-        f.finish(&["client", "session", "label_filter", "all_users"])?;
-    }
-    app.ctx.namespaces.resolve(&channel)?;
-    let message = if subscribe {
-        ControlMessage::Subscribe { user, channel }
-    } else {
-        ControlMessage::Unsubscribe { user, channel }
-    };
+/// `subscribe`, `unsubscribe` (a user's connections) and `disconnect` (a user's connections or
+/// one client) on every node, decoded by [`command::control`] as the consumers decode them:
+/// `{}`.
+async fn control(app: &App, method: &str, body: &[u8]) -> CentResult {
+    let message = command::control(method, body, &app.ctx.namespaces)?
+        .ok_or_else(|| CentError::new(104, format!("not found: no API method {method:?}")))?;
     app.ctx.hub.broker().publish_control(&message).await?;
-    Ok(json!({}))
-}
-
-/// `disconnect` a user's connections (or one `client`) on every node, with `disconnect.code`
-/// (4000–4999; default 4502, "disconnected by the server API", no reconnect): `{}`. The
-/// `reason` is not carried: the client sees Herald's reason for the code.
-async fn disconnect(app: &App, body: &[u8]) -> CentResult {
-    let mut f = Fields::parse("disconnect", body)?;
-    let user = f.string("user")?;
-    let client = f.string("client")?;
-    let code = match f.take::<Map<String, Value>>("disconnect")? {
-        Some(d) => {
-            for k in d.keys() {
-                if k != "code" && k != "reason" {
-                    return Err(CentError::bad(format!(
-                        "disconnect: unknown field \"disconnect.{k}\""
-                    )));
-                }
-            }
-            match d.get("code").and_then(Value::as_u64) {
-                Some(0) | None => None,
-                Some(c) => Some(u16::try_from(c).unwrap_or(u16::MAX)),
-            }
-        }
-        None => None,
-    };
-    f.finish(&["whitelist", "session", "label_filter", "all_users"])?;
-    if code.is_some_and(|c| !(4000..5000).contains(&c)) {
-        return Err(CentError::bad(
-            "disconnect: Herald's close codes are 4000–4999 (4000–4499 reconnect, 4500–4999 do \
-             not); Centrifugo's 3503 \"force disconnect\" is Herald's default, 4502",
-        ));
-    }
-    if user.is_empty() && client.is_empty() {
-        return Err(CentError::bad("disconnect: \"user\" is required"));
-    }
-    // A client id names one connection, whoever its user.
-    let (user, client) = match client.is_empty() {
-        true => (Some(user), None),
-        false => (None, Some(client)),
-    };
-    api::disconnect_everywhere(app, user, client, code).await?;
     Ok(json!({}))
 }
 

@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use herald_broker::Backoff;
+use herald_broker::{Backoff, ControlMessage};
 use herald_core::config::{lenient, Limits};
 use herald_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer};
@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use herald_core::namespace::Namespaces;
 use herald_protocol::command::json_error_reason;
 
-use crate::centrifugo::command::{decode, Envelope};
+use crate::centrifugo::command::{control, decode, Envelope};
 use crate::publishing::{self, check_idempotency_key, Command, PublishError};
 
 #[cfg(feature = "kafka")]
@@ -384,7 +384,7 @@ pub fn parse_record(
     value: Option<&[u8]>,
     limits: &Limits,
     namespaces: &Namespaces,
-) -> Result<Command, PublishError> {
+) -> Result<Record, PublishError> {
     let Some(value) = value else {
         return Err(PublishError::refused(
             ErrorCode::BadRequest,
@@ -401,7 +401,27 @@ pub fn parse_record(
     })?;
     let payload = e.payload_text()?;
     publishing::check_body_size(limits, &e.method, payload.len())?;
-    decode(&e.method, payload.as_bytes(), namespaces)
+    decode_record(&e.method, payload.as_bytes(), namespaces)
+}
+
+/// What a record asks for.
+#[derive(Debug)]
+pub enum Record {
+    /// A publish or broadcast.
+    Publish(Command),
+    /// Centrifugo's `subscribe`, `unsubscribe` or `disconnect`: a message to every node.
+    Control(ControlMessage),
+}
+
+fn decode_record(
+    method: &str,
+    payload: &[u8],
+    namespaces: &Namespaces,
+) -> Result<Record, PublishError> {
+    match control(method, payload, namespaces)? {
+        Some(message) => Ok(Record::Control(message)),
+        None => decode(method, payload, namespaces).map(Record::Publish),
+    }
 }
 
 /// The command a record holds, by the consumer's mode: with `publication_data_mode` on, the
@@ -414,7 +434,7 @@ pub fn parse_message(
     config: &KafkaConfig,
     limits: &Limits,
     namespaces: &Namespaces,
-) -> Result<Command, PublishError> {
+) -> Result<Record, PublishError> {
     let header = |name: &str| {
         (!name.is_empty())
             .then(|| headers.iter().find(|(k, _)| *k == name).map(|(_, v)| *v))
@@ -482,12 +502,12 @@ pub fn parse_message(
             })?;
             body["delta"] = serde_json::json!(delta);
         }
-        return decode(method, body.to_string().as_bytes(), namespaces);
+        return decode(method, body.to_string().as_bytes(), namespaces).map(Record::Publish);
     }
     if let Some(method) = text(&config.method_header)?.filter(|m| !m.is_empty()) {
         let value = value.unwrap_or_default();
         publishing::check_body_size(limits, method, value.len())?;
-        return decode(method, value, namespaces);
+        return decode_record(method, value, namespaces);
     }
     parse_record(value, limits, namespaces)
 }

@@ -46,8 +46,8 @@ use tokio::time::Instant;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Socket, Statement};
 
-use crate::centrifugo::command::decode;
-use crate::publishing;
+use crate::centrifugo::command::{control, decode};
+use crate::publishing::{self, PublishError};
 
 /// The `kind` label of this consumer's metrics.
 const KIND: &str = "postgres";
@@ -886,6 +886,20 @@ async fn publish_row(
         // Within its method's limit but over the cap: cannot be, the cap is the largest.
         return Outcome::Refused(format!("payload of {length} bytes was not read"));
     };
+    // Centrifugo's `subscribe`, `unsubscribe` and `disconnect` rows: a message to every node.
+    match control(method, payload.as_bytes(), &shared.ctx.namespaces) {
+        Ok(Some(message)) => {
+            return match shared.ctx.hub.broker().publish_control(&message).await {
+                Ok(()) => Outcome::Published,
+                Err(e) => match PublishError::from(e) {
+                    e if e.is_retryable() => Outcome::Retry(e.to_string()),
+                    e => Outcome::Refused(e.to_string()),
+                },
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return Outcome::Refused(e.to_string()),
+    }
     // Centrifugo's request fields too (`b64data`, `skip_history`, …): a Centrifugo outbox
     // table's rows decode as the compatibility API decodes them.
     let cmd = match decode(method, payload.as_bytes(), &shared.ctx.namespaces) {

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use herald_broker::ControlMessage;
 use herald_core::metrics::Labels;
 use herald_core::{Metrics, NodeContext};
 use herald_protocol::ErrorCode;
@@ -19,8 +20,8 @@ use rdkafka::ClientContext;
 use tokio::sync::watch;
 
 use super::dead_letter::{DeadLetter, Skipped};
-use super::{parse_message, record_key, KafkaConfig, Secret};
-use crate::publishing::execute;
+use super::{parse_message, record_key, KafkaConfig, Record, Secret};
+use crate::publishing::{execute, PublishError};
 
 impl KafkaConfig {
     /// The librdkafka configuration: offsets are stored by Herald after each publish and
@@ -450,7 +451,8 @@ impl Runner {
             &self.ctx.config.limits,
             &self.ctx.namespaces,
         ) {
-            Ok(cmd) => cmd,
+            Ok(Record::Publish(cmd)) => cmd,
+            Ok(Record::Control(message)) => return self.control(m, &message).await,
             Err(e) => {
                 let reason = match e.error_code() {
                     ErrorCode::LimitExceeded => "oversized",
@@ -500,6 +502,36 @@ impl Runner {
             metrics.kafka_retries.get_or_create(&self.labels).inc();
             let delay = backoff.next_delay();
             tracing::warn!(consumer, topic, partition, offset, cause = %retry, retry_in_ms = delay.as_millis() as u64, "kafka: publish failed, retrying");
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => return Handled::Stopped,
+            }
+        }
+    }
+
+    /// Send a control record's message (Centrifugo's `subscribe`, `unsubscribe`, `disconnect`)
+    /// to every node, retrying while the broker is unavailable.
+    async fn control(&self, m: &OwnedMessage, message: &ControlMessage) -> Handled {
+        let metrics = self.ctx.hub.metrics();
+        let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+        let consumer = self.config.name();
+        let mut backoff = self.config.backoff();
+        loop {
+            let e = match self.ctx.hub.broker().publish_control(message).await {
+                Ok(()) => {
+                    metrics.kafka_published.get_or_create(&self.labels).inc();
+                    return Handled::Done;
+                }
+                Err(e) => PublishError::from(e),
+            };
+            if !e.is_retryable() {
+                tracing::warn!(consumer, topic, partition, offset, cause = %e, "kafka: control command refused, skipped");
+                return self.skip(m, "refused", &e.to_string()).await;
+            }
+            metrics.kafka_retries.get_or_create(&self.labels).inc();
+            let delay = backoff.next_delay();
+            tracing::warn!(consumer, topic, partition, offset, cause = %e, retry_in_ms = delay.as_millis() as u64, "kafka: control command failed, retrying");
             let mut stop = self.stop.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
