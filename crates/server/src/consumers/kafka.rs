@@ -338,6 +338,11 @@ impl KafkaConfig {
         if self.group_id.is_empty() {
             return invalid(Problem::Empty("group_id"));
         }
+        if self.publication_data_mode.enabled
+            && self.publication_data_mode.channels_header.is_empty()
+        {
+            return invalid(Problem::Empty("publication_data_mode.channels_header"));
+        }
         if !matches!(self.auto_offset_reset.as_str(), "earliest" | "latest") {
             return invalid(Problem::OffsetReset);
         }
@@ -664,5 +669,67 @@ mod tests {
             "consumers.kafka \"herald\": property \"enable.auto.commit\" is Herald's own \
              (set brokers or group_id instead)"
         );
+    }
+
+    #[test]
+    fn centrifugo_modes_read_headers() {
+        let config = |v: serde_json::Value| -> KafkaConfig {
+            let c: KafkaConfigs = serde_json::from_value(v).unwrap();
+            c.into_vec().remove(0)
+        };
+        let plain = config(serde_json::json!({"brokers": "a:1", "topics": "t"}));
+        let limits = Limits::default();
+        let ns = ns();
+        let parse = |c: &KafkaConfig, v: &[u8], h: &[(&str, &[u8])]| {
+            parse_message(Some(v), h, c, &limits, &ns)
+        };
+        let body = br#"{"channel":"a","data":1}"#;
+        let r = parse(&plain, body, &[("centrifugo-method", b"publish")]).unwrap();
+        assert!(
+            matches!(r, Record::Publish(Command::Publish { .. })),
+            "{r:?}"
+        );
+        let r = parse(
+            &plain,
+            br#"{"user":"u"}"#,
+            &[("centrifugo-method", b"disconnect")],
+        )
+        .unwrap();
+        assert!(matches!(r, Record::Control(_)), "{r:?}");
+        // Without the header the value must be an envelope.
+        assert!(parse(&plain, body, &[]).is_err());
+        let data = config(serde_json::json!({
+            "brokers": "a:1", "topics": "t", "publication_data_mode": {"enabled": true}
+        }));
+        let r = parse(
+            &data,
+            br#"{"x":1}"#,
+            &[
+                ("centrifugo-channels", b"a, b"),
+                ("centrifugo-idempotency-key", b"k"),
+            ],
+        )
+        .unwrap();
+        match r {
+            Record::Publish(Command::Broadcast {
+                channels,
+                data,
+                idempotency_key,
+            }) => {
+                assert_eq!(channels, ["a", "b"]);
+                assert_eq!(&data[..], br#"{"x":1}"#);
+                assert_eq!(idempotency_key.as_deref(), Some("k"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = parse(&data, br#"{"x":1}"#, &[]).unwrap_err();
+        assert!(e.message().contains("centrifugo-channels"), "{e}");
+        let e = parse(&data, b"\x00binary", &[("centrifugo-channels", b"a")]).unwrap_err();
+        assert!(e.message().contains("not JSON"), "{e}");
+        let bad = config(serde_json::json!({
+            "brokers": "a:1", "topics": "t",
+            "publication_data_mode": {"enabled": true, "channels_header": ""}
+        }));
+        assert!(bad.validate().is_err());
     }
 }
