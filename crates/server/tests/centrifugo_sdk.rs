@@ -69,6 +69,50 @@ fn venv_python() -> PathBuf {
     python
 }
 
+/// The `cent.js` release the Node test pins.
+const CENT_JS_VERSION: &str = "6.1.0";
+
+/// A folder under the target directory with `cent.js` installed from npm, made once.
+fn cent_js_dir() -> PathBuf {
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    let dir = target.join("centrifugo-node");
+    let manifest = dir.join("node_modules/cent.js/package.json");
+    let installed = || {
+        std::fs::read_to_string(&manifest)
+            .is_ok_and(|m| m.contains(&format!("\"version\": \"{CENT_JS_VERSION}\"")))
+    };
+    if installed() {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).expect("create the cent.js folder");
+    let status = std::process::Command::new("npm")
+        .args([
+            "install",
+            "--silent",
+            "--no-audit",
+            "--no-fund",
+            "--no-save",
+            "--prefix",
+        ])
+        .arg(&dir)
+        .arg(format!("cent.js@{CENT_JS_VERSION}"))
+        .status()
+        .expect("npm install cent.js (install Node.js 20+ and npm)");
+    assert!(
+        status.success(),
+        "npm install cent.js@{CENT_JS_VERSION} failed"
+    );
+    assert!(
+        installed(),
+        "cent.js {CENT_JS_VERSION} is not in {}",
+        dir.display()
+    );
+    dir
+}
+
 /// A connection as `user`, subscribed to `channels`.
 async fn user(node: &Node, user: &str, channels: &[&str]) -> Client {
     let mut c = node.client().await;
@@ -209,4 +253,80 @@ async fn centrifugo_python_sdk_works_against_herald() {
     }
     let closed = bob.closed().await;
     assert_eq!(closed.code, Some(4510), "{closed:?}");
+}
+
+/// Centrifugo's Node server SDK, `cent.js` (npm), with its base URL at Herald's `/api`: the
+/// requests carry `X-API-Key`, so Herald answers them in Centrifugo's shape.
+#[tokio::test]
+async fn centrifugo_node_sdk_works_against_herald_on_the_api_path() {
+    let dir = tokio::task::spawn_blocking(cent_js_dir)
+        .await
+        .expect("cent.js");
+    let node = Node::dev().await;
+    let mut carol = user(&node, "carol", &["js_room", "js_other"]).await;
+    let run = tokio::process::Command::new("node")
+        .arg(fixture("centrifugo_centjs.js"))
+        .arg(format!("http://{}", node.addr))
+        .arg(API_KEY)
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the cent.js script did not finish within 60 s")
+        .expect("run node");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the cent.js script failed: {}\n{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let out: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("the script's output is not JSON ({e}): {stdout}"));
+    assert_eq!(out["publish"]["offset"], 1, "{out}");
+    assert_eq!(
+        out["broadcast"]["responses"][0]["result"]["offset"], 2,
+        "{out}"
+    );
+    assert_eq!(out["history"]["data"], json!([{"j": 1}, {"j": 2}]), "{out}");
+    assert_eq!(out["presence"], json!(["carol"]), "{out}");
+    assert_eq!(
+        out["presence_stats"],
+        json!({"num_clients": 1, "num_users": 1}),
+        "{out}"
+    );
+    assert_eq!(
+        out["channels"],
+        json!({"js_room": 1, "js_other": 1}),
+        "{out}"
+    );
+    assert_eq!(out["info_nodes"], 1, "{out}");
+    // cent.js raises CentException on a reply with "error" (the codes are checked in
+    // tests/centrifugo_api.rs; its exception does not keep them).
+    for e in ["tags", "history_remove", "wrong_key"] {
+        assert_eq!(
+            out["errors"][e],
+            json!({"thrown": "CentException"}),
+            "{out}"
+        );
+    }
+
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let m = next_push(&mut carol).await;
+        got.push((m["pub"]["channel"].clone(), m["pub"]["data"].clone()));
+    }
+    got.sort_by_key(|(c, d)| (c.to_string(), d.to_string()));
+    assert_eq!(
+        got,
+        [
+            (json!("js_other"), json!({"j": 2})),
+            (json!("js_room"), json!({"j": 1})),
+            (json!("js_room"), json!({"j": 2})),
+        ]
+    );
+    let closed = carol.closed().await;
+    assert_eq!(closed.code, Some(4502), "{closed:?}");
 }
