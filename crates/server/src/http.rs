@@ -103,6 +103,12 @@ pub async fn route(node: Arc<Node>, req: Request<Incoming>) -> Result<HttpRespon
             let body = app.ctx.hub.metrics().render_with(open);
             text(StatusCode::OK, "text/plain; version=0.0.4", body)
         }
+        (_, p) if p.starts_with(crate::centrifugo::PREFIX) => {
+            crate::centrifugo::handle(app.clone(), req).await
+        }
+        (_, p) if p.starts_with("/api/") && crate::centrifugo::claims(req.headers()) => {
+            crate::centrifugo::handle(app.clone(), req).await
+        }
         (_, p) if p.starts_with("/api/") => api::handle(app.clone(), req).await,
         (_, p) if crate::admin::is_admin_path(p) => {
             crate::admin::handle(app.clone(), node.admin.clone(), req).await

@@ -44,6 +44,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "api",
             "admin",
             "consumers",
+            "centrifugo",
         ],
     ),
     // The route table and `http::Node`, which holds each protocol's state.

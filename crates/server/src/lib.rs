@@ -50,6 +50,8 @@
 //!   paths answer 404 and a config that names a Pusher app is refused at start-up).
 //! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
 //!   transactional outbox, Kafka topics; docs/consumers.md).
+//! - [`centrifugo`]: Centrifugo's server HTTP API at `/centrifugo/api/<method>`, and the decoding
+//!   of Centrifugo's publish commands the consumers share (docs/migrating-from-centrifugo.md).
 //!
 //! # Layers
 //! Lowest first; a module uses its own layer or those below, never one above (`layers.rs`
@@ -59,13 +61,14 @@
 //! 2. `state`;
 //! 3. `engine`, `handshake`;
 //! 4. protocols and their handlers: `ws`, `pusher`, `uni`, `emulation`, `api`, `admin`,
-//!    `consumers`;
+//!    `consumers`, `centrifugo`;
 //! 5. `http` (the route table and `http::Node`);
 //! 6. `serve` (the accept loop, which assembles the node); then `main`.
 
 pub mod admin;
 pub mod api;
 pub mod brokers;
+pub mod centrifugo;
 pub mod cluster;
 mod compression;
 pub mod consumers;

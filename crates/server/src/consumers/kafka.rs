@@ -24,13 +24,17 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use herald_broker::Backoff;
+use herald_broker::{Backoff, ControlMessage};
 use herald_core::config::{lenient, Limits};
 use herald_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer};
 use sha2::{Digest, Sha256};
 
-use crate::publishing::{check_idempotency_key, Command, PublishError};
+use herald_core::namespace::Namespaces;
+use herald_protocol::command::json_error_reason;
+
+use crate::centrifugo::command::{control, decode, Envelope};
+use crate::publishing::{self, check_idempotency_key, Command, PublishError};
 
 #[cfg(feature = "kafka")]
 mod client;
@@ -131,6 +135,67 @@ pub struct KafkaConfig {
     /// Further librdkafka properties, passed as they are (e.g. `"session.timeout.ms" = "10000"`).
     #[serde(default)]
     pub properties: HashMap<String, String>,
+    /// Record header naming the API method (Centrifugo's `method_header`): a record carrying it
+    /// holds that method's request body as its value, not an envelope. Empty: not looked at.
+    #[serde(
+        default = "default_method_header",
+        deserialize_with = "lenient::string"
+    )]
+    pub method_header: String,
+    /// Centrifugo's publication data mode: each record's value is the publication's data, its
+    /// channels and idempotency key in headers.
+    #[serde(default)]
+    pub publication_data_mode: PublicationDataMode,
+}
+
+/// `[consumers.kafka.publication_data_mode]`, as Centrifugo's: the record's value is published
+/// as it is to the channels its `channels_header` lists (comma-separated).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublicationDataMode {
+    /// On or off (default off).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Header with the channels, comma-separated.
+    #[serde(
+        default = "default_channels_header",
+        deserialize_with = "lenient::string"
+    )]
+    pub channels_header: String,
+    /// Header with the publication's idempotency key (absent: the record's own key,
+    /// `kafka:<topic>:<partition>:<offset>`).
+    #[serde(
+        default = "default_idempotency_key_header",
+        deserialize_with = "lenient::string"
+    )]
+    pub idempotency_key_header: String,
+    /// Header with Centrifugo's delta flag: read and accepted (subscribers get the whole data).
+    #[serde(default = "default_delta_header", deserialize_with = "lenient::string")]
+    pub delta_header: String,
+}
+
+impl Default for PublicationDataMode {
+    fn default() -> Self {
+        PublicationDataMode {
+            enabled: false,
+            channels_header: default_channels_header(),
+            idempotency_key_header: default_idempotency_key_header(),
+            delta_header: default_delta_header(),
+        }
+    }
+}
+
+fn default_method_header() -> String {
+    "centrifugo-method".into()
+}
+fn default_channels_header() -> String {
+    "centrifugo-channels".into()
+}
+fn default_idempotency_key_header() -> String {
+    "centrifugo-idempotency-key".into()
+}
+fn default_delta_header() -> String {
+    "centrifugo-delta".into()
 }
 
 /// A password: read like any other text, shown as `***` by `Debug`.
@@ -273,6 +338,11 @@ impl KafkaConfig {
         if self.group_id.is_empty() {
             return invalid(Problem::Empty("group_id"));
         }
+        if self.publication_data_mode.enabled
+            && self.publication_data_mode.channels_header.is_empty()
+        {
+            return invalid(Problem::Empty("publication_data_mode.channels_header"));
+        }
         if !matches!(self.auto_offset_reset.as_str(), "earliest" | "latest") {
             return invalid(Problem::OffsetReset);
         }
@@ -312,17 +382,139 @@ pub fn record_key(topic: &str, partition: i32, offset: i64) -> String {
 /// envelope inside a JSON string (a CDC tool that kept the column as text) or inside a
 /// `{"schema", "payload"}` wrapper (Kafka Connect's JSON converter with schemas on). A payload
 /// over the API's body limit for its method is refused with error 106.
-pub fn parse_record(value: Option<&[u8]>, limits: &Limits) -> Result<Command, PublishError> {
+///
+/// Payloads are decoded by [`crate::centrifugo::command::decode`], which also takes
+/// Centrifugo's request fields; an envelope's payload may be a JSON string holding the body.
+pub fn parse_record(
+    value: Option<&[u8]>,
+    limits: &Limits,
+    namespaces: &Namespaces,
+) -> Result<Record, PublishError> {
     let Some(value) = value else {
         return Err(PublishError::refused(
             ErrorCode::BadRequest,
             "the record has no value (a tombstone?)",
         ));
     };
-    match unwrap_value(value) {
-        Some(inner) => Command::parse_envelope(inner.as_bytes(), limits),
-        None => Command::parse_envelope(value, limits),
+    let envelope = unwrap_value(value);
+    let envelope = envelope.as_deref().map(str::as_bytes).unwrap_or(value);
+    let e: Envelope = serde_json::from_slice(envelope).map_err(|e| {
+        PublishError::refused(
+            ErrorCode::BadRequest,
+            format!("bad JSON body: {}", json_error_reason(&e)),
+        )
+    })?;
+    let payload = e.payload_text()?;
+    publishing::check_body_size(limits, &e.method, payload.len())?;
+    decode_record(&e.method, payload.as_bytes(), namespaces)
+}
+
+/// What a record asks for.
+#[derive(Debug)]
+pub enum Record {
+    /// A publish or broadcast.
+    Publish(Command),
+    /// Centrifugo's `subscribe`, `unsubscribe` or `disconnect`: a message to every node.
+    Control(ControlMessage),
+}
+
+fn decode_record(
+    method: &str,
+    payload: &[u8],
+    namespaces: &Namespaces,
+) -> Result<Record, PublishError> {
+    match control(method, payload, namespaces)? {
+        Some(message) => Ok(Record::Control(message)),
+        None => decode(method, payload, namespaces).map(Record::Publish),
     }
+}
+
+/// The command a record holds, by the consumer's mode: with `publication_data_mode` on, the
+/// value is the data for the channels in its header; a record with the `method_header` holds
+/// that method's body; any other holds an envelope ([`parse_record`]). `headers` are the
+/// record's, in order (the first of a name counts).
+pub fn parse_message(
+    value: Option<&[u8]>,
+    headers: &[(&str, &[u8])],
+    config: &KafkaConfig,
+    limits: &Limits,
+    namespaces: &Namespaces,
+) -> Result<Record, PublishError> {
+    let header = |name: &str| {
+        (!name.is_empty())
+            .then(|| headers.iter().find(|(k, _)| *k == name).map(|(_, v)| *v))
+            .flatten()
+    };
+    let text = |name: &str| -> Result<Option<&str>, PublishError> {
+        header(name)
+            .map(|v| {
+                std::str::from_utf8(v).map_err(|_| {
+                    PublishError::refused(
+                        ErrorCode::BadRequest,
+                        format!("header {name:?} is not UTF-8"),
+                    )
+                })
+            })
+            .transpose()
+    };
+    let mode = &config.publication_data_mode;
+    if mode.enabled {
+        let channels: Vec<&str> = text(&mode.channels_header)?
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        if channels.is_empty() {
+            return Err(PublishError::refused(
+                ErrorCode::BadRequest,
+                format!("no channels in header {:?}", mode.channels_header),
+            ));
+        }
+        let Some(value) = value else {
+            return Err(PublishError::refused(
+                ErrorCode::BadRequest,
+                "the record has no value (a tombstone?)",
+            ));
+        };
+        let data: Box<serde_json::value::RawValue> =
+            serde_json::from_slice(value).map_err(|_| {
+                PublishError::refused(
+                    ErrorCode::BadRequest,
+                    "the record's value is not JSON: Herald publications are JSON",
+                )
+            })?;
+        let method = if channels.len() == 1 {
+            "publish"
+        } else {
+            "broadcast"
+        };
+        publishing::check_body_size(limits, method, value.len())?;
+        let mut body = serde_json::json!({ "data": data });
+        match channels.as_slice() {
+            [one] => body["channel"] = serde_json::json!(one),
+            many => body["channels"] = serde_json::json!(many),
+        }
+        if let Some(key) = text(&mode.idempotency_key_header)?.filter(|k| !k.is_empty()) {
+            body["idempotency_key"] = serde_json::json!(key);
+        }
+        if let Some(delta) = text(&mode.delta_header)?.filter(|d| !d.is_empty()) {
+            let delta: bool = delta.parse().map_err(|_| {
+                PublishError::refused(
+                    ErrorCode::BadRequest,
+                    format!("header {:?} is not true or false", mode.delta_header),
+                )
+            })?;
+            body["delta"] = serde_json::json!(delta);
+        }
+        return decode(method, body.to_string().as_bytes(), namespaces).map(Record::Publish);
+    }
+    if let Some(method) = text(&config.method_header)?.filter(|m| !m.is_empty()) {
+        let value = value.unwrap_or_default();
+        publishing::check_body_size(limits, method, value.len())?;
+        return decode_record(method, value, namespaces);
+    }
+    parse_record(value, limits, namespaces)
 }
 
 /// The envelope's text when `value` wraps it (at most two levels: a string inside a wrapper).
@@ -363,23 +555,28 @@ mod tests {
         assert_ne!(key, record_key(&"u".repeat(249), 0, i64::MAX));
     }
 
+    fn ns() -> Namespaces {
+        Namespaces::from_config(&herald_core::Config::default())
+    }
+
     #[test]
     fn records_hold_envelopes_plain_or_wrapped() {
         let env = r#"{"method":"publish","payload":{"channel":"a","data":1}}"#;
         let limits = Limits::default();
-        assert!(parse_record(Some(env.as_bytes()), &limits).is_ok());
+        let ns = ns();
+        assert!(parse_record(Some(env.as_bytes()), &limits, &ns).is_ok());
         let as_string = serde_json::to_string(env).unwrap();
-        assert!(parse_record(Some(as_string.as_bytes()), &limits).is_ok());
+        assert!(parse_record(Some(as_string.as_bytes()), &limits, &ns).is_ok());
         let wrapped = format!(r#"{{"schema":{{"type":"string"}},"payload":{as_string}}}"#);
-        assert!(parse_record(Some(wrapped.as_bytes()), &limits).is_ok());
+        assert!(parse_record(Some(wrapped.as_bytes()), &limits, &ns).is_ok());
         let wrapped = format!(r#"{{"schema":null,"payload":{env}}}"#);
-        assert!(parse_record(Some(wrapped.as_bytes()), &limits).is_ok());
+        assert!(parse_record(Some(wrapped.as_bytes()), &limits, &ns).is_ok());
     }
 
     #[test]
     fn what_is_not_a_command_is_refused() {
         let code = |v: Option<&[u8]>| {
-            parse_record(v, &Limits::default())
+            parse_record(v, &Limits::default(), &ns())
                 .unwrap_err()
                 .error_code()
         };
@@ -397,7 +594,7 @@ mod tests {
         let big = r#"{"method":"publish","payload":{"channel":"a","data":"0123456789abcdef"}}"#;
         let wrapped = serde_json::to_string(big).unwrap();
         assert_eq!(
-            parse_record(Some(wrapped.as_bytes()), &small)
+            parse_record(Some(wrapped.as_bytes()), &small, &ns())
                 .unwrap_err()
                 .error_code(),
             ErrorCode::LimitExceeded,
@@ -472,5 +669,67 @@ mod tests {
             "consumers.kafka \"herald\": property \"enable.auto.commit\" is Herald's own \
              (set brokers or group_id instead)"
         );
+    }
+
+    #[test]
+    fn centrifugo_modes_read_headers() {
+        let config = |v: serde_json::Value| -> KafkaConfig {
+            let c: KafkaConfigs = serde_json::from_value(v).unwrap();
+            c.into_vec().remove(0)
+        };
+        let plain = config(serde_json::json!({"brokers": "a:1", "topics": "t"}));
+        let limits = Limits::default();
+        let ns = ns();
+        let parse = |c: &KafkaConfig, v: &[u8], h: &[(&str, &[u8])]| {
+            parse_message(Some(v), h, c, &limits, &ns)
+        };
+        let body = br#"{"channel":"a","data":1}"#;
+        let r = parse(&plain, body, &[("centrifugo-method", b"publish")]).unwrap();
+        assert!(
+            matches!(r, Record::Publish(Command::Publish { .. })),
+            "{r:?}"
+        );
+        let r = parse(
+            &plain,
+            br#"{"user":"u"}"#,
+            &[("centrifugo-method", b"disconnect")],
+        )
+        .unwrap();
+        assert!(matches!(r, Record::Control(_)), "{r:?}");
+        // Without the header the value must be an envelope.
+        assert!(parse(&plain, body, &[]).is_err());
+        let data = config(serde_json::json!({
+            "brokers": "a:1", "topics": "t", "publication_data_mode": {"enabled": true}
+        }));
+        let r = parse(
+            &data,
+            br#"{"x":1}"#,
+            &[
+                ("centrifugo-channels", b"a, b"),
+                ("centrifugo-idempotency-key", b"k"),
+            ],
+        )
+        .unwrap();
+        match r {
+            Record::Publish(Command::Broadcast {
+                channels,
+                data,
+                idempotency_key,
+            }) => {
+                assert_eq!(channels, ["a", "b"]);
+                assert_eq!(&data[..], br#"{"x":1}"#);
+                assert_eq!(idempotency_key.as_deref(), Some("k"));
+            }
+            other => panic!("{other:?}"),
+        }
+        let e = parse(&data, br#"{"x":1}"#, &[]).unwrap_err();
+        assert!(e.message().contains("centrifugo-channels"), "{e}");
+        let e = parse(&data, b"\x00binary", &[("centrifugo-channels", b"a")]).unwrap_err();
+        assert!(e.message().contains("not JSON"), "{e}");
+        let bad = config(serde_json::json!({
+            "brokers": "a:1", "topics": "t",
+            "publication_data_mode": {"enabled": true, "channels_header": ""}
+        }));
+        assert!(bad.validate().is_err());
     }
 }

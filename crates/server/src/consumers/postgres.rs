@@ -46,7 +46,8 @@ use tokio::time::Instant;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Socket, Statement};
 
-use crate::publishing::{self, Command};
+use crate::centrifugo::command::{control, decode};
+use crate::publishing::{self, PublishError};
 
 /// The `kind` label of this consumer's metrics.
 const KIND: &str = "postgres";
@@ -885,7 +886,23 @@ async fn publish_row(
         // Within its method's limit but over the cap: cannot be, the cap is the largest.
         return Outcome::Refused(format!("payload of {length} bytes was not read"));
     };
-    let cmd = match Command::parse(method, payload.as_bytes()) {
+    // Centrifugo's `subscribe`, `unsubscribe` and `disconnect` rows: a message to every node.
+    match control(method, payload.as_bytes(), &shared.ctx.namespaces) {
+        Ok(Some(message)) => {
+            return match shared.ctx.hub.broker().publish_control(&message).await {
+                Ok(()) => Outcome::Published,
+                Err(e) => match PublishError::from(e) {
+                    e if e.is_retryable() => Outcome::Retry(e.to_string()),
+                    e => Outcome::Refused(e.to_string()),
+                },
+            }
+        }
+        Ok(None) => {}
+        Err(e) => return Outcome::Refused(e.to_string()),
+    }
+    // Centrifugo's request fields too (`b64data`, `skip_history`, …): a Centrifugo outbox
+    // table's rows decode as the compatibility API decodes them.
+    let cmd = match decode(method, payload.as_bytes(), &shared.ctx.namespaces) {
         Ok(cmd) => cmd,
         Err(e) => return Outcome::Refused(e.to_string()),
     };

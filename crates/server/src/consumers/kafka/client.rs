@@ -6,21 +6,22 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use herald_broker::ControlMessage;
 use herald_core::metrics::Labels;
 use herald_core::{Metrics, NodeContext};
 use herald_protocol::ErrorCode;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{Headers, Message, OwnedMessage};
 use rdkafka::producer::FutureProducer;
 use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
 use tokio::sync::watch;
 
 use super::dead_letter::{DeadLetter, Skipped};
-use super::{parse_record, record_key, KafkaConfig, Secret};
-use crate::publishing::execute;
+use super::{parse_message, record_key, KafkaConfig, Record, Secret};
+use crate::publishing::{execute, PublishError};
 
 impl KafkaConfig {
     /// The librdkafka configuration: offsets are stored by Herald after each publish and
@@ -435,8 +436,23 @@ impl Runner {
         metrics.kafka_consumed.get_or_create(&self.labels).inc();
         let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
         let consumer = self.config.name();
-        let cmd = match parse_record(m.payload(), &self.ctx.config.limits) {
-            Ok(cmd) => cmd,
+        let headers: Vec<(&str, &[u8])> = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key, h.value.unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cmd = match parse_message(
+            m.payload(),
+            &headers,
+            &self.config,
+            &self.ctx.config.limits,
+            &self.ctx.namespaces,
+        ) {
+            Ok(Record::Publish(cmd)) => cmd,
+            Ok(Record::Control(message)) => return self.control(m, &message).await,
             Err(e) => {
                 let reason = match e.error_code() {
                     ErrorCode::LimitExceeded => "oversized",
@@ -486,6 +502,36 @@ impl Runner {
             metrics.kafka_retries.get_or_create(&self.labels).inc();
             let delay = backoff.next_delay();
             tracing::warn!(consumer, topic, partition, offset, cause = %retry, retry_in_ms = delay.as_millis() as u64, "kafka: publish failed, retrying");
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => return Handled::Stopped,
+            }
+        }
+    }
+
+    /// Send a control record's message (Centrifugo's `subscribe`, `unsubscribe`, `disconnect`)
+    /// to every node, retrying while the broker is unavailable.
+    async fn control(&self, m: &OwnedMessage, message: &ControlMessage) -> Handled {
+        let metrics = self.ctx.hub.metrics();
+        let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+        let consumer = self.config.name();
+        let mut backoff = self.config.backoff();
+        loop {
+            let e = match self.ctx.hub.broker().publish_control(message).await {
+                Ok(()) => {
+                    metrics.kafka_published.get_or_create(&self.labels).inc();
+                    return Handled::Done;
+                }
+                Err(e) => PublishError::from(e),
+            };
+            if !e.is_retryable() {
+                tracing::warn!(consumer, topic, partition, offset, cause = %e, "kafka: control command refused, skipped");
+                return self.skip(m, "refused", &e.to_string()).await;
+            }
+            metrics.kafka_retries.get_or_create(&self.labels).inc();
+            let delay = backoff.next_delay();
+            tracing::warn!(consumer, topic, partition, offset, cause = %e, retry_in_ms = delay.as_millis() as u64, "kafka: control command failed, retrying");
             let mut stop = self.stop.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
