@@ -877,8 +877,11 @@ class HeraldClient @JvmOverloads constructor(
 
     private fun cancel(f: ScheduledFuture<*>?) { f?.cancel(false) }
 
-    internal fun post(f: () -> Unit) {
-        try { loop.execute { runSafely(f) } } catch (_: java.util.concurrent.RejectedExecutionException) {}
+    internal fun post(f: () -> Unit): Boolean = try {
+        loop.execute { runSafely(f) }
+        true
+    } catch (_: java.util.concurrent.RejectedExecutionException) {
+        false
     }
 
     private fun runSafely(f: () -> Unit) {

@@ -49,10 +49,11 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     /** Completes when subscribed; fails when the subscription ends or the client is disconnected. */
     fun readyAsync(): CompletableFuture<Subscription> {
         val f = CompletableFuture<Subscription>()
-        client.post {
+        val posted = client.post {
             readyFutures.add(f)
             notifyChanged()
         }
+        if (!posted) f.completeExceptionally(ConnectionException(Codes.CLOSED, "client is closed"))
         return f
     }
 
