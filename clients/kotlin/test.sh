@@ -27,7 +27,7 @@ start=$(date +%s)
 echo "== mvn test (unit tests, tests against the real herald, Java usage test)"
 # -q: only failures are printed; the classpath file lets the adapter start with plain java.
 # (sed drops the bare colour resets some plugins print even with -q; pipefail keeps mvn's status.)
-mvn -q -B -Dstyle.color=never test dependency:build-classpath -Dmdep.outputFile=target/adapter-classpath.txt 2>&1 \
+mvn -q -B -Dstyle.color=never test dependency:build-classpath -Dmdep.includeScope=runtime -Dmdep.outputFile=target/adapter-classpath.txt 2>&1 \
   | sed -e 's/\x1b\[0m//g' -e '/^[[:space:]]*$/d'
 echo "mvn: $(($(date +%s) - start)) s"
 
