@@ -76,22 +76,34 @@ else
   echo "== cargo deny (advisories): SKIPPED, github.com/rustsec/advisory-db is not reachable"
 fi
 
-# The Go builds the steps far below need (the Helm chart's checker on Helm's SDK: about 2 min of
-# CPU with empty caches; the Go SDK's race-instrumented tests: about 3 min) start now, niced, in
-# the background: the Rust build leaves a core idle in its last, serial crates. Their steps wait
-# for it and build again whatever it did not (a failure here only costs that time).
+# What the SDK and deploy steps far below download and build (Go: the Helm chart's checker on
+# Helm's SDK, about 2 min of CPU with empty caches, and the Go SDK's race-instrumented tests, about
+# 3 min; Maven: the Kotlin SDK's artifacts, about 110 MB, and its compile; pip: the Python SDK's
+# virtual environment) starts now, niced, in the background: the Rust build leaves a core idle in
+# its last, serial crates, and the downloads wait on the network, not the CPU. Those steps wait
+# for it; whatever it did not finish they do themselves (a failure here only costs that time).
 warm_log=$(mktemp)
-if command -v go >/dev/null 2>&1; then
-  (nice -n 10 bash -c 'mkdir -p target/helm-validate &&
-     (cd deploy/helm/validate && go build -mod=readonly -o ../../../target/helm-validate/validate .) &&
-     (cd clients/go && go test -race -count=1 -run "^$" ./... >/dev/null)' >"$warm_log" 2>&1) &
-  warm_pid=$!
-  # Not left running when a step fails and the suite stops.
-  trap '[ -n "${warm_pid:-}" ] && kill "$warm_pid" 2>/dev/null; true' EXIT
-fi
+(
+  if command -v go >/dev/null 2>&1; then
+    nice -n 10 bash -c 'mkdir -p target/helm-validate &&
+      (cd deploy/helm/validate && go build -mod=readonly -o ../../../target/helm-validate/validate .) &&
+      (cd clients/go && go test -race -count=1 -run "^$" ./... >/dev/null)' &
+  fi
+  if command -v mvn >/dev/null 2>&1; then
+    nice -n 10 mvn -q -B -Dstyle.color=never -f clients/kotlin/pom.xml -DskipTests test-compile &
+  fi
+  nice -n 10 bash -c 'python3 -m venv clients/python/.venv &&
+    clients/python/.venv/bin/python -m pip install --quiet --disable-pip-version-check -e "clients/python[test]"' &
+  status=0
+  for job in $(jobs -p); do wait "$job" || status=1; done
+  exit "$status"
+) >"$warm_log" 2>&1 &
+warm_pid=$!
+# Not left running when a step fails and the suite stops.
+trap '[ -n "${warm_pid:-}" ] && pkill -P "$warm_pid" 2>/dev/null; [ -n "${warm_pid:-}" ] && kill "$warm_pid" 2>/dev/null; true' EXIT
 wait_warm() {
   [ -n "${warm_pid:-}" ] || return 0
-  wait "$warm_pid" || { echo "== Go warm-up failed (its step builds again):"; tail -20 "$warm_log"; }
+  wait "$warm_pid" || { echo "== background warm-up failed (the steps below do it again):"; tail -20 "$warm_log"; }
   warm_pid=
 }
 
@@ -128,10 +140,6 @@ step "TypeScript SDK" 1200 env HERALD_BIN="$PWD/target/debug/herald" bash client
 # scenario can fail; about 70 s) runs by hand: node clients/conformance/driver/selftest.mjs
 step "conformance suite (JS SDK)" 300 env HERALD_BIN="$PWD/target/debug/herald" bash clients/conformance/run.sh
 
-# The Python SDK (clients/python): mypy --strict, its unit and real-node tests, then the whole
-# conformance suite with its adapter (about 40 s; 60 s with a fresh venv).
-step "Python SDK and its conformance run" 300 env HERALD_BIN="$PWD/target/debug/herald" bash clients/python/test.sh
-
 # The container image (built with buildah from the debug binary, unpacked, its entrypoint run
 # chrooted as the image's user: probes, a client, a publish, a SIGTERM drain) and the Helm chart
 # (lint, render every example, strict Kubernetes types, drain/probe timings against the binary's
@@ -142,7 +150,8 @@ wait_warm
 step "deploy: container image and Helm chart" 900 env HERALD_BIN="$PWD/target/debug/herald" bash -c \
   'bash scripts/image-test.sh && bash scripts/helm-test.sh'
 
-# The Go SDK (clients/go): go vet, go test -race (units, a fake server, a real node), then the
-# conformance suite in both setups (about 35 s; about 200 s with empty Go caches, mostly the race
-# detector's build of the standard library).
-step "Go SDK and its conformance run" 600 env HERALD_BIN="$PWD/target/debug/herald" bash clients/go/test.sh
+# The Python, Go and Kotlin SDKs (clients/python, clients/go, clients/kotlin), side by side
+# (scripts/sdk-tests.sh): each one's own checks (Python: mypy --strict, pytest; Go: vet, race tests;
+# Kotlin: Maven build, JUnit), then the conformance suite on one node and on three nodes on Redis.
+# About 100 s with warm caches (the Go and Maven builds are warmed up in the background above).
+step "SDKs: Python, Go, Kotlin (with the conformance suite)" 900 env HERALD_BIN="$PWD/target/debug/herald" bash scripts/sdk-tests.sh
