@@ -51,11 +51,17 @@ build() {
 # no join/leave; the HTTP API behind the bench's key. `force_recovery` makes every subscription
 # recoverable, so that the subscribe reply carries the stream position (epoch, offset) as Herald's
 # does. `client.insecure` stays off: the bench does not need it.
+# PEERS_CENTRIFUGO_WRITE_BUFFER_POOL=1 adds `websocket.use_write_buffer_pool` (Centrifugo's own knob
+# for many mostly idle connections: a shared write buffer instead of one per connection); off by
+# default, as Centrifugo ships.
 centrifugo_config() {
-  local port=$1
+  local port=$1 ws=""
+  if [ "${PEERS_CENTRIFUGO_WRITE_BUFFER_POOL:-0}" = 1 ]; then
+    ws=$'\n  "websocket": { "use_write_buffer_pool": true },'
+  fi
   cat <<EOF
 {
-  "log": { "level": "error" },
+  "log": { "level": "error" },$ws
   "http_server": { "address": "127.0.0.1", "port": $port },
   "health": { "enabled": true },
   "prometheus": { "enabled": true },
