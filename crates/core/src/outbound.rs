@@ -14,7 +14,8 @@
 //! `writing` role); whatever a direct write cannot finish goes back to the task.
 //!
 //! **Shedding.** A publication of a namespace whose `backpressure` is `conflate` or `drop_oldest`
-//! is queued with a [`Sheddable`] tag. A push that would pass the bound then first sheds tagged
+//! is queued with a [`Sheddable`] tag. A conflating one replaces its channel's waiting
+//! publication when that is the newest frame queued. A push that would pass the bound first sheds tagged
 //! publications (all but the newest per channel, or the oldest until the queue is half empty),
 //! putting a `skip` push where each run was, and closes (4001) only if that is not enough. A
 //! connection that never gets a tagged frame keeps no tags: the default path is unchanged.
@@ -216,6 +217,9 @@ impl Outbound {
         if state.close.is_some() {
             return None;
         }
+        if let Some(t) = tag.as_ref().filter(|t| t.policy == Backpressure::Conflate) {
+            Self::replace_waiting(&mut state, t);
+        }
         // A frame always fits an empty queue: a reply larger than the bound must still reach
         // the client.
         let over = state.bytes > 0 && state.bytes + frame.len() > self.limit + state.headroom;
@@ -256,6 +260,46 @@ impl Outbound {
         });
         drop(state);
         self.notify.notify_one();
+    }
+
+    /// Conflate at once: when the newest queued frame is a publication of `next`'s channel (a
+    /// ticker's usual case), it has not been written and never will be: `next` replaces it, and
+    /// a `skip` (merged with one just before it) says what was replaced. O(1): a queue whose back
+    /// is another channel's waits for [`shed`](Self::shed) at the bound.
+    fn replace_waiting(state: &mut State, next: &Sheddable) {
+        let Some(tags) = state.tags.as_mut() else {
+            return;
+        };
+        let same = |t: &Option<Sheddable>, skip: bool| {
+            t.as_ref().is_some_and(|t| {
+                t.channel == next.channel
+                    && t.policy == Backpressure::Conflate
+                    && t.skipped_from.is_some() == skip
+            })
+        };
+        if !tags.back().is_some_and(|t| same(t, false)) {
+            return;
+        }
+        let replaced = tags.pop_back().flatten().expect("checked");
+        let frame = state.frames.pop_back().expect("a frame per tag");
+        state.bytes -= frame.len();
+        let mut from = replaced.offset;
+        if tags.back().is_some_and(|t| same(t, true)) {
+            let skip = tags.pop_back().flatten().expect("checked");
+            from = skip.skipped_from.expect("a skip");
+            let frame = state.frames.pop_back().expect("a frame per tag");
+            state.bytes -= frame.len();
+        }
+        let to = replaced.offset;
+        let skip = herald_protocol::encode::push_skip(&next.channel, from, to);
+        state.bytes += skip.len();
+        state.frames.push_back(skip);
+        tags.push_back(Some(Sheddable {
+            channel: replaced.channel,
+            offset: to,
+            policy: Backpressure::Conflate,
+            skipped_from: Some(from),
+        }));
     }
 
     /// Leave out tagged publications as their policies say, a `skip` push in place of each run;
@@ -583,6 +627,27 @@ mod tests {
             let want: Vec<String> = (to + 1..=100).map(|n| format!("{ch}{n}")).collect();
             assert_eq!(rest, want, "{ch}: after the skip, the rest in order: {got:?}");
         }
+    }
+
+    #[test]
+    fn a_waiting_publication_of_a_conflating_channel_is_replaced_at_once() {
+        let q = Outbound::new(1 << 20);
+        let c = Backpressure::Conflate;
+        for n in 1..=50u64 {
+            assert!(q.push_sheddable(publication("a", n), tag("a", n, c)));
+        }
+        let got = texts(&q.drain().frames);
+        assert_eq!(
+            got.iter().map(|f| f.trim()).collect::<Vec<_>>(),
+            [r#"{"skip":{"channel":"a","from":1,"to":49}}"#, "a50"],
+            "far below the bound, the queue holds the newest only"
+        );
+        // Another channel's frame at the back: nothing replaced before the bound.
+        let d = Backpressure::DropOldest;
+        assert!(q.push_sheddable(publication("a", 51), tag("a", 51, c)));
+        assert!(q.push_sheddable(publication("b", 1), tag("b", 1, d)));
+        assert!(q.push_sheddable(publication("a", 52), tag("a", 52, c)));
+        assert_eq!(q.drain().frames.len(), 3);
     }
 
     #[test]
