@@ -602,8 +602,14 @@ mod tests {
         assert!(q.push(Bytes::from_static(b"reply")));
         // 200 publications of two channels: 8 KB through a 400-byte queue, never closed.
         for n in 1..=100u64 {
-            assert!(q.push_sheddable(publication("a", n), tag("a", n, c)), "a{n}");
-            assert!(q.push_sheddable(publication("b", n), tag("b", n, c)), "b{n}");
+            assert!(
+                q.push_sheddable(publication("a", n), tag("a", n, c)),
+                "a{n}"
+            );
+            assert!(
+                q.push_sheddable(publication("b", n), tag("b", n, c)),
+                "b{n}"
+            );
             assert!(q.state.lock().unwrap().bytes <= 400, "bounded");
         }
         let d = q.drain();
@@ -625,7 +631,10 @@ mod tests {
             assert!(skip.contains(r#""from":1,"#), "{skip}");
             let rest: Vec<String> = mine[1..].iter().map(|f| f.trim().to_string()).collect();
             let want: Vec<String> = (to + 1..=100).map(|n| format!("{ch}{n}")).collect();
-            assert_eq!(rest, want, "{ch}: after the skip, the rest in order: {got:?}");
+            assert_eq!(
+                rest, want,
+                "{ch}: after the skip, the rest in order: {got:?}"
+            );
         }
     }
 
@@ -659,7 +668,10 @@ mod tests {
         let got = texts(&q.drain().frames);
         let skips = got.iter().filter(|f| f.starts_with(r#"{"skip""#)).count();
         assert_eq!(skips, 1, "{got:?}");
-        assert!(got[0].starts_with(r#"{"skip":{"channel":"a","from":1,"#), "{got:?}");
+        assert!(
+            got[0].starts_with(r#"{"skip":{"channel":"a","from":1,"#),
+            "{got:?}"
+        );
         assert_eq!(got.last().map(|f| f.trim()), Some("a1000"));
     }
 
@@ -682,14 +694,20 @@ mod tests {
         let rest: Vec<String> = got[1..].iter().map(|f| f.trim().to_string()).collect();
         let want: Vec<String> = (first_kept..=11).map(|n| format!("a{n}")).collect();
         assert_eq!(rest, want);
-        assert!(got[0].contains(&format!(r#""to":{}}}"#, first_kept - 1)), "{got:?}");
+        assert!(
+            got[0].contains(&format!(r#""to":{}}}"#, first_kept - 1)),
+            "{got:?}"
+        );
         assert!(rest.len() * 40 <= 200, "{got:?}");
     }
 
     #[test]
     fn untagged_frames_are_never_shed_and_a_queue_of_them_still_closes() {
         let q = Outbound::new(10);
-        assert!(q.push_sheddable(Bytes::from_static(b"12345"), tag("a", 1, Backpressure::Conflate)));
+        assert!(q.push_sheddable(
+            Bytes::from_static(b"12345"),
+            tag("a", 1, Backpressure::Conflate)
+        ));
         assert!(q.push(Bytes::from_static(b"12345")));
         // Shedding cannot make room: a's only publication is its newest.
         assert!(!q.push(Bytes::from_static(b"123")));
@@ -863,7 +881,11 @@ mod tests {
             Some(true),
             "first: the caller writes"
         );
-        assert_eq!(q.push_for_fanout(b("b"), None), Some(false), "queued behind it");
+        assert_eq!(
+            q.push_for_fanout(b("b"), None),
+            Some(false),
+            "queued behind it"
+        );
         q.flush_direct();
         assert_eq!(*w.wrote.lock().unwrap(), vec![b("a"), b("b")]);
         assert!(!woken(&q).await);

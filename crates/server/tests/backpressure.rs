@@ -97,7 +97,11 @@ async fn a_conflating_client_stays_connected_and_gets_the_newest_after_a_skip() 
     assert_eq!(close, None, "not closed: {seen:?}");
     assert_eq!(slow, 0.0, "not counted as a slow consumer");
     covers_everything_once(&seen).unwrap();
-    assert_eq!(seen.last(), Some(&Seen::Pub(TOTAL)), "the newest value last");
+    assert_eq!(
+        seen.last(),
+        Some(&Seen::Pub(TOTAL)),
+        "the newest value last"
+    );
     assert!(
         seen.iter().any(|s| matches!(s, Seen::Skip(..))),
         "something was left out: {seen:?}"

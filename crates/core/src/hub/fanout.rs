@@ -380,7 +380,10 @@ mod tests {
             .map(|_| {
                 let q = Arc::new(Outbound::new(100));
                 q.set_direct(Some(counter.clone()));
-                assert_eq!(q.push_for_fanout(Bytes::from_static(b"x"), None), Some(true));
+                assert_eq!(
+                    q.push_for_fanout(Bytes::from_static(b"x"), None),
+                    Some(true)
+                );
                 q
             })
             .collect()
@@ -431,7 +434,10 @@ mod tests {
         probe.0.store(true, Ordering::SeqCst);
         let q = Arc::new(Outbound::new(100));
         q.set_direct(Some(probe.clone()));
-        assert_eq!(q.push_for_fanout(Bytes::from_static(b"x"), None), Some(true));
+        assert_eq!(
+            q.push_for_fanout(Bytes::from_static(b"x"), None),
+            Some(true)
+        );
         // Spend this task's budget within one poll, as a long run of deliveries would.
         std::future::poll_fn(|cx| {
             while let Poll::Ready(r) = tokio::task::coop::poll_proceed(cx) {
