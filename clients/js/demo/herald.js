@@ -177,6 +177,13 @@ function classify(value, text = "") {
       return { type: kind, channel: body.channel, info };
     }
   }
+  if (isObject(value.skip)) {
+    const k = value.skip;
+    if (typeof k.channel !== "string" || typeof k.from !== "number" || typeof k.to !== "number" || k.from > k.to) {
+      return { type: "invalid", text, reason: "skip without channel, from or to" };
+    }
+    return { type: "skip", channel: k.channel, from: k.from, to: k.to };
+  }
   if (isObject(value.unsub)) {
     const u = value.unsub;
     if (typeof u.channel !== "string") return { type: "invalid", text, reason: "unsub without channel" };
@@ -491,6 +498,17 @@ var StreamTracker = class {
     if (!gap && newest > this.offset) gap = true;
     return { publications: out, recoveryFailed: false, gap, recovered: true };
   }
+  /**
+   * The server left `from..to` out (backpressure): move past them. 'gap' when `from` is not the
+   * next offset (a hole before the skip: recover), 'duplicate' when it is all behind us.
+   */
+  applySkip(from, to) {
+    if (!this.recoverable || this.epoch === void 0) return "deliver";
+    if (to <= this.offset) return "duplicate";
+    if (from > this.offset + 1) return "gap";
+    this.offset = to;
+    return "deliver";
+  }
   /** Check one live publication and advance the position when it is delivered. */
   applyPublication(pub) {
     if (!this.recoverable || this.epoch === void 0) return "deliver";
@@ -672,6 +690,17 @@ var Subscription = class extends Emitter {
       this.backoff.reset();
       this.deliver(pub);
     }
+    return false;
+  }
+  /**
+   * @internal The server left `from..to` out (backpressure policy): the position moves past them
+   * and `skipped` says so. Returns true when it revealed a hole before them (resync needed).
+   */
+  _applySkip(from, to) {
+    if (this._state !== "subscribed") return false;
+    const verdict = this.tracker.applySkip(from, to);
+    if (verdict === "gap") return true;
+    if (verdict === "deliver") this.emit("skipped", { channel: this.channel, from, to });
     return false;
   }
   /** @internal */
@@ -1301,6 +1330,18 @@ var Herald = class extends Emitter {
           return;
         }
         if (sub._applyPublication(msg.pub)) this.resync(sub, true);
+        return;
+      }
+      case "skip": {
+        const sub = this.subs.get(msg.channel);
+        if (sub) {
+          if (sub._applySkip(msg.from, msg.to)) this.resync(sub, true);
+          return;
+        }
+        const pos = this.serverPositions.get(msg.channel);
+        if (!this.serverSubs.has(msg.channel) || pos && msg.to <= pos.offset) return;
+        if (pos) pos.offset = msg.to;
+        this.emit("skipped", { channel: msg.channel, from: msg.from, to: msg.to });
         return;
       }
       case "join":

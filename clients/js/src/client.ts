@@ -652,6 +652,18 @@ export class Herald extends Emitter<HeraldEvents> {
         if (sub._applyPublication(msg.pub)) this.resync(sub, true);
         return;
       }
+      case 'skip': {
+        const sub = this.subs.get(msg.channel);
+        if (sub) {
+          if (sub._applySkip(msg.from, msg.to)) this.resync(sub, true);
+          return;
+        }
+        const pos = this.serverPositions.get(msg.channel);
+        if (!this.serverSubs.has(msg.channel) || (pos && msg.to <= pos.offset)) return;
+        if (pos) pos.offset = msg.to;
+        this.emit('skipped', { channel: msg.channel, from: msg.from, to: msg.to });
+        return;
+      }
       case 'join':
       case 'leave': {
         const sub = this.subs.get(msg.channel);

@@ -86,6 +86,8 @@ export type ServerMessage =
   | { type: 'join'; channel: string; info: ClientInfo }
   | { type: 'leave'; channel: string; info: ClientInfo }
   | { type: 'unsub'; channel: string; code: number; reason: string }
+  /** Publications from..to were left out by the namespace's backpressure policy. */
+  | { type: 'skip'; channel: string; from: number; to: number }
   | { type: 'disconnect'; code: number; reason: string; reconnect: boolean; afterMs?: number }
   /** The server subscribed this connection (server API `subscribe`); not a reply, it has no id. */
   | { type: 'subscribed'; channel: string; result: SubscribeResult }
@@ -170,6 +172,13 @@ export function classify(value: unknown, text = ''): ServerMessage {
       const info = (isObject(body.info) ? body.info : { user: '', client: '' }) as ClientInfo;
       return { type: kind, channel: body.channel, info };
     }
+  }
+  if (isObject(value.skip)) {
+    const k = value.skip;
+    if (typeof k.channel !== 'string' || typeof k.from !== 'number' || typeof k.to !== 'number' || k.from > k.to) {
+      return { type: 'invalid', text, reason: 'skip without channel, from or to' };
+    }
+    return { type: 'skip', channel: k.channel, from: k.from, to: k.to };
   }
   if (isObject(value.unsub)) {
     const u = value.unsub;

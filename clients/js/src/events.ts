@@ -17,6 +17,17 @@ export interface PresenceEventContext {
   info: ClientInfo;
 }
 
+/**
+ * Publications `from`..`to` (offsets) were left out for this connection by the namespace's
+ * backpressure policy (`conflate` or `drop_oldest`: it read too slowly). They are not recovered:
+ * the next publication follows `to`.
+ */
+export interface SkippedContext {
+  channel: string;
+  from: number;
+  to: number;
+}
+
 export interface UnsubscribedContext {
   channel: string;
   code: number;
@@ -29,6 +40,8 @@ export interface ChannelEvents<T = unknown> {
   publication: PublicationContext<T>;
   join: PresenceEventContext;
   leave: PresenceEventContext;
+  /** The server left publications out (backpressure policy); the position moved past them. */
+  skipped: SkippedContext;
   /** The subscription ended for good. */
   unsubscribed: UnsubscribedContext;
 }

@@ -19,7 +19,13 @@ export type {
   SubscriptionEvents,
   SubscriptionState,
 } from './subscription.js';
-export type { ChannelEvents, PresenceEventContext, PublicationContext, UnsubscribedContext } from './events.js';
+export type {
+  ChannelEvents,
+  PresenceEventContext,
+  PublicationContext,
+  SkippedContext,
+  UnsubscribedContext,
+} from './events.js';
 export type {
   ClientInfo,
   ConnectResult,

@@ -103,6 +103,18 @@ export class StreamTracker {
     return { publications: out, recoveryFailed: false, gap, recovered: true };
   }
 
+  /**
+   * The server left `from..to` out (backpressure): move past them. 'gap' when `from` is not the
+   * next offset (a hole before the skip: recover), 'duplicate' when it is all behind us.
+   */
+  applySkip(from: number, to: number): PubVerdict {
+    if (!this.recoverable || this.epoch === undefined) return 'deliver';
+    if (to <= this.offset) return 'duplicate';
+    if (from > this.offset + 1) return 'gap';
+    this.offset = to;
+    return 'deliver';
+  }
+
   /** Check one live publication and advance the position when it is delivered. */
   applyPublication(pub: Publication): PubVerdict {
     // Channels without history have no usable offsets; pass everything through.

@@ -313,6 +313,18 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     return false;
   }
 
+  /**
+   * @internal The server left `from..to` out (backpressure policy): the position moves past them
+   * and `skipped` says so. Returns true when it revealed a hole before them (resync needed).
+   */
+  _applySkip(from: number, to: number): boolean {
+    if (this._state !== 'subscribed') return false;
+    const verdict = this.tracker.applySkip(from, to);
+    if (verdict === 'gap') return true;
+    if (verdict === 'deliver') this.emit('skipped', { channel: this.channel, from, to });
+    return false;
+  }
+
   /** @internal */
   _applyPresence(kind: 'join' | 'leave', info: ClientInfo): void {
     if (this._state !== 'subscribed') return;

@@ -333,6 +333,24 @@ pub struct NamespaceConfig {
     /// Send each client publication to the backend (`proxy.publish_url`), which allows, rewrites
     /// or refuses it; clients may publish here even with `publish = false`.
     pub publish_proxy: bool,
+    /// What happens to a subscriber that reads slower than this namespace's publications come,
+    /// once its queue reaches `limits.outbound_queue_bytes`.
+    pub backpressure: Backpressure,
+}
+
+/// A namespace's answer to a subscriber that falls behind (its connection's queue is full).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backpressure {
+    /// Close the connection as a slow consumer (4001); the client reconnects and recovers.
+    #[default]
+    Disconnect,
+    /// Keep only the newest queued publication of each of the namespace's channels: the client
+    /// gets the latest state after a `skip` push naming what it did not get (tickers, cursors).
+    Conflate,
+    /// Leave out the oldest queued publications of the namespace's channels until the queue is
+    /// half empty, each run announced by a `skip` push (the client knows exactly what it missed).
+    DropOldest,
 }
 
 impl Default for NamespaceConfig {
@@ -350,6 +368,7 @@ impl Default for NamespaceConfig {
             join_leave: false,
             subscribe_proxy: false,
             publish_proxy: false,
+            backpressure: Backpressure::Disconnect,
         }
     }
 }

@@ -12,6 +12,13 @@
 //! once: a delivery then costs no task wake-up. Order holds because frames enter the queue in
 //! order and only one writer drains it at a time (the task or a fan-out, whichever holds the
 //! `writing` role); whatever a direct write cannot finish goes back to the task.
+//!
+//! **Shedding.** A publication of a namespace whose `backpressure` is `conflate` or `drop_oldest`
+//! is queued with a [`Sheddable`] tag. A conflating one replaces its channel's waiting
+//! publication when that is the newest frame queued. A push that would pass the bound first sheds tagged
+//! publications (all but the newest per channel, or the oldest until the queue is half empty),
+//! putting a `skip` push where each run was, and closes (4001) only if that is not enough. A
+//! connection that never gets a tagged frame keeps no tags: the default path is unchanged.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +26,22 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytes::Bytes;
 use herald_protocol::CloseCode;
 use tokio::sync::Notify;
+
+use crate::config::Backpressure;
+
+/// A queued publication that its namespace's backpressure policy may leave out.
+#[derive(Debug, Clone)]
+pub struct Sheddable {
+    /// The channel.
+    pub channel: Arc<str>,
+    /// The publication's offset.
+    pub offset: u64,
+    /// `Conflate` or `DropOldest` (a `Disconnect` namespace does not tag).
+    pub policy: Backpressure,
+    /// Set on a `skip` push the queue made (it covers `skipped_from..=offset`): a later shedding
+    /// merges it with what it leaves out next, so skips do not pile up.
+    pub skipped_from: Option<u64>,
+}
 
 /// Why and how the connection is to be closed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +91,8 @@ pub trait DirectWrite: Send + Sync {
 #[derive(Default)]
 struct State {
     frames: VecDeque<Bytes>,
+    /// One entry per frame once a tagged frame was queued (`None` before: nothing to shed).
+    tags: Option<VecDeque<Option<Sheddable>>>,
     bytes: usize,
     controls: Vec<Control>,
     close: Option<CloseRequest>,
@@ -148,7 +173,13 @@ impl Outbound {
     /// dropped then, and the connection will recover what it missed when it reconnects.
     pub fn push(&self, frame: Bytes) -> bool {
         let state = self.state.lock().expect("outbound lock");
-        self.queue(state, frame, true).is_some()
+        self.queue(state, frame, true, None).is_some()
+    }
+
+    /// [`push`](Self::push) for a publication its namespace's backpressure policy may shed.
+    pub fn push_sheddable(&self, frame: Bytes, tag: Option<Sheddable>) -> bool {
+        let state = self.state.lock().expect("outbound lock");
+        self.queue(state, frame, true, tag).is_some()
     }
 
     /// Queue a reply that carries recovered publications. Its bytes do not count against the
@@ -164,7 +195,7 @@ impl Outbound {
             return false;
         }
         state.headroom += frame.len();
-        self.queue(state, frame, true).is_some()
+        self.queue(state, frame, true, None).is_some()
     }
 
     /// How many more bytes of recovery replies may wait in the queue, of `cap` in all: a client
@@ -176,33 +207,200 @@ impl Outbound {
     /// Queue `frame` under the held lock: `None` if it was dropped (closing, or it overflowed
     /// the bound, which closes), else whether it made the queue non-empty. That push, and only
     /// that one, wakes the task when `wake` says so: the task drains everything.
-    fn queue(&self, mut state: MutexGuard<'_, State>, frame: Bytes, wake: bool) -> Option<bool> {
+    fn queue(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        frame: Bytes,
+        wake: bool,
+        tag: Option<Sheddable>,
+    ) -> Option<bool> {
         if state.close.is_some() {
             return None;
         }
+        if let Some(t) = tag.as_ref().filter(|t| t.policy == Backpressure::Conflate) {
+            Self::replace_waiting(&mut state, t);
+        }
         // A frame always fits an empty queue: a reply larger than the bound must still reach
         // the client.
-        if state.bytes > 0 && state.bytes + frame.len() > self.limit + state.headroom {
-            state.frames = VecDeque::new();
-            state.bytes = 0;
-            state.headroom = 0;
-            state.close = Some(CloseRequest {
-                code: CloseCode::SLOW_CONSUMER,
-                reason: "slow consumer".into(),
-                after_ms: None,
-            });
-            drop(state);
-            self.notify.notify_one();
+        let over = state.bytes > 0 && state.bytes + frame.len() > self.limit + state.headroom;
+        if over && (tag.is_none() && state.tags.is_none()) {
+            self.overflow(state);
             return None;
         }
         let first = state.frames.is_empty();
+        if tag.is_some() && state.tags.is_none() {
+            state.tags = Some(std::iter::repeat_n(None, state.frames.len()).collect());
+        }
+        if let Some(tags) = state.tags.as_mut() {
+            tags.push_back(tag);
+        }
         state.bytes += frame.len();
         state.frames.push_back(frame);
+        if over && !self.shed(&mut state) {
+            self.overflow(state);
+            return None;
+        }
         drop(state);
         if first && wake {
             self.notify.notify_one();
         }
         Some(first)
+    }
+
+    /// Close as a slow consumer (4001), freeing what was queued.
+    fn overflow(&self, mut state: MutexGuard<'_, State>) {
+        state.frames = VecDeque::new();
+        state.tags = None;
+        state.bytes = 0;
+        state.headroom = 0;
+        state.close = Some(CloseRequest {
+            code: CloseCode::SLOW_CONSUMER,
+            reason: "slow consumer".into(),
+            after_ms: None,
+        });
+        drop(state);
+        self.notify.notify_one();
+    }
+
+    /// Conflate at once: when the newest queued frame is a publication of `next`'s channel (a
+    /// ticker's usual case), it has not been written and never will be: `next` replaces it, and
+    /// a `skip` (merged with one just before it) says what was replaced. O(1): a queue whose back
+    /// is another channel's waits for [`shed`](Self::shed) at the bound.
+    fn replace_waiting(state: &mut State, next: &Sheddable) {
+        let Some(tags) = state.tags.as_mut() else {
+            return;
+        };
+        let same = |t: &Option<Sheddable>, skip: bool| {
+            t.as_ref().is_some_and(|t| {
+                t.channel == next.channel
+                    && t.policy == Backpressure::Conflate
+                    && t.skipped_from.is_some() == skip
+            })
+        };
+        if !tags.back().is_some_and(|t| same(t, false)) {
+            return;
+        }
+        let replaced = tags.pop_back().flatten().expect("checked");
+        let frame = state.frames.pop_back().expect("a frame per tag");
+        state.bytes -= frame.len();
+        let mut from = replaced.offset;
+        if tags.back().is_some_and(|t| same(t, true)) {
+            let skip = tags.pop_back().flatten().expect("checked");
+            from = skip.skipped_from.expect("a skip");
+            let frame = state.frames.pop_back().expect("a frame per tag");
+            state.bytes -= frame.len();
+        }
+        let to = replaced.offset;
+        let skip = herald_protocol::encode::push_skip(&next.channel, from, to);
+        state.bytes += skip.len();
+        state.frames.push_back(skip);
+        tags.push_back(Some(Sheddable {
+            channel: replaced.channel,
+            offset: to,
+            policy: Backpressure::Conflate,
+            skipped_from: Some(from),
+        }));
+    }
+
+    /// Leave out tagged publications as their policies say, a `skip` push in place of each run;
+    /// true when the queue is back within its bound.
+    fn shed(&self, state: &mut State) -> bool {
+        let Some(tags) = state.tags.take() else {
+            return false;
+        };
+        let frames = std::mem::take(&mut state.frames);
+        let mut drop_it = vec![false; frames.len()];
+        // Conflate: all but each channel's newest publication.
+        let publication = |t: &Option<Sheddable>, policy| {
+            t.as_ref()
+                .is_some_and(|t| t.skipped_from.is_none() && t.policy == policy)
+        };
+        let mut newest: std::collections::HashSet<&str> = std::collections::HashSet::new();
+        for (i, tag) in tags.iter().enumerate().rev() {
+            if publication(tag, Backpressure::Conflate) {
+                let channel = &tag.as_ref().expect("tagged").channel;
+                if !newest.insert(channel) {
+                    drop_it[i] = true;
+                }
+            }
+        }
+        // Drop oldest: from the front, until the queue is half empty.
+        let mut bytes: usize = frames
+            .iter()
+            .zip(&drop_it)
+            .filter(|(_, d)| !**d)
+            .map(|(f, _)| f.len())
+            .sum();
+        for (i, tag) in tags.iter().enumerate() {
+            if bytes <= self.limit / 2 {
+                break;
+            }
+            if !drop_it[i] && publication(tag, Backpressure::DropOldest) {
+                drop_it[i] = true;
+                bytes -= frames[i].len();
+            }
+        }
+        // Rebuild in order. A channel's run of what is left out (with the skips made before,
+        // merged) becomes one `skip` just before its next kept publication, or at the end.
+        struct Run {
+            channel: Arc<str>,
+            policy: Backpressure,
+            from: u64,
+            to: u64,
+        }
+        let skip = |r: Run| {
+            let frame = herald_protocol::encode::push_skip(&r.channel, r.from, r.to);
+            let tag = Sheddable {
+                channel: r.channel,
+                offset: r.to,
+                policy: r.policy,
+                skipped_from: Some(r.from),
+            };
+            (frame, Some(tag))
+        };
+        let mut runs: Vec<Run> = Vec::new();
+        let mut kept = VecDeque::with_capacity(frames.len());
+        let mut kept_tags = VecDeque::with_capacity(frames.len());
+        for ((frame, tag), dropped) in frames.into_iter().zip(tags).zip(drop_it) {
+            match tag {
+                Some(t) if dropped || t.skipped_from.is_some() => {
+                    let from = t.skipped_from.unwrap_or(t.offset);
+                    match runs.iter_mut().find(|r| r.channel == t.channel) {
+                        Some(run) => {
+                            run.from = run.from.min(from);
+                            run.to = run.to.max(t.offset);
+                        }
+                        None => runs.push(Run {
+                            channel: t.channel,
+                            policy: t.policy,
+                            from,
+                            to: t.offset,
+                        }),
+                    }
+                }
+                tag => {
+                    let before = tag
+                        .as_ref()
+                        .and_then(|t| runs.iter().position(|r| r.channel == t.channel));
+                    if let Some(i) = before {
+                        let (f, t) = skip(runs.swap_remove(i));
+                        kept.push_back(f);
+                        kept_tags.push_back(t);
+                    }
+                    kept.push_back(frame);
+                    kept_tags.push_back(tag);
+                }
+            }
+        }
+        for run in runs {
+            let (f, t) = skip(run);
+            kept.push_back(f);
+            kept_tags.push_back(t);
+        }
+        state.bytes = kept.iter().map(Bytes::len).sum();
+        state.frames = kept;
+        state.tags = Some(kept_tags);
+        state.bytes <= self.limit + state.headroom
     }
 
     /// Ask the connection to close after what is queued. The first request wins.
@@ -242,6 +440,7 @@ impl Outbound {
         }
         state.bytes = 0;
         state.headroom = 0;
+        state.tags = None;
         Some(std::mem::take(&mut state.frames).into())
     }
 
@@ -264,6 +463,7 @@ impl Outbound {
         }
         state.bytes = 0;
         state.headroom = 0;
+        state.tags = None;
         Drained {
             frames: std::mem::take(&mut state.frames).into(),
             controls: std::mem::take(&mut state.controls),
@@ -295,13 +495,13 @@ impl Outbound {
     /// a direct writer, do not wake its task. `None`: dropped (the connection is closing).
     /// `Some(true)`: the caller must call [`flush_direct`](Self::flush_direct) (after releasing
     /// its own locks); `Some(false)`: someone else writes it.
-    pub fn push_for_fanout(&self, frame: Bytes) -> Option<bool> {
+    pub fn push_for_fanout(&self, frame: Bytes, tag: Option<Sheddable>) -> Option<bool> {
         let state = self.state.lock().expect("outbound lock");
         // A writer at work takes it when done (`written`, `flush_direct`); pending controls
         // have woken the task already, which drains frames too.
         let direct = state.direct.is_some() && !state.writing && state.controls.is_empty();
         let indirect = state.direct.is_none();
-        let first = self.queue(state, frame, indirect)?;
+        let first = self.queue(state, frame, indirect, tag)?;
         Some(first && direct)
     }
 
@@ -322,6 +522,7 @@ impl Outbound {
         };
         state.writing = true;
         state.bytes = 0;
+        state.tags = None;
         let headroom = std::mem::take(&mut state.headroom);
         let frames: Vec<Bytes> = std::mem::take(&mut state.frames).into();
         drop(state);
@@ -338,6 +539,10 @@ impl Outbound {
                 state.headroom += headroom;
                 for f in frames.into_iter().rev() {
                     state.frames.push_front(f);
+                    // Untagged: written as they are (what came meanwhile keeps its tags).
+                    if let Some(tags) = state.tags.as_mut() {
+                        tags.push_front(None);
+                    }
                 }
             }
         }
@@ -367,6 +572,156 @@ mod tests {
             !q.push(Bytes::from_static(b"1")),
             "closed queues take nothing"
         );
+    }
+
+    fn tag(channel: &str, offset: u64, policy: Backpressure) -> Option<Sheddable> {
+        Some(Sheddable {
+            channel: Arc::from(channel),
+            offset,
+            policy,
+            skipped_from: None,
+        })
+    }
+
+    fn texts(frames: &[Bytes]) -> Vec<String> {
+        frames
+            .iter()
+            .map(|f| String::from_utf8(f.to_vec()).unwrap())
+            .collect()
+    }
+
+    /// A 40-byte publication frame for `channel` at `n`.
+    fn publication(channel: &str, n: u64) -> Bytes {
+        Bytes::from(format!("{channel}{n:<39}"))
+    }
+
+    #[test]
+    fn a_conflating_queue_keeps_the_newest_per_channel_after_a_skip() {
+        let q = Outbound::new(400);
+        let c = Backpressure::Conflate;
+        assert!(q.push(Bytes::from_static(b"reply")));
+        // 200 publications of two channels: 8 KB through a 400-byte queue, never closed.
+        for n in 1..=100u64 {
+            assert!(
+                q.push_sheddable(publication("a", n), tag("a", n, c)),
+                "a{n}"
+            );
+            assert!(
+                q.push_sheddable(publication("b", n), tag("b", n, c)),
+                "b{n}"
+            );
+            assert!(q.state.lock().unwrap().bytes <= 400, "bounded");
+        }
+        let d = q.drain();
+        assert!(d.close.is_none(), "shed, not closed");
+        let got = texts(&d.frames);
+        assert_eq!(got[0], "reply", "replies are never shed");
+        // Each channel: one skip covering 1..=k, then k+1..=100 in order, nothing else.
+        for ch in ["a", "b"] {
+            let mine: Vec<&String> = got
+                .iter()
+                .filter(|f| f.starts_with(ch) || f.contains(&format!(r#""channel":"{ch}""#)))
+                .collect();
+            let skip = mine[0];
+            let to: u64 = skip
+                .split(r#""to":"#)
+                .nth(1)
+                .and_then(|t| t.trim_end_matches("}}").parse().ok())
+                .unwrap_or_else(|| panic!("{ch}: first is a skip: {got:?}"));
+            assert!(skip.contains(r#""from":1,"#), "{skip}");
+            let rest: Vec<String> = mine[1..].iter().map(|f| f.trim().to_string()).collect();
+            let want: Vec<String> = (to + 1..=100).map(|n| format!("{ch}{n}")).collect();
+            assert_eq!(
+                rest, want,
+                "{ch}: after the skip, the rest in order: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_waiting_publication_of_a_conflating_channel_is_replaced_at_once() {
+        let q = Outbound::new(1 << 20);
+        let c = Backpressure::Conflate;
+        for n in 1..=50u64 {
+            assert!(q.push_sheddable(publication("a", n), tag("a", n, c)));
+        }
+        let got = texts(&q.drain().frames);
+        assert_eq!(
+            got.iter().map(|f| f.trim()).collect::<Vec<_>>(),
+            [r#"{"skip":{"channel":"a","from":1,"to":49}}"#, "a50"],
+            "far below the bound, the queue holds the newest only"
+        );
+        // Another channel's frame at the back: nothing replaced before the bound.
+        let d = Backpressure::DropOldest;
+        assert!(q.push_sheddable(publication("a", 51), tag("a", 51, c)));
+        assert!(q.push_sheddable(publication("b", 1), tag("b", 1, d)));
+        assert!(q.push_sheddable(publication("a", 52), tag("a", 52, c)));
+        assert_eq!(q.drain().frames.len(), 3);
+    }
+
+    #[test]
+    fn skips_merge_instead_of_piling_up() {
+        let q = Outbound::new(400);
+        for n in 1..=1000u64 {
+            assert!(q.push_sheddable(publication("a", n), tag("a", n, Backpressure::Conflate)));
+        }
+        let got = texts(&q.drain().frames);
+        let skips = got.iter().filter(|f| f.starts_with(r#"{"skip""#)).count();
+        assert_eq!(skips, 1, "{got:?}");
+        assert!(
+            got[0].starts_with(r#"{"skip":{"channel":"a","from":1,"#),
+            "{got:?}"
+        );
+        assert_eq!(got.last().map(|f| f.trim()), Some("a1000"));
+    }
+
+    #[test]
+    fn a_drop_oldest_queue_sheds_from_the_front_to_half_and_says_what() {
+        let q = Outbound::new(400);
+        let d = Backpressure::DropOldest;
+        for n in 1..=11u64 {
+            assert!(q.push_sheddable(publication("a", n), tag("a", n, d)));
+        }
+        let drained = q.drain();
+        assert!(drained.close.is_none());
+        let got = texts(&drained.frames);
+        // 11 × 40 passed 400: the oldest went until the queue was at most half full.
+        assert!(
+            got[0].starts_with(r#"{"skip":{"channel":"a","from":1,"#),
+            "{got:?}"
+        );
+        let first_kept: u64 = got[1].trim()[1..].parse().unwrap();
+        let rest: Vec<String> = got[1..].iter().map(|f| f.trim().to_string()).collect();
+        let want: Vec<String> = (first_kept..=11).map(|n| format!("a{n}")).collect();
+        assert_eq!(rest, want);
+        assert!(
+            got[0].contains(&format!(r#""to":{}}}"#, first_kept - 1)),
+            "{got:?}"
+        );
+        assert!(rest.len() * 40 <= 200, "{got:?}");
+    }
+
+    #[test]
+    fn untagged_frames_are_never_shed_and_a_queue_of_them_still_closes() {
+        let q = Outbound::new(10);
+        assert!(q.push_sheddable(
+            Bytes::from_static(b"12345"),
+            tag("a", 1, Backpressure::Conflate)
+        ));
+        assert!(q.push(Bytes::from_static(b"12345")));
+        // Shedding cannot make room: a's only publication is its newest.
+        assert!(!q.push(Bytes::from_static(b"123")));
+        assert_eq!(
+            q.drain().close.map(|c| c.code),
+            Some(CloseCode::SLOW_CONSUMER)
+        );
+    }
+
+    #[test]
+    fn a_default_connection_keeps_no_tags() {
+        let q = Outbound::new(100);
+        assert!(q.push(Bytes::from_static(b"x")));
+        assert!(q.state.lock().unwrap().tags.is_none());
     }
 
     #[test]
@@ -511,7 +866,7 @@ mod tests {
     #[tokio::test]
     async fn without_a_direct_writer_the_fanout_wakes_the_task() {
         let q = Outbound::new(100);
-        assert_eq!(q.push_for_fanout(b("a")), Some(false));
+        assert_eq!(q.push_for_fanout(b("a"), None), Some(false));
         assert!(woken(&q).await);
         assert_eq!(q.drain().frames, vec![b("a")]);
         assert_eq!(q.drain().frames, Vec::<Bytes>::new(), "no role kept");
@@ -522,11 +877,15 @@ mod tests {
         let w = FakeWriter::new(Some(Flushed::All));
         let q = direct_queue(&w);
         assert_eq!(
-            q.push_for_fanout(b("a")),
+            q.push_for_fanout(b("a"), None),
             Some(true),
             "first: the caller writes"
         );
-        assert_eq!(q.push_for_fanout(b("b")), Some(false), "queued behind it");
+        assert_eq!(
+            q.push_for_fanout(b("b"), None),
+            Some(false),
+            "queued behind it"
+        );
         q.flush_direct();
         assert_eq!(*w.wrote.lock().unwrap(), vec![b("a"), b("b")]);
         assert!(!woken(&q).await);
@@ -537,9 +896,9 @@ mod tests {
     async fn frames_a_direct_write_cannot_take_go_back_in_front_for_the_task() {
         let w = FakeWriter::new(None);
         let q = direct_queue(&w);
-        assert_eq!(q.push_for_fanout(b("a")), Some(true));
+        assert_eq!(q.push_for_fanout(b("a"), None), Some(true));
         q.flush_direct();
-        assert_eq!(q.push_for_fanout(b("c")), Some(false));
+        assert_eq!(q.push_for_fanout(b("c"), None), Some(false));
         assert!(woken(&q).await);
         let d = q.drain();
         assert_eq!(d.frames, vec![b("a"), b("c")]);
@@ -550,7 +909,7 @@ mod tests {
     async fn a_partial_direct_write_asks_the_task_to_flush() {
         let w = FakeWriter::new(Some(Flushed::Partly));
         let q = direct_queue(&w);
-        assert_eq!(q.push_for_fanout(b("a")), Some(true));
+        assert_eq!(q.push_for_fanout(b("a"), None), Some(true));
         q.flush_direct();
         assert!(woken(&q).await);
         let d = q.drain();
@@ -564,11 +923,11 @@ mod tests {
         let during = q.clone();
         *w.during.lock().unwrap() = Some(Box::new(move || {
             // A publication arrives and the task wakes while the fan-out writes.
-            assert_eq!(during.push_for_fanout(b("b")), Some(false));
+            assert_eq!(during.push_for_fanout(b("b"), None), Some(false));
             assert!(during.drain().busy);
             assert_eq!(during.drain_frames(), None);
         }));
-        assert_eq!(q.push_for_fanout(b("a")), Some(true));
+        assert_eq!(q.push_for_fanout(b("a"), None), Some(true));
         q.flush_direct();
         assert_eq!(*w.wrote.lock().unwrap(), vec![b("a")]);
         assert!(woken(&q).await, "woken for what came meanwhile");
@@ -583,7 +942,7 @@ mod tests {
         assert!(woken(&q).await);
         assert_eq!(q.drain().frames, vec![b("reply")]);
         // The task is writing: the fan-out leaves its frame to it.
-        assert_eq!(q.push_for_fanout(b("pub")), Some(false));
+        assert_eq!(q.push_for_fanout(b("pub"), None), Some(false));
         q.flush_direct();
         assert!(w.wrote.lock().unwrap().is_empty());
         q.written();
@@ -600,7 +959,7 @@ mod tests {
             reason: "bye".into(),
             after_ms: None,
         });
-        assert_eq!(q.push_for_fanout(b("a")), None);
+        assert_eq!(q.push_for_fanout(b("a"), None), None);
         q.set_direct(None);
         assert_eq!(Arc::strong_count(&w), 1, "the queue let go of the writer");
     }

@@ -71,6 +71,26 @@ pub fn push_publication(channel: &str, publication: &Publication) -> Bytes {
     Bytes::from(serde_json::to_vec(&push).expect("publication serializes"))
 }
 
+/// `{"skip": {"channel": "c", "from": 5, "to": 8}}`: publications `from..=to` of the channel were
+/// left out for this connection by its namespace's backpressure policy (it read too slowly); the
+/// client takes `to` as its position and goes on without recovering them.
+pub fn push_skip(channel: &str, from: u64, to: u64) -> Bytes {
+    #[derive(Serialize)]
+    struct Skip<'a> {
+        channel: &'a str,
+        from: u64,
+        to: u64,
+    }
+    #[derive(Serialize)]
+    struct Push<'a> {
+        skip: Skip<'a>,
+    }
+    let push = Push {
+        skip: Skip { channel, from, to },
+    };
+    Bytes::from(serde_json::to_vec(&push).expect("skip serializes"))
+}
+
 /// `{"join": {...}}` or `{"leave": {...}}` for a presence change.
 pub fn push_presence_change(joined: bool, channel: &str, who: &ClientInfo) -> Bytes {
     #[derive(Serialize)]

@@ -397,6 +397,23 @@ describe('subscriptions and recovery', () => {
     expect(got).toEqual([6, 3]);
   });
 
+  it('takes a skip push (backpressure) as moving past, without a resync, and says so', async () => {
+    const h = client();
+    const got: number[] = [];
+    const skipped: { from: number; to: number }[] = [];
+    const sub = h.subscribe<number>('chat', { onPublication: (p) => got.push(p.offset) });
+    sub.on('skipped', (k) => skipped.push({ from: k.from, to: k.to }));
+    const s = await connected(h, { subs: { chat: { epoch: 'A', offset: 1, recoverable: true } } });
+    s.push({ pub: { channel: 'chat', offset: 2, data: 0 } });
+    s.push({ skip: { channel: 'chat', from: 3, to: 8 } });
+    s.push({ pub: { channel: 'chat', offset: 9, data: 0 } });
+    await vi.advanceTimersByTimeAsync(200);
+    expect(got).toEqual([2, 9]);
+    expect(skipped).toEqual([{ from: 3, to: 8 }]);
+    expect(s.countOf('unsubscribe')).toBe(0);
+    expect(s.countOf('subscribe')).toBe(0);
+  });
+
   it('resubscribes from its position when it sees a hole in the offsets', async () => {
     const h = client();
     const got: number[] = [];

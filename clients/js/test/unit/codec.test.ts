@@ -92,6 +92,12 @@ describe('classify', () => {
     });
   });
 
+  it('reads skip pushes and refuses malformed ones', () => {
+    expect(classify({ skip: { channel: 'c', from: 3, to: 8 } })).toEqual({ type: 'skip', channel: 'c', from: 3, to: 8 });
+    expect(classify({ skip: { channel: 'c', from: 9, to: 8 } })).toMatchObject({ type: 'invalid' });
+    expect(classify({ skip: { from: 1, to: 2 } })).toMatchObject({ type: 'invalid' });
+  });
+
   it('reads disconnect pushes, with after_ms and the reconnect flag', () => {
     expect(classify({ disconnect: { code: 4000, reason: 'shutdown', reconnect: true, after_ms: 1500 } })).toEqual({
       type: 'disconnect',

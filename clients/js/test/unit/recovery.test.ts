@@ -27,6 +27,17 @@ describe('StreamTracker', () => {
     expect(t.applyPublication(pub(2))).toBe('deliver');
   });
 
+  it('moves past a skip (backpressure) without a resync, and flags a hole before one', () => {
+    const t = new StreamTracker();
+    t.applySubscribe({ epoch: 'e1', offset: 4, recoverable: true }, undefined);
+    expect(t.applySkip(5, 9)).toBe('deliver');
+    expect(t.since()).toEqual({ epoch: 'e1', offset: 9 });
+    expect(t.applyPublication(pub(10))).toBe('deliver');
+    expect(t.applySkip(3, 10)).toBe('duplicate');
+    expect(t.applySkip(12, 14)).toBe('gap');
+    expect(t.since()).toEqual({ epoch: 'e1', offset: 10 });
+  });
+
   it('delivers recovered publications after the position, sorted and without duplicates', () => {
     const t = new StreamTracker();
     t.applySubscribe({ epoch: 'e1', offset: 4, recoverable: true }, undefined);

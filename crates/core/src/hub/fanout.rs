@@ -82,12 +82,23 @@ impl Hub {
         ch.remember(&p);
         let frame = push_publication(channel, &p);
         let mut delivered = 0;
+        // The channel's name for the tags of subscribers that may shed (made once, if any).
+        let mut name: Option<Arc<str>> = None;
         for sub in ch.subscribers.values_mut() {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
                 Mode::Live { skip_until } if p.offset > *skip_until => {
+                    let tag = match sub.backpressure {
+                        Backpressure::Disconnect => None,
+                        policy => Some(Sheddable {
+                            channel: name.get_or_insert_with(|| Arc::from(channel)).clone(),
+                            offset: p.offset,
+                            policy,
+                            skipped_from: None,
+                        }),
+                    };
                     let queued = match &mut direct {
-                        Some(list) => match sub.out.push_for_fanout(frame.clone()) {
+                        Some(list) => match sub.out.push_for_fanout(frame.clone(), tag) {
                             Some(true) => {
                                 list.push(sub.out.clone());
                                 true
@@ -95,7 +106,7 @@ impl Hub {
                             Some(false) => true,
                             None => false,
                         },
-                        None => sub.out.push(frame.clone()),
+                        None => sub.out.push_sheddable(frame.clone(), tag),
                     };
                     if queued {
                         delivered += 1;
@@ -369,7 +380,10 @@ mod tests {
             .map(|_| {
                 let q = Arc::new(Outbound::new(100));
                 q.set_direct(Some(counter.clone()));
-                assert_eq!(q.push_for_fanout(Bytes::from_static(b"x")), Some(true));
+                assert_eq!(
+                    q.push_for_fanout(Bytes::from_static(b"x"), None),
+                    Some(true)
+                );
                 q
             })
             .collect()
@@ -420,7 +434,10 @@ mod tests {
         probe.0.store(true, Ordering::SeqCst);
         let q = Arc::new(Outbound::new(100));
         q.set_direct(Some(probe.clone()));
-        assert_eq!(q.push_for_fanout(Bytes::from_static(b"x")), Some(true));
+        assert_eq!(
+            q.push_for_fanout(Bytes::from_static(b"x"), None),
+            Some(true)
+        );
         // Spend this task's budget within one poll, as a long run of deliveries would.
         std::future::poll_fn(|cx| {
             while let Poll::Ready(r) = tokio::task::coop::poll_proceed(cx) {

@@ -57,9 +57,9 @@ use herald_broker::{
 use herald_protocol::encode::{push_presence_change, push_publication};
 use herald_protocol::{ClientInfo, CloseCode, Publication, StreamPosition};
 
-use crate::config::NamespaceConfig;
+use crate::config::{Backpressure, NamespaceConfig};
 use crate::metrics::Metrics;
-use crate::outbound::{CloseRequest, Control, Outbound};
+use crate::outbound::{CloseRequest, Control, Outbound, Sheddable};
 use crate::recovery::{decide, SubscribeResult};
 
 mod connections;
@@ -115,6 +115,8 @@ enum Mode {
 struct Subscriber {
     out: Arc<Outbound>,
     mode: Mode,
+    /// The namespace's answer to this subscriber falling behind (see [`crate::outbound`]).
+    backpressure: Backpressure,
 }
 
 struct Channel {

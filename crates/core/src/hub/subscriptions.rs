@@ -32,6 +32,7 @@ impl Hub {
                     Subscriber {
                         out: out.clone(),
                         mode: Mode::Pending(Vec::new()),
+                        backpressure: ns.backpressure,
                     },
                 );
                 // Read under the same lock that made the subscriber pending: what the channel
