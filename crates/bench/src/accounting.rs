@@ -33,9 +33,6 @@ pub struct SubAccount {
     seen: Vec<u64>,
     /// Counts of each kind of arrival.
     pub counts: Counts,
-    /// `offset − seq / stride` of the first publication checked: the same for every publication
-    /// of one channel in one run.
-    seq_anchor: Option<i64>,
 }
 
 /// Counters of arrivals, summed over subscriptions.
@@ -53,10 +50,6 @@ pub struct Counts {
     pub gap_skipped: u64,
     /// Offsets at or before the subscription's start.
     pub stale: u64,
-    /// Publications whose payload's sequence number does not fit their offset (the server
-    /// delivered another publication's data under this offset): see [`SubAccount::check_seq`].
-    #[serde(default)]
-    pub seq_mismatch: u64,
 }
 
 impl Counts {
@@ -68,7 +61,6 @@ impl Counts {
         self.gap_events += o.gap_events;
         self.gap_skipped += o.gap_skipped;
         self.stale += o.stale;
-        self.seq_mismatch += o.seq_mismatch;
     }
 }
 
@@ -80,22 +72,6 @@ impl SubAccount {
             last: reply_offset,
             seen: Vec::new(),
             counts: Counts::default(),
-            seq_anchor: None,
-        }
-    }
-
-    /// Checks the bench's own sequence number in a new publication's payload against the
-    /// server's offset. The publisher sends sequence number `seq` to channel `seq mod stride`
-    /// (`stride`: the channels published to in turn; 1 when every publication goes to every
-    /// channel), so on one channel the k-th publication carries `seq / stride` = k, and
-    /// `offset − seq / stride` is the same for all of them. A publication whose data does not
-    /// fit the offset it came under counts in `seq_mismatch`.
-    pub fn check_seq(&mut self, offset: u64, seq: u64, stride: u64) {
-        let anchor = offset as i64 - (seq / stride.max(1)) as i64;
-        match self.seq_anchor {
-            None => self.seq_anchor = Some(anchor),
-            Some(a) if a != anchor => self.counts.seq_mismatch += 1,
-            Some(_) => {}
         }
     }
 
@@ -247,8 +223,7 @@ mod tests {
                 out_of_order: 1,
                 gap_events: 2,
                 gap_skipped: 2 + 183,
-                stale: 1,
-                seq_mismatch: 0
+                stale: 1
             }
         );
         assert_eq!(s.delivered_in(11, 16), 5);
@@ -269,24 +244,5 @@ mod tests {
             (10, 5, 5, 1)
         );
         assert!((d.delivered_pct() - 50.0).abs() < 1e-9);
-    }
-
-    #[test]
-    fn sequence_numbers_must_fit_offsets() {
-        // Channel 1 of 3: it gets seq 1, 4, 7, … at offsets 21, 22, 23, …
-        let mut s = SubAccount::new(20);
-        for (offset, seq) in [(21, 1), (22, 4), (24, 10), (23, 7)] {
-            s.on_pub(offset);
-            s.check_seq(offset, seq, 3);
-        }
-        assert_eq!(
-            s.counts.seq_mismatch, 0,
-            "gaps and reordering are not mismatches"
-        );
-        s.check_seq(25, 16, 3);
-        assert_eq!(
-            s.counts.seq_mismatch, 1,
-            "offset 25 carried the data of offset 26"
-        );
     }
 }

@@ -145,7 +145,7 @@ pub fn table(r: &RunResult) -> String {
         let d = &r.delivery;
         let _ = writeln!(
             o,
-            "{:<26} {:.4}% ({} of {}), missing {}, duplicates {}, gaps {}, out-of-order {}, payload/offset mismatches {}",
+            "{:<26} {:.4}% ({} of {}), missing {}, duplicates {}, gaps {}, out-of-order {}",
             "delivered",
             r.delivered_pct,
             d.delivered,
@@ -153,8 +153,7 @@ pub fn table(r: &RunResult) -> String {
             d.missing,
             d.counts.duplicates,
             d.counts.gap_events,
-            d.counts.out_of_order,
-            d.counts.seq_mismatch
+            d.counts.out_of_order
         );
         let _ = writeln!(
             o,

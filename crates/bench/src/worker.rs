@@ -197,10 +197,6 @@ struct Ctx {
     scenario: Scenario,
     shard: Shard,
     nodes: Vec<(SocketAddr, String)>,
-    /// Channels the publisher sends to in turn (sequence number `s` goes to channel
-    /// `s mod seq_stride`; 1 for `fanin`, where every publication goes to every channel): for
-    /// [`SubAccount::check_seq`].
-    seq_stride: u64,
     shared: Mutex<Shared>,
     control: watch::Receiver<Control>,
     connect_slots: Semaphore,
@@ -259,12 +255,7 @@ pub async fn run(
         .collect::<Result<Vec<_>>>()?;
     let (control_tx, control_rx) = watch::channel(Control::Run);
     let share = (shard.end - shard.start) as u64;
-    let seq_stride = match scenario {
-        Scenario::Fanin => 1,
-        _ => crate::params::channels(&p, scenario).len().max(1) as u64,
-    };
     let ctx = Arc::new(Ctx {
-        seq_stride,
         connect_slots: Semaphore::new(p.connect_concurrency.max(1)),
         p,
         scenario,
@@ -596,7 +587,6 @@ fn on_subscribed(
                     Seen::Duplicate | Seen::Stale => {}
                     _ => {
                         ctx.unique.fetch_add(1, Relaxed);
-                        a.check_seq(offset, seq, ctx.seq_stride);
                         count_delivery(ctx, &mut s, now, sent, seq, false);
                     }
                 }
@@ -1159,7 +1149,6 @@ fn on_frame(
                 Seen::Duplicate | Seen::Stale => {}
                 _ => {
                     ctx.unique.fetch_add(1, Relaxed);
-                    acct.check_seq(p.offset, p.data.s, ctx.seq_stride);
                     let live = p.data.t >= live_from;
                     count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
                 }
@@ -1219,7 +1208,6 @@ fn on_pusher_message(
                 _ => {
                     ctx.unique.fetch_add(1, Relaxed);
                     let data = inc.payload();
-                    acct.check_seq(offset, data.s, ctx.seq_stride);
                     count_delivery(ctx, &mut s, now, data.t, data.s, data.t >= live_from);
                 }
             }
@@ -1258,7 +1246,6 @@ fn on_centrifugo_frame(
                     Seen::Duplicate | Seen::Stale => {}
                     _ => {
                         ctx.unique.fetch_add(1, Relaxed);
-                        acct.check_seq(p.offset, p.data.s, ctx.seq_stride);
                         let live = p.data.t >= live_from;
                         count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
                     }

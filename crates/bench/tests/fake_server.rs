@@ -323,10 +323,6 @@ async fn centrifugo_counts_drops_duplicates_reordering_and_gaps() {
         "the other channel's push not counted"
     );
     assert_eq!(r.counters.parse_errors, 0);
-    assert_eq!(
-        d.counts.seq_mismatch, 0,
-        "every payload's sequence number fits its offset"
-    );
     assert_eq!(r.counters.pings, 3);
     assert_eq!(*pongs.lock().unwrap(), 3, "every ping answered with {{}}");
     let lat = herald_bench::hist::decode(&r.latency).unwrap();
