@@ -10,7 +10,7 @@
 # Herald, Centrifugo. Run from the repository root; every run goes through docs/bench/prio.sh.
 set -uf
 D=docs/bench/peers
-HERALD=${HERALD:-/work/bin/herald-head}
+HERALD=${HERALD:-target/release/herald}
 BENCH=${BENCH:-target/release/herald-bench}
 ROUNDS=${ROUNDS:-1 2}
 PARTS=${PARTS:-bcast idle}
