@@ -93,7 +93,12 @@ describe('classify', () => {
   });
 
   it('reads skip pushes and refuses malformed ones', () => {
-    expect(classify({ skip: { channel: 'c', from: 3, to: 8 } })).toEqual({ type: 'skip', channel: 'c', from: 3, to: 8 });
+    expect(classify({ skip: { channel: 'c', from: 3, to: 8 } })).toEqual({
+      type: 'skip',
+      channel: 'c',
+      from: 3,
+      to: 8,
+    });
     expect(classify({ skip: { channel: 'c', from: 9, to: 8 } })).toMatchObject({ type: 'invalid' });
     expect(classify({ skip: { from: 1, to: 2 } })).toMatchObject({ type: 'invalid' });
   });
