@@ -753,23 +753,8 @@ async fn connect_once(
         .await
         .map_err(|e| format!("send connect: {e}"))?;
     loop {
-        let msg = match ws.next().await {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => return Err(format!("closed before connect reply: {e}")),
-            None => return Err("closed before connect reply".into()),
-        };
-        if msg.is_close() {
-            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
-            return Err(format!("closed with {code} before connect reply"));
-        }
-        let Some(text) = msg.as_text() else { continue };
-        let mut at = 0;
-        for line in text.split('\n') {
-            let end = at + line.len();
-            at = end + 1;
-            if line.is_empty() {
-                continue;
-            }
+        let text = next_text(&mut ws, "connect reply").await?;
+        for (line, end) in lines(&text) {
             let inc = wire::parse(line).map_err(|e| format!("bad reply: {e}"))?;
             if inc.id != Some(1) {
                 continue;
@@ -872,18 +857,9 @@ async fn pusher_subscribe(
     let name = wire::pusher_channel(channel);
     let mut subscribed = false;
     loop {
-        let msg = match ws.next().await {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => return Err(format!("closed before subscription_succeeded: {e}")),
-            None => return Err("closed before subscription_succeeded".into()),
-        };
-        if msg.is_close() {
-            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
-            return Err(format!("closed with {code} before subscription_succeeded"));
-        }
-        let Some(text) = msg.as_text() else { continue };
+        let text = next_text(&mut ws, "subscription_succeeded").await?;
         let inc: wire::PusherIncoming<'_> =
-            serde_json::from_str(text).map_err(|e| format!("bad message: {e}"))?;
+            serde_json::from_str(&text).map_err(|e| format!("bad message: {e}"))?;
         match inc.event.as_ref() {
             "pusher:connection_established" if !subscribed => {
                 ws.send(Message::text(wire::pusher_subscribe(name, since)))
@@ -927,6 +903,36 @@ async fn pusher_subscribe(
     }
 }
 
+/// The next text frame of the handshake (others skipped); an error naming `what` when the
+/// connection ends first.
+async fn next_text(ws: &mut Ws, what: &str) -> Result<String, String> {
+    loop {
+        let msg = match ws.next().await {
+            Some(Ok(m)) => m,
+            Some(Err(e)) => return Err(format!("closed before {what}: {e}")),
+            None => return Err(format!("closed before {what}")),
+        };
+        if msg.is_close() {
+            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
+            return Err(format!("closed with {code} before {what}"));
+        }
+        if let Some(text) = msg.as_text() {
+            return Ok(text.to_owned());
+        }
+    }
+}
+
+/// A frame's non-empty newline-separated messages, each with the byte offset just past it (what
+/// follows the reply in the same frame is handed on).
+fn lines(text: &str) -> impl Iterator<Item = (&str, usize)> {
+    let mut at = 0;
+    text.split('\n').filter_map(move |line| {
+        let end = at + line.len();
+        at = end + 1;
+        (!line.is_empty()).then_some((line, end))
+    })
+}
+
 /// `--centrifugo`: `connect` and `subscribe` in one frame, then read until the subscribe reply
 /// (id 2). Messages after it in the same frame (publications) are handed on as `rest`.
 async fn centrifugo_subscribe(
@@ -940,23 +946,8 @@ async fn centrifugo_subscribe(
     .await
     .map_err(|e| format!("send connect: {e}"))?;
     loop {
-        let msg = match ws.next().await {
-            Some(Ok(m)) => m,
-            Some(Err(e)) => return Err(format!("closed before subscribe reply: {e}")),
-            None => return Err("closed before subscribe reply".into()),
-        };
-        if msg.is_close() {
-            let code = msg.as_close().map(|(c, _)| u16::from(c)).unwrap_or(0);
-            return Err(format!("closed with {code} before subscribe reply"));
-        }
-        let Some(text) = msg.as_text() else { continue };
-        let mut at = 0;
-        for line in text.split('\n') {
-            let end = at + line.len();
-            at = end + 1;
-            if line.is_empty() {
-                continue;
-            }
+        let text = next_text(&mut ws, "subscribe reply").await?;
+        for (line, end) in lines(&text) {
             let inc = wire::parse_centrifugo(line).map_err(|e| format!("bad reply: {e}"))?;
             if let Some(e) = &inc.error {
                 let what = match inc.id {
