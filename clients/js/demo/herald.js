@@ -177,6 +177,19 @@ function classify(value, text = "") {
       return { type: kind, channel: body.channel, info };
     }
   }
+  if (isObject(value.presence_batch)) {
+    const b = value.presence_batch;
+    if (typeof b.channel !== "string" || !Array.isArray(b.changes)) {
+      return { type: "invalid", text, reason: "presence_batch without channel or changes" };
+    }
+    const changes = [];
+    for (const c of b.changes) {
+      const kind = isObject(c) ? isObject(c.join) ? "join" : isObject(c.leave) ? "leave" : void 0 : void 0;
+      if (kind === void 0) return { type: "invalid", text, reason: "presence_batch change without join or leave" };
+      changes.push({ kind, info: c[kind] });
+    }
+    return { type: "presence_batch", channel: b.channel, changes };
+  }
   if (isObject(value.skip)) {
     const k = value.skip;
     if (typeof k.channel !== "string" || typeof k.from !== "number" || typeof k.to !== "number" || k.from > k.to) {
@@ -580,8 +593,13 @@ var Subscription = class extends Emitter {
   history(opts) {
     return this.host.history(this.channel, opts);
   }
-  presence() {
-    return this.host.presence(this.channel);
+  /** Everyone subscribed, or one page of them (see `Herald.presence`). */
+  presence(page) {
+    return this.host.presence(this.channel, page);
+  }
+  /** How many clients and distinct users are subscribed, without the member list. */
+  presenceStats() {
+    return this.host.presenceStats(this.channel);
   }
   // ---------------------------------------------------------------------------------------------
   // For the client: what to send
@@ -940,7 +958,8 @@ var Herald = class extends Emitter {
       removeSubscription: (sub, code, reason) => this.removeSubscription(sub, code, reason),
       publish: (ch, data) => this.publish(ch, data),
       history: (ch, o) => this.history(ch, o),
-      presence: (ch) => this.presence(ch),
+      presence: (ch, o) => this.presence(ch, o),
+      presenceStats: (ch) => this.presenceStats(ch),
       reportListenerError: (channel, e) => this.reportError("listener", toHeraldError(e), channel)
     };
   }
@@ -1032,9 +1051,21 @@ var Herald = class extends Emitter {
     const r = await this.call("rpc", params);
     return r.data;
   }
-  /** Who is subscribed to a channel now. */
-  presence(channel) {
-    return this.call("presence", { channel });
+  /**
+   * Who is subscribed to a channel now: everyone, or with `page` up to `page.limit` clients after
+   * `page.cursor` (the previous page's `cursor`, absent on the last page).
+   */
+  presence(channel, page) {
+    const params = { channel };
+    if (page) {
+      params.limit = page.limit;
+      if (page.cursor !== void 0) params.cursor = page.cursor;
+    }
+    return this.call("presence", params);
+  }
+  /** How many clients and distinct users are subscribed to a channel, without the member list. */
+  presenceStats(channel) {
+    return this.call("presence_stats", { channel });
   }
   /**
    * Send any command and get its result. Waits while the client is connecting; fails at once when
@@ -1349,6 +1380,15 @@ var Herald = class extends Emitter {
         const sub = this.subs.get(msg.channel);
         if (sub) sub._applyPresence(msg.type, msg.info);
         else if (this.serverSubs.has(msg.channel)) this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        return;
+      }
+      case "presence_batch": {
+        const sub = this.subs.get(msg.channel);
+        for (const change of msg.changes) {
+          if (sub) sub._applyPresence(change.kind, change.info);
+          else if (this.serverSubs.has(msg.channel))
+            this.emit(change.kind, { channel: msg.channel, info: change.info });
+        }
         return;
       }
       case "subscribed": {

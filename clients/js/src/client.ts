@@ -17,7 +17,9 @@ import {
   encodeCommand,
   type ConnectResult,
   type HistoryResult,
+  type PresencePageOptions,
   type PresenceResult,
+  type PresenceStatsResult,
   type Publication,
   type PublishResult,
   type RefreshResult,
@@ -210,7 +212,8 @@ export class Herald extends Emitter<HeraldEvents> {
       removeSubscription: (sub, code, reason) => this.removeSubscription(sub, code, reason),
       publish: (ch, data) => this.publish(ch, data),
       history: (ch, o) => this.history(ch, o),
-      presence: (ch) => this.presence(ch),
+      presence: (ch, o) => this.presence(ch, o),
+      presenceStats: (ch) => this.presenceStats(ch),
       reportListenerError: (channel, e) => this.reportError('listener', toHeraldError(e), channel),
     };
   }
@@ -315,9 +318,22 @@ export class Herald extends Emitter<HeraldEvents> {
     return r.data;
   }
 
-  /** Who is subscribed to a channel now. */
-  presence(channel: string): Promise<PresenceResult> {
-    return this.call<PresenceResult>('presence', { channel });
+  /**
+   * Who is subscribed to a channel now: everyone, or with `page` up to `page.limit` clients after
+   * `page.cursor` (the previous page's `cursor`, absent on the last page).
+   */
+  presence(channel: string, page?: PresencePageOptions): Promise<PresenceResult> {
+    const params: Record<string, unknown> = { channel };
+    if (page) {
+      params.limit = page.limit;
+      if (page.cursor !== undefined) params.cursor = page.cursor;
+    }
+    return this.call<PresenceResult>('presence', params);
+  }
+
+  /** How many clients and distinct users are subscribed to a channel, without the member list. */
+  presenceStats(channel: string): Promise<PresenceStatsResult> {
+    return this.call<PresenceStatsResult>('presence_stats', { channel });
   }
 
   /**
@@ -669,6 +685,16 @@ export class Herald extends Emitter<HeraldEvents> {
         const sub = this.subs.get(msg.channel);
         if (sub) sub._applyPresence(msg.type, msg.info);
         else if (this.serverSubs.has(msg.channel)) this.emit(msg.type, { channel: msg.channel, info: msg.info });
+        return;
+      }
+      case 'presence_batch': {
+        // The same per-member events as single join/leave pushes, in the batch's order.
+        const sub = this.subs.get(msg.channel);
+        for (const change of msg.changes) {
+          if (sub) sub._applyPresence(change.kind, change.info);
+          else if (this.serverSubs.has(msg.channel))
+            this.emit(change.kind, { channel: msg.channel, info: change.info });
+        }
         return;
       }
       case 'subscribed': {

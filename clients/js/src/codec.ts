@@ -72,10 +72,31 @@ export interface HistoryResult {
 
 export interface PresenceResult {
   clients: Record<string, ClientInfo>;
+  /** Only on a page (`limit` given) with more after it: pass it back to get the next page. */
+  cursor?: string;
+}
+
+/** One page of `presence`: up to `limit` (1 to 1000) clients, in client-id order. */
+export interface PresencePageOptions {
+  limit: number;
+  /** The previous page's `cursor`. */
+  cursor?: string;
+}
+
+/** Counts of a channel's presence, without its member list. */
+export interface PresenceStatsResult {
+  num_clients: number;
+  num_users: number;
 }
 
 export interface RefreshResult {
   expires_in?: number;
+}
+
+/** One change of a `presence_batch` push. */
+export interface PresenceChange {
+  kind: 'join' | 'leave';
+  info: ClientInfo;
 }
 
 /** A message from the server, classified. */
@@ -85,6 +106,8 @@ export type ServerMessage =
   | { type: 'pub'; channel: string; pub: Publication }
   | { type: 'join'; channel: string; info: ClientInfo }
   | { type: 'leave'; channel: string; info: ClientInfo }
+  /** Several joins and leaves of one channel, in order (a namespace's `join_leave_batch_ms`). */
+  | { type: 'presence_batch'; channel: string; changes: PresenceChange[] }
   | { type: 'unsub'; channel: string; code: number; reason: string }
   /** Publications from..to were left out by the namespace's backpressure policy. */
   | { type: 'skip'; channel: string; from: number; to: number }
@@ -172,6 +195,19 @@ export function classify(value: unknown, text = ''): ServerMessage {
       const info = (isObject(body.info) ? body.info : { user: '', client: '' }) as ClientInfo;
       return { type: kind, channel: body.channel, info };
     }
+  }
+  if (isObject(value.presence_batch)) {
+    const b = value.presence_batch;
+    if (typeof b.channel !== 'string' || !Array.isArray(b.changes)) {
+      return { type: 'invalid', text, reason: 'presence_batch without channel or changes' };
+    }
+    const changes: PresenceChange[] = [];
+    for (const c of b.changes) {
+      const kind = isObject(c) ? (isObject(c.join) ? 'join' : isObject(c.leave) ? 'leave' : undefined) : undefined;
+      if (kind === undefined) return { type: 'invalid', text, reason: 'presence_batch change without join or leave' };
+      changes.push({ kind, info: (c as Record<string, unknown>)[kind] as ClientInfo });
+    }
+    return { type: 'presence_batch', channel: b.channel, changes };
   }
   if (isObject(value.skip)) {
     const k = value.skip;

@@ -9,7 +9,9 @@ import { Backoff } from './backoff.js';
 import type {
   ClientInfo,
   HistoryResult,
+  PresencePageOptions,
   PresenceResult,
+  PresenceStatsResult,
   Publication,
   PublishResult,
   StreamPosition,
@@ -97,7 +99,8 @@ export interface SubscriptionHost {
   removeSubscription(sub: Subscription<never>, code: number, reason: string): void;
   publish(channel: string, data: unknown): Promise<PublishResult>;
   history(channel: string, opts?: { since?: StreamPosition; limit?: number }): Promise<HistoryResult>;
-  presence(channel: string): Promise<PresenceResult>;
+  presence(channel: string, page?: PresencePageOptions): Promise<PresenceResult>;
+  presenceStats(channel: string): Promise<PresenceStatsResult>;
   reportListenerError(channel: string, error: unknown): void;
 }
 
@@ -183,8 +186,14 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     return this.host.history(this.channel, opts);
   }
 
-  presence(): Promise<PresenceResult> {
-    return this.host.presence(this.channel);
+  /** Everyone subscribed, or one page of them (see `Herald.presence`). */
+  presence(page?: PresencePageOptions): Promise<PresenceResult> {
+    return this.host.presence(this.channel, page);
+  }
+
+  /** How many clients and distinct users are subscribed, without the member list. */
+  presenceStats(): Promise<PresenceStatsResult> {
+    return this.host.presenceStats(this.channel);
   }
 
   // ---------------------------------------------------------------------------------------------

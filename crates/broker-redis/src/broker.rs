@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PublishOptions, PublishTarget, SharedBroker, StreamOptions,
+    Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult, PresencePage,
+    PresenceStats, PublishOptions, PublishTarget, SharedBroker, StreamOptions,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
 use prometheus_client::registry::Registry;
@@ -172,6 +172,19 @@ impl Broker for RedisBroker {
 
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError> {
         self.inner.presence(channel).await
+    }
+
+    async fn presence_stats(&self, channel: &str) -> Result<PresenceStats, BrokerError> {
+        self.inner.presence_stats(channel).await
+    }
+
+    async fn presence_page(
+        &self,
+        channel: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PresencePage, BrokerError> {
+        self.inner.presence_page(channel, after, limit).await
     }
 
     async fn publish_presence_change(

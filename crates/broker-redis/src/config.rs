@@ -59,6 +59,13 @@ pub struct RedisConfig {
     /// A presence entry expires this long after its node last refreshed it, in seconds: a crashed
     /// node's clients disappear from presence within this time. Nodes refresh every third of it.
     pub presence_ttl_s: u64,
+    /// Parts each channel's presence is split into (1 to 64), by a hash of the user, each under
+    /// its own hash tag: on a Cluster or standalone shards, a crowded channel's members spread
+    /// over several slots and servers instead of one key. Counts and pages read every part (one
+    /// script call each, concurrently). 1 (the default) keeps one set of keys per channel.
+    /// Every node must use the same value: changing it strands the old parts' entries until
+    /// they expire (`presence_ttl_s`).
+    pub presence_parts: usize,
     /// At most this many channels in one `SUBSCRIBE` (concurrent subscribes are batched).
     pub subscribe_batch: usize,
     /// The operator declares that Redis never loses an acknowledged write: `appendfsync always`,
@@ -70,6 +77,9 @@ pub struct RedisConfig {
     /// node witnessed). See `docs/reliability.md`.
     pub synchronous_persistence: bool,
 }
+
+/// The most parts a channel's presence may be split into.
+pub const MAX_PRESENCE_PARTS: usize = 64;
 
 /// A master found through Redis Sentinel.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -104,6 +114,7 @@ impl Default for RedisConfig {
             reconnect_max_ms: 2_000,
             health_check_ms: 2_000,
             presence_ttl_s: 60,
+            presence_parts: 1,
             subscribe_batch: 500,
             synchronous_persistence: false,
         }
@@ -167,6 +178,12 @@ impl RedisConfig {
     pub(crate) fn topology(&self) -> Result<Topology, BrokerError> {
         if self.key_prefix.contains(['{', '}']) {
             return Err(bad("key_prefix must not contain `{` or `}`"));
+        }
+        if !(1..=MAX_PRESENCE_PARTS).contains(&self.presence_parts) {
+            return Err(bad(format!(
+                "presence_parts must be 1 to {MAX_PRESENCE_PARTS}, not {}",
+                self.presence_parts
+            )));
         }
         let named = [
             self.url.is_some(),

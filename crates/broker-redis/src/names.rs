@@ -20,12 +20,32 @@ pub(crate) struct ChannelKeys {
     pub(crate) meta: String,
     /// Stream of publications (`o`, `d`, `i` fields), bounded by `MAXLEN` and `MINID`.
     pub(crate) history: String,
-    /// Hash client id → ClientInfo JSON.
-    pub(crate) presence: String,
-    /// Sorted set client id → expiry (ms since the epoch).
-    pub(crate) presence_expiry: String,
     /// The pub/sub channel nodes hosting the channel subscribe to.
     pub(crate) pubsub: String,
+}
+
+/// The keys of one part of a channel's presence; they share one hash tag.
+#[derive(Debug, Clone)]
+pub(crate) struct PresenceKeys {
+    /// The hash tag, which also picks the standalone shard.
+    pub(crate) tag: String,
+    /// Hash client id → ClientInfo JSON.
+    pub(crate) entries: String,
+    /// Sorted set client id → expiry (ms since the epoch).
+    pub(crate) expiry: String,
+    /// Sorted set of client ids, all scored 0, so that pages are read in id order (`ZRANGEBYLEX`).
+    pub(crate) order: String,
+    /// Hash user → how many of the user's clients are present, so that counts cost no list.
+    pub(crate) users: String,
+}
+
+/// The presence part that holds `user`'s clients: all of a user's clients share one part, so
+/// the distinct users of a channel are the sum of each part's.
+pub(crate) fn presence_part(user: &str, parts: usize) -> usize {
+    match parts {
+        0 | 1 => 0,
+        _ => crc16(user.as_bytes()) as usize % parts,
+    }
 }
 
 impl Names {
@@ -41,9 +61,25 @@ impl Names {
         ChannelKeys {
             meta: format!("{p}:{{{channel}}}:m"),
             history: format!("{p}:{{{channel}}}:h"),
-            presence: format!("{p}:{{{channel}}}:pr"),
-            presence_expiry: format!("{p}:{{{channel}}}:pe"),
             pubsub: format!("{p}:{{{channel}}}:p"),
+        }
+    }
+
+    /// The keys of part `part` of `parts` of a channel's presence. With one part they share the
+    /// channel's hash tag (`{chat:room}`); with more, each part has its own (`{chat:room|3}`: a
+    /// channel name never holds `|`, so no channel's tag is ever a part's).
+    pub(crate) fn presence(&self, channel: &str, part: usize, parts: usize) -> PresenceKeys {
+        let p = &self.prefix;
+        let tag = match parts {
+            0 | 1 => channel.to_owned(),
+            _ => format!("{channel}|{part}"),
+        };
+        PresenceKeys {
+            entries: format!("{p}:{{{tag}}}:pr"),
+            expiry: format!("{p}:{{{tag}}}:pe"),
+            order: format!("{p}:{{{tag}}}:po"),
+            users: format!("{p}:{{{tag}}}:pu"),
+            tag,
         }
     }
 
@@ -120,7 +156,15 @@ mod tests {
         let k = n.channel("chat:room#a,b");
         assert_eq!(k.pubsub, "herald:{chat:room#a,b}:p");
         let s = slot(&k.meta);
-        for key in [&k.history, &k.presence, &k.presence_expiry, &k.pubsub] {
+        let pk = n.presence("chat:room#a,b", 0, 1);
+        for key in [
+            &k.history,
+            &pk.entries,
+            &pk.expiry,
+            &pk.order,
+            &pk.users,
+            &k.pubsub,
+        ] {
             assert_eq!(slot(key), s);
         }
         assert_eq!(slot(&n.idempotency("chat:room#a,b", "x")), s);

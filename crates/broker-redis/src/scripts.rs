@@ -182,51 +182,130 @@ return out
     )
 });
 
-/// Add or refresh presence entries. `KEYS`: presence hash, expiry zset. `ARGV`: TTL (ms), then
-/// pairs of client id and ClientInfo JSON.
-pub(crate) static PRESENCE_ADD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+/// The Lua shared by the presence scripts. `KEYS`: presence hash (client → ClientInfo JSON),
+/// expiry zset (client → expiry ms), order zset (client ids scored 0), users hash (user → clients
+/// present). `forget` removes one client everywhere, decrementing its user's count once (only when
+/// the order zset still held it, so a removal racing an expiry counts once); `expire_stale` forgets
+/// every entry whose node stopped refreshing it.
+macro_rules! presence_lua {
+    () => {
         r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expires = string.format('%d', now + tonumber(ARGV[1]))
-for n = 2, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1])
-  redis.call('ZADD', KEYS[2], expires, ARGV[n])
+local function forget(client)
+  local v = redis.call('HGET', KEYS[1], client)
+  redis.call('HDEL', KEYS[1], client)
+  redis.call('ZREM', KEYS[2], client)
+  if redis.call('ZREM', KEYS[3], client) == 1 and v then
+    local ok, who = pcall(cjson.decode, v)
+    if ok and type(who) == 'table' and type(who.user) == 'string' then
+      if redis.call('HINCRBY', KEYS[4], who.user, -1) <= 0 then
+        redis.call('HDEL', KEYS[4], who.user)
+      end
+    end
+  end
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-return 1
-"#,
-    )
-});
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function expire_stale()
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%d', now_ms()))
+  for _, client in ipairs(expired) do
+    forget(client)
+  end
+end
+"#
+    };
+}
 
-/// Remove a presence entry. `KEYS`: presence hash, expiry zset. `ARGV`: client id.
-pub(crate) static PRESENCE_REMOVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+/// Add or refresh presence entries. `KEYS`: as [`presence_lua`]. `ARGV`: TTL (ms), then triples
+/// of client id, user and ClientInfo JSON. A client counts towards its user once, when it enters
+/// the order zset; a refresh of a present client changes no count.
+pub(crate) static PRESENCE_ADD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        presence_lua!(),
         r#"
-redis.call('HDEL', KEYS[1], ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[1])
+local expires = string.format('%d', now_ms() + tonumber(ARGV[1]))
+for n = 2, #ARGV, 3 do
+  redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 2])
+  redis.call('ZADD', KEYS[2], expires, ARGV[n])
+  if redis.call('ZADD', KEYS[3], 'NX', 0, ARGV[n]) == 1 then
+    redis.call('HINCRBY', KEYS[4], ARGV[n + 1], 1)
+  end
+end
+for k = 1, 4 do
+  redis.call('PEXPIRE', KEYS[k], ARGV[1])
+end
 return 1
-"#,
-    )
+"#
+    ))
 });
 
-/// List presence, dropping expired entries first. `KEYS`: presence hash, expiry zset. Returns the
+/// Remove a presence entry. `KEYS`: as [`presence_lua`]. `ARGV`: client id.
+pub(crate) static PRESENCE_REMOVE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        presence_lua!(),
+        r#"
+forget(ARGV[1])
+return 1
+"#
+    ))
+});
+
+/// List presence, dropping expired entries first. `KEYS`: as [`presence_lua`]. Returns the
 /// ClientInfo JSON of every live entry.
 pub(crate) static PRESENCE_LIST: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    Script::new(concat!(
+        presence_lua!(),
         r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', string.format('%d', now))
-for _, client in ipairs(expired) do
-  redis.call('HDEL', KEYS[1], client)
-end
-if #expired > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', string.format('%d', now))
-end
+expire_stale()
 return redis.call('HVALS', KEYS[1])
-"#,
-    )
+"#
+    ))
+});
+
+/// Presence counts, dropping expired entries first. `KEYS`: as [`presence_lua`]. Returns
+/// `{clients, users}` from `HLEN`s: no member is read.
+pub(crate) static PRESENCE_STATS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        presence_lua!(),
+        r#"
+expire_stale()
+return {redis.call('HLEN', KEYS[1]), redis.call('HLEN', KEYS[4])}
+"#
+    ))
+});
+
+/// One page of presence in client-id order, dropping expired entries first. `KEYS`: as
+/// [`presence_lua`]. `ARGV`: the last client id of the previous page (empty for the first page),
+/// page size. Returns `{more (0 or 1), {ClientInfo JSON, ...}}`; an id the order zset holds
+/// without an entry (left by a node that removed it with an older script) is forgotten, not
+/// returned, so a page may be shorter than asked while `more` is 1.
+pub(crate) static PRESENCE_PAGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        presence_lua!(),
+        r#"
+expire_stale()
+local from = '-'
+if ARGV[1] ~= '' then
+  from = '(' .. ARGV[1]
+end
+local limit = tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYLEX', KEYS[3], from, '+', 'LIMIT', 0, limit + 1)
+local out = {}
+local more = 0
+for i, id in ipairs(ids) do
+  if i > limit then
+    more = 1
+    break
+  end
+  local v = redis.call('HGET', KEYS[1], id)
+  if v then
+    out[#out + 1] = v
+  else
+    forget(id)
+  end
+end
+return {more, out}
+"#
+    ))
 });

@@ -18,8 +18,8 @@ use bytes::Bytes;
 use herald_protocol::{ClientInfo, Publication, StreamPosition};
 
 use crate::{
-    BrokerHandler, ControlMessage, HistoryQuery, PublishOptions, PublishTarget, SharedBroker,
-    StreamOptions,
+    BrokerHandler, ControlMessage, HistoryQuery, PresencePage, PublishOptions, PublishTarget,
+    SharedBroker, StreamOptions,
 };
 
 /// Everything a handler received, for assertions.
@@ -123,6 +123,7 @@ where
     idempotent_publish(make().await).await;
     publish_many_matches_one_by_one(make().await).await;
     presence_add_list_remove(make().await).await;
+    presence_counts_and_pages(make().await).await;
     control_reaches_every_node(make().await).await;
 }
 
@@ -412,6 +413,61 @@ pub async fn presence_add_list_remove(broker: SharedBroker) {
     let left = broker.presence(&ch).await.unwrap();
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].user, "u-b");
+}
+
+/// Presence counts clients and distinct users, and pages through members in client-id order:
+/// every member exactly once, pages no longer than asked, `more` false on the last one, and a
+/// removal and a re-add (a refresh) keep the counts right.
+pub async fn presence_counts_and_pages(broker: SharedBroker) {
+    let _rec = started(&broker).await;
+    let ch = unique("presence_pages");
+    let empty = broker.presence_stats(&ch).await.unwrap();
+    assert_eq!((empty.num_clients, empty.num_users), (0, 0));
+    assert_eq!(
+        broker.presence_page(&ch, None, 10).await.unwrap(),
+        PresencePage::default()
+    );
+    // 25 clients of 10 users (c00..c24; user u-<n % 10>).
+    let member = |n: usize| ClientInfo {
+        user: format!("u-{}", n % 10),
+        client: format!("c{n:02}"),
+        info: None,
+    };
+    for n in (0..25).rev() {
+        broker.add_presence(&ch, &member(n)).await.unwrap();
+    }
+    broker.add_presence(&ch, &member(3)).await.unwrap();
+    let stats = broker.presence_stats(&ch).await.unwrap();
+    assert_eq!((stats.num_clients, stats.num_users), (25, 10));
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    for page_no in 0.. {
+        assert!(page_no < 10, "paging did not end");
+        let page = broker
+            .presence_page(&ch, after.as_deref(), 7)
+            .await
+            .unwrap();
+        assert!(page.clients.len() <= 7);
+        seen.extend(page.clients.iter().map(|c| c.client.clone()));
+        if !page.more {
+            break;
+        }
+        after = page.clients.last().map(|c| c.client.clone());
+    }
+    let all: Vec<String> = (0..25).map(|n| format!("c{n:02}")).collect();
+    assert_eq!(seen, all, "every member once, in client-id order");
+    // Removing all three clients of user u-4 (c04, c14, c24) and one of u-5 (c15).
+    for c in ["c04", "c14", "c15", "c24"] {
+        broker.remove_presence(&ch, c).await.unwrap();
+    }
+    broker.remove_presence(&ch, "never-there").await.unwrap();
+    let stats = broker.presence_stats(&ch).await.unwrap();
+    assert_eq!((stats.num_clients, stats.num_users), (21, 9));
+    let page = broker.presence_page(&ch, Some("c20"), 100).await.unwrap();
+    let rest: Vec<&str> = page.clients.iter().map(|c| c.client.as_str()).collect();
+    assert_eq!(rest, vec!["c21", "c22", "c23"]);
+    assert!(!page.more);
+    assert_eq!(page.clients[0].user, "u-1");
 }
 
 /// Control messages come back to the sending node too.

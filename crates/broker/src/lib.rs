@@ -274,6 +274,29 @@ pub trait Broker: Send + Sync + 'static {
     /// Everyone subscribed to the channel, on every node.
     async fn presence(&self, channel: &str) -> Result<Vec<ClientInfo>, BrokerError>;
 
+    /// How many clients and distinct users are present in the channel. The default counts the
+    /// whole member list; brokers that keep counts override it so that a large channel's count
+    /// costs no list.
+    async fn presence_stats(&self, channel: &str) -> Result<PresenceStats, BrokerError> {
+        Ok(PresenceStats::of(&self.presence(channel).await?))
+    }
+
+    /// Up to `limit` present clients with ids greater than `after`, in client-id order, and
+    /// whether more follow. The default sorts the whole member list; brokers that keep the
+    /// members ordered override it so that a page costs about its own size.
+    async fn presence_page(
+        &self,
+        channel: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PresencePage, BrokerError> {
+        Ok(PresencePage::from_unsorted(
+            self.presence(channel).await?,
+            after,
+            limit,
+        ))
+    }
+
     /// Tell every node hosting the channel that a client joined or left.
     async fn publish_presence_change(
         &self,
@@ -316,6 +339,47 @@ pub struct PublishTarget {
     pub channel: String,
     /// Its stream options and idempotency key.
     pub opts: PublishOptions,
+}
+
+/// A channel's presence counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PresenceStats {
+    /// Present clients (connections subscribed to the channel).
+    pub num_clients: u64,
+    /// Distinct users among them (anonymous clients count as one user, `""`).
+    pub num_users: u64,
+}
+
+impl PresenceStats {
+    /// The counts of a member list.
+    pub fn of(clients: &[ClientInfo]) -> Self {
+        let users: std::collections::HashSet<&str> =
+            clients.iter().map(|c| c.user.as_str()).collect();
+        PresenceStats {
+            num_clients: clients.len() as u64,
+            num_users: users.len() as u64,
+        }
+    }
+}
+
+/// One page of a channel's presence, in client-id order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PresencePage {
+    /// The page's clients, ordered by client id.
+    pub clients: Vec<ClientInfo>,
+    /// Whether clients with greater ids follow (the next page starts after the last one here).
+    pub more: bool,
+}
+
+impl PresencePage {
+    /// The page of a whole, unordered member list.
+    pub fn from_unsorted(mut all: Vec<ClientInfo>, after: Option<&str>, limit: usize) -> Self {
+        all.retain(|c| after.is_none_or(|a| c.client.as_str() > a));
+        all.sort_by(|x, y| x.client.cmp(&y.client));
+        let more = all.len() > limit;
+        all.truncate(limit);
+        PresencePage { clients: all, more }
+    }
 }
 
 /// A new random epoch: 8 bytes, hex.

@@ -5,8 +5,9 @@
 //! queue in between.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -16,7 +17,7 @@ use herald_protocol::{ClientInfo, Publication, StreamPosition};
 
 use crate::{
     new_epoch, Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PublishOptions, StreamOptions,
+    PresencePage, PresenceStats, PublishOptions, StreamOptions,
 };
 
 /// Stream map shards: publishes to different channels rarely contend on one lock.
@@ -71,11 +72,42 @@ impl Stream {
     }
 }
 
+/// One channel's presence: clients ordered by id (for pages) and clients per user (for counts).
+#[derive(Default)]
+struct ChannelPresence {
+    clients: BTreeMap<String, ClientInfo>,
+    users: HashMap<String, usize>,
+}
+
+impl ChannelPresence {
+    fn add(&mut self, who: &ClientInfo) {
+        if let Some(old) = self.clients.insert(who.client.clone(), who.clone()) {
+            self.forget_user(&old.user);
+        }
+        *self.users.entry(who.user.clone()).or_default() += 1;
+    }
+
+    fn remove(&mut self, client: &str) {
+        if let Some(old) = self.clients.remove(client) {
+            self.forget_user(&old.user);
+        }
+    }
+
+    fn forget_user(&mut self, user: &str) {
+        if let Some(n) = self.users.get_mut(user) {
+            *n -= 1;
+            if *n == 0 {
+                self.users.remove(user);
+            }
+        }
+    }
+}
+
 /// The single-node broker. Cheap to share: clone the `Arc` it lives in.
 #[derive(Default)]
 pub struct MemoryBroker {
     streams: Box<[Mutex<HashMap<String, Stream>>]>,
-    presence: Mutex<HashMap<String, HashMap<String, ClientInfo>>>,
+    presence: Mutex<HashMap<String, ChannelPresence>>,
     handler: OnceLock<Arc<dyn BrokerHandler>>,
 }
 
@@ -211,10 +243,7 @@ impl Broker for MemoryBroker {
 
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
         let mut presence = self.presence.lock().expect("presence lock");
-        presence
-            .entry(channel.to_owned())
-            .or_default()
-            .insert(who.client.clone(), who.clone());
+        presence.entry(channel.to_owned()).or_default().add(who);
         Ok(())
     }
 
@@ -222,7 +251,7 @@ impl Broker for MemoryBroker {
         let mut presence = self.presence.lock().expect("presence lock");
         if let Some(clients) = presence.get_mut(channel) {
             clients.remove(client);
-            if clients.is_empty() {
+            if clients.clients.is_empty() {
                 presence.remove(channel);
             }
         }
@@ -233,8 +262,42 @@ impl Broker for MemoryBroker {
         let presence = self.presence.lock().expect("presence lock");
         Ok(presence
             .get(channel)
-            .map(|c| c.values().cloned().collect())
+            .map(|c| c.clients.values().cloned().collect())
             .unwrap_or_default())
+    }
+
+    async fn presence_stats(&self, channel: &str) -> Result<PresenceStats, BrokerError> {
+        let presence = self.presence.lock().expect("presence lock");
+        Ok(presence
+            .get(channel)
+            .map(|c| PresenceStats {
+                num_clients: c.clients.len() as u64,
+                num_users: c.users.len() as u64,
+            })
+            .unwrap_or_default())
+    }
+
+    async fn presence_page(
+        &self,
+        channel: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<PresencePage, BrokerError> {
+        let presence = self.presence.lock().expect("presence lock");
+        let Some(c) = presence.get(channel) else {
+            return Ok(PresencePage::default());
+        };
+        let from = match after {
+            Some(a) => Bound::Excluded(a),
+            None => Bound::Unbounded,
+        };
+        let mut rest = c
+            .clients
+            .range::<str, _>((from, Bound::Unbounded))
+            .map(|(_, who)| who);
+        let clients: Vec<ClientInfo> = rest.by_ref().take(limit).cloned().collect();
+        let more = rest.next().is_some();
+        Ok(PresencePage { clients, more })
     }
 
     async fn publish_presence_change(

@@ -198,6 +198,11 @@ impl Config {
                     key: "proxy.subscribe_url",
                 });
             }
+            if ns.join_leave_batch_ms > MAX_JOIN_LEAVE_BATCH_MS {
+                return Err(ConfigError::JoinLeaveBatch {
+                    namespace: ns.name.clone(),
+                });
+            }
             if ns.publish_proxy && self.proxy.publish_url.is_empty() {
                 return Err(ConfigError::NoProxyUrl {
                     namespace: ns.name.clone(),
@@ -336,6 +341,9 @@ pub struct NamespaceConfig {
     /// What happens to a subscriber that reads slower than this namespace's publications come,
     /// once its queue reaches `limits.outbound_queue_bytes`.
     pub backpressure: Backpressure,
+    /// Milliseconds over which a node collects a channel's joins and leaves before pushing them
+    /// to its subscribers as one `presence_batch` push (0: one `join`/`leave` push each).
+    pub join_leave_batch_ms: u64,
 }
 
 /// A namespace's answer to a subscriber that falls behind (its connection's queue is full).
@@ -369,6 +377,7 @@ impl Default for NamespaceConfig {
             subscribe_proxy: false,
             publish_proxy: false,
             backpressure: Backpressure::Disconnect,
+            join_leave_batch_ms: 0,
         }
     }
 }
@@ -549,7 +558,16 @@ pub enum ConfigError {
         /// The hook's key.
         key: &'static str,
     },
+    /// A join/leave batching interval too long to read as live.
+    #[error("namespace {namespace:?}: join_leave_batch_ms must be at most 10000")]
+    JoinLeaveBatch {
+        /// The namespace.
+        namespace: String,
+    },
 }
+
+/// The longest `join_leave_batch_ms`: longer, and members would see each other join too late.
+pub const MAX_JOIN_LEAVE_BATCH_MS: u64 = 10_000;
 
 /// Secrets and names set from the environment may look like numbers (`HERALD_API_KEY=12345`);
 /// read them back as the text they were. For `#[serde(deserialize_with = …)]` here and in other
@@ -643,6 +661,23 @@ mod tests {
         c.proxy.publish_url = "http://127.0.0.1:1/publish".into();
         c.proxy.timeout_ms = 0;
         assert!(c.validate().unwrap_err().to_string().contains("timeout_ms"));
+    }
+
+    #[test]
+    fn join_leave_batch_is_bounded() {
+        let mut c = Config::default();
+        c.namespaces.push(NamespaceConfig {
+            name: "crowd".into(),
+            join_leave_batch_ms: MAX_JOIN_LEAVE_BATCH_MS,
+            ..NamespaceConfig::default()
+        });
+        assert!(c.validate().is_ok());
+        c.namespaces[0].join_leave_batch_ms = MAX_JOIN_LEAVE_BATCH_MS + 1;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("\"crowd\"") && e.contains("at most 10000"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub enum Method {
     History,
     /// `presence`
     Presence,
+    /// `presence_stats`
+    PresenceStats,
     /// `refresh`
     Refresh,
     /// `sub_refresh`
@@ -120,6 +122,7 @@ impl Method {
             Method::Publish => "publish",
             Method::History => "history",
             Method::Presence => "presence",
+            Method::PresenceStats => "presence_stats",
             Method::Refresh => "refresh",
             Method::SubRefresh => "sub_refresh",
             Method::Rpc => "rpc",
@@ -134,6 +137,7 @@ impl Method {
             "publish" => Method::Publish,
             "history" => Method::History,
             "presence" => Method::Presence,
+            "presence_stats" => Method::PresenceStats,
             "refresh" => Method::Refresh,
             "sub_refresh" => Method::SubRefresh,
             "rpc" => Method::Rpc,
@@ -155,8 +159,10 @@ pub enum Command {
     Publish(PublishParams),
     /// Read a channel's history.
     History(HistoryParams),
-    /// Who is subscribed to a channel.
-    Presence(ChannelParams),
+    /// Who is subscribed to a channel (all, or one page).
+    Presence(PresenceParams),
+    /// How many clients and users are subscribed to a channel.
+    PresenceStats(ChannelParams),
     /// Replace the connection token before it expires.
     Refresh(RefreshParams),
     /// Extend a subscription granted by a subscription token.
@@ -175,6 +181,7 @@ impl Command {
             Command::Publish(_) => Method::Publish,
             Command::History(_) => Method::History,
             Command::Presence(_) => Method::Presence,
+            Command::PresenceStats(_) => Method::PresenceStats,
             Command::Refresh(_) => Method::Refresh,
             Command::SubRefresh(_) => Method::SubRefresh,
             Command::Rpc(_) => Method::Rpc,
@@ -245,6 +252,18 @@ pub struct HistoryParams {
     pub since: Option<StreamPosition>,
     /// At most this many publications (the newest when `since` is absent).
     pub limit: Option<usize>,
+}
+
+/// `presence` params. Without `limit` the reply lists every client; with it, one page.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PresenceParams {
+    /// The channel.
+    pub channel: String,
+    /// At most this many clients, in client-id order.
+    pub limit: Option<usize>,
+    /// The previous page's `cursor`: this page starts after it. Only with `limit`.
+    pub cursor: Option<String>,
 }
 
 /// `refresh` params.
@@ -329,6 +348,7 @@ fn parse_command(name: &str, params: &RawValue) -> Result<Command, CommandError>
         Method::Publish => Command::Publish(params_of(method, params)?),
         Method::History => Command::History(params_of(method, params)?),
         Method::Presence => Command::Presence(params_of(method, params)?),
+        Method::PresenceStats => Command::PresenceStats(params_of(method, params)?),
         Method::Refresh => Command::Refresh(params_of(method, params)?),
         Method::SubRefresh => Command::SubRefresh(params_of(method, params)?),
         Method::Rpc => Command::Rpc(params_of(method, params)?),
@@ -421,6 +441,34 @@ mod tests {
         ] {
             assert!(parse_message(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn presence_takes_a_page_and_refuses_unknown_fields() {
+        let Message::Command {
+            command: Ok(Command::Presence(p)),
+            ..
+        } = one(r#"{"id":1,"presence":{"channel":"a","limit":50,"cursor":"c7"}}"#)
+        else {
+            panic!()
+        };
+        assert_eq!((p.limit, p.cursor.as_deref()), (Some(50), Some("c7")));
+        let Message::Command {
+            command: Ok(Command::PresenceStats(p)),
+            ..
+        } = one(r#"{"id":2,"presence_stats":{"channel":"a"}}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(p.channel, "a");
+        let Message::Command {
+            command: Err(e), ..
+        } = one(r#"{"id":3,"presence":{"channel":"a","limt":5}}"#)
+        else {
+            panic!()
+        };
+        assert_eq!(e.code, ErrorCode::BadRequest);
+        assert!(e.message.contains("limt"), "{}", e.message);
     }
 
     #[test]

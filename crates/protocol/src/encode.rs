@@ -106,6 +106,33 @@ pub fn push_presence_change(joined: bool, channel: &str, who: &ClientInfo) -> By
     keyed(key, &change)
 }
 
+/// `{"presence_batch": {"channel": "c", "changes": [{"join": info}, {"leave": info}, ...]}}`:
+/// several presence changes of one channel, in the order they happened.
+pub fn push_presence_batch<'a>(
+    channel: &str,
+    changes: impl IntoIterator<Item = (bool, &'a ClientInfo)>,
+) -> Bytes {
+    #[derive(Serialize)]
+    #[serde(rename_all = "snake_case")]
+    enum Change<'a> {
+        Join(PublisherWire<'a>),
+        Leave(PublisherWire<'a>),
+    }
+    #[derive(Serialize)]
+    struct Batch<'a> {
+        channel: &'a str,
+        changes: Vec<Change<'a>>,
+    }
+    let changes = changes
+        .into_iter()
+        .map(|(joined, who)| match joined {
+            true => Change::Join(PublisherWire::from(who)),
+            false => Change::Leave(PublisherWire::from(who)),
+        })
+        .collect();
+    keyed("presence_batch", &Batch { channel, changes })
+}
+
 /// `{"unsub": {"channel": "c", "code": C, "reason": "..."}}`.
 pub fn push_unsub(channel: &str, code: u16, reason: &str) -> Bytes {
     #[derive(Serialize)]
@@ -205,6 +232,24 @@ mod tests {
         assert_eq!(
             &push_presence_change(true, "c", &who)[..],
             br#"{"join":{"channel":"c","info":{"user":"alice","client":"c1","info":{"name":"Alice"}}}}"#
+        );
+    }
+
+    #[test]
+    fn presence_batch_keeps_the_order_of_changes() {
+        let a = ClientInfo {
+            user: "alice".into(),
+            client: "c1".into(),
+            info: None,
+        };
+        let b = ClientInfo {
+            user: "bob".into(),
+            client: "c2".into(),
+            info: None,
+        };
+        assert_eq!(
+            &push_presence_batch("c", [(true, &a), (true, &b), (false, &a)])[..],
+            br#"{"presence_batch":{"channel":"c","changes":[{"join":{"user":"alice","client":"c1"}},{"join":{"user":"bob","client":"c2"}},{"leave":{"user":"alice","client":"c1"}}]}}"#
         );
     }
 

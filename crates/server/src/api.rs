@@ -7,7 +7,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use herald_broker::{BrokerError, ControlMessage, HistoryQuery};
 use herald_core::namespace::NamespaceError;
-use herald_core::session::{history_body, PresenceReply};
+use herald_core::session::{history_body, presence_stats_body, PresenceQuery};
 use herald_protocol::command::json_error_reason;
 use herald_protocol::{CloseCode, CommandError, ErrorCode, StreamPosition};
 use http_body_util::{BodyExt, Limited};
@@ -179,13 +179,14 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
         }
         (Method::POST, "history") => history(&app, body(&app, req).await?).await,
         (Method::POST, "presence") => presence(&app, body(&app, req).await?).await,
+        (Method::POST, "presence_stats") => presence_stats(&app, body(&app, req).await?).await,
         (Method::POST, "subscribe") => user_channel(&app, body(&app, req).await?, true).await,
         (Method::POST, "unsubscribe") => user_channel(&app, body(&app, req).await?, false).await,
         (Method::POST, "disconnect") => disconnect(&app, body(&app, req).await?).await,
         (
             _,
-            "channels" | "info" | "publish" | "broadcast" | "history" | "presence" | "subscribe"
-            | "unsubscribe" | "disconnect",
+            "channels" | "info" | "publish" | "broadcast" | "history" | "presence"
+            | "presence_stats" | "subscribe" | "unsubscribe" | "disconnect",
         ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,
@@ -344,16 +345,36 @@ struct ChannelBody {
     channel: String,
 }
 
-async fn presence(app: &App, b: ChannelBody) -> ApiResult {
-    let ns = app.ctx.namespaces.resolve(&b.channel)?;
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PresenceBody {
+    channel: String,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+async fn presence(app: &App, b: PresenceBody) -> ApiResult {
+    let query = PresenceQuery::new(b.limit, b.cursor)?;
+    presence_on(app, &b.channel)?;
+    Ok(query.run(app.ctx.hub.broker().as_ref(), &b.channel).await?)
+}
+
+async fn presence_stats(app: &App, b: ChannelBody) -> ApiResult {
+    presence_on(app, &b.channel)?;
+    let stats = app.ctx.hub.broker().presence_stats(&b.channel).await?;
+    Ok(presence_stats_body(&stats))
+}
+
+/// The channel's namespace keeps presence (404, error 108 otherwise).
+fn presence_on(app: &App, channel: &str) -> Result<(), ApiError> {
+    let ns = app.ctx.namespaces.resolve(channel)?;
     if !ns.presence {
         return Err(ApiError::code(
             ErrorCode::NotAvailable,
             "presence is off in this namespace",
         ));
     }
-    let clients = app.ctx.hub.broker().presence(&b.channel).await?;
-    Ok(serde_json::to_value(PresenceReply::from(&clients[..])).expect("presence serializes"))
+    Ok(())
 }
 
 #[derive(Deserialize)]

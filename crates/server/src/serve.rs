@@ -154,6 +154,7 @@ pub async fn run(
     };
     let config = Arc::new(config);
     let namespaces = Namespaces::from_config(&config);
+    batch_join_leave(&hub, &config);
     #[cfg(feature = "pusher")]
     let pusher = {
         let mut apps = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
@@ -260,6 +261,27 @@ pub async fn run(
     consumers.stopped(Duration::from_secs(10)).await;
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
+}
+
+/// Tell the hub which channels batch their joins and leaves: those of namespaces with
+/// `join_leave_batch_ms`. Never a Pusher channel (`pusher:<app>:<name>`): pusher-js expects one
+/// `member_added` / `member_removed` per member, which the Pusher connection makes from single
+/// `join` / `leave` pushes.
+fn batch_join_leave(hub: &Hub, config: &Config) {
+    let namespaces = Namespaces::from_config(config);
+    let any = std::iter::once(&config.default_namespace)
+        .chain(&config.namespaces)
+        .any(|ns| ns.join_leave_batch_ms > 0);
+    if !any {
+        return;
+    }
+    hub.batch_join_leave(move |channel| {
+        if channel.starts_with("pusher:") {
+            return None;
+        }
+        let ns = namespaces.resolve(channel).ok()?;
+        Some(Duration::from_millis(ns.join_leave_batch_ms))
+    });
 }
 
 /// Whether this build has the Pusher protocol (the `pusher` cargo feature).

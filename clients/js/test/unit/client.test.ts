@@ -69,6 +69,31 @@ describe('connection state machine', () => {
     await expect(p).resolves.toEqual({ epoch: 'e', offset: 1 });
   });
 
+  it('sends presence pages and presence_stats with their params', async () => {
+    const h = client();
+    h.connect();
+    await flush();
+    const s = FakeSocket.last();
+    s.accept();
+    const all = h.presence('room');
+    expect(s.cmd('presence').params).toEqual({ channel: 'room' });
+    s.reply('presence', { clients: {} });
+    await expect(all).resolves.toEqual({ clients: {} });
+    const first = h.presence('room', { limit: 2 });
+    expect(s.cmd('presence').params).toEqual({ channel: 'room', limit: 2 });
+    const a = { user: 'u', client: 'a' };
+    s.reply('presence', { clients: { a }, cursor: 'a' });
+    await expect(first).resolves.toEqual({ clients: { a }, cursor: 'a' });
+    const next = h.presence('room', { limit: 2, cursor: 'a' });
+    expect(s.cmd('presence').params).toEqual({ channel: 'room', limit: 2, cursor: 'a' });
+    s.reply('presence', { clients: {} });
+    await expect(next).resolves.toEqual({ clients: {} });
+    const stats = h.presenceStats('room');
+    expect(s.cmd('presence_stats').params).toEqual({ channel: 'room' });
+    s.reply('presence_stats', { num_clients: 3, num_users: 2 });
+    await expect(stats).resolves.toEqual({ num_clients: 3, num_users: 2 });
+  });
+
   it('rejects calls made while disconnected with a typed error', async () => {
     const h = client();
     const err = await h.publish('chat', 1).catch((e) => e);
@@ -504,6 +529,27 @@ describe('subscriptions and recovery', () => {
       '{"join":{"channel":"chat","info":{"user":"ann","client":"1"}}}\n{"leave":{"channel":"chat","info":{"user":"bob","client":"2"}}}',
     );
     expect(events).toEqual(['join:ann', 'leave:bob']);
+  });
+
+  it('turns a presence_batch push into the same join and leave events, in order', async () => {
+    const h = client();
+    const events: string[] = [];
+    h.subscribe('chat', {
+      onJoin: (c) => events.push(`join:${c.info.user}`),
+      onLeave: (c) => events.push(`leave:${c.info.user}`),
+    });
+    const s = await connected(h, { subs: { chat: { epoch: 'A', offset: 0, recoverable: true } } });
+    s.push({
+      presence_batch: {
+        channel: 'chat',
+        changes: [
+          { join: { user: 'ann', client: '1' } },
+          { join: { user: 'bob', client: '2' } },
+          { leave: { user: 'ann', client: '1' } },
+        ],
+      },
+    });
+    expect(events).toEqual(['join:ann', 'join:bob', 'leave:ann']);
   });
 
   it('keeps delivering when an app callback throws', async () => {

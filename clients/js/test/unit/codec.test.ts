@@ -84,6 +84,23 @@ describe('classify', () => {
       info: { user: 'u', client: 'k' },
     });
     expect(classify({ leave: { channel: 'c', info: { user: 'u', client: 'k' } } })).toMatchObject({ type: 'leave' });
+    expect(
+      classify({
+        presence_batch: {
+          channel: 'c',
+          changes: [{ join: { user: 'u', client: 'k' } }, { leave: { user: 'u', client: 'k' } }],
+        },
+      }),
+    ).toEqual({
+      type: 'presence_batch',
+      channel: 'c',
+      changes: [
+        { kind: 'join', info: { user: 'u', client: 'k' } },
+        { kind: 'leave', info: { user: 'u', client: 'k' } },
+      ],
+    });
+    expect(classify({ presence_batch: { channel: 'c', changes: [{ moved: {} }] } })).toMatchObject({ type: 'invalid' });
+    expect(classify({ presence_batch: { channel: 'c' } })).toMatchObject({ type: 'invalid' });
     expect(classify({ unsub: { channel: 'c', code: 4003, reason: 'insufficient state' } })).toEqual({
       type: 'unsub',
       channel: 'c',

@@ -22,6 +22,9 @@ class RecordingHost implements SubscriptionHost {
   presence(): never {
     throw new Error('not used');
   }
+  presenceStats(): never {
+    throw new Error('not used');
+  }
   reportListenerError(_channel: string, error: unknown): void {
     this.listenerErrors.push(error);
   }

@@ -38,6 +38,7 @@
 //! - [`subscriptions`]: subscribe (pending → live) and unsubscribe;
 //! - [`fanout`]: in-order delivery, gap catch-up and losing a channel;
 //! - [`membership`]: presence and the join/leave pushes, for every protocol;
+//! - [`presence_batch`]: join/leave pushes collected per channel and interval;
 //! - [`tail`]: the periodic tail check;
 //! - [`control`]: control messages between nodes and node liveness.
 
@@ -66,6 +67,7 @@ mod connections;
 mod control;
 mod fanout;
 mod membership;
+mod presence_batch;
 mod subscriptions;
 mod tail;
 
@@ -287,6 +289,8 @@ struct Shared {
     incarnations: AtomicU64,
     /// History reads in flight, shared by subscribers asking the same at the same generation.
     flights: Flights,
+    /// Joins and leaves waiting for their channel's batch.
+    presence_batches: presence_batch::PresenceBatches,
 }
 
 /// Cheap-to-clone handle to the hub.
@@ -306,7 +310,7 @@ impl BrokerHandler for HubHandler {
     }
     fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {
         if let Some(shared) = self.0.upgrade() {
-            Hub { shared }.deliver_presence_change(channel, joined, &who);
+            Hub { shared }.on_presence_change(channel, joined, who);
         }
     }
     fn on_control(&self, message: ControlMessage) {
@@ -346,6 +350,7 @@ impl Hub {
                 sweep: AtomicU64::new(0),
                 incarnations: AtomicU64::new(0),
                 flights: Flights::default(),
+                presence_batches: Default::default(),
             }),
         }
     }

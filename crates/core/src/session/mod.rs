@@ -55,7 +55,7 @@ mod subscribe;
 
 pub use context::NodeContext;
 pub use history::history_body;
-pub use presence::PresenceReply;
+pub use presence::{presence_stats_body, PresenceQuery, PresenceReply, MAX_PRESENCE_PAGE};
 
 struct Connected {
     key: ConnKey,
@@ -305,6 +305,7 @@ impl Session {
             Command::Publish(p) => self.publish(p).await.map(|pos| reply(id, method, &pos)),
             Command::History(p) => self.history(id, p).await.map_err(Refusal::from),
             Command::Presence(p) => self.presence(id, p).await.map_err(Refusal::from),
+            Command::PresenceStats(p) => self.presence_stats(id, p).await.map_err(Refusal::from),
             Command::Refresh(p) => self.refresh(id, p).await.map_err(Refusal::from),
             Command::SubRefresh(p) => self.sub_refresh(id, p).await.map_err(Refusal::from),
             Command::Rpc(p) => self.rpc(id, p).await,

@@ -388,12 +388,11 @@ async fn presence(app: &App, body: &[u8], stats: bool) -> CentResult {
             "not available: presence is off in this namespace",
         ));
     }
-    let clients = app.ctx.hub.broker().presence(&channel).await?;
     if stats {
-        let users: std::collections::HashSet<&str> =
-            clients.iter().map(|c| c.user.as_str()).collect();
-        return Ok(json!({"num_clients": clients.len(), "num_users": users.len()}));
+        let stats = app.ctx.hub.broker().presence_stats(&channel).await?;
+        return Ok(json!({"num_clients": stats.num_clients, "num_users": stats.num_users}));
     }
+    let clients = app.ctx.hub.broker().presence(&channel).await?;
     let presence: Map<String, Value> = clients
         .iter()
         .map(|c| {
