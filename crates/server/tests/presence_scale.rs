@@ -118,8 +118,9 @@ async fn settle(nodes: &[Node], probes: &mut [Client], channel: &str, want: (u64
 
 /// 23 members of 5 users spread over `nodes`: counts and pages agree on every node, through both
 /// the client command and the API; pages hold every member exactly once in id order; bad paging
-/// is refused with 107; after 5 members leave, counts follow.
-async fn counts_and_pages_on(nodes: &[Node]) {
+/// is refused with 107; after 5 members leave, counts follow. Returns the members still
+/// connected, so that the caller can look at the broker while they are.
+async fn counts_and_pages_on(nodes: &[Node]) -> Vec<Client> {
     let channel = "scale";
     let mut members = Vec::new();
     for n in 0..23 {
@@ -181,6 +182,8 @@ async fn counts_and_pages_on(nodes: &[Node]) {
         drop(members.remove(n));
     }
     settle(nodes, &mut probes, channel, (all.len() as u64 - 5, 5)).await;
+    members.extend(probes);
+    members
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +198,7 @@ async fn counts_and_pages_on_three_redis_nodes() {
     for name in ["r1", "r2", "r3"] {
         nodes.push(Node::on_broker(name, &redis.url()).await);
     }
-    counts_and_pages_on(&nodes).await;
+    let _members = counts_and_pages_on(&nodes).await;
     // Counts are kept beside the member hash, not computed from it.
     let keys = redis.cli(&["KEYS", "herald:*"]);
     for suffix in ["pr", "pe", "po", "pu"] {
@@ -396,11 +399,170 @@ async fn counts_and_pages_on_three_redis_nodes_in_parts() {
         let env = [("HERALD_REDIS__PRESENCE_PARTS", "4")];
         nodes.push(Node::on_broker_with(name, &redis.url(), &env).await);
     }
-    counts_and_pages_on(&nodes).await;
+    let _members = counts_and_pages_on(&nodes).await;
     let keys = redis.cli(&["KEYS", "herald:*"]);
     let parts = keys
         .lines()
         .filter(|k| k.starts_with("herald:{scale|") && k.ends_with("}:pr"))
         .count();
     assert!(parts > 1, "presence not split: {keys}");
+}
+
+/// The join storm benchmark (docs/benchmarks.md): `STORM_MEMBERS` members (2000) join one
+/// presence channel spread over three nodes on one Redis, `STORM_CONCURRENCY` (200) connecting at
+/// once, with joins batched every `STORM_BATCH_MS` (100; 0: one push per join) and presence in
+/// `STORM_PARTS` parts (1). Each member subscribes in its `connect`, then reads the member list
+/// once and adds the joins it is pushed: its count is right when it knows every member (list ∪
+/// joins, so nothing is counted twice). Prints one JSON line: the storm's duration, the time
+/// until every member's count was right, join pushes per member, Redis `used_memory` before and
+/// after. Ignored in ordinary runs; `HERALD_BIN` may name a release binary.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+async fn join_storm_benchmark() {
+    use std::sync::Arc;
+    use tokio::sync::Semaphore;
+
+    let knob = |name: &str, default: u64| -> u64 {
+        std::env::var(name)
+            .ok()
+            .map(|v| {
+                v.parse()
+                    .unwrap_or_else(|_| panic!("{name}={v} is not a number"))
+            })
+            .unwrap_or(default)
+    };
+    let members = knob("STORM_MEMBERS", 2000) as usize;
+    let concurrency = knob("STORM_CONCURRENCY", 200) as usize;
+    let batch_ms = knob("STORM_BATCH_MS", 100);
+    let parts = knob("STORM_PARTS", 1).to_string();
+    let limit = Duration::from_secs(knob("STORM_LIMIT_S", 600));
+
+    let redis = RedisServer::start();
+    let used_memory = || -> u64 {
+        let info = redis.cli(&["INFO", "memory"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .expect("used_memory in INFO memory")
+    };
+    let mut nodes = Vec::new();
+    let mut cfgs = Vec::new();
+    for name in ["s1", "s2", "s3"] {
+        let cfg = config_file(
+            "herald.toml",
+            &format!(
+                r#"
+            broker_url = "{url}"
+            node_name = "{name}"
+            [[namespaces]]
+            name = "crowd"
+            presence = true
+            join_leave = true
+            join_leave_batch_ms = {batch_ms}
+            "#,
+                url = redis.url()
+            ),
+        );
+        let env = [("HERALD_REDIS__PRESENCE_PARTS", parts.as_str())];
+        nodes.push(Node::start(&["--dev", "--config", &cfg], &env).await);
+        cfgs.push(cfg);
+    }
+    let memory_before = used_memory();
+    let addrs: Vec<Node> = nodes
+        .iter()
+        .map(|n| Node::attach(&n.name, n.addr))
+        .collect();
+    let addrs = Arc::new(addrs);
+    let gate = Arc::new(Semaphore::new(concurrency));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for n in 0..members {
+        let (addrs, gate) = (addrs.clone(), gate.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = gate.acquire_owned().await.expect("gate");
+            let mut c = member(&addrs[n % addrs.len()], &format!("m{n}"), "crowd:room").await;
+            let joined_at = started.elapsed();
+            drop(permit);
+            let mut known = vec![false; members];
+            let mut count = 0usize;
+            let mut learn = |who: &Value, known: &mut Vec<bool>| {
+                let index = who["user"]
+                    .as_str()
+                    .and_then(|u| u.strip_prefix('m'))
+                    .and_then(|i| i.parse::<usize>().ok());
+                if let Some(i) = index.filter(|i| *i < members) {
+                    if !known[i] {
+                        known[i] = true;
+                        count += 1;
+                    }
+                }
+                count
+            };
+            let list = c.call("presence", json!({"channel": "crowd:room"})).await;
+            let mut now = 0;
+            for who in list["presence"]["clients"]
+                .as_object()
+                .expect("presence list")
+                .values()
+            {
+                now = learn(who, &mut known);
+            }
+            let mut pushes = 0u64;
+            while now < members {
+                let Some(msg) = c.next_within(limit).await else {
+                    panic!("member {n} knew {now} of {members} after {limit:?}");
+                };
+                if let Some(batch) = msg.get("presence_batch") {
+                    pushes += 1;
+                    for change in batch["changes"].as_array().expect("changes") {
+                        if let Some(who) = change.get("join") {
+                            now = learn(who, &mut known);
+                        }
+                    }
+                } else if let Some(join) = msg.get("join") {
+                    pushes += 1;
+                    now = learn(&join["info"], &mut known);
+                }
+            }
+            (joined_at, started.elapsed(), pushes, c)
+        }));
+    }
+    let mut last_joined = Duration::ZERO;
+    let mut right = Duration::ZERO;
+    let mut pushes = Vec::new();
+    let mut clients = Vec::new();
+    for t in tasks {
+        let (joined_at, right_at, p, c) = t.await.expect("member task");
+        last_joined = last_joined.max(joined_at);
+        right = right.max(right_at);
+        pushes.push(p);
+        clients.push(c);
+    }
+    let memory_after = used_memory();
+    let mut probe = member(&nodes[0], "probe", "crowd:room").await;
+    let (num_clients, _) = stats_of(&mut probe, "crowd:room").await;
+    assert_eq!(num_clients, members as u64 + 1);
+    pushes.sort_unstable();
+    let mean = pushes.iter().sum::<u64>() as f64 / members as f64;
+    println!(
+        "{}",
+        json!({
+            "members": members,
+            "nodes": nodes.len(),
+            "concurrency": concurrency,
+            "join_leave_batch_ms": batch_ms,
+            "presence_parts": parts,
+            "storm_s": last_joined.as_secs_f64(),
+            "all_counts_right_s": right.as_secs_f64(),
+            "join_pushes_per_member": {
+                "mean": mean,
+                "p50": pushes[members / 2],
+                "max": pushes[members - 1],
+            },
+            "redis_used_memory_before": memory_before,
+            "redis_used_memory_after": memory_after,
+            "redis_bytes_per_member": (memory_after as f64 - memory_before as f64) / members as f64,
+        })
+    );
+    drop(clients);
 }
