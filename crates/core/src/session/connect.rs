@@ -57,6 +57,10 @@ struct Authenticated {
     /// The connect proxy's `data` for the client.
     data: Option<Box<RawValue>>,
     proxied: bool,
+    /// The connect proxy's server-side subscriptions with options (`subs`).
+    subs: std::collections::BTreeMap<String, SubOptions>,
+    /// The connect proxy's `meta`.
+    meta: Option<Box<RawValue>>,
 }
 
 impl Session {
@@ -80,7 +84,13 @@ impl Session {
                 )
                 .await
                 {
-                    Ok(Answer::Result(r)) => r,
+                    Ok(Answer::Result(r)) => match r.check_meta() {
+                        Ok(()) => r,
+                        Err(e) => {
+                            self.refuse(id, failure(Hook::Connect, e));
+                            return Some(close(CloseCode::BACKEND_ERROR, "backend error"));
+                        }
+                    },
                     Ok(Answer::Error(refusal)) => {
                         return self.refuse(id, refusal).or_else(|| {
                             Some(close(
@@ -106,6 +116,8 @@ impl Session {
                     channels: result.channels,
                     data: result.data,
                     proxied: true,
+                    subs: result.subs,
+                    meta: result.meta,
                 };
                 return self.connected(id, client, auth, params).await;
             }
@@ -139,6 +151,8 @@ impl Session {
                 channels: c.channels,
                 data: None,
                 proxied: false,
+                subs: Default::default(),
+                meta: None,
             },
             None => Authenticated {
                 user: String::new(),
@@ -147,6 +161,8 @@ impl Session {
                 channels: Vec::new(),
                 data: None,
                 proxied: false,
+                subs: Default::default(),
+                meta: None,
             },
         };
         self.connected(id, client, auth, params).await
@@ -167,6 +183,8 @@ impl Session {
             channels: granted,
             data,
             proxied,
+            subs: mut options,
+            meta,
         } = auth;
         let (expires_in, expires_at) = expiry(exp);
         let mut granted = granted;
@@ -175,6 +193,11 @@ impl Session {
             let personal = pattern.replace("{user}", &user);
             if !granted.contains(&personal) {
                 granted.push(personal);
+            }
+        }
+        for channel in options.keys() {
+            if !granted.contains(channel) {
+                granted.push(channel.clone());
             }
         }
         let user: Arc<str> = Arc::from(user);
@@ -193,6 +216,8 @@ impl Session {
             sub_expires: HashMap::new(),
             proxied,
             proxied_subs: HashSet::new(),
+            meta,
+            grants: HashMap::new(),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.
@@ -207,8 +232,16 @@ impl Session {
         let mut results: Vec<(String, Result<Prepared, Refusal>)> = Vec::new();
         let mut budget = self.recovery_budget();
         for (channel, since, token, granted) in wanted {
+            let server_opts = granted.then(|| options.remove(&channel)).flatten();
             let mut r = self
-                .prepare(&channel, token.as_deref(), since.as_ref(), granted, None)
+                .prepare(
+                    &channel,
+                    token.as_deref(),
+                    since.as_ref(),
+                    granted,
+                    None,
+                    server_opts,
+                )
                 .await;
             match &mut r {
                 Ok((result, _)) => self.charge_recovery(result, &mut budget),

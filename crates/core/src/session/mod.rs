@@ -37,7 +37,7 @@ use crate::outbound::{CloseRequest, Control, Outbound};
 use crate::permission::{self, Action, Allowed};
 use crate::proxy::{
     ask, failure, Answer, ClientMeta, ConnectRequest, ConnectResult as ProxyConnectResult,
-    ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal,
+    ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal, SubOptions,
     SubscribeResult as ProxySubscribeResult,
 };
 use crate::rate::TokenBucket;
@@ -74,6 +74,10 @@ struct Connected {
     proxied: bool,
     /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
     proxied_subs: HashSet<String>,
+    /// The connect hook's `meta`: sent with every later hook call, never to the client.
+    meta: Option<Box<RawValue>>,
+    /// Rights the backend listed for subscriptions (`allow`), by channel.
+    grants: HashMap<String, permission::Grants>,
 }
 
 impl Connected {
@@ -218,6 +222,7 @@ impl Session {
             channel,
             method,
             data,
+            conn_meta: conn.meta.as_deref(),
         };
         match ask::<T>(proxy, hook, &body, self.ctx.hub.metrics()).await {
             Ok(Answer::Result(r)) => Ok(r),
@@ -341,6 +346,7 @@ impl Session {
             subscribed: conn.channels.contains_key(channel),
             granted: conn.server_side.contains(channel),
             has_subscription_token: false,
+            grants: conn.grants.get(channel).copied(),
         };
         let allowed = permission::decide(&ns, channel, &client, action)?;
         Ok((ns, allowed))
