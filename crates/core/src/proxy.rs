@@ -59,11 +59,24 @@ pub enum ProxyError {
     BadAnswer(String),
 }
 
+/// Where one call goes, and what travels with it outside the body.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The hook.
+    pub hook: Hook,
+    /// The namespace of the call's channel ("" for connection-wide hooks and the default
+    /// namespace): a namespace may have its own URL and timeout (`[[proxy.namespaces]]`).
+    pub namespace: &'a str,
+    /// The client's allow-listed headers (names in lower case), also sent as HTTP headers with
+    /// `proxy.http_headers`.
+    pub headers: &'a BTreeMap<String, String>,
+}
+
 /// Sends a hook's JSON body to the backend and returns the answer's body (status 200 only).
 #[async_trait::async_trait]
 pub trait Proxy: Send + Sync {
-    /// POST `body` to the URL of `hook`.
-    async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError>;
+    /// POST `body` to the URL of the target's hook.
+    async fn call(&self, target: &Target<'_>, body: Vec<u8>) -> Result<Vec<u8>, ProxyError>;
 }
 
 /// What the server knows about the client's HTTP request, sent with every hook. Only the headers
@@ -475,14 +488,17 @@ pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
 /// Call `hook` with `body` and read its answer, counted in `metrics`.
 pub(crate) async fn ask<T: DeserializeOwned>(
     proxy: &dyn Proxy,
-    hook: Hook,
+    target: &Target<'_>,
     body: &impl Serialize,
     metrics: &Metrics,
 ) -> Result<Answer<T>, ProxyError> {
     let bytes = serde_json::to_vec(body).expect("proxy requests serialize");
     let started = std::time::Instant::now();
     metrics.proxy_calls.inc();
-    let answer = proxy.call(hook, bytes).await.and_then(|a| parse_answer(&a));
+    let answer = proxy
+        .call(target, bytes)
+        .await
+        .and_then(|a| parse_answer(&a));
     metrics
         .proxy_seconds
         .observe(started.elapsed().as_secs_f64());

@@ -76,9 +76,14 @@ impl Session {
                     version: params.version.as_deref(),
                     data: params.data.as_deref(),
                 };
+                let target = Target {
+                    hook: Hook::Connect,
+                    namespace: "",
+                    headers: &self.meta().headers,
+                };
                 let result = match ask::<ProxyConnectResult>(
                     proxy.as_ref(),
-                    Hook::Connect,
+                    &target,
                     &body,
                     self.ctx.hub.metrics(),
                 )

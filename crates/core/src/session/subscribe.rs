@@ -61,7 +61,7 @@ impl Session {
         // Options from the connect hook's `subs` (server-side) or the subscribe hook's answer.
         let mut options = (server_opts, Hook::Connect);
         if by_proxy {
-            let Some(proxy) = self.hook(Hook::Subscribe) else {
+            let Some(proxy) = self.channel_hook(Hook::Subscribe, Some(channel)) else {
                 return Err(CommandError::new(
                     ErrorCode::Internal,
                     "subscribe proxy not configured",
