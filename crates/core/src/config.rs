@@ -190,8 +190,14 @@ impl Config {
             }
         }
         self.proxy.validate()?;
+        self.proxy.validate_namespaces(&self.namespaces)?;
         for ns in std::iter::once(&self.default_namespace).chain(&self.namespaces) {
-            if ns.subscribe_proxy && self.proxy.subscribe_url.is_empty() {
+            if ns.subscribe_proxy
+                && self
+                    .proxy
+                    .hook_url(crate::proxy::Hook::Subscribe, &ns.name)
+                    .is_empty()
+            {
                 return Err(ConfigError::NoProxyUrl {
                     namespace: ns.name.clone(),
                     flag: "subscribe_proxy",
@@ -203,7 +209,12 @@ impl Config {
                     namespace: ns.name.clone(),
                 });
             }
-            if ns.publish_proxy && self.proxy.publish_url.is_empty() {
+            if ns.publish_proxy
+                && self
+                    .proxy
+                    .hook_url(crate::proxy::Hook::Publish, &ns.name)
+                    .is_empty()
+            {
                 return Err(ConfigError::NoProxyUrl {
                     namespace: ns.name.clone(),
                     flag: "publish_proxy",
@@ -427,6 +438,34 @@ pub struct ProxyConfig {
     /// to the backend; a call past it waits for a free one within `timeout_ms`, then fails as
     /// unavailable (error 112).
     pub max_connections: usize,
+    /// Also send the allow-listed `headers` as HTTP headers of Herald's own hook request (as
+    /// Centrifugo does), not only in the body.
+    pub http_headers: bool,
+    /// Hooks of one namespace's channels at their own URLs and timeout (`[[proxy.namespaces]]`).
+    pub namespaces: Vec<NamespaceHooks>,
+    /// PEM file of CA certificates trusted for `https://` hook URLs, besides the built-in roots.
+    pub tls_ca_file: String,
+    /// PEM certificate chain Herald presents to the backend (mutual TLS), with `tls_key_file`.
+    pub tls_cert_file: String,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: String,
+}
+
+/// One namespace's own subscribe, sub_refresh and publish hooks (`[[proxy.namespaces]]`): each
+/// URL set here replaces `proxy.<hook>_url` for that namespace's channels.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceHooks {
+    /// The namespace (one of `[[namespaces]]`).
+    pub name: String,
+    /// Its subscribe hook (needs `subscribe_proxy` on the namespace).
+    pub subscribe_url: String,
+    /// Its sub_refresh hook (needs `subscribe_proxy` on the namespace).
+    pub sub_refresh_url: String,
+    /// Its publish hook (needs `publish_proxy` on the namespace).
+    pub publish_url: String,
+    /// The longest one of its calls may take; absent: `proxy.timeout_ms`.
+    pub timeout_ms: Option<u64>,
 }
 
 impl Default for ProxyConfig {
@@ -446,6 +485,11 @@ impl Default for ProxyConfig {
             // Enough for a backend answering in 10 ms to take thousands of connects a second,
             // few enough for a small app server's worker pool and its file descriptors.
             max_connections: 64,
+            http_headers: true,
+            namespaces: Vec::new(),
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
         }
     }
 }
@@ -466,6 +510,100 @@ impl ProxyConfig {
     /// Whether any hook is configured.
     pub fn enabled(&self) -> bool {
         self.urls().iter().any(|(_, u)| !u.is_empty())
+            || self.namespaces.iter().any(|n| {
+                !(n.subscribe_url.is_empty()
+                    && n.sub_refresh_url.is_empty()
+                    && n.publish_url.is_empty())
+            })
+    }
+
+    /// The URL of `hook` for a channel of `namespace` ("" for connection-wide hooks and the
+    /// default namespace): the namespace's own when it has one, else `[proxy]`'s; "" is off.
+    pub fn hook_url(&self, hook: crate::proxy::Hook, namespace: &str) -> &str {
+        use crate::proxy::Hook;
+        let own = self.namespace_hooks(namespace).map(|n| match hook {
+            Hook::Subscribe => n.subscribe_url.as_str(),
+            Hook::SubRefresh => n.sub_refresh_url.as_str(),
+            Hook::Publish => n.publish_url.as_str(),
+            Hook::Connect | Hook::Refresh | Hook::Rpc => "",
+        });
+        match own {
+            Some(url) if !url.is_empty() => url,
+            _ => match hook {
+                Hook::Connect => &self.connect_url,
+                Hook::Refresh => &self.refresh_url,
+                Hook::Subscribe => &self.subscribe_url,
+                Hook::SubRefresh => &self.sub_refresh_url,
+                Hook::Publish => &self.publish_url,
+                Hook::Rpc => &self.rpc_url,
+            },
+        }
+    }
+
+    /// The longest a call for a channel of `namespace` may take, in milliseconds.
+    pub fn hook_timeout_ms(&self, namespace: &str) -> u64 {
+        self.namespace_hooks(namespace)
+            .and_then(|n| n.timeout_ms)
+            .unwrap_or(self.timeout_ms)
+    }
+
+    fn namespace_hooks(&self, namespace: &str) -> Option<&NamespaceHooks> {
+        match namespace {
+            "" => None,
+            name => self.namespaces.iter().find(|n| n.name == name),
+        }
+    }
+
+    /// `[[proxy.namespaces]]`: each names a configured namespace once, with valid URLs for
+    /// hooks that namespace uses, and a timeout of at least 1 ms.
+    fn validate_namespaces(&self, namespaces: &[NamespaceConfig]) -> Result<(), ConfigError> {
+        for (i, hooks) in self.namespaces.iter().enumerate() {
+            let bad = |source: ConfigError| ConfigError::NamespaceHooks {
+                namespace: hooks.name.clone(),
+                source: Box::new(source),
+            };
+            let Some(ns) = namespaces.iter().find(|n| n.name == hooks.name) else {
+                return Err(bad(ConfigError::UnknownNamespace));
+            };
+            if self.namespaces[..i].iter().any(|n| n.name == hooks.name) {
+                return Err(bad(ConfigError::DuplicateNamespace));
+            }
+            if hooks.timeout_ms == Some(0) {
+                return Err(bad(ConfigError::TooSmall {
+                    key: "timeout_ms",
+                    min: 1,
+                }));
+            }
+            for (key, url, flag, on) in [
+                (
+                    "subscribe_url",
+                    &hooks.subscribe_url,
+                    "subscribe_proxy",
+                    ns.subscribe_proxy,
+                ),
+                (
+                    "sub_refresh_url",
+                    &hooks.sub_refresh_url,
+                    "subscribe_proxy",
+                    ns.subscribe_proxy,
+                ),
+                (
+                    "publish_url",
+                    &hooks.publish_url,
+                    "publish_proxy",
+                    ns.publish_proxy,
+                ),
+            ] {
+                if url.is_empty() {
+                    continue;
+                }
+                hook_url(key, url).map_err(bad)?;
+                if !on {
+                    return Err(bad(ConfigError::UnusedHook { key, flag }));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -478,6 +616,9 @@ impl ProxyConfig {
         }
         if self.max_connections == 0 {
             return too_small("proxy.max_connections", 1);
+        }
+        if self.tls_cert_file.is_empty() != self.tls_key_file.is_empty() {
+            return Err(ConfigError::ProxyTlsPair);
         }
         for (key, url) in self.urls() {
             if !url.is_empty() {
@@ -563,6 +704,31 @@ pub enum ConfigError {
     JoinLeaveBatch {
         /// The namespace.
         namespace: String,
+    },
+    /// A `[[proxy.namespaces]]` entry that cannot be used.
+    #[error("[[proxy.namespaces]] {namespace:?}: {source}")]
+    NamespaceHooks {
+        /// Its `name`.
+        namespace: String,
+        /// What is wrong with it.
+        source: Box<ConfigError>,
+    },
+    /// One of `proxy.tls_cert_file` and `proxy.tls_key_file` without the other.
+    #[error("proxy.tls_cert_file and proxy.tls_key_file go together")]
+    ProxyTlsPair,
+    /// A name that is not one of `[[namespaces]]`.
+    #[error("no such namespace in [[namespaces]]")]
+    UnknownNamespace,
+    /// A second entry for the same namespace.
+    #[error("the namespace has another entry")]
+    DuplicateNamespace,
+    /// A hook URL whose namespace does not use the hook.
+    #[error("{key} is set but the namespace does not have {flag}")]
+    UnusedHook {
+        /// The hook's key.
+        key: &'static str,
+        /// The namespace flag that turns the hook on.
+        flag: &'static str,
     },
 }
 
@@ -678,6 +844,59 @@ mod tests {
             e.contains("\"crowd\"") && e.contains("at most 10000"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn namespace_hooks_override_the_proxy_section_and_are_checked() {
+        use crate::proxy::Hook;
+        let mut c = Config::default();
+        c.namespaces.push(NamespaceConfig {
+            name: "room".into(),
+            subscribe_proxy: true,
+            ..NamespaceConfig::default()
+        });
+        c.proxy.namespaces.push(NamespaceHooks {
+            name: "room".into(),
+            subscribe_url: "http://127.0.0.1:1/room".into(),
+            timeout_ms: Some(50),
+            ..NamespaceHooks::default()
+        });
+        // The namespace's own URL is enough for its subscribe_proxy.
+        assert!(c.validate().is_ok());
+        assert_eq!(
+            c.proxy.hook_url(Hook::Subscribe, "room"),
+            "http://127.0.0.1:1/room"
+        );
+        assert_eq!(c.proxy.hook_url(Hook::Subscribe, ""), "");
+        assert_eq!(c.proxy.hook_timeout_ms("room"), 50);
+        assert_eq!(c.proxy.hook_timeout_ms("other"), 3000);
+        c.proxy.sub_refresh_url = "http://127.0.0.1:1/sub_refresh".into();
+        assert_eq!(
+            c.proxy.hook_url(Hook::SubRefresh, "room"),
+            "http://127.0.0.1:1/sub_refresh"
+        );
+        for (edit, why) in [
+            (
+                (|h: &mut NamespaceHooks| h.name = "lobby".into()) as fn(&mut NamespaceHooks),
+                "no such namespace",
+            ),
+            (|h| h.timeout_ms = Some(0), "timeout_ms"),
+            (|h| h.subscribe_url = "ftp://x/y".into(), "subscribe_url"),
+            (
+                |h| h.publish_url = "http://127.0.0.1:1/p".into(),
+                "does not have publish_proxy",
+            ),
+        ] {
+            let mut bad = c.clone();
+            edit(&mut bad.proxy.namespaces[0]);
+            let e = bad.validate().unwrap_err().to_string();
+            assert!(e.contains(why), "{e}");
+            assert!(!e.contains("ftp://x"), "{e}");
+        }
+        let mut twice = c.clone();
+        twice.proxy.namespaces.push(c.proxy.namespaces[0].clone());
+        let e = twice.validate().unwrap_err().to_string();
+        assert!(e.contains("another entry"), "{e}");
     }
 
     #[test]

@@ -41,6 +41,36 @@ pub struct Client<'a> {
     pub granted: bool,
     /// A valid subscription token for this channel and user came with the request.
     pub has_subscription_token: bool,
+    /// The rights the backend listed for this subscription (`allow` in the subscribe hook's
+    /// answer or the connect hook's `subs`), when it listed any: they replace the namespace's
+    /// rules for publish, history and presence on this channel (see [`Grants`]).
+    pub grants: Option<Grants>,
+}
+
+/// What a subscription may do beyond receiving publications, as the backend listed it
+/// (`"allow": ["publish", "history", "presence"]`). A subscription with a list may do exactly
+/// what it names: history or presence it leaves out are refused even where the namespace lets
+/// subscribers read them, and `publish` lets this client publish even with `publish = false`
+/// (a namespace with `publish_proxy` still asks the publish hook).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Grants {
+    /// May publish.
+    pub publish: bool,
+    /// May read history.
+    pub history: bool,
+    /// May read presence.
+    pub presence: bool,
+}
+
+impl Grants {
+    fn allows(&self, action: Action) -> bool {
+        match action {
+            Action::Subscribe => true,
+            Action::Publish => self.publish,
+            Action::History => self.history,
+            Action::Presence => self.presence,
+        }
+    }
 }
 
 impl<'a> Client<'a> {
@@ -51,6 +81,7 @@ impl<'a> Client<'a> {
             subscribed: false,
             granted: false,
             has_subscription_token: false,
+            grants: None,
         }
     }
 }
@@ -85,6 +116,9 @@ pub enum Denied {
     /// The namespace does not let clients publish.
     #[error("clients may not publish here")]
     PublishOff,
+    /// The backend listed what this subscription may do (`allow`), and this is not in it.
+    #[error("the backend did not allow this on your subscription")]
+    NotGranted,
 }
 
 impl From<Denied> for CommandError {
@@ -105,6 +139,18 @@ pub fn decide(
         if client.user.is_empty() || !users.any(|u| u == client.user) {
             return Err(Denied::OtherUsersOnly);
         }
+    }
+    // The backend's list for a live subscription decides publish, history and presence.
+    if let (Some(grants), true, false) = (
+        client.grants,
+        client.subscribed,
+        action == Action::Subscribe,
+    ) {
+        return match (grants.allows(action), action) {
+            (false, _) => Err(Denied::NotGranted),
+            (true, Action::Publish) if ns.publish_proxy => Ok(Allowed::IfPublishHookAllows),
+            (true, _) => Ok(Allowed::Yes),
+        };
     }
     match action {
         Action::Subscribe => {

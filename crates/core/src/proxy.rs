@@ -59,11 +59,24 @@ pub enum ProxyError {
     BadAnswer(String),
 }
 
+/// Where one call goes, and what travels with it outside the body.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    /// The hook.
+    pub hook: Hook,
+    /// The namespace of the call's channel ("" for connection-wide hooks and the default
+    /// namespace): a namespace may have its own URL and timeout (`[[proxy.namespaces]]`).
+    pub namespace: &'a str,
+    /// The client's allow-listed headers (names in lower case), also sent as HTTP headers with
+    /// `proxy.http_headers`.
+    pub headers: &'a BTreeMap<String, String>,
+}
+
 /// Sends a hook's JSON body to the backend and returns the answer's body (status 200 only).
 #[async_trait::async_trait]
 pub trait Proxy: Send + Sync {
-    /// POST `body` to the URL of `hook`.
-    async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError>;
+    /// POST `body` to the URL of the target's hook.
+    async fn call(&self, target: &Target<'_>, body: Vec<u8>) -> Result<Vec<u8>, ProxyError>;
 }
 
 /// What the server knows about the client's HTTP request, sent with every hook. Only the headers
@@ -108,10 +121,18 @@ pub(crate) struct ConnectedRequest<'a> {
     pub(crate) method: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) data: Option<&'a RawValue>,
+    /// The connect hook's `meta` for this connection, sent back with every later call.
+    #[serde(rename = "meta", skip_serializing_if = "Option::is_none")]
+    pub(crate) conn_meta: Option<&'a RawValue>,
 }
+
+/// The largest connect hook `meta` a connection keeps, in bytes of JSON: it travels with every
+/// later hook call of the connection.
+pub const MAX_META_BYTES: usize = 4096;
 
 /// `result` of the connect hook.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ConnectResult {
     /// The user id ("" anonymous).
     #[serde(default)]
@@ -125,10 +146,128 @@ pub(crate) struct ConnectResult {
     /// Channels the server subscribes.
     #[serde(default)]
     pub(crate) channels: Vec<String>,
+    /// More channels the server subscribes, each with its options.
+    #[serde(default)]
+    pub(crate) subs: BTreeMap<String, SubOptions>,
+    /// Kept on the connection (never shown to clients) and sent with its later hook calls.
+    pub(crate) meta: Option<Box<RawValue>>,
+}
+
+impl ConnectResult {
+    /// Refuse a `meta` that is not a JSON object or over [`MAX_META_BYTES`].
+    pub(crate) fn check_meta(&self) -> Result<(), ProxyError> {
+        let Some(meta) = &self.meta else {
+            return Ok(());
+        };
+        if !meta.get().starts_with('{') {
+            return Err(ProxyError::BadAnswer("meta must be a JSON object".into()));
+        }
+        if meta.get().len() > MAX_META_BYTES {
+            return Err(ProxyError::BadAnswer(format!(
+                "meta over {MAX_META_BYTES} bytes"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a subscription may do beyond receiving, as a hook lists it (`allow`). Centrifugo's
+/// short names are accepted too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Permission {
+    #[serde(alias = "pub")]
+    Publish,
+    #[serde(alias = "hst")]
+    History,
+    #[serde(alias = "prs")]
+    Presence,
+}
+
+/// `{"value": bool}`: one overridden option (Centrifugo's shape).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BoolValue {
+    pub(crate) value: bool,
+}
+
+/// `override`: the namespace's options this subscription changes.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubOverride {
+    /// This client is (or is not) in the channel's presence.
+    pub(crate) presence: Option<BoolValue>,
+    /// `join`/`leave` pushes about this client (needs presence).
+    pub(crate) join_leave: Option<BoolValue>,
+    /// false: a `since` is not honoured (no recovery); true: recover (the namespace must keep
+    /// history). Centrifugo's `force_recovery` is the same option.
+    #[serde(alias = "force_recovery")]
+    pub(crate) recovery: Option<BoolValue>,
+}
+
+/// Per-subscription options from a hook: data for the client, overridden options, rights.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SubOptions {
+    /// Returned in the subscription's reply (or its `connect.subs` entry).
+    pub(crate) data: Option<Box<RawValue>>,
+    #[serde(rename = "override")]
+    pub(crate) overrides: Option<SubOverride>,
+    /// With a list, exactly these rights (see [`crate::permission::Grants`]).
+    pub(crate) allow: Option<Vec<Permission>>,
+}
+
+impl SubOptions {
+    /// The rights listed, if any.
+    pub(crate) fn grants(&self) -> Option<crate::permission::Grants> {
+        let allow = self.allow.as_ref()?;
+        Some(crate::permission::Grants {
+            publish: allow.contains(&Permission::Publish),
+            history: allow.contains(&Permission::History),
+            presence: allow.contains(&Permission::Presence),
+        })
+    }
+
+    /// The namespace options this subscription runs with, and whether it recovers. An override
+    /// the namespace cannot honour is a bad answer, not a silent downgrade.
+    pub(crate) fn apply(
+        &self,
+        ns: &crate::config::NamespaceConfig,
+    ) -> Result<(crate::config::NamespaceConfig, bool), ProxyError> {
+        let mut ns = ns.clone();
+        let mut recovers = true;
+        let Some(o) = &self.overrides else {
+            return Ok((ns, recovers));
+        };
+        if let Some(v) = o.presence {
+            ns.presence = v.value;
+            if !v.value {
+                ns.join_leave = false;
+            }
+        }
+        if let Some(v) = o.join_leave {
+            if v.value && !ns.presence {
+                return Err(ProxyError::BadAnswer(
+                    "override join_leave needs presence on the subscription".into(),
+                ));
+            }
+            ns.join_leave = v.value;
+        }
+        if let Some(v) = o.recovery {
+            if v.value && ns.history_size == 0 {
+                return Err(ProxyError::BadAnswer(
+                    "override recovery needs a namespace that keeps history".into(),
+                ));
+            }
+            recovers = v.value;
+        }
+        Ok((ns, recovers))
+    }
 }
 
 /// `result` of the refresh and sub_refresh hooks.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct RefreshResult {
     /// The connection ends (close 4004).
     #[serde(default)]
@@ -141,15 +280,33 @@ pub(crate) struct RefreshResult {
 
 /// `result` of the subscribe hook.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct SubscribeResult {
     /// Returned in the reply.
     pub(crate) data: Option<Box<RawValue>>,
     /// Unix seconds when the subscription ends (then the sub_refresh hook, or `unsub` 4004).
     pub(crate) expire_at: Option<u64>,
+    /// The namespace's options this subscription changes.
+    #[serde(rename = "override")]
+    pub(crate) overrides: Option<SubOverride>,
+    /// With a list, exactly these rights on the channel.
+    pub(crate) allow: Option<Vec<Permission>>,
+}
+
+impl SubscribeResult {
+    /// The per-subscription options (the expiry aside).
+    pub(crate) fn options(self) -> SubOptions {
+        SubOptions {
+            data: self.data,
+            overrides: self.overrides,
+            allow: self.allow,
+        }
+    }
 }
 
 /// `result` of the publish and rpc hooks.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DataResult {
     /// Subscribe: returned in the reply; publish: replaces the publication's data; rpc: the
     /// reply.
@@ -331,14 +488,17 @@ pub(crate) fn failure(hook: Hook, e: ProxyError) -> Refusal {
 /// Call `hook` with `body` and read its answer, counted in `metrics`.
 pub(crate) async fn ask<T: DeserializeOwned>(
     proxy: &dyn Proxy,
-    hook: Hook,
+    target: &Target<'_>,
     body: &impl Serialize,
     metrics: &Metrics,
 ) -> Result<Answer<T>, ProxyError> {
     let bytes = serde_json::to_vec(body).expect("proxy requests serialize");
     let started = std::time::Instant::now();
     metrics.proxy_calls.inc();
-    let answer = proxy.call(hook, bytes).await.and_then(|a| parse_answer(&a));
+    let answer = proxy
+        .call(target, bytes)
+        .await
+        .and_then(|a| parse_answer(&a));
     metrics
         .proxy_seconds
         .observe(started.elapsed().as_secs_f64());

@@ -79,3 +79,44 @@ async fn no_cannot_connect_warning_when_the_connect_hook_authenticates() {
     assert!(listening, "{stderr}");
     assert!(stderr.contains(WARNING), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_namespace_hook_entry_the_node_cannot_use_stops_it() {
+    const HOOKS: &str = "[proxy]\nsubscribe_url = \"http://127.0.0.1:9/subscribe\"\n";
+    const ROOM: &str = "[[namespaces]]\nname = \"room\"\nsubscribe_proxy = true\n";
+    for (entry, why) in [
+        (
+            "name = \"lobby\"\nsubscribe_url = \"http://127.0.0.1:9/lobby\"\n",
+            "[[proxy.namespaces]] \"lobby\": no such namespace in [[namespaces]]",
+        ),
+        (
+            "name = \"room\"\npublish_url = \"http://127.0.0.1:9/publish\"\n",
+            "publish_url is set but the namespace does not have publish_proxy",
+        ),
+        (
+            "name = \"room\"\nsubscribe_url = \"ftp://herald:s3cret@127.0.0.1/x\"\n",
+            "subscribe_url must be an http:// or https:// URL, not ftp://",
+        ),
+    ] {
+        let toml = format!("{HOOKS}\n[[proxy.namespaces]]\n{entry}\n{ROOM}");
+        let (listening, stderr) = start_up(&toml).await;
+        assert!(!listening, "{entry} accepted");
+        assert!(stderr.contains(why), "{entry}: {stderr}");
+        assert!(!stderr.contains("s3cret"), "{entry}: {stderr}");
+    }
+    // A proxy client certificate without its key, or one that cannot be read.
+    let (listening, stderr) =
+        start_up(&format!("{HOOKS}tls_cert_file = \"/nonexistent.pem\"\n")).await;
+    assert!(!listening);
+    assert!(
+        stderr.contains("proxy.tls_cert_file and proxy.tls_key_file go together"),
+        "{stderr}"
+    );
+    let (listening, stderr) =
+        start_up(&format!("{HOOKS}tls_ca_file = \"/nonexistent.pem\"\n")).await;
+    assert!(!listening);
+    assert!(
+        stderr.contains("proxy.tls_ca_file \"/nonexistent.pem\""),
+        "{stderr}"
+    );
+}

@@ -88,6 +88,7 @@ fn run(c: &Case) -> [bool; 4] {
         granted: c.grant == Grant::ConnectionToken,
         // A subscription token only comes with a subscribe request.
         has_subscription_token: false,
+        grants: None,
     };
     let subscribed = if c.subscribes_first || client.granted {
         let asking = Client {
@@ -239,4 +240,58 @@ fn client_events_need_every_condition() {
             event.enabled && event.subscribed && event.signed_channel && !event.encrypted;
         assert_eq!(decide_client_event(&event).is_ok(), promised, "{event:?}");
     }
+}
+
+#[test]
+fn a_subscription_with_a_list_of_rights_may_do_exactly_what_it_lists() {
+    let ns = NamespaceConfig {
+        subscribe: SubscribePolicy::Anonymous,
+        history: true,
+        presence: true,
+        publish: false,
+        ..NamespaceConfig::default()
+    };
+    let only_publish = Grants {
+        publish: true,
+        ..Grants::default()
+    };
+    let client = Client {
+        subscribed: true,
+        grants: Some(only_publish),
+        ..Client::new("alice")
+    };
+    assert_eq!(
+        decide(&ns, "room", &client, Action::Publish),
+        Ok(Allowed::Yes),
+        "publish = false, but the backend allowed it"
+    );
+    for action in [Action::History, Action::Presence] {
+        assert_eq!(
+            decide(&ns, "room", &client, action),
+            Err(Denied::NotGranted),
+            "{action:?} is not in the list"
+        );
+    }
+    // The publish hook still decides where the namespace has one.
+    let proxied = NamespaceConfig {
+        publish_proxy: true,
+        ..ns.clone()
+    };
+    assert_eq!(
+        decide(&proxied, "room", &client, Action::Publish),
+        Ok(Allowed::IfPublishHookAllows)
+    );
+    // A list only counts on a live subscription, and never widens a user list.
+    let not_subscribed = Client {
+        subscribed: false,
+        ..client
+    };
+    assert_eq!(
+        decide(&ns, "room", &not_subscribed, Action::Publish),
+        Err(Denied::PublishOff)
+    );
+    assert_eq!(
+        decide(&ns, "room#bob", &client, Action::Publish),
+        Err(Denied::OtherUsersOnly)
+    );
 }

@@ -57,6 +57,10 @@ struct Authenticated {
     /// The connect proxy's `data` for the client.
     data: Option<Box<RawValue>>,
     proxied: bool,
+    /// The connect proxy's server-side subscriptions with options (`subs`).
+    subs: std::collections::BTreeMap<String, SubOptions>,
+    /// The connect proxy's `meta`.
+    meta: Option<Box<RawValue>>,
 }
 
 impl Session {
@@ -72,15 +76,26 @@ impl Session {
                     version: params.version.as_deref(),
                     data: params.data.as_deref(),
                 };
+                let target = Target {
+                    hook: Hook::Connect,
+                    namespace: "",
+                    headers: &self.meta().headers,
+                };
                 let result = match ask::<ProxyConnectResult>(
                     proxy.as_ref(),
-                    Hook::Connect,
+                    &target,
                     &body,
                     self.ctx.hub.metrics(),
                 )
                 .await
                 {
-                    Ok(Answer::Result(r)) => r,
+                    Ok(Answer::Result(r)) => match r.check_meta() {
+                        Ok(()) => r,
+                        Err(e) => {
+                            self.refuse(id, failure(Hook::Connect, e));
+                            return Some(close(CloseCode::BACKEND_ERROR, "backend error"));
+                        }
+                    },
                     Ok(Answer::Error(refusal)) => {
                         return self.refuse(id, refusal).or_else(|| {
                             Some(close(
@@ -106,6 +121,8 @@ impl Session {
                     channels: result.channels,
                     data: result.data,
                     proxied: true,
+                    subs: result.subs,
+                    meta: result.meta,
                 };
                 return self.connected(id, client, auth, params).await;
             }
@@ -139,6 +156,8 @@ impl Session {
                 channels: c.channels,
                 data: None,
                 proxied: false,
+                subs: Default::default(),
+                meta: None,
             },
             None => Authenticated {
                 user: String::new(),
@@ -147,6 +166,8 @@ impl Session {
                 channels: Vec::new(),
                 data: None,
                 proxied: false,
+                subs: Default::default(),
+                meta: None,
             },
         };
         self.connected(id, client, auth, params).await
@@ -167,6 +188,8 @@ impl Session {
             channels: granted,
             data,
             proxied,
+            subs: mut options,
+            meta,
         } = auth;
         let (expires_in, expires_at) = expiry(exp);
         let mut granted = granted;
@@ -175,6 +198,11 @@ impl Session {
             let personal = pattern.replace("{user}", &user);
             if !granted.contains(&personal) {
                 granted.push(personal);
+            }
+        }
+        for channel in options.keys() {
+            if !granted.contains(channel) {
+                granted.push(channel.clone());
             }
         }
         let user: Arc<str> = Arc::from(user);
@@ -193,6 +221,8 @@ impl Session {
             sub_expires: HashMap::new(),
             proxied,
             proxied_subs: HashSet::new(),
+            meta,
+            grants: HashMap::new(),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.
@@ -207,8 +237,16 @@ impl Session {
         let mut results: Vec<(String, Result<Prepared, Refusal>)> = Vec::new();
         let mut budget = self.recovery_budget();
         for (channel, since, token, granted) in wanted {
+            let server_opts = granted.then(|| options.remove(&channel)).flatten();
             let mut r = self
-                .prepare(&channel, token.as_deref(), since.as_ref(), granted, None)
+                .prepare(
+                    &channel,
+                    token.as_deref(),
+                    since.as_ref(),
+                    granted,
+                    None,
+                    server_opts,
+                )
                 .await;
             match &mut r {
                 Ok((result, _)) => self.charge_recovery(result, &mut budget),

@@ -11,7 +11,7 @@ impl Session {
         for control in controls {
             match control {
                 Control::Subscribe(channel) => {
-                    match self.prepare(&channel, None, None, true, None).await {
+                    match self.prepare(&channel, None, None, true, None, None).await {
                         Ok((result, _)) => {
                             self.out.push(push_subscribed(&channel, &result));
                             self.activate(&channel, &result).await;

@@ -37,8 +37,8 @@ use crate::outbound::{CloseRequest, Control, Outbound};
 use crate::permission::{self, Action, Allowed};
 use crate::proxy::{
     ask, failure, Answer, ClientMeta, ConnectRequest, ConnectResult as ProxyConnectResult,
-    ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal,
-    SubscribeResult as ProxySubscribeResult,
+    ConnectedRequest, DataResult, Hook, Proxy, RefreshResult, Refusal, SubOptions,
+    SubscribeResult as ProxySubscribeResult, Target,
 };
 use crate::rate::TokenBucket;
 use crate::recovery::SubscribeResult;
@@ -74,6 +74,10 @@ struct Connected {
     proxied: bool,
     /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
     proxied_subs: HashSet<String>,
+    /// The connect hook's `meta`: sent with every later hook call, never to the client.
+    meta: Option<Box<RawValue>>,
+    /// Rights the backend listed for subscriptions (`allow`), by channel.
+    grants: HashMap<String, permission::Grants>,
 }
 
 impl Connected {
@@ -184,21 +188,26 @@ impl Session {
         self.meta.as_deref().unwrap_or(&NO_META)
     }
 
-    /// The backend for `hook`, when its URL is configured.
+    /// The backend for a connection-wide `hook`, when its URL is configured.
     fn hook(&self, hook: Hook) -> Option<Arc<dyn Proxy>> {
-        let p = &self.ctx.config.proxy;
-        let url = match hook {
-            Hook::Connect => &p.connect_url,
-            Hook::Refresh => &p.refresh_url,
-            Hook::Subscribe => &p.subscribe_url,
-            Hook::SubRefresh => &p.sub_refresh_url,
-            Hook::Publish => &p.publish_url,
-            Hook::Rpc => &p.rpc_url,
-        };
-        if url.is_empty() {
+        self.channel_hook(hook, None)
+    }
+
+    /// The backend for `hook` about `channel`, when a URL is configured for it (the channel's
+    /// namespace's own, or `[proxy]`'s).
+    fn channel_hook(&self, hook: Hook, channel: Option<&str>) -> Option<Arc<dyn Proxy>> {
+        let namespace = self.namespace_of(channel);
+        if self.ctx.config.proxy.hook_url(hook, namespace).is_empty() {
             return None;
         }
         self.ctx.proxy.clone()
+    }
+
+    /// The name of `channel`'s namespace ("" for none or the default namespace).
+    fn namespace_of(&self, channel: Option<&str>) -> &str {
+        channel
+            .and_then(|c| self.ctx.namespaces.resolve(c).ok())
+            .map_or("", |ns| ns.name.as_str())
     }
 
     /// Call a hook for the connected client; a failed call is already the client's refusal.
@@ -218,8 +227,14 @@ impl Session {
             channel,
             method,
             data,
+            conn_meta: conn.meta.as_deref(),
         };
-        match ask::<T>(proxy, hook, &body, self.ctx.hub.metrics()).await {
+        let target = Target {
+            hook,
+            namespace: self.namespace_of(channel),
+            headers: &self.meta().headers,
+        };
+        match ask::<T>(proxy, &target, &body, self.ctx.hub.metrics()).await {
             Ok(Answer::Result(r)) => Ok(r),
             Ok(Answer::Error(refusal)) => Err(refusal),
             Err(e) => Err(failure(hook, e)),
@@ -342,6 +357,7 @@ impl Session {
             subscribed: conn.channels.contains_key(channel),
             granted: conn.server_side.contains(channel),
             has_subscription_token: false,
+            grants: conn.grants.get(channel).copied(),
         };
         let allowed = permission::decide(&ns, channel, &client, action)?;
         Ok((ns, allowed))

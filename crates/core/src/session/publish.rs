@@ -8,7 +8,7 @@ impl Session {
         check_data_depth(p.data.get())?;
         let mut data = Bytes::copy_from_slice(p.data.get().as_bytes());
         if allowed == Allowed::IfPublishHookAllows {
-            let Some(proxy) = self.hook(Hook::Publish) else {
+            let Some(proxy) = self.channel_hook(Hook::Publish, Some(&p.channel)) else {
                 return Err(
                     CommandError::new(ErrorCode::Internal, "publish proxy not configured").into(),
                 );

@@ -29,7 +29,7 @@ impl Session {
             let conn = self.connected.as_ref().expect("connected");
             let by_proxy = conn.proxied_subs.contains(&channel);
             if by_proxy {
-                if let Some(proxy) = self.hook(Hook::SubRefresh) {
+                if let Some(proxy) = self.channel_hook(Hook::SubRefresh, Some(&channel)) {
                     match self.sub_refresh_by_proxy(proxy.as_ref(), &channel).await {
                         Ok(true) => continue,
                         Ok(false) => {}

@@ -15,6 +15,7 @@ impl Session {
         since: Option<&StreamPosition>,
         granted: bool,
         data: Option<&RawValue>,
+        server_opts: Option<SubOptions>,
     ) -> Result<Prepared, Refusal> {
         let ctx = self.ctx.clone();
         let conn = self.connected.as_ref().expect("connected");
@@ -52,13 +53,15 @@ impl Session {
             subscribed: false,
             granted,
             has_subscription_token,
+            grants: None,
         };
         let by_proxy = permission::decide(&ns, channel, &client, Action::Subscribe)
             .map_err(CommandError::from)?
             == Allowed::IfSubscribeHookAllows;
-        let mut reply_data = None;
+        // Options from the connect hook's `subs` (server-side) or the subscribe hook's answer.
+        let mut options = (server_opts, Hook::Connect);
         if by_proxy {
-            let Some(proxy) = self.hook(Hook::Subscribe) else {
+            let Some(proxy) = self.channel_hook(Hook::Subscribe, Some(channel)) else {
                 return Err(CommandError::new(
                     ErrorCode::Internal,
                     "subscribe proxy not configured",
@@ -68,9 +71,16 @@ impl Session {
             let r: ProxySubscribeResult = self
                 .ask_connected(proxy.as_ref(), Hook::Subscribe, Some(channel), None, data)
                 .await?;
-            reply_data = r.data;
             token_exp = r.expire_at;
+            options = (Some(r.options()), Hook::Subscribe);
         }
+        let (options, hook) = options;
+        let options = options.unwrap_or_default();
+        let (ns, recovers) = match options.apply(&ns) {
+            Ok((ns, recovers)) => (Arc::new(ns), recovers),
+            Err(e) => return Err(failure(hook, e)),
+        };
+        let since = since.filter(|_| recovers);
         let conn = self.connected.as_mut().expect("connected");
         let result = ctx
             .hub
@@ -78,6 +88,10 @@ impl Session {
             .await
             .map_err(broker_error)?;
         conn.channels.insert(channel.to_owned(), ns);
+        if let Some(grants) = options.grants() {
+            conn.grants.insert(channel.to_owned(), grants);
+        }
+        let reply_data = options.data;
         if let (Some(at), false) = (expiry(token_exp).1, granted) {
             conn.sub_expires.insert(channel.to_owned(), at);
         }
@@ -135,6 +149,7 @@ impl Session {
                 p.since.as_ref(),
                 false,
                 p.data.as_deref(),
+                None,
             )
             .await?;
         let mut budget = self.recovery_budget();
@@ -177,6 +192,7 @@ impl Session {
         conn.server_side.remove(channel);
         conn.sub_expires.remove(channel);
         conn.proxied_subs.remove(channel);
+        conn.grants.remove(channel);
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             self.ctx

@@ -9,7 +9,7 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use herald_core::config::ProxyConfig;
-use herald_core::proxy::{Hook, Proxy, ProxyError};
+use herald_core::proxy::{Proxy, ProxyError, Target};
 
 /// The backend of one node, as configured in `[proxy]`.
 pub struct HttpProxy {
@@ -23,22 +23,63 @@ pub struct HttpProxy {
 /// The HTTP client for the hooks cannot be built: the node does not start.
 #[derive(Debug, thiserror::Error)]
 #[error("proxy client: {0}")]
-pub struct ClientError(reqwest::Error);
+pub struct ClientError(String);
+
+/// Read a PEM file named by `key`; the error names the key and the path, never the contents.
+fn read_pem(key: &str, path: &str) -> Result<Vec<u8>, ClientError> {
+    std::fs::read(path).map_err(|e| ClientError(format!("{key} {path:?}: {e}")))
+}
+
+/// `proxy.tls_*`: extra trusted CAs and the client certificate for `https://` hook URLs.
+fn with_tls(
+    mut builder: reqwest::ClientBuilder,
+    config: &ProxyConfig,
+) -> Result<reqwest::ClientBuilder, ClientError> {
+    if !config.tls_ca_file.is_empty() {
+        let pem = read_pem("proxy.tls_ca_file", &config.tls_ca_file)?;
+        let cas = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| ClientError(format!("proxy.tls_ca_file: {e}")))?;
+        if cas.is_empty() {
+            return Err(ClientError(
+                "proxy.tls_ca_file: no PEM certificate in it".into(),
+            ));
+        }
+        for ca in cas {
+            builder = builder.add_root_certificate(ca);
+        }
+    }
+    if !config.tls_cert_file.is_empty() {
+        let mut pem = read_pem("proxy.tls_cert_file", &config.tls_cert_file)?;
+        pem.push(b'\n');
+        pem.extend(read_pem("proxy.tls_key_file", &config.tls_key_file)?);
+        let identity = reqwest::Identity::from_pem(&pem)
+            .map_err(|e| ClientError(format!("proxy.tls_cert_file / proxy.tls_key_file: {e}")))?;
+        builder = builder.identity(identity);
+    }
+    Ok(builder)
+}
 
 impl HttpProxy {
     /// A client for the configured hooks; nothing is connected until the first call.
     pub fn new(config: &ProxyConfig) -> Result<Self, ClientError> {
-        let timeout = Duration::from_millis(config.timeout_ms);
-        let client = reqwest::Client::builder()
+        // Each call sets its own timeout (a namespace may have its own); this is the longest.
+        let longest = config
+            .namespaces
+            .iter()
+            .filter_map(|n| n.timeout_ms)
+            .fold(config.timeout_ms, u64::max);
+        let timeout = Duration::from_millis(longest);
+        let builder = reqwest::Client::builder()
             // The whole call, connecting and reading the answer included.
             .timeout(timeout)
             .connect_timeout(timeout)
             // A hook answers itself: a redirect is a misconfigured URL, not an answer.
             .redirect(reqwest::redirect::Policy::none())
             .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(config.max_connections)
+            .pool_max_idle_per_host(config.max_connections);
+        let client = with_tls(builder, config)?
             .build()
-            .map_err(ClientError)?;
+            .map_err(|e| ClientError(e.to_string()))?;
         Ok(HttpProxy {
             client,
             config: config.clone(),
@@ -46,15 +87,41 @@ impl HttpProxy {
         })
     }
 
-    fn url(&self, hook: Hook) -> &str {
-        match hook {
-            Hook::Connect => &self.config.connect_url,
-            Hook::Refresh => &self.config.refresh_url,
-            Hook::Subscribe => &self.config.subscribe_url,
-            Hook::SubRefresh => &self.config.sub_refresh_url,
-            Hook::Publish => &self.config.publish_url,
-            Hook::Rpc => &self.config.rpc_url,
+    /// The client's headers as HTTP headers of the hook request, with `proxy.http_headers`.
+    /// Those that describe Herald's own request (its length, type, host, connection) are left
+    /// out: they would break it; the body still has them.
+    fn forwarded_headers(&self, target: &Target<'_>) -> reqwest::header::HeaderMap {
+        use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+        const OWN: &[&str] = &[
+            "host",
+            "content-length",
+            "content-type",
+            "content-encoding",
+            "transfer-encoding",
+            "connection",
+            "keep-alive",
+            "upgrade",
+            "te",
+            "trailer",
+            "expect",
+            "proxy-connection",
+        ];
+        let mut map = HeaderMap::new();
+        if !self.config.http_headers {
+            return map;
         }
+        for (name, value) in target.headers {
+            if OWN.contains(&name.as_str()) {
+                continue;
+            }
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                map.insert(n, v);
+            }
+        }
+        map
     }
 }
 
@@ -73,9 +140,10 @@ fn transport_error(e: reqwest::Error) -> ProxyError {
 
 #[async_trait::async_trait]
 impl Proxy for HttpProxy {
-    async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError> {
+    async fn call(&self, target: &Target<'_>, body: Vec<u8>) -> Result<Vec<u8>, ProxyError> {
         // One deadline for the whole call, the wait for a free connection included.
-        let deadline = Instant::now() + Duration::from_millis(self.config.timeout_ms);
+        let timeout_ms = self.config.hook_timeout_ms(target.namespace);
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
         let _permit = tokio::time::timeout_at(deadline, self.in_flight.acquire())
             .await
             .map_err(|_| {
@@ -88,8 +156,9 @@ impl Proxy for HttpProxy {
         let max = self.config.max_response_bytes;
         let mut response = self
             .client
-            .post(self.url(hook))
+            .post(self.config.hook_url(target.hook, target.namespace))
             .timeout(deadline.saturating_duration_since(Instant::now()))
+            .headers(self.forwarded_headers(target))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()
