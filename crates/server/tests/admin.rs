@@ -785,7 +785,7 @@ async fn the_new_admin_endpoints_need_credentials_and_csrf() {
         "POST",
         "/admin/api/broadcast",
         &[("Authorization", &admin)],
-        Some(json!({"channels": [], "data": 1})),
+        Some(json!({"channels": ["a"], "data": 1, "bogus": true})),
     )
     .await;
     assert_eq!(status, 400, "{r}");
