@@ -761,8 +761,14 @@ async fn the_new_admin_endpoints_need_credentials_and_csrf() {
     for (method, path, body) in calls {
         let (status, _, r) = request(&node, method, path, &[], body.clone()).await;
         assert_eq!(status, 401, "{path} without credentials: {r}");
-        let (status, _, r) =
-            request(&node, method, path, &[("Authorization", &key)], body.clone()).await;
+        let (status, _, r) = request(
+            &node,
+            method,
+            path,
+            &[("Authorization", &key)],
+            body.clone(),
+        )
+        .await;
         assert_eq!(status, 401, "{path} with the client API key: {r}");
         if method == "POST" {
             let (status, _, r) = request(&node, method, path, &[("Cookie", &cookie)], body).await;
@@ -841,7 +847,10 @@ async fn admin_actions_reach_clients_and_are_audited() {
     )
     .await;
     assert_eq!(status, 200, "{r}");
-    assert_eq!((r["published"].clone(), r["failed"].clone()), (json!(2), json!(0)));
+    assert_eq!(
+        (r["published"].clone(), r["failed"].clone()),
+        (json!(2), json!(0))
+    );
     for channel in ["news", "sport"] {
         let p = next_pub_of(&mut alice, channel).await;
         assert_eq!(p["data"], json!({"n": 1}), "{p}");
@@ -1024,7 +1033,11 @@ async fn a_node_that_stops_answering_is_shown_lost() {
         "lost since {since}, killed at {killed_ms}: {lost}"
     );
     // Left out of the totals: the newest sample counts node A alone.
-    assert_eq!(o["series"].as_array().unwrap().last().unwrap()["nodes"], 1, "{o}");
+    assert_eq!(
+        o["series"].as_array().unwrap().last().unwrap()["nodes"],
+        1,
+        "{o}"
+    );
     assert_eq!(o["lost_kept_ms"], 600_000);
     let a_row = o["nodes"]
         .as_array()

@@ -170,6 +170,8 @@ describe('admin UI against a three-node Redis cluster', () => {
         throw e;
       });
     expect(await page.$$eval('#presence tbody tr', (r) => r.length)).toBe(1);
+    // The subscriber is on node 3; node 1 asked every node which one hosts it.
+    expect(await page.textContent('#presence tbody')).toContain('admin-n3');
     expect(await page.textContent('#channel-body')).toContain('1 subscriber');
     await shot('channel');
   });

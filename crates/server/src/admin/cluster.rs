@@ -409,8 +409,7 @@ impl Cluster {
             &hub.broker().metrics_text(),
             "herald_broker_publish_errors_total",
         );
-        let errors =
-            broker_errors + m.proxy_unavailable.get() + m.proxy_bad_answers.get();
+        let errors = broker_errors + m.proxy_unavailable.get() + m.proxy_bad_answers.get();
         // The histogram's sum and count are only readable from its text rendering.
         let (publish_sum, publish_count) = histogram_totals(&m.render(), "herald_publish_seconds");
         let cpu_ticks = process_cpu_ticks().unwrap_or(0);
@@ -499,12 +498,15 @@ impl Cluster {
             .filter(|(_, changed)| is_kept(*changed, now))
             .filter_map(|(s, changed)| {
                 let changed = (*changed)?;
-                let lost_since_ms = (!is_live(Some(changed), now)).then(|| {
-                    wall.saturating_sub(now.duration_since(changed).as_millis() as u64)
-                });
+                let lost_since_ms = (!is_live(Some(changed), now))
+                    .then(|| wall.saturating_sub(now.duration_since(changed).as_millis() as u64));
                 Some(NodeView {
                     stats: s.clone(),
-                    state: if lost_since_ms.is_some() { "lost" } else { "live" },
+                    state: if lost_since_ms.is_some() {
+                        "lost"
+                    } else {
+                        "live"
+                    },
                     lost_since_ms,
                 })
             })
