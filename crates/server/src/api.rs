@@ -288,7 +288,7 @@ async fn publish(app: &App, body: &[u8]) -> ApiResult {
 /// Each channel's position or error, in the request's order; `published` and `failed` count
 /// them. Partial failure still answers 200: retrying with the same `idempotency_key` publishes
 /// the failed channels and no other twice.
-async fn broadcast(app: &App, body: &[u8]) -> ApiResult {
+pub(crate) async fn broadcast(app: &App, body: &[u8]) -> ApiResult {
     let cmd = Command::parse("broadcast", body)?;
     let done = publishing::execute(&app.ctx, &cmd, None).await?;
     let published = done.published();
@@ -377,14 +377,16 @@ fn presence_on(app: &App, channel: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `subscribe` and `unsubscribe`'s body: the API's and the admin UI's.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct UserChannelBody {
-    user: String,
-    channel: String,
+pub(crate) struct UserChannelBody {
+    pub(crate) user: String,
+    pub(crate) channel: String,
 }
 
-async fn user_channel(app: &App, b: UserChannelBody, subscribe: bool) -> ApiResult {
+/// Subscribe (or unsubscribe) every connection of a user on every node: a control message.
+pub(crate) async fn user_channel(app: &App, b: UserChannelBody, subscribe: bool) -> ApiResult {
     app.ctx.namespaces.resolve(&b.channel)?;
     let message = if subscribe {
         ControlMessage::Subscribe {

@@ -533,6 +533,15 @@ async fn cluster_view_covers_every_node(url: &str) {
         "{room}"
     );
     assert_eq!(room["subscribers"], 3);
+    // Each presence entry names the node that hosts it (asked of every node).
+    let mut hosts: Vec<&str> = room["presence"]["clients"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["node"].as_str().unwrap_or("none"))
+        .collect();
+    hosts.sort();
+    assert_eq!(hosts, ["node-a", "node-b", "node-b"], "{room}");
     // A user's connections (here the anonymous user "") are asked of every node.
     let (status, _, found) = request(&a, "GET", "/admin/api/connections?user=", &auth, None).await;
     assert_eq!(status, 200, "{found}");
@@ -724,4 +733,319 @@ async fn failed_logins_are_limited_per_source_and_overall() {
         !log.contains("guess-") && !log.contains(PASSWORD),
         "a password reached the log: {log}"
     );
+}
+
+#[tokio::test]
+async fn the_new_admin_endpoints_need_credentials_and_csrf() {
+    let node = admin_node(&[]).await;
+    let key = format!("Bearer {API_KEY}");
+    let calls: [(&str, &str, Option<Value>); 4] = [
+        (
+            "POST",
+            "/admin/api/broadcast",
+            Some(json!({"channels": ["a"], "data": 1})),
+        ),
+        (
+            "POST",
+            "/admin/api/subscribe",
+            Some(json!({"user": "u", "channel": "a"})),
+        ),
+        (
+            "POST",
+            "/admin/api/unsubscribe",
+            Some(json!({"user": "u", "channel": "a"})),
+        ),
+        ("GET", "/admin/api/audit", None),
+    ];
+    let (cookie, _csrf) = login(&node).await;
+    for (method, path, body) in calls {
+        let (status, _, r) = request(&node, method, path, &[], body.clone()).await;
+        assert_eq!(status, 401, "{path} without credentials: {r}");
+        let (status, _, r) = request(
+            &node,
+            method,
+            path,
+            &[("Authorization", &key)],
+            body.clone(),
+        )
+        .await;
+        assert_eq!(status, 401, "{path} with the client API key: {r}");
+        if method == "POST" {
+            let (status, _, r) = request(&node, method, path, &[("Cookie", &cookie)], body).await;
+            assert_eq!(status, 403, "{path} from a session without CSRF: {r}");
+        }
+    }
+    // Bad input is refused with a clear error, not ignored.
+    let admin = format!("Bearer {PASSWORD}");
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/subscribe",
+        &[("Authorization", &admin)],
+        Some(json!({"user": "u", "channel": "a", "extra": 1})),
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/broadcast",
+        &[("Authorization", &admin)],
+        Some(json!({"channels": ["a"], "data": 1, "bogus": true})),
+    )
+    .await;
+    assert_eq!(status, 400, "{r}");
+}
+
+/// The next `pub` push of `channel`, skipping presence pushes and other channels' pushes.
+async fn next_pub_of(c: &mut Client, channel: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let Some(m) = c.next_within(Duration::from_secs(1)).await else {
+            continue;
+        };
+        if m["pub"]["channel"] == channel {
+            return m["pub"].clone();
+        }
+    }
+    panic!("no publication on {channel} within 10 s");
+}
+
+/// The next push with `key` (skipping others), within 10 s.
+async fn next_push(c: &mut Client, key: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(m) = c.next_within(Duration::from_secs(1)).await {
+            if let Some(v) = m.get(key) {
+                return v.clone();
+            }
+        }
+    }
+    panic!("no {key} push within 10 s");
+}
+
+#[tokio::test]
+async fn admin_actions_reach_clients_and_are_audited() {
+    let (node, _child, log) = admin_node_with_log(&[("HERALD_TOKEN_HMAC_SECRET", SECRET)]).await;
+    let mut alice = node.client().await;
+    let t = token(json!({"sub": "alice"}));
+    let r = alice
+        .call(
+            "connect",
+            json!({"token": t, "subs": {"news": {}, "sport": {}}}),
+        )
+        .await;
+    assert!(r["connect"]["client"].is_string(), "{r}");
+    // A browser session broadcasts to two channels.
+    let (cookie, csrf) = login(&node).await;
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/broadcast",
+        &[("Cookie", &cookie), ("X-Herald-CSRF", &csrf)],
+        Some(json!({"channels": ["news", "sport"], "data": {"n": 1}})),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    assert_eq!(
+        (r["published"].clone(), r["failed"].clone()),
+        (json!(2), json!(0))
+    );
+    for channel in ["news", "sport"] {
+        let p = next_pub_of(&mut alice, channel).await;
+        assert_eq!(p["data"], json!({"n": 1}), "{p}");
+    }
+    // A script subscribes alice to a third channel server-side, then unsubscribes her.
+    let admin = format!("Bearer {PASSWORD}");
+    let auth = [("Authorization", admin.as_str())];
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/subscribe",
+        &auth,
+        Some(json!({"user": "alice", "channel": "extra"})),
+    )
+    .await;
+    assert_eq!((status, r), (200, json!({})));
+    assert_eq!(next_push(&mut alice, "subscribe").await["channel"], "extra");
+    node.publish("extra", json!("x")).await;
+    assert_eq!(next_pub_of(&mut alice, "extra").await["data"], "x");
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/unsubscribe",
+        &auth,
+        Some(json!({"user": "alice", "channel": "extra"})),
+    )
+    .await;
+    assert_eq!((status, r), (200, json!({})));
+    assert_eq!(next_push(&mut alice, "unsub").await["channel"], "extra");
+    // A refused publish is recorded as failed.
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/publish",
+        &auth,
+        Some(json!({"channel": "ghost:x", "data": 1})),
+    )
+    .await;
+    assert_eq!(status, 404, "{r}");
+    let (status, _, r) = request(
+        &node,
+        "POST",
+        "/admin/api/disconnect",
+        &auth,
+        Some(json!({"user": "alice"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    // The audit log, newest first: who (never a secret), action, target, result.
+    let (status, _, audit) = request(&node, "GET", "/admin/api/audit", &auth, None).await;
+    assert_eq!(status, 200, "{audit}");
+    let entries: Vec<(String, String, String, bool)> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            assert!(e["at_ms"].as_u64().unwrap() > 0, "{e}");
+            assert_eq!(e["source"], "127.0.0.1", "{e}");
+            (
+                e["who"].as_str().unwrap().to_owned(),
+                e["action"].as_str().unwrap().to_owned(),
+                e["target"].as_str().unwrap().to_owned(),
+                e["ok"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let want = [
+        ("password", "disconnect", "user=alice", true),
+        ("password", "publish", "ghost:x", false),
+        ("password", "unsubscribe", "user=alice channel=extra", true),
+        ("password", "subscribe", "user=alice channel=extra", true),
+        ("session-1", "broadcast", "news,sport", true),
+        ("session-1", "login", "", true),
+    ]
+    .map(|(w, a, t, ok)| (w.to_owned(), a.to_owned(), t.to_owned(), ok));
+    assert_eq!(entries, want, "{audit}");
+    let text = audit.to_string();
+    for secret in [PASSWORD, csrf.as_str(), cookie.split('=').nth(1).unwrap()] {
+        assert!(!text.contains(secret), "a secret in the audit log: {text}");
+    }
+    // Each action is also a structured log line, without secrets.
+    let log_has = |what: &str| log.lock().unwrap().contains(what);
+    eventually(
+        Duration::from_secs(5),
+        "the broadcast's audit log line",
+        || async { log_has("admin action") && log_has("action=\"broadcast\"") },
+    )
+    .await;
+    assert!(log_has("who=\"session-1\""), "{}", log.lock().unwrap());
+    assert!(!log_has(PASSWORD), "the password in the log");
+}
+
+#[tokio::test]
+async fn rate_limit_refusals_show_in_the_series() {
+    let node = admin_node(&[
+        ("HERALD_LIMITS__HANDSHAKES_PER_IP_PER_S", "1"),
+        ("HERALD_LIMITS__HANDSHAKE_BURST_PER_IP", "1"),
+    ])
+    .await;
+    let admin = format!("Bearer {PASSWORD}");
+    let auth = [("Authorization", admin.as_str())];
+    let upgrade = format!(
+        "GET /ws HTTP/1.1\r\nHost: {}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        node.addr
+    );
+    let mut refused = 0;
+    for _ in 0..5 {
+        let mut tcp = tokio::net::TcpStream::connect(node.addr).await.unwrap();
+        tcp.write_all(upgrade.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf))
+            .await
+            .expect("an answer to the upgrade")
+            .unwrap();
+        if String::from_utf8_lossy(&buf[..n]).contains(" 429 ") {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 3, "{refused} upgrades refused");
+    eventually(
+        Duration::from_secs(10),
+        "a series sample with rate-limited handshakes",
+        || async {
+            let (_, _, o) = request(&node, "GET", "/admin/api/overview", &auth, None).await;
+            o["series"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["rate_limited_per_s"].as_f64().unwrap() > 0.0)
+        },
+    )
+    .await;
+    let (_, _, o) = request(&node, "GET", "/admin/api/overview", &auth, None).await;
+    let last = o["series"].as_array().unwrap().last().unwrap().clone();
+    for key in ["errors_per_s", "slow_consumers_per_s", "rate_limited_per_s"] {
+        assert!(last[key].is_number(), "{key} missing: {last}");
+    }
+}
+
+#[tokio::test]
+async fn a_node_that_stops_answering_is_shown_lost() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let url = redis.url();
+    let a = admin_node(&[("HERALD_BROKER_URL", &url), ("HERALD_NODE_NAME", "node-a")]).await;
+    let b = admin_node(&[("HERALD_BROKER_URL", &url), ("HERALD_NODE_NAME", "node-b")]).await;
+    let admin = format!("Bearer {PASSWORD}");
+    let auth = [("Authorization", admin.as_str())];
+    let state_of_b = || async {
+        let (_, _, o) = request(&a, "GET", "/admin/api/overview", &auth, None).await;
+        let b = o["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == "node-b")
+            .cloned();
+        (o, b)
+    };
+    eventually(Duration::from_secs(15), "node-b live on node A", || async {
+        state_of_b().await.1.is_some_and(|b| b["state"] == "live")
+    })
+    .await;
+    let killed_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    b.kill().await;
+    let (o, lost) = eventually_some(
+        Duration::from_secs(15),
+        "node-b shown as lost on node A",
+        || async {
+            let (o, b) = state_of_b().await;
+            b.filter(|b| b["state"] == "lost").map(|b| (o, b))
+        },
+    )
+    .await;
+    let since = lost["lost_since_ms"].as_u64().expect("lost_since_ms");
+    assert!(
+        since + 3_000 >= killed_ms && since <= killed_ms + 3_000,
+        "lost since {since}, killed at {killed_ms}: {lost}"
+    );
+    // Left out of the totals: the newest sample counts node A alone.
+    assert_eq!(
+        o["series"].as_array().unwrap().last().unwrap()["nodes"],
+        1,
+        "{o}"
+    );
+    assert_eq!(o["lost_kept_ms"], 600_000);
+    let a_row = o["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "node-a")
+        .cloned()
+        .unwrap();
+    assert_eq!(a_row["state"], "live", "{o}");
+    assert!(a_row.get("lost_since_ms").is_none(), "{o}");
 }

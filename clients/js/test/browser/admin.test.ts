@@ -170,6 +170,8 @@ describe('admin UI against a three-node Redis cluster', () => {
         throw e;
       });
     expect(await page.$$eval('#presence tbody tr', (r) => r.length)).toBe(1);
+    // The subscriber is on node 3; node 1 asked every node which one hosts it.
+    expect(await page.textContent('#presence tbody')).toContain('admin-n3');
     expect(await page.textContent('#channel-body')).toContain('1 subscriber');
     await shot('channel');
   });
@@ -196,6 +198,23 @@ describe('admin UI against a three-node Redis cluster', () => {
     await shot('connections');
     await page.click('#tabs button[data-view=overview]');
     await waitFor(async () => (await connectionsByNode())['admin-n2'] === '0', 'node 2 at 0 connections', 15_000, 200);
+    expect(pageErrors).toEqual([]);
+  });
+
+  it('lists the admin actions of this session in the audit log', async () => {
+    await page.click('#tabs button[data-view=audit]');
+    await page.waitForSelector('#audit tbody tr[data-action="disconnect"]', { timeout: 10_000 });
+    const rows = await page.$$eval('#audit tbody tr', (trs) =>
+      trs.map((r) => [(r as HTMLElement).dataset.action, r.children[1]?.textContent, r.children[4]?.textContent]),
+    );
+    // Newest first; the wrong password of the first test is not an entry, the login is.
+    expect(rows).toEqual([
+      ['disconnect', 'session-1', 'user=alice'],
+      ['publish', 'session-1', 'admin-room'],
+      ['login', 'session-1', ''],
+    ]);
+    expect(await page.textContent('#audit tbody')).not.toContain(PASSWORD);
+    await shot('audit');
     expect(pageErrors).toEqual([]);
   });
 });

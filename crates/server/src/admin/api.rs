@@ -1,6 +1,7 @@
 //! The admin JSON API under `/admin/api/`: the cluster overview and charts, channels, one
-//! channel's presence and history, a user's connections, disconnect, publish, and the effective
-//! configuration with secrets masked.
+//! channel's presence and history, a user's connections, disconnect, publish, broadcast,
+//! server-side subscribe and unsubscribe, the audit log, and the effective configuration with
+//! secrets masked. Every action is recorded in the audit log ([`super::audit`]).
 //!
 //! Reads come from the cluster view ([`super::cluster`]) or the broker, which every node shares;
 //! actions reuse the HTTP API's paths (control messages, [`crate::publishing`]), so an admin
@@ -17,9 +18,9 @@ use hyper::{Method, Request, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::cluster::{EVERY, FRESH};
-use super::Admin;
-use crate::api::{body, raw_body, ApiError};
+use super::cluster::{EVERY, FRESH, LOST_KEPT};
+use super::{Actor, Admin};
+use crate::api::{body, raw_body, ApiError, UserChannelBody};
 use crate::publishing::{self, Command};
 use crate::state::App;
 
@@ -29,6 +30,12 @@ type ApiResult = Result<Value, ApiError>;
 const MAX_CHANNELS: usize = 500;
 /// Publications per history page at most.
 const MAX_HISTORY_PAGE: u64 = 200;
+/// Audit entries per answer at most (all that a node keeps).
+const MAX_AUDIT: usize = super::audit::KEPT;
+/// Presence entries whose node is looked up at most (the rest show no node).
+const MAX_PRESENCE_NODES: usize = 200;
+/// An audit entry's target is cut to this many characters (a broadcast may name many channels).
+const MAX_TARGET_CHARS: usize = 200;
 
 /// Whether the call changes something (and so needs the CSRF token from a browser).
 pub fn changes_state(method: &Method) -> bool {
@@ -39,6 +46,7 @@ pub fn changes_state(method: &Method) -> bool {
 pub async fn dispatch(
     app: Arc<App>,
     admin: &Admin,
+    actor: Actor,
     path: &str,
     req: Request<Incoming>,
 ) -> ApiResult {
@@ -49,16 +57,40 @@ pub async fn dispatch(
         (Method::GET, "channel") => channel(&app, admin, &query).await,
         (Method::GET, "connections") => connections(&app, admin, &query).await,
         (Method::GET, "config") => Ok(config(&app)),
-        (Method::POST, "publish") => {
-            let limit = app.ctx.config.limits.max_api_body_bytes;
+        (Method::GET, "audit") => Ok(audit(admin, &query)),
+        (Method::POST, method @ ("publish" | "broadcast")) => {
+            let limit = crate::publishing::max_body_bytes(&app.ctx.config.limits, method);
             let bytes = raw_body(&app, req, limit).await?;
-            publish(&app, &bytes).await
+            let done = if method == "publish" {
+                publish(&app, &bytes).await
+            } else {
+                crate::api::broadcast(&app, &bytes).await
+            };
+            admin.record(actor, method, &channels_of(&bytes), done.is_ok());
+            done
         }
-        (Method::POST, "disconnect") => disconnect(&app, body(&app, req).await?).await,
+        (Method::POST, "disconnect") => {
+            let b: DisconnectBody = body(&app, req).await?;
+            let target = match (&b.user, &b.client) {
+                (Some(user), _) => format!("user={user}"),
+                (None, Some(client)) => format!("client={client}"),
+                (None, None) => String::new(),
+            };
+            let done = disconnect(&app, b).await;
+            admin.record(actor, "disconnect", &cut(target), done.is_ok());
+            done
+        }
+        (Method::POST, method @ ("subscribe" | "unsubscribe")) => {
+            let b: UserChannelBody = body(&app, req).await?;
+            let target = cut(format!("user={} channel={}", b.user, b.channel));
+            let done = crate::api::user_channel(&app, b, method == "subscribe").await;
+            admin.record(actor, method, &target, done.is_ok());
+            done
+        }
         (
             _,
-            "overview" | "channels" | "channel" | "connections" | "config" | "publish"
-            | "disconnect",
+            "overview" | "channels" | "channel" | "connections" | "config" | "audit" | "publish"
+            | "broadcast" | "disconnect" | "subscribe" | "unsubscribe",
         ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,
@@ -72,6 +104,36 @@ pub async fn dispatch(
     }
 }
 
+/// The channels a publish or broadcast body names, for the audit log (read leniently: the
+/// command itself is parsed, and refused, by the API's code).
+fn channels_of(body: &[u8]) -> String {
+    let v: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let names: Vec<&str> = match (&v["channel"], &v["channels"]) {
+        (Value::String(c), _) => vec![c.as_str()],
+        (_, Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    cut(names.join(","))
+}
+
+/// `s` cut to [`MAX_TARGET_CHARS`], with `…` when cut.
+fn cut(s: String) -> String {
+    match s.char_indices().nth(MAX_TARGET_CHARS) {
+        Some((at, _)) => format!("{}…", &s[..at]),
+        None => s,
+    }
+}
+
+/// The newest audit entries of this node (`?limit=`, default 100).
+fn audit(admin: &Admin, query: &HashMap<String, String>) -> Value {
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(100)
+        .min(MAX_AUDIT);
+    json!({ "entries": admin.audit.newest(limit), "kept": MAX_AUDIT })
+}
+
 fn parse_query(q: Option<&str>) -> HashMap<String, String> {
     form_urlencoded::parse(q.unwrap_or("").as_bytes())
         .into_owned()
@@ -81,10 +143,11 @@ fn parse_query(q: Option<&str>) -> HashMap<String, String> {
 fn overview(app: &App, admin: &Admin) -> Value {
     json!({
         "node": app.ctx.hub.node_name(),
-        "nodes": admin.cluster.nodes(),
+        "nodes": admin.cluster.all_nodes(),
         "series": admin.cluster.series(),
         "interval_ms": EVERY.as_millis() as u64,
         "fresh_ms": FRESH.as_millis() as u64,
+        "lost_kept_ms": LOST_KEPT.as_millis() as u64,
     })
 }
 
@@ -133,6 +196,15 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
         .sum();
     let presence = if ns.presence {
         let clients = broker.presence(name).await?;
+        let nodes = presence_nodes(app, admin, &clients).await;
+        let clients: Vec<Value> = clients
+            .iter()
+            .map(|c| {
+                let mut v = json!(c);
+                v["node"] = json!(nodes.get(&c.client));
+                v
+            })
+            .collect();
         json!({ "available": true, "clients": clients })
     } else {
         json!({ "available": false, "clients": [] })
@@ -178,6 +250,42 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
     }))
 }
 
+/// Which node hosts each of the first [`MAX_PRESENCE_NODES`] presence entries (client id →
+/// node): their users' connections, asked of every node in one question (about a second when
+/// there are other nodes). A client not found (gone meanwhile, a node that did not answer, or
+/// beyond the cap) has no node.
+async fn presence_nodes(
+    app: &App,
+    admin: &Admin,
+    clients: &[herald_protocol::ClientInfo],
+) -> HashMap<String, String> {
+    let mut users: Vec<String> = clients
+        .iter()
+        .take(MAX_PRESENCE_NODES)
+        .map(|c| c.user.clone())
+        .collect();
+    users.sort();
+    users.dedup();
+    if users.is_empty() {
+        return HashMap::new();
+    }
+    let found = match admin.cluster.users_connections(&app.ctx.hub, users).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::debug!(cause = %e, "admin: asking which node hosts each client failed");
+            return HashMap::new();
+        }
+    };
+    found
+        .nodes
+        .into_iter()
+        .flat_map(|a| {
+            let node = a.node;
+            a.clients.into_iter().map(move |c| (c, node.clone()))
+        })
+        .collect()
+}
+
 /// A user's connections on every node (asked through the broker; takes about a second).
 async fn connections(app: &App, admin: &Admin, query: &HashMap<String, String>) -> ApiResult {
     let user = query.get("user").map(String::as_str).unwrap_or("");
@@ -204,10 +312,7 @@ struct DisconnectBody {
 }
 
 async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
-    let (user, client) = (b.user.clone(), b.client.clone());
-    let done = crate::api::disconnect_everywhere(app, b.user, b.client, None).await?;
-    tracing::info!(?user, ?client, "admin: disconnect");
-    Ok(done)
+    crate::api::disconnect_everywhere(app, b.user, b.client, None).await
 }
 
 /// The effective configuration, secrets replaced by `"***"`.

@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,10 +79,27 @@ impl AdminConfig {
 /// How a call was authenticated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Caller {
-    /// A bearer token: a script, no CSRF needed.
-    Bearer,
-    /// A browser session that passed the CSRF check where one was needed.
-    Session,
+    /// A bearer token: a script, no CSRF needed. Which one: `password` or `token`.
+    Bearer(&'static str),
+    /// A browser session that passed the CSRF check where one was needed: the n-th login on
+    /// this node.
+    Session(u64),
+}
+
+impl Caller {
+    /// Who acted, for the audit log: the credential's name or the login's number, never a
+    /// secret.
+    pub fn who(&self) -> String {
+        match self {
+            Caller::Bearer(which) => (*which).to_owned(),
+            Caller::Session(n) => session_name(*n),
+        }
+    }
+}
+
+/// The audit log's name of the n-th login on this node.
+pub fn session_name(n: u64) -> String {
+    format!("session-{n}")
 }
 
 /// Why a call is refused.
@@ -102,6 +120,8 @@ impl From<ApiError> for Denied {
 struct Session {
     csrf: String,
     expires: Instant,
+    /// The n-th login on this node: names the session in the audit log (the id is a secret).
+    login: u64,
 }
 
 /// Credentials and the sessions logged in on this node.
@@ -113,6 +133,8 @@ pub struct AdminAuth {
     session_ttl: Duration,
     secure_cookie: bool,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Logins so far on this node (numbers the sessions for the audit log).
+    logins: AtomicU64,
     /// Failed logins and bearer tokens, per source and overall.
     pub limit: Arc<LoginLimit>,
 }
@@ -146,6 +168,7 @@ impl AdminAuth {
             session_ttl: Duration::from_secs(cfg.session_ttl_s.unwrap_or(12 * 3600).max(1)),
             secure_cookie: tls,
             sessions: Mutex::default(),
+            logins: AtomicU64::new(0),
             limit: Arc::new(LoginLimit::new(
                 cfg.max_failed_logins_per_ip.unwrap_or(10),
                 cfg.max_failed_logins.unwrap_or(30),
@@ -159,9 +182,13 @@ impl AdminAuth {
         !self.open
     }
 
-    /// A new session for a correct password from `source`: (session id, CSRF token); `None`
-    /// for a wrong one, `Err` while the login limit refuses `source`.
-    pub fn login(&self, source: IpAddr, given: &str) -> Result<Option<(String, String)>, Locked> {
+    /// A new session for a correct password from `source`: (session id, CSRF token, the
+    /// login's number); `None` for a wrong one, `Err` while the login limit refuses `source`.
+    pub fn login(
+        &self,
+        source: IpAddr,
+        given: &str,
+    ) -> Result<Option<(String, String, u64)>, Locked> {
         // The token is for scripts (bearer only); a browser logs in with the password.
         let ok = self.limit.attempt(source, Instant::now(), || {
             self.open || self.password.as_deref().is_some_and(|p| same(p, given))
@@ -171,6 +198,7 @@ impl AdminAuth {
         }
         let sid = random_token();
         let csrf = random_token();
+        let login = self.logins.fetch_add(1, Ordering::Relaxed) + 1;
         let mut sessions = self.sessions.lock().expect("sessions lock");
         let now = Instant::now();
         sessions.retain(|_, s| s.expires > now);
@@ -188,9 +216,10 @@ impl AdminAuth {
             Session {
                 csrf: csrf.clone(),
                 expires: now + self.session_ttl,
+                login,
             },
         );
-        Ok(Some((sid, csrf)))
+        Ok(Some((sid, csrf, login)))
     }
 
     /// Forget the session of this request's cookie.
@@ -202,12 +231,17 @@ impl AdminAuth {
 
     /// The CSRF token of this request's session, if it is logged in.
     pub fn session_csrf(&self, headers: &HeaderMap) -> Option<String> {
+        self.session(headers).map(|(csrf, _)| csrf)
+    }
+
+    /// The CSRF token and login number of this request's session, if it is logged in.
+    fn session(&self, headers: &HeaderMap) -> Option<(String, u64)> {
         let sid = session_id(headers)?;
         let sessions = self.sessions.lock().expect("sessions lock");
         sessions
             .get(&sid)
             .filter(|s| s.expires > Instant::now())
-            .map(|s| s.csrf.clone())
+            .map(|s| (s.csrf.clone(), s.login))
     }
 
     /// `Set-Cookie` for a new session.
@@ -235,15 +269,19 @@ impl AdminAuth {
     ) -> Result<Caller, Denied> {
         same_origin(headers)?;
         if let Some(given) = bearer(headers) {
-            let ok = self
-                .limit
+            let mut which = None;
+            self.limit
                 .attempt(source, Instant::now(), || {
-                    self.password.as_deref().is_some_and(|p| same(p, given))
-                        || self.token.as_deref().is_some_and(|t| same(t, given))
+                    if self.password.as_deref().is_some_and(|p| same(p, given)) {
+                        which = Some("password");
+                    } else if self.token.as_deref().is_some_and(|t| same(t, given)) {
+                        which = Some("token");
+                    }
+                    which.is_some()
                 })
                 .map_err(Denied::Locked)?;
-            return if ok {
-                Ok(Caller::Bearer)
+            return if let Some(which) = which {
+                Ok(Caller::Bearer(which))
             } else {
                 Err(ApiError::code(
                     ErrorCode::Unauthorized,
@@ -252,7 +290,7 @@ impl AdminAuth {
                 .into())
             };
         }
-        let Some(csrf) = self.session_csrf(headers) else {
+        let Some((csrf, login)) = self.session(headers) else {
             return Err(ApiError::code(
                 ErrorCode::Unauthorized,
                 "log in first (POST /admin/login) or send Authorization: Bearer <admin token>",
@@ -272,7 +310,7 @@ impl AdminAuth {
                 .into());
             }
         }
-        Ok(Caller::Session)
+        Ok(Caller::Session(login))
     }
 }
 
@@ -353,13 +391,15 @@ mod tests {
             "the token is not a login password"
         );
         assert!(t.login(IP, "").unwrap().is_none());
-        let (sid, csrf) = a.login(IP, "pw").unwrap().unwrap();
+        let (sid, csrf, n) = a.login(IP, "pw").unwrap().unwrap();
+        assert_eq!(n, 1);
         let mut h = HeaderMap::new();
         h.insert(
             header::COOKIE,
             HeaderValue::from_str(&format!("x=1; {COOKIE}={sid}")).unwrap(),
         );
-        assert_eq!(a.check(&h, IP, false).unwrap(), Caller::Session);
+        assert_eq!(a.check(&h, IP, false).unwrap(), Caller::Session(1));
+        assert_eq!(Caller::Session(1).who(), "session-1");
         assert!(a.check(&h, IP, true).is_err(), "no CSRF header");
         h.insert(CSRF_HEADER, HeaderValue::from_str(&csrf).unwrap());
         assert!(a.check(&h, IP, true).is_ok());
@@ -376,7 +416,7 @@ mod tests {
         );
         assert!(a.check(&k, IP, false).is_err(), "client API key");
         k.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer pw"));
-        assert_eq!(a.check(&k, IP, true).unwrap(), Caller::Bearer);
+        assert_eq!(a.check(&k, IP, true).unwrap(), Caller::Bearer("password"));
     }
 
     #[test]

@@ -16,8 +16,10 @@
 //!
 //! Staleness: a snapshot is at most [`EVERY`] old when written, and the reader's view is one
 //! more tick old at worst, so about 2 s. A node whose snapshot has not changed for [`FRESH`]
-//! (crashed, or cut off from the broker) is left out, measured on the reader's clock so that
-//! clock skew between nodes does not matter; the broker drops its entry after its presence TTL.
+//! (crashed, or cut off from the broker) is shown as lost, with when it was last seen, measured
+//! on the reader's clock so that clock skew between nodes does not matter; it is left out of the
+//! totals and charts, and forgotten after [`LOST_KEPT`]. The broker drops its entry after its
+//! presence TTL.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -41,8 +43,12 @@ pub const ASK_WAIT: Duration = Duration::from_secs(3);
 pub const EVERY: Duration = Duration::from_secs(1);
 /// A snapshot unchanged for this long belongs to a node that is gone.
 pub const FRESH: Duration = Duration::from_secs(5);
+/// A lost node stays listed (as lost) this long after it was last seen, then is forgotten.
+pub const LOST_KEPT: Duration = Duration::from_secs(600);
 /// Samples kept for the charts: five minutes at one a second.
 const SERIES_LEN: usize = 300;
+/// Users one question asks about at most.
+pub const MAX_ASKED_USERS: usize = 200;
 /// Busiest channels each node reports.
 pub const TOP_CHANNELS: usize = 100;
 
@@ -69,6 +75,16 @@ pub struct NodeStats {
     pub deliveries_per_s: f64,
     /// Mean time a publish took at the broker over the last second, in ms (none published: 0).
     pub publish_ms: f64,
+    /// Errors per second: failed broker publishes and failed or refused proxy calls (an older
+    /// node does not send it: 0).
+    #[serde(default)]
+    pub errors_per_s: f64,
+    /// Connections closed as slow consumers (close 4001) per second.
+    #[serde(default)]
+    pub slow_consumers_per_s: f64,
+    /// WebSocket handshakes refused by the per-address rate limit per second.
+    #[serde(default)]
+    pub rate_limited_per_s: f64,
     /// CPU used by the process over the last second, in percent of one core.
     pub cpu_percent: f64,
     /// Resident memory, bytes.
@@ -96,14 +112,36 @@ pub struct Sample {
     pub deliveries_per_s: f64,
     /// The slowest node's mean publish time, ms.
     pub publish_ms: f64,
+    /// Errors per second, all nodes ([`NodeStats::errors_per_s`]).
+    pub errors_per_s: f64,
+    /// Slow-consumer closes per second, all nodes.
+    pub slow_consumers_per_s: f64,
+    /// Rate-limit refusals per second, all nodes.
+    pub rate_limited_per_s: f64,
 }
 
-/// A question about a user's connections.
+/// A node as the overview lists it: its latest snapshot, and whether it still answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct NodeView {
+    /// The latest snapshot read.
+    #[serde(flatten)]
+    pub stats: NodeStats,
+    /// `live`, or `lost`: its snapshot has not changed for [`FRESH`].
+    pub state: &'static str,
+    /// A lost node: when its snapshot last changed (ms since the epoch, the reader's clock).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lost_since_ms: Option<u64>,
+}
+
+/// A question about a user's connections (and, for a channel's presence, several users'; an
+/// older node answers for `user` alone).
 #[derive(Debug, Serialize, Deserialize)]
 struct Ask {
     id: String,
     user: String,
     from: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    users: Vec<String>,
 }
 
 /// One node's answer: the user's connections there.
@@ -137,6 +175,9 @@ struct Previous {
     publish_sum: f64,
     publish_count: u64,
     cpu_ticks: u64,
+    errors: u64,
+    slow_consumers: u64,
+    rate_limited: u64,
 }
 
 /// What this node knows about the cluster.
@@ -212,13 +253,17 @@ impl Cluster {
             .filter(|(_, changed)| is_live(*changed, now))
             .map(|(s, _)| s)
             .collect();
+        let sum = |f: fn(&NodeStats) -> f64| round2(live.iter().map(|s| f(s)).sum());
         let sample = Sample {
             t: unix_ms(),
             nodes: live.len(),
             connections: live.iter().map(|s| s.connections).sum(),
-            publications_per_s: live.iter().map(|s| s.publications_per_s).sum(),
-            deliveries_per_s: live.iter().map(|s| s.deliveries_per_s).sum(),
+            publications_per_s: sum(|s| s.publications_per_s),
+            deliveries_per_s: sum(|s| s.deliveries_per_s),
             publish_ms: live.iter().map(|s| s.publish_ms).fold(0.0, f64::max),
+            errors_per_s: sum(|s| s.errors_per_s),
+            slow_consumers_per_s: sum(|s| s.slow_consumers_per_s),
+            rate_limited_per_s: sum(|s| s.rate_limited_per_s),
         };
         drop(nodes);
         let mut series = self.series.lock().expect("series lock");
@@ -246,9 +291,15 @@ impl Cluster {
                 .collect()
         };
         for ask in new {
+            let mut clients = hub.user_clients(&ask.user);
+            for user in ask.users.iter().take(MAX_ASKED_USERS) {
+                if *user != ask.user {
+                    clients.extend(hub.user_clients(user));
+                }
+            }
             let answer = Answer {
                 node: me.clone(),
-                clients: hub.user_clients(&ask.user),
+                clients,
             };
             let channel = reply_channel(&ask.id);
             if cluster::put(&**broker, &channel, &me, Some(&answer))
@@ -273,10 +324,35 @@ impl Cluster {
         hub: &Hub,
         user: &str,
     ) -> Result<UserConnections, herald_broker::BrokerError> {
+        self.ask(hub, user, Vec::new()).await
+    }
+
+    /// The connections of several users (at most [`MAX_ASKED_USERS`]) on every live node, in one
+    /// question: which node hosts each client of a channel's presence.
+    pub async fn users_connections(
+        &self,
+        hub: &Hub,
+        mut users: Vec<String>,
+    ) -> Result<UserConnections, herald_broker::BrokerError> {
+        users.truncate(MAX_ASKED_USERS);
+        let first = users.first().cloned().unwrap_or_default();
+        self.ask(hub, &first, users).await
+    }
+
+    async fn ask(
+        &self,
+        hub: &Hub,
+        user: &str,
+        users: Vec<String>,
+    ) -> Result<UserConnections, herald_broker::BrokerError> {
         let me = hub.node_name().to_owned();
+        let mut clients = hub.user_clients(user);
+        for u in users.iter().filter(|u| *u != user) {
+            clients.extend(hub.user_clients(u));
+        }
         let mut found = vec![Answer {
             node: me.clone(),
-            clients: hub.user_clients(user),
+            clients,
         }];
         let mut waiting: Vec<String> = self
             .nodes()
@@ -296,6 +372,7 @@ impl Cluster {
             id: id.clone(),
             user: user.to_owned(),
             from: me,
+            users,
         };
         cluster::put(&**broker, ASK_CHANNEL, &id, Some(&ask)).await?;
         let deadline = Instant::now() + ASK_WAIT;
@@ -326,11 +403,19 @@ impl Cluster {
         let m = hub.metrics();
         let publications = m.publications.get();
         let deliveries = m.deliveries.get();
+        let slow_consumers = m.slow_consumers.get();
+        let rate_limited = m.handshakes_refused.get();
+        let broker_errors = counter_total(
+            &hub.broker().metrics_text(),
+            "herald_broker_publish_errors_total",
+        );
+        let errors = broker_errors + m.proxy_unavailable.get() + m.proxy_bad_answers.get();
         // The histogram's sum and count are only readable from its text rendering.
         let (publish_sum, publish_count) = histogram_totals(&m.render(), "herald_publish_seconds");
         let cpu_ticks = process_cpu_ticks().unwrap_or(0);
         let now = Instant::now();
         let mut prev = self.previous.lock().expect("previous lock");
+        let mut per_s = [0.0; 3];
         let (pubs, dels, publish_ms, cpu) = match prev.at {
             Some(at) => {
                 let secs = now.duration_since(at).as_secs_f64().max(0.001);
@@ -342,6 +427,11 @@ impl Cluster {
                 };
                 // Linux counts CPU time in ticks of 1/100 s (USER_HZ).
                 let cpu = cpu_ticks.saturating_sub(prev.cpu_ticks) as f64 / secs;
+                per_s = [
+                    errors.saturating_sub(prev.errors) as f64 / secs,
+                    slow_consumers.saturating_sub(prev.slow_consumers) as f64 / secs,
+                    rate_limited.saturating_sub(prev.rate_limited) as f64 / secs,
+                ];
                 (
                     publications.saturating_sub(prev.publications) as f64 / secs,
                     deliveries.saturating_sub(prev.deliveries) as f64 / secs,
@@ -358,6 +448,9 @@ impl Cluster {
             publish_sum,
             publish_count,
             cpu_ticks,
+            errors,
+            slow_consumers,
+            rate_limited,
         };
         drop(prev);
         NodeStats {
@@ -371,6 +464,9 @@ impl Cluster {
             publications_per_s: round2(pubs),
             deliveries_per_s: round2(dels),
             publish_ms: round2(publish_ms),
+            errors_per_s: round2(per_s[0]),
+            slow_consumers_per_s: round2(per_s[1]),
+            rate_limited_per_s: round2(per_s[2]),
             cpu_percent: round2(cpu),
             rss_bytes: process_rss_bytes().unwrap_or(0),
             broker: self.broker_kind.clone(),
@@ -389,6 +485,33 @@ impl Cluster {
             .map(|(s, _)| s.clone())
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    /// Every node known: the live ones and those lost within [`LOST_KEPT`], by name.
+    pub fn all_nodes(&self) -> Vec<NodeView> {
+        let now = Instant::now();
+        let wall = unix_ms();
+        let nodes = self.nodes.lock().expect("nodes lock");
+        let mut all: Vec<NodeView> = nodes
+            .values()
+            .filter(|(_, changed)| is_kept(*changed, now))
+            .filter_map(|(s, changed)| {
+                let changed = (*changed)?;
+                let lost_since_ms = (!is_live(Some(changed), now))
+                    .then(|| wall.saturating_sub(now.duration_since(changed).as_millis() as u64));
+                Some(NodeView {
+                    stats: s.clone(),
+                    state: if lost_since_ms.is_some() {
+                        "lost"
+                    } else {
+                        "live"
+                    },
+                    lost_since_ms,
+                })
+            })
+            .collect();
+        all.sort_by(|a, b| a.stats.name.cmp(&b.stats.name));
         all
     }
 
@@ -438,7 +561,8 @@ type Snapshots = HashMap<String, (NodeStats, Option<Instant>)>;
 /// Fold one read of the presence set into `nodes`. A snapshot counts as live while it keeps
 /// changing: one first read is not enough, since a dead node's entry stays in the broker until
 /// its presence TTL, and would otherwise show up after every restart of the reader. A failed
-/// read (`None`) keeps what was known, which goes stale after [`FRESH`].
+/// read (`None`) keeps what was known, which goes stale after [`FRESH`]. A node once seen live
+/// stays (lost) for [`LOST_KEPT`] after its last change, even once the broker dropped its entry.
 fn merge(nodes: &mut Snapshots, read: Option<Vec<NodeStats>>, mine: NodeStats, now: Instant) {
     if let Some(read) = read {
         let mut next = Snapshots::with_capacity(read.len() + 1);
@@ -453,9 +577,20 @@ fn merge(nodes: &mut Snapshots, read: Option<Vec<NodeStats>>, mine: NodeStats, n
             };
             next.insert(stats.name.clone(), (stats, changed));
         }
+        // Gone from the broker (its presence TTL ran out): still shown as lost for a while.
+        for (name, (stats, changed)) in nodes.drain() {
+            if !next.contains_key(&name) && is_kept(changed, now) {
+                next.insert(name, (stats, changed));
+            }
+        }
         *nodes = next;
     }
     nodes.insert(mine.name.clone(), (mine, Some(now)));
+}
+
+/// Whether a node is still listed: seen live, within [`LOST_KEPT`] of its last change.
+fn is_kept(changed: Option<Instant>, now: Instant) -> bool {
+    changed.is_some_and(|at| now.duration_since(at) < LOST_KEPT)
 }
 
 fn is_live(changed: Option<Instant>, now: Instant) -> bool {
@@ -470,6 +605,16 @@ fn top_channels(mut all: Vec<(String, usize)>, n: usize) -> Vec<(String, usize)>
     }
     all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     all
+}
+
+/// A counter's value from Prometheus text (0 when absent: the memory broker has none).
+fn counter_total(text: &str, name: &str) -> u64 {
+    let key = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(key.as_str()))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
 }
 
 /// `<name>_sum` and `<name>_count` from Prometheus text.
@@ -564,8 +709,15 @@ mod tests {
         let t3 = t1 + FRESH;
         merge(&mut nodes, None, stats("a", 4), t3);
         assert_eq!(live(&nodes, t3), ["a"]);
-        // Gone from the broker: gone from the map.
+        // Gone from the broker: kept (lost) until LOST_KEPT after its last change, then
+        // forgotten; "dead", never seen live, is forgotten at once.
         merge(&mut nodes, Some(vec![]), stats("a", 5), t3);
+        let mut names: Vec<&String> = nodes.keys().collect();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+        assert!(!is_live(nodes["b"].1, t3) && is_kept(nodes["b"].1, t3));
+        let t4 = t1 + LOST_KEPT;
+        merge(&mut nodes, Some(vec![]), stats("a", 6), t4);
         assert_eq!(nodes.len(), 1);
     }
 

@@ -6,11 +6,13 @@
 //! - [`limit`]: how many failed logins a source, and all sources, may make per window.
 //! - [`cluster`]: every node's stats snapshot, shared through a broker presence set.
 //! - [`api`]: the JSON endpoints under `/admin/api/`.
+//! - [`audit`]: the last admin actions on this node, also logged.
 //!
 //! Routes: `GET /admin/` (the page), `GET /admin/app.js`, `GET /admin/app.css`,
 //! `POST /admin/login`, `POST /admin/logout`, `GET /admin/session`, `/admin/api/*`.
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod cluster;
 pub mod limit;
@@ -32,7 +34,8 @@ use crate::api::{body, ApiError};
 use crate::guard::PeerAddr;
 use crate::response::{error, json, HttpResponse};
 use crate::state::App;
-use auth::{AdminAuth, AdminConfig, Denied};
+use audit::AuditLog;
+use auth::{AdminAuth, AdminConfig, Caller, Denied};
 use cluster::Cluster;
 use limit::Locked;
 
@@ -46,6 +49,17 @@ pub struct Admin {
     pub auth: AdminAuth,
     /// Every node's latest snapshot and the chart samples.
     pub cluster: Arc<Cluster>,
+    /// The last admin actions on this node.
+    pub audit: AuditLog,
+}
+
+/// Who made an admin call, and from where: what the audit log records of the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct Actor {
+    /// The credential or login session.
+    pub caller: Caller,
+    /// The TCP peer's address.
+    pub source: IpAddr,
 }
 
 impl Admin {
@@ -65,7 +79,16 @@ impl Admin {
         Ok(Some(Admin {
             auth,
             cluster: Arc::new(Cluster::new(&config.broker_url)),
+            audit: AuditLog::default(),
         }))
+    }
+
+    /// Record an admin action in the audit log (memory and a log line): `action` is a short
+    /// verb (`publish`, `reload`, …), `target` what it acted on (a channel, `user=…`, or "").
+    /// Never pass a secret in `target`.
+    pub fn record(&self, actor: Actor, action: &str, target: &str, ok: bool) {
+        self.audit
+            .record(&actor.caller.who(), actor.source, action, target, ok);
     }
 
     /// Start sharing this node's snapshot with the cluster, and summarising failed logins.
@@ -144,9 +167,13 @@ pub async fn handle(
                 source(&req),
                 api::changes_state(req.method()),
             ) {
-                Ok(_) => {
+                Ok(caller) => {
+                    let actor = Actor {
+                        caller,
+                        source: source(&req),
+                    };
                     let rest = p.trim_start_matches("/admin/api/").to_owned();
-                    match api::dispatch(app.clone(), &admin, &rest, req).await {
+                    match api::dispatch(app.clone(), &admin, actor, &rest, req).await {
                         Ok(body) => json(StatusCode::OK, &body),
                         Err(e) => api_error(&e),
                     }
@@ -182,7 +209,10 @@ async fn login(app: &App, admin: &Admin, req: Request<Incoming>) -> HttpResponse
         Err(e) => return api_error(&e),
     };
     match admin.auth.login(source, &b.password) {
-        Ok(Some((sid, csrf))) => {
+        Ok(Some((sid, csrf, login))) => {
+            admin
+                .audit
+                .record(&auth::session_name(login), source, "login", "", true);
             let mut r = json(StatusCode::OK, &json!({ "csrf": csrf }));
             set_cookie(&mut r, &admin.auth.cookie(&sid));
             r

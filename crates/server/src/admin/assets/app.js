@@ -106,6 +106,7 @@ function show(view) {
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${view}`;
   if (view === 'channels') loadChannels();
   if (view === 'config') loadConfig();
+  if (view === 'audit') loadAudit();
   if (view === 'channel' && state.channel) loadChannel(state.channel, null);
 }
 
@@ -115,6 +116,7 @@ async function tick() {
   if (!state.csrf) return;
   // The channel list follows the cluster too (each node's snapshot is up to ~2 s old).
   if (state.view === 'channels') return loadChannels();
+  if (state.view === 'audit') return loadAudit();
   if (state.view !== 'overview') return;
   try {
     const o = await call('GET', '/admin/api/overview');
@@ -143,11 +145,17 @@ function renderNodes(o) {
   body.replaceChildren();
   let conns = 0;
   let subs = 0;
+  let live = 0;
   for (const n of o.nodes) {
-    conns += n.connections;
-    subs += n.subscriptions;
+    const lost = n.state === 'lost';
+    if (!lost) {
+      live += 1;
+      conns += n.connections;
+      subs += n.subscriptions;
+    }
     const tr = row([
       el('td', n.name + (n.name === o.node ? ' (this node)' : '')),
+      el('td', lost ? `lost since ${fmtTime(n.lost_since_ms)}` : 'live', 'state'),
       n.version,
       fmtUptime(n.uptime_s),
       el('td', n.connections, 'connections'),
@@ -160,41 +168,81 @@ function renderNodes(o) {
       el('td', `${n.broker} ${n.broker_ok ? 'ok' : 'unreachable'}`, n.broker_ok ? 'ok' : 'bad'),
     ]);
     tr.dataset.node = n.name;
+    tr.dataset.state = n.state;
+    if (lost) tr.className = 'lost';
     body.append(tr);
   }
   $('#total-connections').textContent = conns;
   $('#total-subscriptions').textContent = subs;
-  $('#nodes-note').textContent = `${o.nodes.length} node${o.nodes.length === 1 ? '' : 's'}`;
+  const gone = o.nodes.length - live;
+  $('#nodes-note').textContent = `${live} node${live === 1 ? '' : 's'}${gone ? `, ${gone} lost` : ''}`;
+}
+
+function fmtTime(ms) {
+  return new Date(ms).toLocaleTimeString();
+}
+
+function fmtValue(v) {
+  if (v >= 1e6) return `${(v / 1e6).toFixed(1)}M`;
+  if (v >= 1e4) return `${(v / 1e3).toFixed(0)}k`;
+  return Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 2 : 0);
+}
+
+function svgText(svg, x, y, text, anchor) {
+  const t = document.createElementNS(SVG, 'text');
+  t.setAttribute('x', x);
+  t.setAttribute('y', y);
+  if (anchor) t.setAttribute('text-anchor', anchor);
+  t.textContent = text;
+  svg.append(t);
 }
 
 const SVG = 'http://www.w3.org/2000/svg';
 
+const CHARTS = [
+  'connections',
+  'publications_per_s',
+  'deliveries_per_s',
+  'publish_ms',
+  'errors_per_s',
+  'slow_consumers_per_s',
+  'rate_limited_per_s',
+];
+
+// The time axis spans the samples the server has (up to its 5 minutes), so a fresh cluster
+// fills the chart from its first sample instead of drawing a short line at the right edge.
 function renderCharts(series) {
-  for (const key of ['connections', 'publications_per_s', 'deliveries_per_s', 'publish_ms']) {
+  const t0 = series.length ? series[0].t : 0;
+  const t1 = series.length ? series[series.length - 1].t : 0;
+  const span = Math.max(1, t1 - t0);
+  for (const key of CHARTS) {
     const svg = $(`#chart-${key}`);
-    const values = series.map((s) => s[key]);
-    const max = Math.max(1, ...values) * 1.1;
+    const values = series.map((s) => s[key] || 0);
+    const top = Math.max(1, ...values);
+    const max = top * 1.15;
+    const left = 34; // room for the value axis
     const w = 400;
-    const h = 120;
-    const n = 300; // samples kept by the server: five minutes at one a second
-    const points = values.map((v, i) => `${((n - values.length + i) / (n - 1)) * w},${h - (v / max) * h}`).join(' ');
+    const h = 108; // room below for the time axis
+    const x = (t) => left + ((t - t0) / span) * (w - left - 2);
+    const y = (v) => h - (v / max) * (h - 4);
+    const points = series.map((s, i) => `${x(s.t)},${y(values[i])}`).join(' ');
     svg.replaceChildren();
-    for (const f of [0.25, 0.5, 0.75]) {
+    for (const v of [0, top / 2, top]) {
       const l = document.createElementNS(SVG, 'line');
-      l.setAttribute('x1', 0);
+      l.setAttribute('x1', left);
       l.setAttribute('x2', w);
-      l.setAttribute('y1', h * f);
-      l.setAttribute('y2', h * f);
+      l.setAttribute('y1', y(v));
+      l.setAttribute('y2', y(v));
       svg.append(l);
+      svgText(svg, left - 3, y(v) + 3, fmtValue(v), 'end');
     }
     const line = document.createElementNS(SVG, 'polyline');
     line.setAttribute('points', points);
     svg.append(line);
-    const label = document.createElementNS(SVG, 'text');
-    label.setAttribute('x', 2);
-    label.setAttribute('y', 10);
-    label.textContent = `max ${(max / 1.1).toFixed(max < 10 ? 2 : 0)} · last 5 min`;
-    svg.append(label);
+    if (series.length) {
+      svgText(svg, left, 119, fmtTime(t0), 'start');
+      svgText(svg, w - 2, 119, fmtTime(t1), 'end');
+    }
     const last = values.length ? values[values.length - 1] : 0;
     document.querySelector(`[data-last="${key}"]`).textContent = Number.isInteger(last) ? last : last.toFixed(2);
   }
@@ -234,17 +282,19 @@ async function loadChannel(name, before) {
     $('#channel-body').textContent = `${r.channel}: ${r.subscribers} subscriber(s) on all nodes`;
     const pres = $('#presence tbody');
     pres.replaceChildren();
-    if (!r.presence.available) pres.append(row(['presence is off in this namespace', '', '']));
-    for (const c of r.presence.clients) pres.append(row([c.client, c.user, c.info ? JSON.stringify(c.info) : '']));
+    if (!r.presence.available) pres.append(row(['presence is off in this namespace', '', '', '']));
+    for (const c of r.presence.clients) {
+      pres.append(row([c.client, c.user, c.node || '?', c.info ? JSON.stringify(c.info) : '']));
+    }
     const hist = $('#history tbody');
     hist.replaceChildren();
     if (!r.history.available) {
-      hist.append(row(['', 'this namespace keeps no history']));
+      hist.append(row(['', '', 'this namespace keeps no history']));
       state.history = null;
     } else {
       const pubs = r.history.publications.slice().reverse();
-      for (const p of pubs) hist.append(row([p.offset, td(JSON.stringify(p.data), 'data')]));
-      if (!pubs.length) hist.append(row(['', 'no publications here']));
+      for (const p of pubs) hist.append(row([p.offset, r.history.epoch, td(JSON.stringify(p.data), 'data')]));
+      if (!pubs.length) hist.append(row(['', r.history.epoch, 'no publications here']));
       const oldest = pubs.length ? pubs[pubs.length - 1].offset : 0;
       state.history = { epoch: r.history.epoch, oldest };
       $('#history-older').disabled = oldest <= 1;
@@ -325,6 +375,71 @@ $('#publish-form').addEventListener('submit', async (ev) => {
     out.textContent = `failed: ${e.message}`;
   }
 });
+
+$('#broadcast-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  const out = $('#broadcast-result');
+  const channels = $('#broadcast-channels')
+    .value.split(/[\s,]+/)
+    .filter((c) => c);
+  let data;
+  try {
+    data = JSON.parse($('#broadcast-data').value);
+  } catch (e) {
+    out.textContent = `data is not JSON: ${e.message}`;
+    return;
+  }
+  try {
+    const r = await call('POST', '/admin/api/broadcast', { channels, data });
+    const lines = r.results.map((x, i) =>
+      x.error ? `${channels[i]}: failed: ${x.error.message}` : `${channels[i]}: offset ${x.offset} (epoch ${x.epoch})`,
+    );
+    out.textContent = `published to ${r.published}, failed ${r.failed}\n${lines.join('\n')}`;
+  } catch (e) {
+    out.textContent = `failed: ${e.message}`;
+  }
+});
+
+async function userChannel(action) {
+  const out = $('#uc-result');
+  const user = $('#uc-user').value.trim();
+  const channel = $('#uc-channel').value.trim();
+  try {
+    await call('POST', `/admin/api/${action}`, { user, channel });
+    out.textContent = `${action}d user "${user}" ${action === 'subscribe' ? 'to' : 'from'} ${channel} on every node`;
+  } catch (e) {
+    out.textContent = `failed: ${e.message}`;
+  }
+}
+
+$('#user-channel-form').addEventListener('submit', (ev) => {
+  ev.preventDefault();
+  userChannel('subscribe');
+});
+$('#uc-unsubscribe').addEventListener('click', () => userChannel('unsubscribe'));
+
+async function loadAudit() {
+  try {
+    const r = await call('GET', '/admin/api/audit?limit=200');
+    const body = $('#audit tbody');
+    body.replaceChildren();
+    for (const a of r.entries) {
+      const tr = row([
+        new Date(a.at_ms).toLocaleString(),
+        a.who,
+        a.source,
+        a.action,
+        a.target,
+        el('td', a.ok ? 'ok' : 'failed', a.ok ? 'ok' : 'bad'),
+      ]);
+      tr.dataset.action = a.action;
+      body.append(tr);
+    }
+    if (!r.entries.length) body.append(row(['no admin actions yet', '', '', '', '', '']));
+  } catch (e) {
+    status(`audit: ${e.message}`);
+  }
+}
 
 async function loadConfig() {
   try {
