@@ -91,8 +91,8 @@ fn command(mut fields: BTreeMap<String, Box<RawValue>>) -> Result<BatchCommand, 
         let payload = fields
             .remove("payload")
             .ok_or_else(|| bad("a command is {\"method\", \"payload\"} or {\"<method>\": {…}}"))?;
-        let method: String = serde_json::from_str(method.get())
-            .map_err(|_| bad("\"method\" must be a string"))?;
+        let method: String =
+            serde_json::from_str(method.get()).map_err(|_| bad("\"method\" must be a string"))?;
         (method, payload)
     } else if fields.len() == 1 {
         fields.pop_first().expect("one field")

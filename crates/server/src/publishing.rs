@@ -174,10 +174,11 @@ pub fn data_or_b64(data: Option<&RawValue>, b64data: Option<&str>) -> Result<Byt
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(b64.as_bytes())
                 .map_err(|e| bad(format!("b64data is not base64: {e}")))?;
-            let value: Box<RawValue> = serde_json::from_slice(&bytes).map_err(|_| {
-                bad("b64data must decode to JSON text: Herald publications are JSON, not binary"
+            let value: Box<RawValue> =
+                serde_json::from_slice(&bytes).map_err(|_| {
+                    bad("b64data must decode to JSON text: Herald publications are JSON, not binary"
                     .into())
-            })?;
+                })?;
             value.get().trim().as_bytes().to_vec()
         }
     };

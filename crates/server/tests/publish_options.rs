@@ -179,7 +179,12 @@ async fn batch_limits_and_malformed_bodies_are_refused_whole() {
     assert_eq!(body["error"]["code"], 106, "{body}");
 
     let (status, body) = node
-        .http("POST", "/api/batch", Some("{not json".into()), Some("testkey"))
+        .http(
+            "POST",
+            "/api/batch",
+            Some("{not json".into()),
+            Some("testkey"),
+        )
         .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], 107, "{body}");

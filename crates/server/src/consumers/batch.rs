@@ -13,7 +13,7 @@ use herald_core::NodeContext;
 
 use crate::batch::{command_key, Batch, BatchCommand};
 use crate::centrifugo::command::{control, decode};
-use crate::publishing::{self, PublishError};
+use crate::publishing::{self, Command, PublishError};
 
 /// At most this many commands' errors are written into a dead letter.
 const MAX_LISTED: usize = 5;
@@ -93,7 +93,14 @@ async fn one(ctx: &NodeContext, command: &BatchCommand, key: &str) -> Result<(),
         return Ok(ctx.hub.broker().publish_control(&message).await?);
     }
     let cmd = decode(method, payload, &ctx.namespaces)?;
-    let done = publishing::execute(ctx, &cmd, Some(key)).await?;
+    let mut done = publishing::execute(ctx, &cmd, Some(key)).await?;
+    if let Command::Publish { .. } = cmd {
+        return done
+            .results
+            .pop()
+            .expect("one result per channel")
+            .map(drop);
+    }
     let failed: Vec<String> = done
         .failed(&cmd)
         .take(MAX_LISTED)
