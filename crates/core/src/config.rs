@@ -278,6 +278,9 @@ pub struct Limits {
     /// reconnect storm larger than one queue is not dropped and retransmitted (1 s later). 1
     /// binds one plain socket.
     pub accept_queues: usize,
+    /// Commands in one batch (`/api/batch`, Centrifugo's `batch`, a consumer's `batch` row or
+    /// record); more is error 106, nothing run.
+    pub max_batch_commands: usize,
 }
 
 impl Default for Limits {
@@ -301,6 +304,7 @@ impl Default for Limits {
             handshake_burst_per_ip: 20,
             compression: false,
             accept_queues: 8,
+            max_batch_commands: 1000,
         }
     }
 }

@@ -177,6 +177,10 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
             let limit = publishing::max_body_bytes(&app.ctx.config.limits, "broadcast");
             broadcast(&app, &raw_body(&app, req, limit).await?).await
         }
+        (Method::POST, "batch") => {
+            let limit = publishing::max_body_bytes(&app.ctx.config.limits, "batch");
+            batch(&app, &raw_body(&app, req, limit).await?).await
+        }
         (Method::POST, "history") => history(&app, body(&app, req).await?).await,
         (Method::POST, "presence") => presence(&app, body(&app, req).await?).await,
         (Method::POST, "presence_stats") => presence_stats(&app, body(&app, req).await?).await,
@@ -185,7 +189,7 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
         (Method::POST, "disconnect") => disconnect(&app, body(&app, req).await?).await,
         (
             _,
-            "channels" | "info" | "publish" | "broadcast" | "history" | "presence"
+            "channels" | "info" | "publish" | "broadcast" | "batch" | "history" | "presence"
             | "presence_stats" | "subscribe" | "unsubscribe" | "disconnect",
         ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -305,6 +309,60 @@ pub(crate) async fn broadcast(app: &App, body: &[u8]) -> ApiResult {
         })
         .collect();
     Ok(json!({ "results": results, "published": published, "failed": failed }))
+}
+
+/// `{"commands": [{"method", "payload"} or {"<method>": payload}, …], "parallel"?}` →
+/// `{"replies": [{"result": …} or {"error": {"code", "message"}}, …]}`, one reply per command in
+/// the request's order, each what the method's own endpoint answers (crate::batch has the
+/// shape and the limits). A batch that cannot be read at all is an error of its own (400, 413).
+async fn batch(app: &App, body: &[u8]) -> ApiResult {
+    let batch = crate::batch::parse(body, &app.ctx.config.limits)?;
+    let calls: Vec<_> = batch
+        .commands
+        .iter()
+        .map(|command| async move {
+            let command = command.as_ref().map_err(|e| ApiError::from(e.clone()))?;
+            call(app, &command.method, command.body()).await
+        })
+        .collect();
+    let replies: Vec<serde_json::Value> = crate::batch::run(calls, batch.parallel)
+        .await
+        .into_iter()
+        .map(|r| match r {
+            Ok(result) => json!({ "result": result }),
+            Err(e) => json!({"error": {"code": e.code.as_u16(), "message": e.message}}),
+        })
+        .collect();
+    Ok(json!({ "replies": replies }))
+}
+
+/// One command of a batch: a POST endpoint's method on its body.
+async fn call(app: &App, method: &str, payload: &[u8]) -> ApiResult {
+    fn parse<T: DeserializeOwned>(payload: &[u8]) -> Result<T, ApiError> {
+        serde_json::from_slice(payload).map_err(|e| {
+            ApiError::code(
+                ErrorCode::BadRequest,
+                format!("bad JSON body: {}", json_error_reason(&e)),
+            )
+        })
+    }
+    publishing::check_body_size(&app.ctx.config.limits, method, payload.len())?;
+    match method {
+        "publish" => publish(app, payload).await,
+        "broadcast" => broadcast(app, payload).await,
+        "history" => history(app, parse(payload)?).await,
+        "presence" => presence(app, parse(payload)?).await,
+        "subscribe" => user_channel(app, parse(payload)?, true).await,
+        "unsubscribe" => user_channel(app, parse(payload)?, false).await,
+        "disconnect" => disconnect(app, parse(payload)?).await,
+        other => Err(ApiError::code(
+            ErrorCode::UnknownMethod,
+            format!(
+                "unknown method {other:?} in a batch (publish, broadcast, history, presence, \
+                 subscribe, unsubscribe, disconnect)"
+            ),
+        )),
+    }
 }
 
 #[derive(Deserialize)]

@@ -67,6 +67,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod batch;
 pub mod brokers;
 pub mod centrifugo;
 pub mod cluster;

@@ -135,7 +135,9 @@ pub enum Command {
 #[serde(deny_unknown_fields)]
 struct PublishBody {
     channel: String,
-    data: Box<RawValue>,
+    #[serde(default, deserialize_with = "present")]
+    data: Option<Box<RawValue>>,
+    b64data: Option<String>,
     idempotency_key: Option<String>,
 }
 
@@ -143,8 +145,45 @@ struct PublishBody {
 #[serde(deny_unknown_fields)]
 struct BroadcastBody {
     channels: Vec<String>,
-    data: Box<RawValue>,
+    #[serde(default, deserialize_with = "present")]
+    data: Option<Box<RawValue>>,
+    b64data: Option<String>,
     idempotency_key: Option<String>,
+}
+
+/// A field that is there, `null` included (`"data": null` is data; only an absent one is not).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
+}
+
+/// The publication's data from `data` or `b64data` (exactly one of them): `data` as its JSON
+/// text; `b64data` (standard base64, as Centrifugo's API takes it) decoded, which must be one
+/// JSON value: Herald publications are JSON, and reach subscribers as the decoded JSON.
+pub fn data_or_b64(data: Option<&RawValue>, b64data: Option<&str>) -> Result<Bytes, PublishError> {
+    use base64::Engine;
+    let bad = |m: String| PublishError::refused(ErrorCode::BadRequest, m);
+    let text = match (data, b64data) {
+        (Some(_), Some(_)) => return Err(bad("give \"data\" or \"b64data\", not both".into())),
+        (None, None) => {
+            return Err(bad(
+                "bad JSON body: missing field \"data\" (or \"b64data\")".into(),
+            ))
+        }
+        (Some(raw), None) => raw.get().as_bytes().to_vec(),
+        (None, Some(b64)) => {
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(b64.as_bytes())
+                .map_err(|e| bad(format!("b64data is not base64: {e}")))?;
+            let value: Box<RawValue> =
+                serde_json::from_slice(&bytes).map_err(|_| {
+                    bad("b64data must decode to JSON text: Herald publications are JSON, not binary"
+                    .into())
+                })?;
+            value.get().trim().as_bytes().to_vec()
+        }
+    };
+    check_data_depth(std::str::from_utf8(&text).unwrap_or_default())?;
+    Ok(Bytes::from(text))
 }
 
 #[derive(Deserialize)]
@@ -162,19 +201,21 @@ impl Command {
         match method {
             "publish" => {
                 let b: PublishBody = from_json(payload)?;
-                check(b.data.get(), b.idempotency_key.as_deref())?;
+                let data = data_or_b64(b.data.as_deref(), b.b64data.as_deref())?;
+                check(b.idempotency_key.as_deref())?;
                 Ok(Command::Publish {
                     channel: b.channel,
-                    data: Bytes::copy_from_slice(b.data.get().as_bytes()),
+                    data,
                     idempotency_key: b.idempotency_key,
                 })
             }
             "broadcast" => {
                 let b: BroadcastBody = from_json(payload)?;
-                check(b.data.get(), b.idempotency_key.as_deref())?;
+                let data = data_or_b64(b.data.as_deref(), b.b64data.as_deref())?;
+                check(b.idempotency_key.as_deref())?;
                 Ok(Command::Broadcast {
                     channels: b.channels,
-                    data: Bytes::copy_from_slice(b.data.get().as_bytes()),
+                    data,
                     idempotency_key: b.idempotency_key,
                 })
             }
@@ -229,8 +270,7 @@ fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, PublishError>
     })
 }
 
-fn check(data: &str, key: Option<&str>) -> Result<(), PublishError> {
-    check_data_depth(data)?;
+fn check(key: Option<&str>) -> Result<(), PublishError> {
     if let Some(key) = key {
         check_idempotency_key(key)?;
     }
@@ -241,7 +281,8 @@ fn check(data: &str, key: Option<&str>) -> Result<(), PublishError> {
 /// body limit for that method.
 fn body_limit(limits: &Limits, method: &str) -> (usize, &'static str) {
     match method {
-        "broadcast" => (limits.max_broadcast_body_bytes, "max_broadcast_body_bytes"),
+        // A batch may carry broadcasts.
+        "broadcast" | "batch" => (limits.max_broadcast_body_bytes, "max_broadcast_body_bytes"),
         _ => (limits.max_api_body_bytes, "max_api_body_bytes"),
     }
 }
@@ -444,6 +485,23 @@ mod tests {
         .unwrap();
         assert_eq!(c.channels(), ["a", "b"]);
         assert_eq!(c.own_key(), Some("k"));
+        let c = Command::parse("publish", br#"{"channel":"a","data":null}"#).unwrap();
+        assert_eq!(c.data().as_ref(), b"null");
+    }
+
+    #[test]
+    fn b64data_is_decoded_json_or_refused() {
+        // eyJ4IjoxfQ== is {"x":1}.
+        let c = Command::parse("publish", br#"{"channel":"a","b64data":"eyJ4IjoxfQ=="}"#).unwrap();
+        assert_eq!(c.data().as_ref(), br#"{"x":1}"#);
+        let message = |body: &str| match Command::parse("broadcast", body.as_bytes()) {
+            Err(e) => e.message().to_owned(),
+            Ok(c) => panic!("{body} parsed: {c:?}"),
+        };
+        assert!(message(r#"{"channels":["a"],"b64data":"AAEC"}"#).contains("must decode to JSON"));
+        assert!(message(r#"{"channels":["a"],"b64data":"%%"}"#).contains("not base64"));
+        assert!(message(r#"{"channels":["a"],"data":1,"b64data":"MQ=="}"#).contains("not both"));
+        assert!(message(r#"{"channels":["a"]}"#).contains("missing field \"data\""));
     }
 
     #[test]

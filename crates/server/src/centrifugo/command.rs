@@ -16,17 +16,15 @@
 //! - `tags`, `version`, `version_epoch` set: error 107 (Herald publications carry no tags, and
 //!   do not drop stale versions).
 
-use base64::Engine;
 use bytes::Bytes;
 use herald_broker::ControlMessage;
 use herald_core::namespace::Namespaces;
-use herald_core::session::check_data_depth;
 use herald_protocol::{CloseCode, ErrorCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::fields::Fields;
-use crate::publishing::{check_idempotency_key, Command, PublishError};
+use crate::publishing::{check_idempotency_key, data_or_b64, Command, PublishError};
 
 /// Centrifugo's fields of `publish` and `broadcast` that Herald does not honour, accepted
 /// only at their zero value (`tags` `{}`, `version` 0, `version_epoch` "").
@@ -103,27 +101,7 @@ fn data(f: &mut Fields) -> Result<Bytes, PublishError> {
     let b64 = f.take::<String>("b64data")?.filter(|s| !s.is_empty());
     // `"data": null` is data (as on Herald's API), unless `b64data` gives the data.
     let raw = raw.filter(|r| b64.is_none() || r.get() != "null");
-    let text = match (raw, b64) {
-        (Some(_), Some(_)) => return Err(bad("give \"data\" or \"b64data\", not both")),
-        (None, None) => {
-            return Err(bad(
-                "bad JSON body: missing field \"data\" (or \"b64data\")",
-            ))
-        }
-        (Some(raw), None) => raw.get().as_bytes().to_vec(),
-        (None, Some(b64)) => {
-            let bytes = base64::engine::general_purpose::STANDARD
-                .decode(b64.as_bytes())
-                .map_err(|e| bad(format!("b64data is not base64: {e}")))?;
-            // Herald publications are JSON: the decoded bytes must be one JSON value.
-            let value: Box<RawValue> = serde_json::from_slice(&bytes).map_err(|_| {
-                bad("b64data must decode to JSON text: Herald publications are JSON, not binary")
-            })?;
-            value.get().trim().as_bytes().to_vec()
-        }
-    };
-    check_data_depth(std::str::from_utf8(&text).unwrap_or_default())?;
-    Ok(Bytes::from(text))
+    data_or_b64(raw.as_deref(), b64.as_deref())
 }
 
 fn bad(message: impl Into<String>) -> PublishError {

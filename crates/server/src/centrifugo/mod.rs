@@ -18,7 +18,6 @@
 pub mod command;
 pub mod fields;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use herald_broker::{BrokerError, HistoryQuery};
@@ -555,50 +554,24 @@ fn info(app: &App, body: &[u8]) -> CentResult {
 
 /// `batch`: `{"commands": [{"<method>": {…}}, …], "parallel"?}` →
 /// `{"replies": [{"<method>": result} or {"error"}, …]}`, in the commands' order; with
-/// `parallel` the commands run concurrently.
+/// `parallel` the commands run concurrently. Parsed by [`crate::batch::parse`]: at most
+/// `limits.max_batch_commands` commands (106), Herald's `{"method", "payload"}` taken too.
 async fn batch(app: &App, body: &[u8]) -> CentResult {
-    let mut f = Fields::parse("batch", body)?;
-    let commands: Vec<BTreeMap<String, Box<RawValue>>> = f.take("commands")?.unwrap_or_default();
-    let parallel = f.take::<bool>("parallel")?.unwrap_or(false);
-    f.finish(&[])?;
-    let mut calls = Vec::with_capacity(commands.len());
-    for command in &commands {
-        let mut entries = command.iter();
-        let (method, payload) = match (entries.next(), entries.next()) {
-            (Some((m, p)), None) => (m.as_str(), p.get().as_bytes()),
-            _ => ("", &b""[..]),
-        };
-        calls.push(async move {
-            if method.is_empty() {
-                return (
-                    method,
-                    Err(CentError::bad(
-                        "batch: each command names exactly one method",
-                    )),
-                );
-            }
-            if method == "batch" {
-                return (
-                    method,
-                    Err(CentError::bad("batch: a batch cannot hold a batch")),
-                );
-            }
-            (method, call(app, method, payload).await)
-        });
-    }
-    let results = if parallel {
-        futures_util::future::join_all(calls).await
-    } else {
-        let mut results = Vec::with_capacity(calls.len());
-        for c in calls {
-            results.push(c.await);
-        }
-        results
-    };
-    let replies: Vec<Value> = results
+    let batch = crate::batch::parse(body, &app.ctx.config.limits)?;
+    let calls: Vec<_> = batch
+        .commands
+        .iter()
+        .map(|command| async move {
+            let command = command.as_ref().map_err(|e| CentError::from(e.clone()))?;
+            let method = command.method.as_str();
+            call(app, method, command.body()).await.map(|r| (method, r))
+        })
+        .collect();
+    let replies: Vec<Value> = crate::batch::run(calls, batch.parallel)
+        .await
         .into_iter()
-        .map(|(method, r)| match r {
-            Ok(v) => Value::Object(Map::from_iter([(method.to_owned(), v)])),
+        .map(|r| match r {
+            Ok((method, v)) => Value::Object(Map::from_iter([(method.to_owned(), v)])),
             Err(e) => json!({"error": e.body()}),
         })
         .collect();

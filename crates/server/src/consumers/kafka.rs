@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 use herald_core::namespace::Namespaces;
 use herald_protocol::command::json_error_reason;
 
+use crate::batch::Batch;
 use crate::centrifugo::command::{control, decode, Envelope};
 use crate::publishing::{self, check_idempotency_key, Command, PublishError};
 
@@ -406,7 +407,7 @@ pub fn parse_record(
     })?;
     let payload = e.payload_text()?;
     publishing::check_body_size(limits, &e.method, payload.len())?;
-    decode_record(&e.method, payload.as_bytes(), namespaces)
+    decode_record(&e.method, payload.as_bytes(), limits, namespaces)
 }
 
 /// What a record asks for.
@@ -416,13 +417,19 @@ pub enum Record {
     Publish(Command),
     /// Centrifugo's `subscribe`, `unsubscribe` or `disconnect`: a message to every node.
     Control(ControlMessage),
+    /// Many commands (crate::batch), each published under its own key.
+    Batch(Batch),
 }
 
 fn decode_record(
     method: &str,
     payload: &[u8],
+    limits: &Limits,
     namespaces: &Namespaces,
 ) -> Result<Record, PublishError> {
+    if method == "batch" {
+        return crate::batch::parse(payload, limits).map(Record::Batch);
+    }
     match control(method, payload, namespaces)? {
         Some(message) => Ok(Record::Control(message)),
         None => decode(method, payload, namespaces).map(Record::Publish),
@@ -512,7 +519,7 @@ pub fn parse_message(
     if let Some(method) = text(&config.method_header)?.filter(|m| !m.is_empty()) {
         let value = value.unwrap_or_default();
         publishing::check_body_size(limits, method, value.len())?;
-        return decode_record(method, value, namespaces);
+        return decode_record(method, value, limits, namespaces);
     }
     parse_record(value, limits, namespaces)
 }

@@ -8,6 +8,7 @@
 //! [`postgres`] drains a transactional-outbox table (docs/consumers.md), [`kafka`] consumes Kafka
 //! topics in a consumer group (docs/consumers-kafka.md).
 
+pub mod batch;
 pub mod kafka;
 pub mod postgres;
 

@@ -46,6 +46,7 @@ use tokio::time::Instant;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Socket, Statement};
 
+use super::batch;
 use crate::centrifugo::command::{control, decode};
 use crate::publishing::{self, PublishError};
 
@@ -886,6 +887,18 @@ async fn publish_row(
         // Within its method's limit but over the cap: cannot be, the cap is the largest.
         return Outcome::Refused(format!("payload of {length} bytes was not read"));
     };
+    let key = format!("outbox:{}:{id}", shared.names.table);
+    // Many commands in one row, each under `<key>:<index>`.
+    if method == "batch" {
+        return match crate::batch::parse(payload.as_bytes(), &shared.ctx.config.limits) {
+            Ok(b) => match batch::run(&shared.ctx, &b, &key).await {
+                batch::Outcome::Done => Outcome::Published,
+                batch::Outcome::Refused(error) => Outcome::Refused(error),
+                batch::Outcome::Retry(error) => Outcome::Retry(error),
+            },
+            Err(e) => Outcome::Refused(e.to_string()),
+        };
+    }
     // Centrifugo's `subscribe`, `unsubscribe` and `disconnect` rows: a message to every node.
     match control(method, payload.as_bytes(), &shared.ctx.namespaces) {
         Ok(Some(message)) => {
@@ -906,7 +919,6 @@ async fn publish_row(
         Ok(cmd) => cmd,
         Err(e) => return Outcome::Refused(e.to_string()),
     };
-    let key = format!("outbox:{}:{id}", shared.names.table);
     let done = match publishing::execute(&shared.ctx, &cmd, Some(&key)).await {
         Ok(done) => done,
         Err(e) if e.is_retryable() => return Outcome::Retry(e.to_string()),

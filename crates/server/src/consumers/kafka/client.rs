@@ -21,6 +21,8 @@ use tokio::sync::watch;
 
 use super::dead_letter::{DeadLetter, Skipped};
 use super::{parse_message, record_key, KafkaConfig, Record, Secret};
+use crate::batch::Batch;
+use crate::consumers::batch as consumer_batch;
 use crate::publishing::{execute, PublishError};
 
 impl KafkaConfig {
@@ -453,6 +455,7 @@ impl Runner {
         ) {
             Ok(Record::Publish(cmd)) => cmd,
             Ok(Record::Control(message)) => return self.control(m, &message).await,
+            Ok(Record::Batch(batch)) => return self.batch(m, &batch).await,
             Err(e) => {
                 let reason = match e.error_code() {
                     ErrorCode::LimitExceeded => "oversized",
@@ -532,6 +535,37 @@ impl Runner {
             metrics.kafka_retries.get_or_create(&self.labels).inc();
             let delay = backoff.next_delay();
             tracing::warn!(consumer, topic, partition, offset, cause = %e, retry_in_ms = delay.as_millis() as u64, "kafka: control command failed, retrying");
+            let mut stop = self.stop.clone();
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.wait_for(|s| *s) => return Handled::Stopped,
+            }
+        }
+    }
+
+    /// Run a batch record's commands (crate::consumers::batch), again with the same keys while
+    /// the broker is unavailable; commands refused for good skip the record once the others ran.
+    async fn batch(&self, m: &OwnedMessage, batch: &Batch) -> Handled {
+        let metrics = self.ctx.hub.metrics();
+        let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+        let consumer = self.config.name();
+        let key = record_key(topic, partition, offset);
+        let mut backoff = self.config.backoff();
+        loop {
+            let retry = match consumer_batch::run(&self.ctx, batch, &key).await {
+                consumer_batch::Outcome::Done => {
+                    metrics.kafka_published.get_or_create(&self.labels).inc();
+                    return Handled::Done;
+                }
+                consumer_batch::Outcome::Refused(error) => {
+                    tracing::warn!(consumer, topic, partition, offset, cause = %error, "kafka: batch commands refused, skipped");
+                    return self.skip(m, "refused", &error).await;
+                }
+                consumer_batch::Outcome::Retry(error) => error,
+            };
+            metrics.kafka_retries.get_or_create(&self.labels).inc();
+            let delay = backoff.next_delay();
+            tracing::warn!(consumer, topic, partition, offset, cause = %retry, retry_in_ms = delay.as_millis() as u64, "kafka: batch failed, retrying");
             let mut stop = self.stop.clone();
             tokio::select! {
                 _ = tokio::time::sleep(delay) => {}
