@@ -78,6 +78,7 @@ pub mod guard;
 mod handshake;
 pub mod http;
 pub mod jwks;
+pub mod otel;
 #[cfg(test)]
 mod layers;
 pub mod proxy;
