@@ -18,7 +18,9 @@ pub fn parse_traceparent(text: &str) -> Option<SpanContext> {
     let (version, trace_id, span_id, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let lower_hex = |s: &str, len: usize| {
-        s.len() == len && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        s.len() == len
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
     };
     // Version 00 has exactly four fields; a later version may add fields after the flags.
     if !lower_hex(version, 2) || version == "ff" || (version == "00" && parts.next().is_some()) {

@@ -78,9 +78,9 @@ pub mod guard;
 mod handshake;
 pub mod http;
 pub mod jwks;
-pub mod otel;
 #[cfg(test)]
 mod layers;
+pub mod otel;
 pub mod proxy;
 pub mod publishing;
 #[cfg(feature = "pusher")]

@@ -181,7 +181,12 @@ pub struct PublishSpans {
 
 impl PublishSpans {
     /// Start both spans under `parent`, for `channels`, on this node.
-    pub fn start(parent: &Context, endpoint: &'static str, channels: &[String], node: &str) -> Self {
+    pub fn start(
+        parent: &Context,
+        endpoint: &'static str,
+        channels: &[String],
+        node: &str,
+    ) -> Self {
         let tracer = global::tracer(TRACER_NAME);
         let channel = match channels {
             [one] => one.clone(),
@@ -212,9 +217,7 @@ impl PublishSpans {
     /// it is sampled (an unsampled publication carries nothing).
     pub fn traceparent(&self) -> Option<String> {
         let context = self.broker.span_context();
-        context
-            .is_sampled()
-            .then(|| format_traceparent(context))
+        context.is_sampled().then(|| format_traceparent(context))
     }
 
     /// End both spans, marking an error with its message.
@@ -235,8 +238,8 @@ mod tests {
 
     #[test]
     fn parses_the_section_and_refuses_bad_values() {
-        let cfg = TracingConfig::parse(&serde_json::json!({"otlp_endpoint": "http://c:4318"}))
-            .unwrap();
+        let cfg =
+            TracingConfig::parse(&serde_json::json!({"otlp_endpoint": "http://c:4318"})).unwrap();
         assert_eq!(cfg.traces_url(), "http://c:4318/v1/traces");
         assert_eq!((cfg.protocol.as_str(), cfg.sample_ratio), ("http", 1.0));
         let full = TracingConfig::parse(
@@ -246,11 +249,23 @@ mod tests {
         assert_eq!(full.traces_url(), "https://c/v1/traces");
         for (bad, says) in [
             (serde_json::json!({}), "otlp_endpoint"),
-            (serde_json::json!({"otlp_endpoint": "http://c", "protocol": "grpc"}), "grpc"),
-            (serde_json::json!({"otlp_endpoint": "http://c", "sample_ratio": 2}), "sample_ratio"),
+            (
+                serde_json::json!({"otlp_endpoint": "http://c", "protocol": "grpc"}),
+                "grpc",
+            ),
+            (
+                serde_json::json!({"otlp_endpoint": "http://c", "sample_ratio": 2}),
+                "sample_ratio",
+            ),
             (serde_json::json!({"otlp_endpoint": "c:4318"}), "http://"),
-            (serde_json::json!({"otlp_endpoint": "http://c", "extra": 1}), "extra"),
-            (serde_json::json!({"otlp_endpoint": "http://c", "service_name": ""}), "service_name"),
+            (
+                serde_json::json!({"otlp_endpoint": "http://c", "extra": 1}),
+                "extra",
+            ),
+            (
+                serde_json::json!({"otlp_endpoint": "http://c", "service_name": ""}),
+                "service_name",
+            ),
         ] {
             let e = TracingConfig::parse(&bad).unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");

@@ -293,14 +293,18 @@ async fn one_publication_is_one_trace_across_three_nodes() {
         .map(|rest| rest[..32].to_owned())
         .unwrap_or_else(|| panic!("a traced publication: {first}"));
     assert_ne!(own_trace, TRACE_ID);
-    eventually_some(WAIT, "the new trace's fan-out on all three nodes", || async {
-        let fanouts = receiver
-            .spans()
-            .into_iter()
-            .filter(|s| s.trace_id == own_trace && s.name == "fanout")
-            .count();
-        (fanouts == 3).then_some(())
-    })
+    eventually_some(
+        WAIT,
+        "the new trace's fan-out on all three nodes",
+        || async {
+            let fanouts = receiver
+                .spans()
+                .into_iter()
+                .filter(|s| s.trace_id == own_trace && s.name == "fanout")
+                .count();
+            (fanouts == 3).then_some(())
+        },
+    )
     .await;
 
     // A traceparent that is not one is refused, and nothing is published.
