@@ -188,16 +188,17 @@ impl PublishSpans {
         node: &str,
     ) -> Self {
         let tracer = global::tracer(TRACER_NAME);
-        let channel = match channels {
-            [one] => one.clone(),
-            many => many.join(","),
+        // One channel is named; a broadcast (up to 100,000 channels) is only counted.
+        let target = match channels {
+            [one] => KeyValue::new("messaging.destination.name", one.clone()),
+            many => KeyValue::new("herald.channels", many.len() as i64),
         };
         let publish = tracer
             .span_builder("publish")
             .with_kind(SpanKind::Server)
             .with_attributes([
                 KeyValue::new("http.route", endpoint),
-                KeyValue::new("messaging.destination.name", channel.clone()),
+                target.clone(),
                 KeyValue::new("herald.node", node.to_owned()),
             ])
             .start_with_context(&tracer, parent);
@@ -205,10 +206,7 @@ impl PublishSpans {
         let broker = tracer
             .span_builder("broker.publish")
             .with_kind(SpanKind::Producer)
-            .with_attributes([
-                KeyValue::new("messaging.destination.name", channel),
-                KeyValue::new("herald.node", node.to_owned()),
-            ])
+            .with_attributes([target, KeyValue::new("herald.node", node.to_owned())])
             .start_with_context(&tracer, &publish);
         PublishSpans { publish, broker }
     }
