@@ -168,7 +168,10 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
     authorize(&app, &req)?;
     // Off, tracing costs this one load; on, a bad `traceparent` is refused before the body.
     let trace = match crate::otel::enabled() {
-        true => Some(crate::otel::request_parent(req.headers())?),
+        true => Some(
+            crate::otel::request_parent(req.headers())
+                .map_err(|why| ApiError::code(ErrorCode::BadRequest, why))?,
+        ),
         false => None,
     };
     let method = req.method().clone();

@@ -19,9 +19,6 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use serde::Deserialize;
 
-use crate::api::ApiError;
-use herald_protocol::ErrorCode;
-
 /// Whether this process exports spans: set once at start by [`Tracing::start`].
 static ENABLED: AtomicBool = AtomicBool::new(false);
 
@@ -157,19 +154,19 @@ impl Tracing {
     }
 }
 
+/// Why a request's `traceparent` header was refused (error 107 in the API).
+pub const BAD_TRACEPARENT: &str =
+    "the traceparent header is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)";
+
 /// The parent an API request names in its `traceparent` header: the empty context when it has
-/// none, error 107 (400) when it has one that is not a W3C traceparent.
-pub fn request_parent(headers: &HeaderMap) -> Result<Context, ApiError> {
+/// none, [`BAD_TRACEPARENT`] when it has one that is not a W3C traceparent.
+pub fn request_parent(headers: &HeaderMap) -> Result<Context, &'static str> {
     let Some(value) = headers.get("traceparent") else {
         return Ok(Context::new());
     };
-    let parsed = value.to_str().ok().and_then(parse_traceparent);
-    match parsed {
+    match value.to_str().ok().and_then(parse_traceparent) {
         Some(remote) => Ok(Context::new().with_remote_span_context(remote)),
-        None => Err(ApiError::code(
-            ErrorCode::BadRequest,
-            "the traceparent header is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)",
-        )),
+        None => Err(BAD_TRACEPARENT),
     }
 }
 
