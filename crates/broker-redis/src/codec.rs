@@ -11,6 +11,8 @@ pub(crate) enum Envelope {
     Publication {
         epoch: String,
         publication: Publication,
+        /// The publishing span's W3C `traceparent`, for a publication tracing sampled.
+        traceparent: Option<String>,
     },
     /// A client joined (`true`) or left.
     Presence { joined: bool, who: ClientInfo },
@@ -33,14 +35,20 @@ pub(crate) fn encode_presence(joined: bool, who: &ClientInfo) -> Vec<u8> {
 /// ```text
 /// p <epoch> <offset> <info length> <info JSON><data JSON>
 /// p 9f3ac2e1d0b4a577 42 0 {"text":"hi"}
+/// p,00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 9f3ac2e1d0b4a577 43 0 {"text":"hi"}
 /// j {"user":"alice","client":"c1"}
 /// ```
-/// The publication's data is the bytes after the info, exactly as published.
+/// The publication's data is the bytes after the info, exactly as published. A traced
+/// publication's first field carries its `traceparent` after `p,`: nodes that predate tracing
+/// read only the first byte of that field, so they deliver it as any other.
 pub(crate) fn decode(payload: Bytes) -> Option<Envelope> {
     match payload.first()? {
         b'p' => {
             let mut fields = payload.splitn(5, |b| *b == b' ');
-            fields.next()?;
+            let traceparent = match fields.next()?.strip_prefix(b"p,") {
+                Some(tp) if !tp.is_empty() => Some(std::str::from_utf8(tp).ok()?.to_owned()),
+                _ => None,
+            };
             let epoch = std::str::from_utf8(fields.next()?).ok()?.to_owned();
             let offset: u64 = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
             let info_len: usize = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
@@ -57,6 +65,7 @@ pub(crate) fn decode(payload: Bytes) -> Option<Envelope> {
             Some(Envelope::Publication {
                 epoch,
                 publication: Publication { offset, data, info },
+                traceparent,
             })
         }
         b'j' | b'l' => {
@@ -78,7 +87,12 @@ mod tests {
     fn publication_roundtrip() {
         let info = r#"{"user":"u","client":"c"}"#;
         let msg = format!("p abc 7 {} {info}{{\"x\": [1, 2]}}", info.len());
-        let Some(Envelope::Publication { epoch, publication }) = decode(Bytes::from(msg)) else {
+        let Some(Envelope::Publication {
+            epoch,
+            publication,
+            traceparent: None,
+        }) = decode(Bytes::from(msg))
+        else {
             panic!("not decoded");
         };
         assert_eq!(epoch, "abc");
@@ -90,6 +104,23 @@ mod tests {
             if publication.info.is_none() && &publication.data[..] == b"\"a b\""));
         assert!(decode(Bytes::from_static(b"p e x 0 1")).is_none());
         assert!(decode(Bytes::from_static(b"p e 1 99 1")).is_none());
+    }
+
+    #[test]
+    fn traced_publication_carries_its_traceparent() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let msg = format!("p,{tp} abc 8 0 [1]");
+        let Some(Envelope::Publication {
+            epoch,
+            publication,
+            traceparent,
+        }) = decode(Bytes::from(msg))
+        else {
+            panic!("not decoded");
+        };
+        assert_eq!((epoch.as_str(), publication.offset), ("abc", 8));
+        assert_eq!(&publication.data[..], b"[1]");
+        assert_eq!(traceparent.as_deref(), Some(tp));
     }
 
     #[test]

@@ -38,8 +38,8 @@ const MAX_CHANNELS_PER_CALL: usize = 64;
 /// One channel of a script call: its name and options.
 type Entry<'a> = (&'a str, &'a PublishOptions);
 
-/// A channel's seven arguments of the publish script, in its order.
-struct ChannelArgs {
+/// A channel's eight arguments of the publish script, in its order.
+struct ChannelArgs<'a> {
     pubsub: String,
     candidate_epoch: String,
     history_size: usize,
@@ -47,6 +47,7 @@ struct ChannelArgs {
     meta_ttl_ms: u64,
     floor_epoch: String,
     floor_offset: u64,
+    traceparent: Option<&'a str>,
 }
 
 impl Inner {
@@ -155,6 +156,8 @@ impl Inner {
                 meta_ttl_ms: ms(s.meta_ttl),
                 floor_epoch,
                 floor_offset,
+                // A space would split the message's fields: such a value is not a traceparent.
+                traceparent: opts.traceparent.as_deref().filter(|tp| !tp.contains(' ')),
             });
         }
         let command = self.publish_command();
@@ -179,6 +182,11 @@ impl Inner {
                         .arg(a.meta_ttl_ms)
                         .arg(&a.floor_epoch)
                         .arg(a.floor_offset);
+                    // The message's first field: only a traced publication pays for more.
+                    match a.traceparent {
+                        None => inv.arg("p"),
+                        Some(tp) => inv.arg(format!("p,{tp}")),
+                    };
                 }
                 inv.invoke_async::<Vec<(String, u64, u8)>>(&mut c).await
             })

@@ -82,10 +82,17 @@ impl Dispatch {
             return;
         };
         match codec::decode(Bytes::from(payload)) {
-            Some(Envelope::Publication { epoch, publication }) => {
+            Some(Envelope::Publication {
+                epoch,
+                publication,
+                traceparent,
+            }) => {
                 self.metrics.received_publications.inc();
                 self.watermarks.observe(channel, &epoch, publication.offset);
-                handler.on_publication(channel, &epoch, publication);
+                match traceparent {
+                    None => handler.on_publication(channel, &epoch, publication),
+                    Some(tp) => handler.on_traced_publication(channel, &epoch, publication, &tp),
+                }
             }
             Some(Envelope::Presence { joined, who }) => {
                 self.metrics.received_presence.inc();

@@ -22,8 +22,9 @@ use redis::Script;
 /// Publish the same data to one or more channels of one slot (one shard, standalone). `KEYS`:
 /// per channel meta, history and, when `ARGV[5]` is 3, its idempotency key. `ARGV`: `PUBLISH` or
 /// `SPUBLISH`, info JSON (or empty), data, idempotency TTL (s), keys per channel (2 or 3), server
-/// identity (see the module docs), then per channel seven: pub/sub channel, candidate epoch,
-/// history size, history TTL (ms), meta TTL (ms), watermark epoch, watermark offset. Returns
+/// identity (see the module docs), then per channel eight: pub/sub channel, candidate epoch,
+/// history size, history TTL (ms), meta TTL (ms), watermark epoch, watermark offset, and the
+/// message's first field (`p`, or `p,<traceparent>` for a traced publication). Returns
 /// `{epoch, offset, duplicate (0/1)}` per channel, flat, in order.
 ///
 /// A stream starts over with the candidate epoch when it was bound to another server identity
@@ -78,7 +79,7 @@ local function publish(meta, hist, idem, a)
   if idem then
     redis.call('SET', idem, epoch .. ':' .. offset, 'EX', idem_ttl)
   end
-  local msg = 'p ' .. epoch .. ' ' .. offset .. ' ' .. string.len(info) .. ' ' .. info .. data
+  local msg = ARGV[a + 7] .. ' ' .. epoch .. ' ' .. offset .. ' ' .. string.len(info) .. ' ' .. info .. data
   redis.call(command, ARGV[a], msg)
   return epoch, offset, 0
 end
@@ -88,7 +89,7 @@ for n = 0, #KEYS / stride - 1 do
   local k = n * stride
   local idem = nil
   if stride == 3 then idem = KEYS[k + 3] end
-  local epoch, offset, duplicate = publish(KEYS[k + 1], KEYS[k + 2], idem, 7 + n * 7)
+  local epoch, offset, duplicate = publish(KEYS[k + 1], KEYS[k + 2], idem, 7 + n * 8)
   out[#out + 1] = epoch
   out[#out + 1] = offset
   out[#out + 1] = duplicate

@@ -88,6 +88,7 @@ pub fn opts(size: usize) -> PublishOptions {
             ..StreamOptions::default()
         },
         idempotency_key: None,
+        traceparent: None,
     }
 }
 

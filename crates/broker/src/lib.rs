@@ -204,6 +204,18 @@ pub struct NodeInfo {
 pub trait BrokerHandler: Send + Sync + 'static {
     /// A publication on a channel this node subscribed to, in offset order per channel.
     fn on_publication(&self, channel: &str, epoch: &str, publication: Publication);
+    /// A publication that carries the W3C `traceparent` of the span that published it
+    /// ([`PublishOptions::traceparent`]). A handler that does not trace delivers it as any other.
+    fn on_traced_publication(
+        &self,
+        channel: &str,
+        epoch: &str,
+        publication: Publication,
+        traceparent: &str,
+    ) {
+        let _ = traceparent;
+        self.on_publication(channel, epoch, publication);
+    }
     /// A client joined (`joined`) or left a channel this node subscribed to.
     fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo);
     /// A control message for every node.
@@ -330,6 +342,10 @@ pub struct PublishOptions {
     pub stream: StreamOptions,
     /// Deduplicates retried API publishes.
     pub idempotency_key: Option<String>,
+    /// The W3C `traceparent` of a sampled publication's broker span, carried to every receiving
+    /// node ([`BrokerHandler::on_traced_publication`]) so their fan-out spans join the trace.
+    /// `None` unless tracing sampled this publication: nothing extra goes on the wire.
+    pub traceparent: Option<String>,
 }
 
 /// One channel of [`Broker::publish_many`], with how its stream is kept.

@@ -212,7 +212,10 @@ impl Broker for MemoryBroker {
         stream.trim(&opts.stream, now);
         // Delivered under the stream lock: the hub sees this channel's offsets in order.
         if let Some(handler) = self.handler.get() {
-            handler.on_publication(channel, &stream.epoch, publication);
+            match &opts.traceparent {
+                None => handler.on_publication(channel, &stream.epoch, publication),
+                Some(tp) => handler.on_traced_publication(channel, &stream.epoch, publication, tp),
+            }
         }
         Ok(stream.position())
     }
@@ -488,6 +491,7 @@ mod tests {
         let publish = PublishOptions {
             stream: opts.clone(),
             idempotency_key: None,
+            traceparent: None,
         };
         broker
             .publish("busy", Bytes::from_static(b"1"), None, &publish)

@@ -104,6 +104,9 @@ pub struct Config {
     pub consumers: Option<serde_json::Value>,
     /// The admin web UI (`[admin]`; see docs/admin.md), read by the server as it is.
     pub admin: Option<serde_json::Value>,
+    /// OpenTelemetry tracing of publications (`[tracing]`; see docs/deploy.md), read by the
+    /// server as it is. Absent: off.
+    pub tracing: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -147,6 +150,7 @@ impl Default for Config {
             pusher: None,
             consumers: None,
             admin: None,
+            tracing: None,
         }
     }
 }

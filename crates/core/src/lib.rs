@@ -30,6 +30,7 @@ pub mod proxy;
 pub mod rate;
 pub mod recovery;
 pub mod session;
+pub mod trace;
 
 pub use config::Config;
 pub use hub::Hub;

@@ -14,11 +14,13 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{header, Method, Request, StatusCode};
+use opentelemetry::Context;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::guard::origin_listed;
+use crate::otel::PublishSpans;
 use crate::publishing::{self, Command, PublishError};
 use crate::response::{error, json, HttpResponse};
 use crate::state::App;
@@ -164,6 +166,14 @@ fn with_cors(mut response: HttpResponse, origin: &str) -> HttpResponse {
 
 async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
     authorize(&app, &req)?;
+    // Off, tracing costs this one load; on, a bad `traceparent` is refused before the body.
+    let trace = match crate::otel::enabled() {
+        true => Some(
+            crate::otel::request_parent(req.headers())
+                .map_err(|why| ApiError::code(ErrorCode::BadRequest, why))?,
+        ),
+        false => None,
+    };
     let method = req.method().clone();
     let path = req.uri().path().trim_start_matches("/api/").to_owned();
     match (method, path.as_str()) {
@@ -171,11 +181,11 @@ async fn dispatch(app: Arc<App>, req: Request<Incoming>) -> ApiResult {
         (Method::GET, "info") => Ok(json!({ "nodes": app.ctx.hub.nodes() })),
         (Method::POST, "publish") => {
             let limit = publishing::max_body_bytes(&app.ctx.config.limits, "publish");
-            publish(&app, &raw_body(&app, req, limit).await?).await
+            publish(&app, &raw_body(&app, req, limit).await?, trace).await
         }
         (Method::POST, "broadcast") => {
             let limit = publishing::max_body_bytes(&app.ctx.config.limits, "broadcast");
-            broadcast(&app, &raw_body(&app, req, limit).await?).await
+            broadcast(&app, &raw_body(&app, req, limit).await?, trace).await
         }
         (Method::POST, "batch") => {
             let limit = publishing::max_body_bytes(&app.ctx.config.limits, "batch");
@@ -282,19 +292,41 @@ pub(crate) async fn raw_body(
     Ok(bytes)
 }
 
-async fn publish(app: &App, body: &[u8]) -> ApiResult {
+async fn publish(app: &App, body: &[u8], trace: Option<Context>) -> ApiResult {
     let cmd = Command::parse("publish", body)?;
-    let mut done = publishing::execute(&app.ctx, &cmd, None).await?;
+    let mut done = execute(app, &cmd, "/api/publish", trace).await?;
     let position = done.results.pop().expect("one result per channel")?;
     Ok(json!(position))
+}
+
+/// Run `cmd`; with tracing on (`trace`: the request's parent context), under the `publish` and
+/// `broker.publish` spans, the publications carrying the latter's context when it is sampled.
+async fn execute(
+    app: &App,
+    cmd: &Command,
+    endpoint: &'static str,
+    trace: Option<Context>,
+) -> Result<publishing::Executed, PublishError> {
+    let Some(parent) = trace else {
+        return publishing::execute(&app.ctx, cmd, None).await;
+    };
+    let spans = PublishSpans::start(&parent, endpoint, cmd.channels(), app.ctx.hub.node_name());
+    let traceparent = spans.traceparent();
+    let done = publishing::execute_traced(&app.ctx, cmd, None, traceparent.as_deref()).await;
+    let failure = match &done {
+        Err(e) => Some(e.message().to_owned()),
+        Ok(done) => done.failed(cmd).next().map(|(_, e)| e.message().to_owned()),
+    };
+    spans.end(failure.as_deref());
+    done
 }
 
 /// Each channel's position or error, in the request's order; `published` and `failed` count
 /// them. Partial failure still answers 200: retrying with the same `idempotency_key` publishes
 /// the failed channels and no other twice.
-pub(crate) async fn broadcast(app: &App, body: &[u8]) -> ApiResult {
+pub(crate) async fn broadcast(app: &App, body: &[u8], trace: Option<Context>) -> ApiResult {
     let cmd = Command::parse("broadcast", body)?;
-    let done = publishing::execute(&app.ctx, &cmd, None).await?;
+    let done = execute(app, &cmd, "/api/broadcast", trace).await?;
     let published = done.published();
     let failed = done.results.len() - published;
     let results: Vec<serde_json::Value> = done
@@ -348,10 +380,11 @@ async fn call(app: &App, method: &str, payload: &[u8]) -> ApiResult {
     }
     publishing::check_body_size(&app.ctx.config.limits, method, payload.len())?;
     match method {
-        "publish" => publish(app, payload).await,
-        "broadcast" => broadcast(app, payload).await,
+        "publish" => publish(app, payload, None).await,
+        "broadcast" => broadcast(app, payload, None).await,
         "history" => history(app, parse(payload)?).await,
         "presence" => presence(app, parse(payload)?).await,
+        "presence_stats" => presence_stats(app, parse(payload)?).await,
         "subscribe" => user_channel(app, parse(payload)?, true).await,
         "unsubscribe" => user_channel(app, parse(payload)?, false).await,
         "disconnect" => disconnect(app, parse(payload)?).await,
@@ -359,7 +392,7 @@ async fn call(app: &App, method: &str, payload: &[u8]) -> ApiResult {
             ErrorCode::UnknownMethod,
             format!(
                 "unknown method {other:?} in a batch (publish, broadcast, history, presence, \
-                 subscribe, unsubscribe, disconnect)"
+                 presence_stats, subscribe, unsubscribe, disconnect)"
             ),
         )),
     }

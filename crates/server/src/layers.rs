@@ -11,7 +11,7 @@
 /// The layers, lowest first: (name, its top-level modules).
 pub(crate) const LAYERS: &[(&str, &[&str])] = &[
     // Utilities and services that know no `App`: responses, guards, TLS, settings, brokers,
-    // the publish command, what nodes share through the broker.
+    // the publish command, what nodes share through the broker, the tracing exporter.
     (
         "foundations",
         &[
@@ -26,6 +26,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "settings",
             "publishing",
             "cluster",
+            "otel",
         ],
     ),
     // The node's state (`App`): the hub, config, counters, the drain.

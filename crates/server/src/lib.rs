@@ -81,6 +81,7 @@ pub mod http;
 pub mod jwks;
 #[cfg(test)]
 mod layers;
+pub mod otel;
 pub mod proxy;
 pub mod publishing;
 #[cfg(feature = "pusher")]

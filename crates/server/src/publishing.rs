@@ -364,6 +364,17 @@ pub async fn execute(
     cmd: &Command,
     key: Option<&str>,
 ) -> Result<Executed, PublishError> {
+    execute_traced(ctx, cmd, key, None).await
+}
+
+/// [`execute`], each publication carrying `traceparent` (the W3C trace context of the span
+/// around it, `crate::otel`) through the broker to the nodes that fan it out.
+pub async fn execute_traced(
+    ctx: &NodeContext,
+    cmd: &Command,
+    key: Option<&str>,
+    traceparent: Option<&str>,
+) -> Result<Executed, PublishError> {
     let limits = &ctx.config.limits;
     let max = limits.max_broadcast_channels;
     if cmd.channels().len() > max {
@@ -379,10 +390,16 @@ pub async fn execute(
     let data = cmd.data();
     let results = match cmd {
         Command::Publish { channel, .. } => {
-            vec![publish_one(ctx, channel, data.clone(), key).await]
+            vec![publish_one(ctx, channel, data.clone(), key, traceparent).await]
         }
         Command::Broadcast { channels, .. } => {
-            let publish_all = broadcast(ctx, channels, data, key, limits.broadcast_concurrency);
+            let publish_all = broadcast(
+                ctx,
+                channels,
+                data,
+                (key, traceparent),
+                limits.broadcast_concurrency,
+            );
             ctx.hub.gathering_direct_writes(publish_all).await
         }
     };
@@ -403,7 +420,7 @@ async fn broadcast(
     ctx: &NodeContext,
     channels: &[String],
     data: &Bytes,
-    key: Option<&str>,
+    (key, traceparent): (Option<&str>, Option<&str>),
     concurrency: usize,
 ) -> Vec<Result<StreamPosition, PublishError>> {
     let mut results: Vec<Option<Result<StreamPosition, PublishError>>> =
@@ -411,7 +428,7 @@ async fn broadcast(
     let mut targets = Vec::with_capacity(channels.len());
     let mut places = Vec::with_capacity(channels.len());
     for (i, channel) in channels.iter().enumerate() {
-        match publish_options(ctx, channel, key) {
+        match publish_options(ctx, channel, key, traceparent) {
             Ok(opts) => {
                 let channel = channel.clone();
                 targets.push(PublishTarget { channel, opts });
@@ -445,16 +462,19 @@ async fn broadcast(
         .collect()
 }
 
-/// A channel's publish options: its namespace's stream options and the idempotency key.
+/// A channel's publish options: its namespace's stream options, the idempotency key and the
+/// trace context.
 fn publish_options(
     ctx: &NodeContext,
     channel: &str,
     key: Option<&str>,
+    traceparent: Option<&str>,
 ) -> Result<PublishOptions, PublishError> {
     let ns = ctx.namespaces.resolve(channel)?;
     Ok(PublishOptions {
         stream: ns.stream_options(),
         idempotency_key: key.map(str::to_owned),
+        traceparent: traceparent.map(str::to_owned),
     })
 }
 
@@ -464,8 +484,9 @@ pub async fn publish_one(
     channel: &str,
     data: Bytes,
     key: Option<&str>,
+    traceparent: Option<&str>,
 ) -> Result<StreamPosition, PublishError> {
-    let opts = publish_options(ctx, channel, key)?;
+    let opts = publish_options(ctx, channel, key, traceparent)?;
     Ok(ctx.hub.publish(channel, data, None, &opts).await?)
 }
 

@@ -140,6 +140,7 @@ pub async fn run(
     // Checked before anything connects: a bad section stops the node at once.
     let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
     ensure_pusher_supported(config.pusher.as_ref(), |k| std::env::var(k).ok(), PUSHER)?;
+    let tracer = crate::otel::Tracing::start(config.tracing.as_ref(), &config.node_name)?;
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
     broker.register_metrics(metrics.registry_mut());
@@ -259,6 +260,9 @@ pub async fn run(
     #[cfg(feature = "pusher")]
     node.pusher.apps.stop().await;
     consumers.stopped(Duration::from_secs(10)).await;
+    if let Some(tracer) = tracer {
+        tracer.shutdown();
+    }
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
 }

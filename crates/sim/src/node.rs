@@ -215,6 +215,7 @@ async fn api_publish(
     let opts = PublishOptions {
         stream: ns.stream_options(),
         idempotency_key: Some(key),
+        traceparent: None,
     };
     ctx.hub
         .publish(channel, data, None, &opts)

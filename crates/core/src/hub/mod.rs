@@ -41,6 +41,7 @@
 //! - [`presence_batch`]: join/leave pushes collected per channel and interval;
 //! - [`tail`]: the periodic tail check;
 //! - [`control`]: control messages between nodes and node liveness.
+//! - [`traced`]: the `fanout` span of a traced publication.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -70,6 +71,7 @@ mod membership;
 mod presence_batch;
 mod subscriptions;
 mod tail;
+mod traced;
 
 const SHARDS: usize = 64;
 const TRANSITION_STRIPES: usize = 256;
@@ -306,6 +308,17 @@ impl BrokerHandler for HubHandler {
     fn on_publication(&self, channel: &str, epoch: &str, publication: Publication) {
         if let Some(shared) = self.0.upgrade() {
             Hub { shared }.deliver(channel, epoch, publication);
+        }
+    }
+    fn on_traced_publication(
+        &self,
+        channel: &str,
+        epoch: &str,
+        publication: Publication,
+        traceparent: &str,
+    ) {
+        if let Some(shared) = self.0.upgrade() {
+            Hub { shared }.deliver_traced(channel, epoch, publication, traceparent);
         }
     }
     fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {

@@ -135,6 +135,7 @@ async fn publish(hub: &Hub, channel: &str, n: u64) {
         let opts = PublishOptions {
             stream: ns().stream_options(),
             idempotency_key: None,
+            traceparent: None,
         };
         hub.broker()
             .publish(channel, Bytes::from(i.to_string()), None, &opts)

@@ -35,6 +35,7 @@ impl Session {
         let opts = PublishOptions {
             stream: ns.stream_options(),
             idempotency_key: None,
+            traceparent: None,
         };
         let position = self
             .ctx

@@ -64,7 +64,7 @@ pub async fn dispatch(
             let done = if method == "publish" {
                 publish(&app, &bytes).await
             } else {
-                crate::api::broadcast(&app, &bytes).await
+                crate::api::broadcast(&app, &bytes, None).await
             };
             admin.record(actor, method, &channels_of(&bytes), done.is_ok());
             done

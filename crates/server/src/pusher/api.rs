@@ -453,6 +453,7 @@ async fn publish(
         let opts = PublishOptions {
             stream: apps.namespace_for(channel).stream_options(),
             idempotency_key: None,
+            traceparent: None,
         };
         let internal = pusher_app.internal(channel);
         app.ctx

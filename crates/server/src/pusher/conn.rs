@@ -716,6 +716,7 @@ impl PusherConn {
         let opts = PublishOptions {
             stream: self.ctx.namespace(channel).stream_options(),
             idempotency_key: None,
+            traceparent: None,
         };
         if let Some(hooks) = self.ctx.webhooks() {
             // Pusher's webhook carries the data as a string.
