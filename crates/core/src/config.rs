@@ -336,6 +336,10 @@ pub struct NamespaceConfig {
     /// What happens to a subscriber that reads slower than this namespace's publications come,
     /// once its queue reaches `limits.outbound_queue_bytes`.
     pub backpressure: Backpressure,
+    /// Clients may ask for delta compression of a subscription's publications
+    /// (`subscribe` with `delta: "fossil"`); the node then keeps each channel's last
+    /// publication and computes one delta per publication.
+    pub allow_delta: bool,
 }
 
 /// A namespace's answer to a subscriber that falls behind (its connection's queue is full).
@@ -369,6 +373,7 @@ impl Default for NamespaceConfig {
             subscribe_proxy: false,
             publish_proxy: false,
             backpressure: Backpressure::Disconnect,
+            allow_delta: false,
         }
     }
 }
