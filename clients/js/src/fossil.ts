@@ -10,6 +10,11 @@ for (let i = 0; i < DIGITS.length; i++) VALUE[DIGITS.charCodeAt(i)] = i;
 /** A delta that cannot be applied to the base it was given. */
 export class DeltaError extends Error {}
 
+/** The byte at `i` (-1 past the end). */
+function byte(bytes: Uint8Array, i: number): number {
+  return bytes[i] ?? -1;
+}
+
 /** Fossil's checksum: the sum of the bytes taken as big-endian 32-bit words. */
 function checksum(bytes: Uint8Array): number {
   let sum0 = 0;
@@ -19,16 +24,16 @@ function checksum(bytes: Uint8Array): number {
   let i = 0;
   const n = bytes.length;
   for (; i + 4 <= n; i += 4) {
-    sum0 = (sum0 + bytes[i]!) | 0;
-    sum1 = (sum1 + bytes[i + 1]!) | 0;
-    sum2 = (sum2 + bytes[i + 2]!) | 0;
-    sum3 = (sum3 + bytes[i + 3]!) | 0;
+    sum0 = (sum0 + byte(bytes, i)) | 0;
+    sum1 = (sum1 + byte(bytes, i + 1)) | 0;
+    sum2 = (sum2 + byte(bytes, i + 2)) | 0;
+    sum3 = (sum3 + byte(bytes, i + 3)) | 0;
   }
   sum3 = (sum3 + (sum2 << 8) + (sum1 << 16) + (sum0 << 24)) | 0;
   const left = n - i;
-  if (left >= 3) sum3 = (sum3 + (bytes[i + 2]! << 8)) | 0;
-  if (left >= 2) sum3 = (sum3 + (bytes[i + 1]! << 16)) | 0;
-  if (left >= 1) sum3 = (sum3 + (bytes[i]! << 24)) | 0;
+  if (left >= 3) sum3 = (sum3 + (byte(bytes, i + 2) << 8)) | 0;
+  if (left >= 2) sum3 = (sum3 + (byte(bytes, i + 1) << 16)) | 0;
+  if (left >= 1) sum3 = (sum3 + (byte(bytes, i) << 24)) | 0;
   return sum3 >>> 0;
 }
 
@@ -39,8 +44,7 @@ export function applyDelta(base: Uint8Array, delta: Uint8Array): Uint8Array {
     let v = 0;
     const start = pos;
     while (pos < delta.length) {
-      const c = delta[pos]!;
-      const d = c < 128 ? VALUE[c]! : -1;
+      const d = VALUE[byte(delta, pos)] ?? -1;
       if (d < 0) break;
       v = v * 64 + d;
       pos++;

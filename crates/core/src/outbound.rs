@@ -740,6 +740,73 @@ mod tests {
         assert!(rest.len() * 40 <= 200, "{got:?}");
     }
 
+    /// A 40-byte delta frame "dN" whose tag carries its full frame "fN".
+    fn delta(channel: &str, n: u64, policy: Backpressure) -> (Bytes, Option<Sheddable>) {
+        let mut t = tag(channel, n, policy).unwrap();
+        t.full = Some(Bytes::from(format!("f{n:<39}")));
+        (Bytes::from(format!("d{n:<39}")), Some(t))
+    }
+
+    fn trimmed(frames: &[Bytes]) -> Vec<String> {
+        texts(frames).iter().map(|f| f.trim().to_owned()).collect()
+    }
+
+    #[test]
+    fn a_delta_that_replaces_a_conflated_publication_goes_full() {
+        let q = Outbound::new(1 << 20);
+        let c = Backpressure::Conflate;
+        assert!(q.push_sheddable(publication("a", 1), tag("a", 1, c)));
+        let (frame, t) = delta("a", 2, c);
+        assert!(q.push_sheddable(frame, t));
+        let (frame, t) = delta("a", 3, c);
+        assert!(q.push_sheddable(frame, t));
+        assert_eq!(
+            trimmed(&q.drain().frames),
+            [r#"{"skip":{"channel":"a","from":1,"to":2}}"#, "f3"],
+            "its base (2) never reached the client"
+        );
+        // Drained and written: the next delta's base is held.
+        let (frame, t) = delta("a", 4, c);
+        assert!(q.push_sheddable(frame, t));
+        assert_eq!(trimmed(&q.drain().frames), ["d4"]);
+    }
+
+    #[test]
+    fn a_delta_after_shed_publications_goes_full_in_the_queue_and_after_it() {
+        let q = Outbound::new(400);
+        let d = Backpressure::DropOldest;
+        for n in 1..=11u64 {
+            let (frame, t) = delta("a", n, d);
+            assert!(q.push_sheddable(frame, t));
+        }
+        let got = trimmed(&q.drain().frames);
+        assert!(got[0].starts_with(r#"{"skip""#), "{got:?}");
+        assert!(got[1].starts_with('f'), "the first kept after the skip: {got:?}");
+        assert!(got[2..].iter().all(|f| f.starts_with('d')), "{got:?}");
+
+        // Shed at the end of the queue (another channel fills it): a's next delta goes full,
+        // even after a drain.
+        for n in 12..=13u64 {
+            let (frame, t) = delta("a", n, d);
+            assert!(q.push_sheddable(frame, t));
+        }
+        // 80 bytes of a, then 350 of b (never shed): the tenth passes the bound.
+        for n in 1..=10u64 {
+            assert!(q.push(Bytes::from(format!("b{n:<34}"))));
+        }
+        let got = trimmed(&q.drain().frames);
+        assert!(
+            got.iter().any(|f| f.starts_with(r#"{"skip":{"channel":"a""#)),
+            "{got:?}"
+        );
+        assert!(!got.iter().any(|f| f == "d12" || f == "d13"), "{got:?}");
+        let (frame, t) = delta("a", 14, d);
+        assert!(q.push_sheddable(frame, t));
+        let (frame, t) = delta("a", 15, d);
+        assert!(q.push_sheddable(frame, t));
+        assert_eq!(trimmed(&q.drain().frames), ["f14", "d15"]);
+    }
+
     #[test]
     fn untagged_frames_are_never_shed_and_a_queue_of_them_still_closes() {
         let q = Outbound::new(10);
