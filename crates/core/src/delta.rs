@@ -122,7 +122,10 @@ mod tests {
         let levels: Vec<String> = (0..40)
             .map(|i| format!(r#"{{"price":{},"size":{}}}"#, 100 + i, i * 7))
             .collect();
-        format!(r#"{{"symbol":"ABC","bid":{bid},"levels":[{}]}}"#, levels.join(","))
+        format!(
+            r#"{{"symbol":"ABC","bid":{bid},"levels":[{}]}}"#,
+            levels.join(",")
+        )
     }
 
     fn pub_of(frame: &Bytes) -> serde_json::Value {
@@ -175,7 +178,10 @@ mod tests {
 
     #[test]
     fn a_delta_that_is_not_smaller_is_not_sent() {
-        let kept = (1, Bytes::from_static(b"\"abcdefghijklmnopqrstuvwxyz0123456789\""));
+        let kept = (
+            1,
+            Bytes::from_static(b"\"abcdefghijklmnopqrstuvwxyz0123456789\""),
+        );
         let p = publication(2, "[1,2,3]");
         let mut frames = DeltaFrames::new("c", &p, Some(&kept));
         let (frame, full) = frames.for_subscriber(Some(1));

@@ -260,7 +260,12 @@ impl Outbound {
 
     /// A delta whose base was left out goes in full: just after a skip (`follows_a_skip`), or
     /// when its channel's last queued publication was shed and the queue since drained.
-    fn full_after_skip(state: &mut State, tag: &mut Sheddable, frame: &mut Bytes, follows_a_skip: bool) {
+    fn full_after_skip(
+        state: &mut State,
+        tag: &mut Sheddable,
+        frame: &mut Bytes,
+        follows_a_skip: bool,
+    ) {
         let shed_before = state.needs_full.iter().position(|c| *c == tag.channel);
         if let Some(i) = shed_before {
             state.needs_full.swap_remove(i);
@@ -781,7 +786,10 @@ mod tests {
         }
         let got = trimmed(&q.drain().frames);
         assert!(got[0].starts_with(r#"{"skip""#), "{got:?}");
-        assert!(got[1].starts_with('f'), "the first kept after the skip: {got:?}");
+        assert!(
+            got[1].starts_with('f'),
+            "the first kept after the skip: {got:?}"
+        );
         assert!(got[2..].iter().all(|f| f.starts_with('d')), "{got:?}");
 
         // Shed at the end of the queue (another channel fills it): a's next delta goes full,
@@ -796,7 +804,8 @@ mod tests {
         }
         let got = trimmed(&q.drain().frames);
         assert!(
-            got.iter().any(|f| f.starts_with(r#"{"skip":{"channel":"a""#)),
+            got.iter()
+                .any(|f| f.starts_with(r#"{"skip":{"channel":"a""#)),
             "{got:?}"
         );
         assert!(!got.iter().any(|f| f == "d12" || f == "d13"), "{got:?}");
