@@ -159,6 +159,7 @@ async fn a_namespace_without_allow_delta_refuses_it_and_unknown_types_are_bad_re
         allow_delta = true
         [[namespaces]]
         name = "plain"
+        subscribe = "anonymous"
         "#,
     );
     let node = Node::start(&["--dev", "--config", &cfg], &[]).await;
