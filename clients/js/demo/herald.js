@@ -165,6 +165,7 @@ function classify(value, text = "") {
     if (typeof p.channel !== "string") return { type: "invalid", text, reason: "pub without channel" };
     const pub = { offset: typeof p.offset === "number" ? p.offset : 0, data: p.data };
     if (isObject(p.info)) pub.info = p.info;
+    if (typeof p.delta === "boolean") pub.delta = p.delta;
     return { type: "pub", channel: p.channel, pub };
   }
   for (const kind of ["join", "leave"]) {
@@ -320,12 +321,12 @@ var EmulatedSocket = class {
       });
       if (!res.ok || !res.body) throw new Error(`emulation endpoint answered ${res.status}`);
       const reader = res.body.getReader();
-      const decoder2 = new TextDecoder();
+      const decoder3 = new TextDecoder();
       let buffer = "";
       for (; ; ) {
         const { done, value } = await reader.read();
         if (done) break;
-        const parsed = parseEvents(buffer + decoder2.decode(value, { stream: true }));
+        const parsed = parseEvents(buffer + decoder3.decode(value, { stream: true }));
         buffer = parsed.rest;
         for (const ev of parsed.events) this.dispatch(ev);
         if (this.readyState === CLOSED) return;
@@ -450,6 +451,90 @@ var UsageError = class extends HeraldError {
     this.name = "UsageError";
   }
 };
+
+// src/fossil.ts
+var DIGITS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz~";
+var VALUE = new Int8Array(128).fill(-1);
+for (let i = 0; i < DIGITS.length; i++) VALUE[DIGITS.charCodeAt(i)] = i;
+var DeltaError = class extends Error {
+};
+function byte(bytes, i) {
+  return bytes[i] ?? -1;
+}
+function checksum(bytes) {
+  let sum0 = 0;
+  let sum1 = 0;
+  let sum2 = 0;
+  let sum3 = 0;
+  let i = 0;
+  const n = bytes.length;
+  for (; i + 4 <= n; i += 4) {
+    sum0 = sum0 + byte(bytes, i) | 0;
+    sum1 = sum1 + byte(bytes, i + 1) | 0;
+    sum2 = sum2 + byte(bytes, i + 2) | 0;
+    sum3 = sum3 + byte(bytes, i + 3) | 0;
+  }
+  sum3 = sum3 + (sum2 << 8) + (sum1 << 16) + (sum0 << 24) | 0;
+  const left = n - i;
+  if (left >= 3) sum3 = sum3 + (byte(bytes, i + 2) << 8) | 0;
+  if (left >= 2) sum3 = sum3 + (byte(bytes, i + 1) << 16) | 0;
+  if (left >= 1) sum3 = sum3 + (byte(bytes, i) << 24) | 0;
+  return sum3 >>> 0;
+}
+function applyDelta(base, delta) {
+  let pos = 0;
+  const int = () => {
+    let v = 0;
+    const start = pos;
+    while (pos < delta.length) {
+      const d = VALUE[byte(delta, pos)] ?? -1;
+      if (d < 0) break;
+      v = v * 64 + d;
+      pos++;
+    }
+    if (pos === start) throw new DeltaError("delta: number expected");
+    return v;
+  };
+  const size = int();
+  if (delta[pos++] !== 10) throw new DeltaError("delta: size not followed by a newline");
+  const out = new Uint8Array(size);
+  let total = 0;
+  while (pos < delta.length) {
+    const count = int();
+    const op = delta[pos++];
+    if (op === 64) {
+      const offset = int();
+      if (delta[pos++] !== 44) throw new DeltaError("delta: copy without a comma");
+      if (total + count > size) throw new DeltaError("delta: copy past the output size");
+      if (offset + count > base.length) throw new DeltaError("delta: copy past the end of the base");
+      out.set(base.subarray(offset, offset + count), total);
+      total += count;
+    } else if (op === 58) {
+      if (total + count > size) throw new DeltaError("delta: insert past the output size");
+      if (pos + count > delta.length) throw new DeltaError("delta: insert past the end of the delta");
+      out.set(delta.subarray(pos, pos + count), total);
+      total += count;
+      pos += count;
+    } else if (op === 59) {
+      if (total !== size) throw new DeltaError("delta: output size does not match");
+      if (count !== checksum(out)) throw new DeltaError("delta: bad checksum (not made from this base)");
+      return out;
+    } else {
+      throw new DeltaError("delta: unknown command");
+    }
+  }
+  throw new DeltaError("delta: unterminated");
+}
+var encoder = new TextEncoder();
+var decoder = new TextDecoder("utf-8", { fatal: true });
+function applyDeltaText(base, delta) {
+  const out = applyDelta(encoder.encode(base), encoder.encode(delta));
+  try {
+    return decoder.decode(out);
+  } catch {
+    throw new DeltaError("delta: the result is not UTF-8");
+  }
+}
 
 // src/recovery.ts
 var StreamTracker = class {
@@ -611,9 +696,13 @@ var Subscription = class extends Emitter {
   get _hasOwnToken() {
     return this.token !== void 0 || this.opts.getToken !== void 0;
   }
-  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
+  /** @internal Sent one by one (with `data` or `delta`), never in `connect.subs`. */
   get _sentAlone() {
-    return this._hasOwnToken || this.opts.data !== void 0;
+    return this._hasOwnToken || this.opts.data !== void 0 || this.opts.delta !== void 0;
+  }
+  /** @internal The `delta` option, for the subscribe command. */
+  get _delta() {
+    return this.opts.delta;
   }
   /** @internal The `data` option, for the subscribe command. */
   get _data() {
@@ -664,6 +753,7 @@ var Subscription = class extends Emitter {
   _applySubscribe(result) {
     const asked = this.sentSince;
     this.sentSince = void 0;
+    this.deltaBase = void 0;
     const outcome = this.tracker.applySubscribe(result, asked);
     this._state = "subscribed";
     const resubscribed = this.subscribedOnce;
@@ -702,6 +792,13 @@ var Subscription = class extends Emitter {
    */
   _applyPublication(pub) {
     if (this._state !== "subscribed") return false;
+    if (pub.delta !== void 0) {
+      const full = this.undelta(pub);
+      if (full === void 0) return true;
+      pub = full;
+    } else {
+      this.deltaBase = void 0;
+    }
     const verdict = this.tracker.applyPublication(pub);
     if (verdict === "gap") return true;
     if (verdict === "deliver") {
@@ -821,6 +918,36 @@ var Subscription = class extends Emitter {
   onListenerError(_event, error) {
     this.host.reportListenerError(this.channel, error);
   }
+  /**
+   * A publication in text form made whole: its data parsed, after applying its delta to the base
+   * held. `undefined` when that cannot be done (no base for it, or the delta does not fit): the
+   * channel must be resynced, which recovers the publication in full.
+   */
+  undelta(pub) {
+    const base = this.deltaBase;
+    this.deltaBase = void 0;
+    if (typeof pub.data !== "string") return void 0;
+    let text = pub.data;
+    if (pub.delta) {
+      if (!base || base.offset + 1 !== pub.offset) return void 0;
+      try {
+        text = applyDeltaText(base.text, text);
+      } catch (e) {
+        if (e instanceof DeltaError) return void 0;
+        throw e;
+      }
+    }
+    let data;
+    try {
+      data = JSON.parse(text);
+    } catch {
+      return void 0;
+    }
+    this.deltaBase = { offset: pub.offset, text };
+    const whole = { offset: pub.offset, data };
+    if (pub.info) whole.info = pub.info;
+    return whole;
+  }
   deliver(pub) {
     const ctx = { channel: this.channel, offset: pub.offset, data: pub.data };
     if (pub.info) ctx.info = pub.info;
@@ -853,12 +980,12 @@ function resolveWebSocket(explicit) {
 }
 var noop = () => {
 };
-var decoder;
+var decoder2;
 function toText(data) {
   if (typeof data === "string") return data;
   if (data instanceof ArrayBuffer || ArrayBuffer.isView(data)) {
-    decoder ?? (decoder = new TextDecoder());
-    return decoder.decode(data);
+    decoder2 ?? (decoder2 = new TextDecoder());
+    return decoder2.decode(data);
   }
   return void 0;
 }
@@ -1453,6 +1580,7 @@ var Herald = class extends Emitter {
     if (since) params.since = since;
     if (sub._token !== void 0) params.token = sub._token;
     if (sub._data !== void 0) params.data = sub._data;
+    if (sub._delta !== void 0) params.delta = sub._delta;
     this.request("subscribe", params, (err, result) => {
       sub._replyArrived();
       if (this.subs.get(sub.channel) !== sub) return;

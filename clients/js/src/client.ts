@@ -764,6 +764,7 @@ export class Herald extends Emitter<HeraldEvents> {
     if (since) params.since = since;
     if (sub._token !== undefined) params.token = sub._token;
     if (sub._data !== undefined) params.data = sub._data;
+    if (sub._delta !== undefined) params.delta = sub._delta;
     this.request('subscribe', params, (err, result) => {
       sub._replyArrived();
       if (this.subs.get(sub.channel) !== sub) return; // unsubscribed meanwhile

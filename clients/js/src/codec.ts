@@ -21,6 +21,12 @@ export interface Publication<T = unknown> {
   offset: number;
   data: T;
   info?: ClientInfo;
+  /**
+   * Set on live publications of a subscription with delta compression: `data` is then text, the
+   * publication's JSON (false) or a Fossil delta from the previous one's (true). The SDK turns it
+   * back into the value before the app sees it.
+   */
+  delta?: boolean;
 }
 
 export interface ReplyErrorBody {
@@ -39,6 +45,8 @@ export interface SubscribeResult {
   expires_in?: number;
   /** What the application's subscribe proxy returned for this subscription. */
   data?: unknown;
+  /** Live publications come with delta compression (asked for with `delta: 'fossil'`). */
+  delta?: boolean;
 }
 
 export interface ConnectResult {
@@ -184,6 +192,7 @@ export function classify(value: unknown, text = ''): ServerMessage {
     if (typeof p.channel !== 'string') return { type: 'invalid', text, reason: 'pub without channel' };
     const pub: Publication = { offset: typeof p.offset === 'number' ? p.offset : 0, data: p.data };
     if (isObject(p.info)) pub.info = p.info as ClientInfo;
+    if (typeof p.delta === 'boolean') pub.delta = p.delta;
     return { type: 'pub', channel: p.channel, pub };
   }
   for (const kind of ['join', 'leave'] as const) {

@@ -21,6 +21,7 @@ import { ClientCode } from './codes.js';
 import { Emitter } from './emitter.js';
 import { HeraldError } from './errors.js';
 import type { ChannelEvents, PresenceEventContext, PublicationContext, UnsubscribedContext } from './events.js';
+import { DeltaError, applyDeltaText } from './fossil.js';
 import { StreamTracker } from './recovery.js';
 
 export type SubscriptionState = 'subscribing' | 'subscribed' | 'unsubscribed';
@@ -82,6 +83,12 @@ export interface SubscribeOptions<T = unknown> {
   /** The subscription ended for good (by the server, an error, or `unsubscribe()`). */
   onUnsubscribed?: (ctx: UnsubscribedContext) => void;
   onError?: (ctx: SubscriptionErrorContext) => void;
+  /**
+   * Ask for delta compression: after the first live publication, each one comes as a Fossil delta
+   * against the previous one and the SDK rebuilds it (the namespace must set `allow_delta`, or the
+   * subscribe fails with 108). Recovered publications and history stay in full.
+   */
+  delta?: 'fossil';
 }
 
 /**
@@ -130,6 +137,8 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
 
   private readonly host: SubscriptionHost;
   private readonly opts: SubscribeOptions<T>;
+  /** The text of the last live publication in text form: the base of the next delta. */
+  private deltaBase: { offset: number; text: string } | undefined;
 
   /** @internal Created by `Herald.subscribe`. */
   constructor(host: SubscriptionHost, channel: string, opts: SubscribeOptions<T>) {
@@ -209,9 +218,14 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     return this.token !== undefined || this.opts.getToken !== undefined;
   }
 
-  /** @internal Sent one by one (with `data`), never in `connect.subs`. */
+  /** @internal Sent one by one (with `data` or `delta`), never in `connect.subs`. */
   get _sentAlone(): boolean {
-    return this._hasOwnToken || this.opts.data !== undefined;
+    return this._hasOwnToken || this.opts.data !== undefined || this.opts.delta !== undefined;
+  }
+
+  /** @internal The `delta` option, for the subscribe command. */
+  get _delta(): 'fossil' | undefined {
+    return this.opts.delta;
   }
 
   /** @internal The `data` option, for the subscribe command. */
@@ -272,6 +286,8 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   _applySubscribe(result: SubscribeResult): boolean {
     const asked = this.sentSince;
     this.sentSince = undefined;
+    // A new server-side subscription: its first live publication comes in full.
+    this.deltaBase = undefined;
     const outcome = this.tracker.applySubscribe(result, asked);
     this._state = 'subscribed';
     const resubscribed = this.subscribedOnce;
@@ -313,6 +329,13 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
    */
   _applyPublication(pub: Publication): boolean {
     if (this._state !== 'subscribed') return false;
+    if (pub.delta !== undefined) {
+      const full = this.undelta(pub);
+      if (full === undefined) return true;
+      pub = full;
+    } else {
+      this.deltaBase = undefined;
+    }
     const verdict = this.tracker.applyPublication(pub);
     if (verdict === 'gap') return true;
     if (verdict === 'deliver') {
@@ -445,6 +468,37 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   /** The app's listener threw: that must not corrupt the position we track or stop a batch. */
   protected override onListenerError(_event: keyof SubscriptionEvents<T>, error: unknown): void {
     this.host.reportListenerError(this.channel, error);
+  }
+
+  /**
+   * A publication in text form made whole: its data parsed, after applying its delta to the base
+   * held. `undefined` when that cannot be done (no base for it, or the delta does not fit): the
+   * channel must be resynced, which recovers the publication in full.
+   */
+  private undelta(pub: Publication): Publication | undefined {
+    const base = this.deltaBase;
+    this.deltaBase = undefined;
+    if (typeof pub.data !== 'string') return undefined;
+    let text = pub.data;
+    if (pub.delta) {
+      if (!base || base.offset + 1 !== pub.offset) return undefined;
+      try {
+        text = applyDeltaText(base.text, text);
+      } catch (e) {
+        if (e instanceof DeltaError) return undefined;
+        throw e;
+      }
+    }
+    let data: unknown;
+    try {
+      data = JSON.parse(text);
+    } catch {
+      return undefined;
+    }
+    this.deltaBase = { offset: pub.offset, text };
+    const whole: Publication = { offset: pub.offset, data };
+    if (pub.info) whole.info = pub.info;
+    return whole;
   }
 
   private deliver(pub: Publication): void {

@@ -363,6 +363,10 @@ pub struct NamespaceConfig {
     /// Milliseconds over which a node collects a channel's joins and leaves before pushing them
     /// to its subscribers as one `presence_batch` push (0: one `join`/`leave` push each).
     pub join_leave_batch_ms: u64,
+    /// Clients may ask for delta compression of a subscription's publications
+    /// (`subscribe` with `delta: "fossil"`); the node then keeps each channel's last
+    /// publication and computes one delta per publication.
+    pub allow_delta: bool,
 }
 
 /// A namespace's answer to a subscriber that falls behind (its connection's queue is full).
@@ -397,6 +401,7 @@ impl Default for NamespaceConfig {
             publish_proxy: false,
             backpressure: Backpressure::Disconnect,
             join_leave_batch_ms: 0,
+            allow_delta: false,
         }
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod delta;
 mod flights;
 pub mod hub;
 pub mod metrics;

@@ -37,6 +37,8 @@ pub struct Metrics {
     pub publications_without_subscriber: Counter,
     /// Publications queued to connections (one per subscriber).
     pub deliveries: Counter,
+    /// Fossil deltas computed for delta subscribers (at most one per publication).
+    pub deltas_computed: Counter,
     /// Connections closed because their outbound queue overflowed.
     pub slow_consumers: Counter,
     /// Subscriptions with `since` that recovered.
@@ -169,6 +171,11 @@ impl Metrics {
             deliveries: reg!(
                 "deliveries",
                 "Publications queued to connections",
+                Counter::default()
+            ),
+            deltas_computed: reg!(
+                "deltas_computed",
+                "Fossil deltas computed for delta subscribers (at most one per publication)",
                 Counter::default()
             ),
             slow_consumers: reg!(

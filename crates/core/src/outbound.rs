@@ -41,6 +41,9 @@ pub struct Sheddable {
     /// Set on a `skip` push the queue made (it covers `skipped_from..=offset`): a later shedding
     /// merges it with what it leaves out next, so skips do not pile up.
     pub skipped_from: Option<u64>,
+    /// The publication's full frame when the queued one is a delta (see [`crate::delta`]): sent
+    /// instead whenever the publication before it was left out, which the client then lacks.
+    pub full: Option<Bytes>,
 }
 
 /// Why and how the connection is to be closed.
@@ -105,6 +108,8 @@ struct State {
     /// Bytes of queued recovery replies, allowed on top of the bound until they are taken (see
     /// [`Outbound::push_recovery`]).
     headroom: usize,
+    /// Channels whose last queued publication was left out: their next delta goes in full.
+    needs_full: Vec<Arc<str>>,
 }
 
 impl State {
@@ -217,8 +222,14 @@ impl Outbound {
         if state.close.is_some() {
             return None;
         }
+        let mut frame = frame;
+        let mut tag = tag;
+        let mut follows_a_skip = false;
         if let Some(t) = tag.as_ref().filter(|t| t.policy == Backpressure::Conflate) {
-            Self::replace_waiting(&mut state, t);
+            follows_a_skip = Self::replace_waiting(&mut state, t);
+        }
+        if let Some(t) = tag.as_mut() {
+            Self::full_after_skip(&mut state, t, &mut frame, follows_a_skip);
         }
         // A frame always fits an empty queue: a reply larger than the bound must still reach
         // the client.
@@ -247,6 +258,25 @@ impl Outbound {
         Some(first)
     }
 
+    /// A delta whose base was left out goes in full: just after a skip (`follows_a_skip`), or
+    /// when its channel's last queued publication was shed and the queue since drained.
+    fn full_after_skip(
+        state: &mut State,
+        tag: &mut Sheddable,
+        frame: &mut Bytes,
+        follows_a_skip: bool,
+    ) {
+        let shed_before = state.needs_full.iter().position(|c| *c == tag.channel);
+        if let Some(i) = shed_before {
+            state.needs_full.swap_remove(i);
+        }
+        if follows_a_skip || shed_before.is_some() {
+            if let Some(full) = tag.full.take() {
+                *frame = full;
+            }
+        }
+    }
+
     /// Close as a slow consumer (4001), freeing what was queued.
     fn overflow(&self, mut state: MutexGuard<'_, State>) {
         state.frames = VecDeque::new();
@@ -265,10 +295,11 @@ impl Outbound {
     /// Conflate at once: when the newest queued frame is a publication of `next`'s channel (a
     /// ticker's usual case), it has not been written and never will be: `next` replaces it, and
     /// a `skip` (merged with one just before it) says what was replaced. O(1): a queue whose back
-    /// is another channel's waits for [`shed`](Self::shed) at the bound.
-    fn replace_waiting(state: &mut State, next: &Sheddable) {
+    /// is another channel's waits for [`shed`](Self::shed) at the bound. True when it replaced
+    /// one (`next` then follows a skip).
+    fn replace_waiting(state: &mut State, next: &Sheddable) -> bool {
         let Some(tags) = state.tags.as_mut() else {
-            return;
+            return false;
         };
         let same = |t: &Option<Sheddable>, skip: bool| {
             t.as_ref().is_some_and(|t| {
@@ -278,7 +309,7 @@ impl Outbound {
             })
         };
         if !tags.back().is_some_and(|t| same(t, false)) {
-            return;
+            return false;
         }
         let replaced = tags.pop_back().flatten().expect("checked");
         let frame = state.frames.pop_back().expect("a frame per tag");
@@ -299,7 +330,9 @@ impl Outbound {
             offset: to,
             policy: Backpressure::Conflate,
             skipped_from: Some(from),
+            full: None,
         }));
+        true
     }
 
     /// Leave out tagged publications as their policies say, a `skip` push in place of each run;
@@ -355,6 +388,7 @@ impl Outbound {
                 offset: r.to,
                 policy: r.policy,
                 skipped_from: Some(r.from),
+                full: None,
             };
             (frame, Some(tag))
         };
@@ -378,14 +412,19 @@ impl Outbound {
                         }),
                     }
                 }
-                tag => {
+                mut tag => {
                     let before = tag
                         .as_ref()
                         .and_then(|t| runs.iter().position(|r| r.channel == t.channel));
+                    let mut frame = frame;
                     if let Some(i) = before {
                         let (f, t) = skip(runs.swap_remove(i));
                         kept.push_back(f);
                         kept_tags.push_back(t);
+                        // Its base was left out: a delta goes in full.
+                        if let Some(full) = tag.as_mut().and_then(|t| t.full.take()) {
+                            frame = full;
+                        }
                     }
                     kept.push_back(frame);
                     kept_tags.push_back(tag);
@@ -393,6 +432,10 @@ impl Outbound {
             }
         }
         for run in runs {
+            // Nothing of this channel follows: its next publication must not be a delta.
+            if !state.needs_full.contains(&run.channel) {
+                state.needs_full.push(run.channel.clone());
+            }
             let (f, t) = skip(run);
             kept.push_back(f);
             kept_tags.push_back(t);
@@ -580,6 +623,7 @@ mod tests {
             offset,
             policy,
             skipped_from: None,
+            full: None,
         })
     }
 
@@ -699,6 +743,77 @@ mod tests {
             "{got:?}"
         );
         assert!(rest.len() * 40 <= 200, "{got:?}");
+    }
+
+    /// A 40-byte delta frame "dN" whose tag carries its full frame "fN".
+    fn delta(channel: &str, n: u64, policy: Backpressure) -> (Bytes, Option<Sheddable>) {
+        let mut t = tag(channel, n, policy).unwrap();
+        t.full = Some(Bytes::from(format!("f{n:<39}")));
+        (Bytes::from(format!("d{n:<39}")), Some(t))
+    }
+
+    fn trimmed(frames: &[Bytes]) -> Vec<String> {
+        texts(frames).iter().map(|f| f.trim().to_owned()).collect()
+    }
+
+    #[test]
+    fn a_delta_that_replaces_a_conflated_publication_goes_full() {
+        let q = Outbound::new(1 << 20);
+        let c = Backpressure::Conflate;
+        assert!(q.push_sheddable(publication("a", 1), tag("a", 1, c)));
+        let (frame, t) = delta("a", 2, c);
+        assert!(q.push_sheddable(frame, t));
+        let (frame, t) = delta("a", 3, c);
+        assert!(q.push_sheddable(frame, t));
+        assert_eq!(
+            trimmed(&q.drain().frames),
+            [r#"{"skip":{"channel":"a","from":1,"to":2}}"#, "f3"],
+            "its base (2) never reached the client"
+        );
+        // Drained and written: the next delta's base is held.
+        let (frame, t) = delta("a", 4, c);
+        assert!(q.push_sheddable(frame, t));
+        assert_eq!(trimmed(&q.drain().frames), ["d4"]);
+    }
+
+    #[test]
+    fn a_delta_after_shed_publications_goes_full_in_the_queue_and_after_it() {
+        let q = Outbound::new(400);
+        let d = Backpressure::DropOldest;
+        for n in 1..=11u64 {
+            let (frame, t) = delta("a", n, d);
+            assert!(q.push_sheddable(frame, t));
+        }
+        let got = trimmed(&q.drain().frames);
+        assert!(got[0].starts_with(r#"{"skip""#), "{got:?}");
+        assert!(
+            got[1].starts_with('f'),
+            "the first kept after the skip: {got:?}"
+        );
+        assert!(got[2..].iter().all(|f| f.starts_with('d')), "{got:?}");
+
+        // Shed at the end of the queue (another channel fills it): a's next delta goes full,
+        // even after a drain.
+        for n in 12..=13u64 {
+            let (frame, t) = delta("a", n, d);
+            assert!(q.push_sheddable(frame, t));
+        }
+        // 80 bytes of a, then 350 of b (never shed): the tenth passes the bound.
+        for n in 1..=10u64 {
+            assert!(q.push(Bytes::from(format!("b{n:<34}"))));
+        }
+        let got = trimmed(&q.drain().frames);
+        assert!(
+            got.iter()
+                .any(|f| f.starts_with(r#"{"skip":{"channel":"a""#)),
+            "{got:?}"
+        );
+        assert!(!got.iter().any(|f| f == "d12" || f == "d13"), "{got:?}");
+        let (frame, t) = delta("a", 14, d);
+        assert!(q.push_sheddable(frame, t));
+        let (frame, t) = delta("a", 15, d);
+        assert!(q.push_sheddable(frame, t));
+        assert_eq!(trimmed(&q.drain().frames), ["f14", "d15"]);
     }
 
     #[test]

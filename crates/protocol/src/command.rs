@@ -225,6 +225,17 @@ pub struct SubscribeParams {
     pub since: Option<StreamPosition>,
     /// Any JSON value, forwarded to the subscribe proxy (ignored without one).
     pub data: Option<Box<RawValue>>,
+    /// Delta compression for this subscription's live publications (the namespace must allow
+    /// it): each is sent as a delta against the previous one the client holds.
+    pub delta: Option<DeltaType>,
+}
+
+/// The delta encodings a subscription may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeltaType {
+    /// Fossil's delta format (as Centrifugo uses): ASCII commands and the new bytes verbatim.
+    Fossil,
 }
 
 /// Params that name only a channel.

@@ -71,6 +71,44 @@ pub fn push_publication(channel: &str, publication: &Publication) -> Bytes {
     Bytes::from(serde_json::to_vec(&push).expect("publication serializes"))
 }
 
+/// A publication for a subscription with delta compression, its data carried as a JSON string:
+/// `{"pub": {"channel": "c", "offset": 7, "data": "<text>", "delta": false|true, "info"?: ...}}`.
+/// With `delta: false`, `text` is the publication's JSON text itself (the client keeps it as the
+/// base of the next delta); with `delta: true`, it is a Fossil delta that turns the previous
+/// publication's text into this one's. A string, not embedded JSON, because a delta is computed
+/// on exact bytes, which a client's JSON parser would not give back.
+pub fn push_publication_text(
+    channel: &str,
+    publication: &Publication,
+    text: &str,
+    delta: bool,
+) -> Bytes {
+    #[derive(Serialize)]
+    struct Pub<'a> {
+        channel: &'a str,
+        offset: u64,
+        data: &'a str,
+        delta: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        info: Option<PublisherWire<'a>>,
+    }
+    #[derive(Serialize)]
+    struct Push<'a> {
+        #[serde(rename = "pub")]
+        publication: Pub<'a>,
+    }
+    let push = Push {
+        publication: Pub {
+            channel,
+            offset: publication.offset,
+            data: text,
+            delta,
+            info: publication.info.as_ref().map(PublisherWire::from),
+        },
+    };
+    Bytes::from(serde_json::to_vec(&push).expect("publication serializes"))
+}
+
 /// `{"skip": {"channel": "c", "from": 5, "to": 8}}`: publications `from..=to` of the channel were
 /// left out for this connection by its namespace's backpressure policy (it read too slowly); the
 /// client takes `to` as its position and goes on without recovering them.

@@ -81,6 +81,10 @@ impl Hub {
         ch.active = true;
         ch.remember(&p);
         let frame = push_publication(channel, &p);
+        // Delta subscribers' frames, made once each when first needed.
+        let base = ch.delta_base.take();
+        let mut delta_frames = DeltaFrames::new(channel, &p, base.as_ref());
+        let mut has_delta_subscribers = false;
         let mut delivered = 0;
         // The channel's name for the tags of subscribers that may shed (made once, if any).
         let mut name: Option<Arc<str>> = None;
@@ -88,6 +92,10 @@ impl Hub {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
                 Mode::Live { skip_until } if p.offset > *skip_until => {
+                    let (frame, full) = match &sub.delta {
+                        Some(d) => delta_frames.for_subscriber(d.holds),
+                        None => (frame.clone(), None),
+                    };
                     let tag = match sub.backpressure {
                         Backpressure::Disconnect => None,
                         policy => Some(Sheddable {
@@ -95,10 +103,11 @@ impl Hub {
                             offset: p.offset,
                             policy,
                             skipped_from: None,
+                            full,
                         }),
                     };
                     let queued = match &mut direct {
-                        Some(list) => match sub.out.push_for_fanout(frame.clone(), tag) {
+                        Some(list) => match sub.out.push_for_fanout(frame, tag) {
                             Some(true) => {
                                 list.push(sub.out.clone());
                                 true
@@ -106,14 +115,26 @@ impl Hub {
                             Some(false) => true,
                             None => false,
                         },
-                        None => sub.out.push_sheddable(frame.clone(), tag),
+                        None => sub.out.push_sheddable(frame, tag),
                     };
                     if queued {
                         delivered += 1;
                     }
+                    if let Some(d) = &mut sub.delta {
+                        d.holds = queued.then_some(p.offset);
+                    }
                 }
                 Mode::Live { .. } | Mode::Lost => {}
             }
+            has_delta_subscribers |= sub.delta.is_some();
+        }
+        self.shared
+            .metrics
+            .deltas_computed
+            .inc_by(delta_frames.computed as u64);
+        // Kept only where some subscriber may want a delta of the next one.
+        if has_delta_subscribers {
+            ch.delta_base = Some((p.offset, p.data.clone()));
         }
         self.shared.metrics.deliveries.inc_by(delivered);
         Ok(())
@@ -225,6 +246,7 @@ impl Hub {
         ch.early = Vec::new();
         ch.tail_ahead = None;
         ch.forget_recent();
+        ch.delta_base = None;
     }
 
     /// After a broker reconnect: catch up every channel this node hosts.

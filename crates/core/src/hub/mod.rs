@@ -60,6 +60,7 @@ use herald_protocol::encode::{push_presence_change, push_publication};
 use herald_protocol::{ClientInfo, CloseCode, Publication, StreamPosition};
 
 use crate::config::{Backpressure, NamespaceConfig};
+use crate::delta::{DeltaFrames, DeltaSubscriber};
 use crate::metrics::Metrics;
 use crate::outbound::{CloseRequest, Control, Outbound, Sheddable};
 use crate::recovery::{decide, SubscribeResult};
@@ -121,6 +122,8 @@ struct Subscriber {
     mode: Mode,
     /// The namespace's answer to this subscriber falling behind (see [`crate::outbound`]).
     backpressure: Backpressure,
+    /// Set when the subscription asked for delta compression (see [`crate::delta`]).
+    delta: Option<DeltaSubscriber>,
 }
 
 struct Channel {
@@ -145,6 +148,9 @@ struct Channel {
     /// registered at the same generation may share a history read (see [`crate::flights`]).
     generation: u64,
     opts: StreamOptions,
+    /// The last publication delivered (offset, data), kept while the channel has delta
+    /// subscribers: the base of the next publication's delta.
+    delta_base: Option<(u64, Bytes)>,
 }
 
 impl Channel {
@@ -161,6 +167,7 @@ impl Channel {
             active: false,
             tail_ahead: None,
             opts,
+            delta_base: None,
         }
     }
 

@@ -33,6 +33,7 @@ impl Hub {
                         out: out.clone(),
                         mode: Mode::Pending(Vec::new()),
                         backpressure: ns.backpressure,
+                        delta: None,
                     },
                 );
                 // Read under the same lock that made the subscriber pending: what the channel
@@ -166,6 +167,19 @@ impl Hub {
             for (epoch, p) in early {
                 self.deliver_to(channel, ch, &epoch, p, None);
             }
+        }
+    }
+
+    /// Send this (pending) subscriber its live publications with delta compression, from the
+    /// first one after its reply (which goes in full). Call between
+    /// [`prepare_subscription`](Self::prepare_subscription) and [`activate`](Self::activate).
+    pub fn use_delta(&self, channel: &str, key: ConnKey) {
+        let mut shard = self.shard(channel).lock().expect("hub lock");
+        if let Some(sub) = shard
+            .get_mut(channel)
+            .and_then(|ch| ch.subscribers.get_mut(&key))
+        {
+            sub.delta = Some(DeltaSubscriber::default());
         }
     }
 

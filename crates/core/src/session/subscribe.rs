@@ -142,6 +142,10 @@ impl Session {
     }
 
     pub(super) async fn subscribe(&mut self, id: u64, p: SubscribeParams) -> Result<(), Refusal> {
+        let delta = p.delta.is_some();
+        if delta {
+            self.check_delta(&p.channel)?;
+        }
         let (mut result, data) = self
             .prepare(
                 &p.channel,
@@ -169,11 +173,19 @@ impl Session {
             /// The subscribe proxy's `data` for the client.
             #[serde(skip_serializing_if = "Option::is_none")]
             data: Option<&'a RawValue>,
+            /// Live publications come with delta compression (asked for and allowed).
+            #[serde(skip_serializing_if = "std::ops::Not::not")]
+            delta: bool,
+        }
+        if delta {
+            let key = self.connected.as_ref().expect("connected").key;
+            self.ctx.hub.use_delta(&p.channel, key);
         }
         let subscribed = Subscribed {
             result: &result,
             expires_in,
             data: data.as_deref(),
+            delta,
         };
         self.push_reply(
             reply(id, "subscribe", &subscribed),
@@ -181,6 +193,19 @@ impl Session {
         );
         self.activate(&p.channel, &result).await;
         Ok(())
+    }
+
+    /// Delta compression is asked for: the channel's namespace must allow it (an unknown
+    /// namespace is left to the subscription's own checks).
+    fn check_delta(&self, channel: &str) -> Result<(), Refusal> {
+        match self.ctx.namespaces.resolve(channel) {
+            Ok(ns) if !ns.allow_delta => Err(CommandError::new(
+                ErrorCode::NotAvailable,
+                "delta compression is not allowed in this namespace (allow_delta)",
+            )
+            .into()),
+            _ => Ok(()),
+        }
     }
 
     /// Leave a channel: hub, presence and leave push.
