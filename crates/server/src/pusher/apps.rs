@@ -753,6 +753,63 @@ mod tests {
         assert!(Apps::load(None, &namespaces(), half).is_err());
     }
 
+    fn app(id: &str, key: &str, secret: &str) -> AppConfig {
+        AppConfig {
+            id: id.into(),
+            key: key.into(),
+            secret: secret.into(),
+            ..AppConfig::default()
+        }
+    }
+
+    fn row(id: &str, key: &str, secret: &str, enabled: bool) -> DbApp {
+        DbApp {
+            config: app(id, key, secret),
+            enabled,
+        }
+    }
+
+    #[test]
+    fn the_registry_merges_and_replaces_its_sources() {
+        let registry = Registry::default();
+        registry
+            .replace_configured(vec![app("t", "tk", "ts")])
+            .unwrap();
+        let n = registry.replace_database(vec![
+            row("b", "bk", "bs", true),
+            row("a", "ak", "as", false),
+            row("c", "tk", "cs", true),   // the configured app's key: left out
+            row("t", "xk", "xs", true),   // the configured app's id: left out
+            row("d", "bk", "ds", true),   // b's key, a later id: left out
+            row("e", "", "es", true),     // invalid: left out
+        ]);
+        assert_eq!(n, 2);
+        assert_eq!(registry.by_key("tk").unwrap().config.secret, "ts");
+        assert!(!registry.by_key("ak").unwrap().enabled);
+        assert_eq!(registry.by_key("bk").unwrap().config.id, "b");
+        assert!(registry.by_id("c").is_none() && registry.by_key("xk").is_none());
+
+        // An unchanged app is kept as it is; a changed one keeps its connection count.
+        let b = registry.by_id("b").unwrap();
+        b.connections.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        registry.replace_database(vec![row("b", "bk", "bs", true)]);
+        assert!(Arc::ptr_eq(&b, &registry.by_id("b").unwrap()));
+        assert!(registry.by_id("a").is_none(), "a deleted row is gone");
+        registry.replace_database(vec![row("b", "bk", "bs2", true)]);
+        let b2 = registry.by_id("b").unwrap();
+        assert_eq!(b2.config.secret, "bs2");
+        assert_eq!(b2.connections.load(std::sync::atomic::Ordering::Relaxed), 3);
+
+        // Configured apps replaced: a bad list changes nothing; a good one frees the key.
+        let dup = vec![app("x", "k", "s"), app("y", "k", "s")];
+        assert!(registry.replace_configured(dup).is_err());
+        assert!(registry.by_id("t").is_some());
+        registry.replace_database(vec![row("c", "tk", "cs", true)]);
+        assert_eq!(registry.by_key("tk").unwrap().config.id, "t", "configured wins");
+        registry.replace_configured(Vec::new()).unwrap();
+        assert_eq!(registry.by_key("tk").unwrap().config.id, "c");
+    }
+
     #[test]
     fn channel_names_and_kinds() {
         assert!(valid_channel("private-chat.room;1"));
