@@ -106,7 +106,10 @@ fn url_with_password(pg: &PostgresServer) -> String {
 /// Open `/app/{key}`: `Ok` (client, socket id) once established, or `Err` with the close code.
 async fn open(node: &Node, key: &str) -> Result<(Client, String), Option<u16>> {
     let tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
-    let url = format!("ws://{}/app/{key}?protocol=7&client=raw&version=1", node.addr);
+    let url = format!(
+        "ws://{}/app/{key}?protocol=7&client=raw&version=1",
+        node.addr
+    );
     let mut c = Client::open_on(Box::new(tcp), &url, &[])
         .await
         .expect("ws handshake");
@@ -211,19 +214,22 @@ async fn rows_added_changed_disabled_and_deleted_without_a_restart() {
     // Deleted: 4001 and 404, as an app that never was.
     pg.psql("DELETE FROM apps WHERE id = 'b'");
     until_opened_as(&node, "key-b", Some(4001)).await;
-    assert_eq!(
-        channels_status(&node, "b", "key-b", "secret-b2").await,
-        404
-    );
+    assert_eq!(channels_status(&node, "b", "key-b", "secret-b2").await, 404);
 
     // A row with the configured app's key: the configured app is served, the row left out.
     let (id, key, secret) = CONFIGURED;
     pg.psql(&format!(
         "INSERT INTO apps (id, key, secret) VALUES ('c', '{key}', 'row-secret')"
     ));
-    eventually(CHANGE, "the clashing row is left out, with a warning", || async {
-        log.lock().unwrap().contains("a configured app has its id or key")
-    })
+    eventually(
+        CHANGE,
+        "the clashing row is left out, with a warning",
+        || async {
+            log.lock()
+                .unwrap()
+                .contains("a configured app has its id or key")
+        },
+    )
     .await;
     let (_t, _) = open(&node, key).await.expect("the configured app");
     assert_eq!(channels_status(&node, id, key, secret).await, 200);
@@ -288,5 +294,8 @@ async fn the_database_down_keeps_the_apps_last_read() {
         "once per outage (the log repeats only after a minute): {log}"
     );
     assert!(log.contains("pusher apps table read again"), "{log}");
-    assert!(!log.contains("hunter2"), "the URL's password in the log: {log}");
+    assert!(
+        !log.contains("hunter2"),
+        "the URL's password in the log: {log}"
+    );
 }

@@ -151,7 +151,10 @@ async fn dispatch(app: &App, apps: &Apps, req: Request<Incoming>) -> Result<Http
     )
     .map_err(|e| refused(StatusCode::UNAUTHORIZED, e.0))?;
     if !pusher_app.enabled {
-        return Err(refused(StatusCode::FORBIDDEN, format!("App {id} is disabled")));
+        return Err(refused(
+            StatusCode::FORBIDDEN,
+            format!("App {id} is disabled"),
+        ));
     }
     let param = |name: &str| {
         query

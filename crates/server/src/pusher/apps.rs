@@ -341,11 +341,12 @@ impl Registry {
     fn rebuild(&self, sources: &Sources) -> usize {
         let before = self.current();
         let mut table = Table::default();
-        let wanted = sources
-            .configured
-            .iter()
-            .map(|c| (c, true, false))
-            .chain(sources.database.iter().map(|r| (&r.config, r.enabled, true)));
+        let wanted = sources.configured.iter().map(|c| (c, true, false)).chain(
+            sources
+                .database
+                .iter()
+                .map(|r| (&r.config, r.enabled, true)),
+        );
         let mut rows = 0;
         for (config, enabled, from_database) in wanted {
             if from_database {
@@ -778,10 +779,10 @@ mod tests {
         let n = registry.replace_database(vec![
             row("b", "bk", "bs", true),
             row("a", "ak", "as", false),
-            row("c", "tk", "cs", true),   // the configured app's key: left out
-            row("t", "xk", "xs", true),   // the configured app's id: left out
-            row("d", "bk", "ds", true),   // b's key, a later id: left out
-            row("e", "", "es", true),     // invalid: left out
+            row("c", "tk", "cs", true), // the configured app's key: left out
+            row("t", "xk", "xs", true), // the configured app's id: left out
+            row("d", "bk", "ds", true), // b's key, a later id: left out
+            row("e", "", "es", true),   // invalid: left out
         ]);
         assert_eq!(n, 2);
         assert_eq!(registry.by_key("tk").unwrap().config.secret, "ts");
@@ -791,7 +792,8 @@ mod tests {
 
         // An unchanged app is kept as it is; a changed one keeps its connection count.
         let b = registry.by_id("b").unwrap();
-        b.connections.fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        b.connections
+            .fetch_add(3, std::sync::atomic::Ordering::Relaxed);
         registry.replace_database(vec![row("b", "bk", "bs", true)]);
         assert!(Arc::ptr_eq(&b, &registry.by_id("b").unwrap()));
         assert!(registry.by_id("a").is_none(), "a deleted row is gone");
@@ -805,7 +807,11 @@ mod tests {
         assert!(registry.replace_configured(dup).is_err());
         assert!(registry.by_id("t").is_some());
         registry.replace_database(vec![row("c", "tk", "cs", true)]);
-        assert_eq!(registry.by_key("tk").unwrap().config.id, "t", "configured wins");
+        assert_eq!(
+            registry.by_key("tk").unwrap().config.id,
+            "t",
+            "configured wins"
+        );
         registry.replace_configured(Vec::new()).unwrap();
         assert_eq!(registry.by_key("tk").unwrap().config.id, "c");
     }

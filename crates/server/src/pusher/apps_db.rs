@@ -336,7 +336,12 @@ impl Poller {
             match row_app(row, &mut unread) {
                 Ok(app) => apps.push(app),
                 Err((id, why)) => {
-                    tracing::warn!(app = id.as_deref().unwrap_or("?"), row = i, why, "pusher app row left out")
+                    tracing::warn!(
+                        app = id.as_deref().unwrap_or("?"),
+                        row = i,
+                        why,
+                        "pusher app row left out"
+                    )
                 }
             }
         }
@@ -350,7 +355,10 @@ impl Poller {
 
 /// One row (`row_to_json`) as an app; the columns not read go to `unread`. The error names the
 /// row's id when it has one, never a value.
-pub fn row_app(row: &str, unread: &mut BTreeSet<String>) -> Result<DbApp, (Option<String>, String)> {
+pub fn row_app(
+    row: &str,
+    unread: &mut BTreeSet<String>,
+) -> Result<DbApp, (Option<String>, String)> {
     let Ok(Value::Object(mut map)) = serde_json::from_str::<Value>(row) else {
         return Err((None, "not a JSON object".into()));
     };
@@ -377,12 +385,10 @@ pub fn row_app(row: &str, unread: &mut BTreeSet<String>) -> Result<DbApp, (Optio
             // NULL: the default.
             Value::Null => continue,
             // A whole float (a `double precision` limit) is the integer.
-            Value::Number(n) if n.as_i64().is_none() && n.as_u64().is_none() => {
-                match n.as_f64() {
-                    Some(f) if f.fract() == 0.0 && f.abs() < 9e15 => Value::from(f as i64),
-                    _ => return Err(fail(format!("{column} must be a whole number"))),
-                }
-            }
+            Value::Number(n) if n.as_i64().is_none() && n.as_u64().is_none() => match n.as_f64() {
+                Some(f) if f.fract() == 0.0 && f.abs() < 9e15 => Value::from(f as i64),
+                _ => return Err(fail(format!("{column} must be a whole number"))),
+            },
             // `webhooks` stored as JSON text.
             Value::String(s) if column == "webhooks" => serde_json::from_str(&s)
                 .map_err(|_| fail("webhooks is text but not JSON".into()))?,
@@ -461,7 +467,11 @@ mod tests {
         )
         .unwrap_err();
         assert!(!why.contains("hunter2"), "{why}");
-        assert!(row_app(r#"{"id": "a", "key": "k", "max_connections": 1.5}"#, &mut unread).is_err());
+        assert!(row_app(
+            r#"{"id": "a", "key": "k", "max_connections": 1.5}"#,
+            &mut unread
+        )
+        .is_err());
     }
 
     #[test]
@@ -473,7 +483,10 @@ mod tests {
         config.check().unwrap();
         assert_eq!(config.refresh_ms, 5000);
         assert!(!format!("{config:?}").contains("hunter2"));
-        assert_eq!(quoted_table("hosting.apps").unwrap(), "\"hosting\".\"apps\"");
+        assert_eq!(
+            quoted_table("hosting.apps").unwrap(),
+            "\"hosting\".\"apps\""
+        );
         for bad in ["Apps", "a;b", "a.b.c", "", "1apps"] {
             assert!(quoted_table(bad).is_err(), "{bad}");
         }

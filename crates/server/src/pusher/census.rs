@@ -144,10 +144,19 @@ impl Census {
         let mut failed = 0;
         // The apps in force, and those no longer in force whose entries are still written
         // (their counts are now empty: the entries are removed).
-        let mut ids: std::collections::BTreeSet<String> =
-            self.apps.all().iter().map(|a| a.config.id.clone()).collect();
+        let mut ids: std::collections::BTreeSet<String> = self
+            .apps
+            .all()
+            .iter()
+            .map(|a| a.config.id.clone())
+            .collect();
         ids.extend(written.keys().map(|(id, _)| id.clone()));
-        let in_force: HashSet<String> = self.apps.all().iter().map(|a| a.config.id.clone()).collect();
+        let in_force: HashSet<String> = self
+            .apps
+            .all()
+            .iter()
+            .map(|a| a.config.id.clone())
+            .collect();
         for id in &ids {
             let mut buckets = vec![Counts::new(); BUCKETS];
             let local = local.get(id.as_str()).filter(|_| in_force.contains(id));
