@@ -375,6 +375,16 @@ pub fn row_app(
         Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64() != Some(0),
         Some(_) => return Err(fail("enabled must be a boolean".into())),
     };
+    // Both spellings of the client-events flag as columns: either one true enables them (serde
+    // would refuse the alias twice).
+    if let (Some(a), Some(b)) = (
+        map.get("enable_client_events"),
+        map.get("enable_client_messages"),
+    ) {
+        let on = a == &Value::Bool(true) || b == &Value::Bool(true);
+        map.remove("enable_client_messages");
+        map.insert("enable_client_events".into(), Value::Bool(on));
+    }
     let mut fields = Map::new();
     for (column, value) in std::mem::take(&mut map) {
         if !COLUMNS.contains(&column.as_str()) {
@@ -502,6 +512,9 @@ mod tests {
             ..config
         };
         let e = format!("{:#}", bad_url.check().unwrap_err());
-        assert!(!e.contains("hunter2") && e.contains("port"), "{e}");
+        assert!(
+            !e.contains("hunter2") && e.contains("not a PostgreSQL connection string"),
+            "{e}"
+        );
     }
 }
