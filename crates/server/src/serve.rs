@@ -144,6 +144,12 @@ pub async fn run(
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
     broker.register_metrics(metrics.registry_mut());
+    #[cfg(feature = "pusher")]
+    let apps_db_metrics = config
+        .pusher
+        .as_ref()
+        .and_then(|p| p.get("postgres"))
+        .map(|_| crate::pusher::apps_db::DbMetrics::register(metrics.registry_mut()));
     let metrics = Arc::new(metrics);
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
@@ -161,6 +167,18 @@ pub async fn run(
         let mut apps = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
             std::env::var(k).ok()
         })?;
+        if let (Some(db), Some(metrics)) = (&apps.settings.postgres, apps_db_metrics) {
+            // One read before serving, so the table's apps are there from the first
+            // connection when the database is up; if it is not, the node starts without them.
+            let mut poller = crate::pusher::apps_db::Poller::new(
+                apps.registry.clone(),
+                db,
+                metrics,
+                &config.node_name,
+            )?;
+            poller.refresh().await;
+            poller.spawn();
+        }
         apps.start(&hub);
         if !apps.is_empty() {
             tracing::info!(apps = ?apps.ids(), "Pusher protocol on /app/{{key}} and /apps/{{id}}/");
@@ -301,7 +319,8 @@ fn ensure_pusher_supported(
 ) -> anyhow::Result<()> {
     let in_file = raw
         .and_then(|v| v.get("apps"))
-        .is_some_and(|apps| !matches!(apps, serde_json::Value::Array(a) if a.is_empty()));
+        .is_some_and(|apps| !matches!(apps, serde_json::Value::Array(a) if a.is_empty()))
+        || raw.and_then(|v| v.get("postgres")).is_some();
     if (in_file || env("HERALD_PUSHER_APP_ID").is_some()) && !supported {
         anyhow::bail!(
             "pusher.apps: this build has no Pusher support: rebuild with --features pusher"

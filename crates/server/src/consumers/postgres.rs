@@ -948,8 +948,9 @@ async fn publish_row(
     }
 }
 
-/// TLS to PostgreSQL with rustls (ring), verifying the server's certificate and name.
-mod tls {
+/// TLS to PostgreSQL with rustls (ring), verifying the server's certificate and name (also
+/// used by the Pusher apps table, crate::pusher::apps_db).
+pub(crate) mod tls {
     use std::future::Future;
     use std::io;
     use std::path::Path;
@@ -964,7 +965,7 @@ mod tls {
     use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 
     /// The client side: `ca_file`'s certificates, or the Mozilla roots, as trust anchors.
-    pub(super) fn client_config(
+    pub(crate) fn client_config(
         ca_file: Option<&Path>,
     ) -> anyhow::Result<Arc<rustls::ClientConfig>> {
         let mut roots = rustls::RootCertStore::empty();
@@ -992,7 +993,7 @@ mod tls {
 
     /// Makes a TLS connector per host.
     #[derive(Clone)]
-    pub(super) struct MakeRustls(pub(super) Arc<rustls::ClientConfig>);
+    pub(crate) struct MakeRustls(pub(crate) Arc<rustls::ClientConfig>);
 
     impl<S> MakeTlsConnect<S> for MakeRustls
     where
@@ -1013,7 +1014,7 @@ mod tls {
     }
 
     /// The TLS handshake with one host.
-    pub(super) struct Connect {
+    pub(crate) struct Connect {
         config: Arc<rustls::ClientConfig>,
         name: ServerName<'static>,
     }
@@ -1033,7 +1034,7 @@ mod tls {
     }
 
     /// A TLS stream to the server.
-    pub(super) struct Stream<S>(tokio_rustls::client::TlsStream<S>);
+    pub(crate) struct Stream<S>(tokio_rustls::client::TlsStream<S>);
 
     impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Stream<S> {
         fn poll_read(

@@ -129,7 +129,7 @@ async fn dispatch(app: &App, apps: &Apps, req: Request<Incoming>) -> Result<Http
     let path = req.uri().path().to_owned();
     let rest = path.strip_prefix("/apps/").unwrap_or("");
     let (id, route) = rest.split_once('/').unwrap_or((rest, ""));
-    let Some(pusher_app) = apps.by_id(id).cloned() else {
+    let Some(pusher_app) = apps.by_id(id) else {
         return Err(refused(StatusCode::NOT_FOUND, format!("Unknown app {id}")));
     };
     let method = req.method().clone();
@@ -150,6 +150,12 @@ async fn dispatch(app: &App, apps: &Apps, req: Request<Incoming>) -> Result<Http
         unix_now(),
     )
     .map_err(|e| refused(StatusCode::UNAUTHORIZED, e.0))?;
+    if !pusher_app.enabled {
+        return Err(refused(
+            StatusCode::FORBIDDEN,
+            format!("App {id} is disabled"),
+        ));
+    }
     let param = |name: &str| {
         query
             .iter()

@@ -1,11 +1,16 @@
-//! Pusher apps from the configuration, and how their channels map onto Herald channels.
+//! Pusher apps from the configuration (and from PostgreSQL, [`super::apps_db`]), and how their
+//! channels map onto Herald channels.
 //!
 //! Every Pusher channel `X` of app `ID` is the Herald channel `pusher:ID:X`: apps never see each
 //! other's channels, and Herald-protocol clients reach them only through a `pusher` namespace.
+//!
+//! The apps in force are a [`Registry`]: two sources (the configured apps, from TOML and
+//! `HERALD_PUSHER_APP_*`, and the database's rows), each replaceable at run time, merged into one
+//! table that is swapped whole. A configured app wins over a database row with its id or key.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -26,7 +31,7 @@ pub const NAMESPACE: &str = "pusher";
 pub const MAX_CHANNEL_LEN: usize = 164;
 
 /// One `[[pusher.apps]]` entry.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AppConfig {
     /// App id: the `/apps/{id}/…` HTTP API path and the channel mapping.
@@ -105,6 +110,8 @@ pub struct PusherConfig {
     /// Browser origins allowed to call the HTTP API `/apps/…` (CORS; `*`: any). Empty: no CORS
     /// headers and no preflight answer (as before), requests with an `Origin` are served.
     pub cors_allowed_origins: Vec<String>,
+    /// `[pusher.postgres]`: apps also read from a PostgreSQL table, refreshed periodically.
+    pub postgres: Option<super::apps_db::AppsDbConfig>,
 }
 
 impl Default for PusherConfig {
@@ -116,6 +123,7 @@ impl Default for PusherConfig {
             max_event_bytes: 10 * 1024,
             cache_ttl_s: 30 * 60,
             cors_allowed_origins: Vec::new(),
+            postgres: None,
         }
     }
 }
@@ -127,8 +135,12 @@ pub struct PusherApp {
     /// `pusher:ID:`, the prefix of its Herald channels, and the Herald user of its connections
     /// until they sign in (shared by all of them).
     pub prefix: Arc<str>,
-    /// Its open connections on this node.
-    pub connections: AtomicUsize,
+    /// Whether new connections and HTTP API requests are served (a database row's `enabled`;
+    /// configured apps always are). Refused: close 4003, HTTP 403.
+    pub enabled: bool,
+    /// Its open connections on this node (shared with the app's next version when the app is
+    /// replaced at run time, so the count stays right).
+    pub connections: Arc<AtomicUsize>,
     /// `max_backend_events_per_second`, when set.
     pub backend_events: Option<Mutex<TokenBucket>>,
     /// `max_read_requests_per_second`, when set.
@@ -165,7 +177,8 @@ impl PusherApp {
     pub fn new(config: AppConfig) -> PusherApp {
         PusherApp {
             prefix: format!("{NAMESPACE}:{}:", config.id).into(),
-            connections: AtomicUsize::new(0),
+            enabled: true,
+            connections: Arc::default(),
             backend_events: bucket(config.max_backend_events_per_second),
             reads: bucket(config.max_read_requests_per_second),
             config,
@@ -201,10 +214,175 @@ impl PusherApp {
     }
 }
 
-/// Every app, by key and by id, and the settings they share.
-pub struct Apps {
+/// A configured app or a database row, checked: its id, key, secret and webhooks.
+pub fn check_app(config: &AppConfig) -> anyhow::Result<()> {
+    let id_ok = !config.id.is_empty()
+        && config.id.len() <= 64
+        && config
+            .id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+    if !id_ok {
+        bail!("pusher app id {:?}: 1 to 64 of [A-Za-z0-9_.-]", config.id);
+    }
+    if config.key.is_empty() || config.secret.is_empty() {
+        bail!("pusher app {:?} needs a key and a secret", config.id);
+    }
+    for hook in &config.webhooks {
+        hook.check()
+            .with_context(|| format!("pusher app {:?} webhook", config.id))?;
+    }
+    Ok(())
+}
+
+/// A database row read as an app: its settings and whether it is enabled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DbApp {
+    /// The row's settings.
+    pub config: AppConfig,
+    /// The row's `enabled` (absent or NULL: enabled).
+    pub enabled: bool,
+}
+
+/// The apps in force, by key and by id; replaced whole.
+#[derive(Default)]
+struct Table {
     by_key: HashMap<String, Arc<PusherApp>>,
     by_id: HashMap<String, Arc<PusherApp>>,
+}
+
+/// The two sources the table is made of.
+#[derive(Default)]
+struct Sources {
+    configured: Vec<AppConfig>,
+    database: Vec<DbApp>,
+}
+
+/// The apps in force, replaceable at run time (see the module docs). Lookups take a read lock
+/// for a map lookup and an `Arc` clone; replacements are rare (a config reload, a changed
+/// table), so a std `RwLock` is enough here (no `arc-swap` dependency for it).
+#[derive(Default)]
+pub struct Registry {
+    table: RwLock<Arc<Table>>,
+    sources: Mutex<Sources>,
+}
+
+impl Registry {
+    /// The app with this key (enabled or not).
+    pub fn by_key(&self, key: &str) -> Option<Arc<PusherApp>> {
+        self.current().by_key.get(key).cloned()
+    }
+
+    /// The app with this id (enabled or not).
+    pub fn by_id(&self, id: &str) -> Option<Arc<PusherApp>> {
+        self.current().by_id.get(id).cloned()
+    }
+
+    /// Every app in force.
+    pub fn all(&self) -> Vec<Arc<PusherApp>> {
+        self.current().by_id.values().cloned().collect()
+    }
+
+    fn current(&self) -> Arc<Table> {
+        self.table.read().expect("apps lock").clone()
+    }
+
+    /// Replace the configured apps (TOML and environment): checked first, all or nothing: an
+    /// invalid app or two apps sharing an id or a key leave the apps in force as they were.
+    pub fn replace_configured(&self, configured: Vec<AppConfig>) -> anyhow::Result<()> {
+        let mut keys = HashMap::new();
+        let mut ids = HashMap::new();
+        for config in &configured {
+            check_app(config)?;
+            if keys.insert(config.key.as_str(), ()).is_some() {
+                bail!("two pusher apps share the key {:?}", config.key);
+            }
+            if ids.insert(config.id.as_str(), ()).is_some() {
+                bail!("two pusher apps share the id {:?}", config.id);
+            }
+        }
+        let mut sources = self.sources.lock().expect("apps lock");
+        sources.configured = configured;
+        self.rebuild(&sources);
+        Ok(())
+    }
+
+    /// Replace the database's apps. Rows that cannot be served are left out, each with a
+    /// warning naming its id (never its secret): an invalid row, a row whose key an earlier row
+    /// (by id) has, a row whose id or key a configured app has (the configured app wins).
+    /// Returns how many rows are in force.
+    pub fn replace_database(&self, mut rows: Vec<DbApp>) -> usize {
+        rows.sort_by(|a, b| a.config.id.cmp(&b.config.id));
+        let mut sources = self.sources.lock().expect("apps lock");
+        let mut kept: Vec<DbApp> = Vec::with_capacity(rows.len());
+        for row in rows {
+            let config = &row.config;
+            let clash = if let Err(e) = check_app(config) {
+                Some(format!("{e:#}"))
+            } else if kept.iter().any(|k| k.config.id == config.id) {
+                Some("an earlier row has this id".to_owned())
+            } else if kept.iter().any(|k| k.config.key == config.key) {
+                Some("an earlier row (by id) has this key".to_owned())
+            } else {
+                None
+            };
+            match clash {
+                Some(why) => tracing::warn!(app = %config.id, why, "pusher app row left out"),
+                None => kept.push(row),
+            }
+        }
+        sources.database = kept;
+        self.rebuild(&sources)
+    }
+
+    /// Make the table from the sources, keeping each unchanged app as it is (its rate limits
+    /// run on) and each changed app's connection count. A database row whose id or key a
+    /// configured app has is left out, with a warning. Returns how many rows are in force.
+    fn rebuild(&self, sources: &Sources) -> usize {
+        let before = self.current();
+        let mut table = Table::default();
+        let wanted = sources.configured.iter().map(|c| (c, true, false)).chain(
+            sources
+                .database
+                .iter()
+                .map(|r| (&r.config, r.enabled, true)),
+        );
+        let mut rows = 0;
+        for (config, enabled, from_database) in wanted {
+            if from_database {
+                if table.by_id.contains_key(&config.id) || table.by_key.contains_key(&config.key) {
+                    tracing::warn!(
+                        app = %config.id,
+                        "pusher app row left out: a configured app has its id or key; the configured app is served"
+                    );
+                    continue;
+                }
+                rows += 1;
+            }
+            let previous = before.by_id.get(&config.id);
+            let app = match previous {
+                Some(p) if p.config == *config && p.enabled == enabled => p.clone(),
+                _ => {
+                    let mut app = PusherApp::new(config.clone());
+                    app.enabled = enabled;
+                    if let Some(p) = previous {
+                        app.connections = p.connections.clone();
+                    }
+                    Arc::new(app)
+                }
+            };
+            table.by_key.insert(config.key.clone(), app.clone());
+            table.by_id.insert(config.id.clone(), app);
+        }
+        *self.table.write().expect("apps lock") = Arc::new(table);
+        rows
+    }
+}
+
+/// Every app, by key and by id, and the settings they share.
+pub struct Apps {
+    /// The apps in force.
+    pub registry: Arc<Registry>,
     /// Shared settings.
     pub settings: PusherConfig,
     /// Stream options of Pusher channels: the `pusher` namespace when configured (so Herald
@@ -223,14 +401,14 @@ pub struct Apps {
     pub frames: Arc<SharedFrames>,
 }
 
-impl Apps {
-    /// Build from `[pusher]` (the raw config value) and `HERALD_PUSHER_APP_*` variables read
-    /// through `env`.
-    pub fn load(
+impl PusherConfig {
+    /// `[pusher]` (the raw config value) with the app of the `HERALD_PUSHER_APP_*` variables
+    /// read through `env` added to `apps` (what a config reload hands to
+    /// [`Apps::replace_configured`]).
+    pub fn read(
         raw: Option<&serde_json::Value>,
-        namespaces: &Namespaces,
         env: impl Fn(&str) -> Option<String>,
-    ) -> anyhow::Result<Apps> {
+    ) -> anyhow::Result<PusherConfig> {
         let mut settings: PusherConfig = match raw {
             Some(v) => serde_json::from_value(v.clone()).context("invalid [pusher] section")?,
             None => PusherConfig::default(),
@@ -273,33 +451,24 @@ impl Apps {
                 ..AppConfig::default()
             });
         }
-        let mut by_key = HashMap::new();
-        let mut by_id = HashMap::new();
-        for config in &settings.apps {
-            let id_ok = !config.id.is_empty()
-                && config.id.len() <= 64
-                && config
-                    .id
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
-            if !id_ok {
-                bail!("pusher app id {:?}: 1 to 64 of [A-Za-z0-9_.-]", config.id);
-            }
-            if config.key.is_empty() || config.secret.is_empty() {
-                bail!("pusher app {:?} needs a key and a secret", config.id);
-            }
-            for hook in &config.webhooks {
-                hook.check()
-                    .with_context(|| format!("pusher app {:?} webhook", config.id))?;
-            }
-            let app = Arc::new(PusherApp::new(config.clone()));
-            if by_key.insert(config.key.clone(), app.clone()).is_some() {
-                bail!("two pusher apps share the key {:?}", config.key);
-            }
-            if by_id.insert(config.id.clone(), app).is_some() {
-                bail!("two pusher apps share the id {:?}", config.id);
-            }
+        if let Some(db) = &settings.postgres {
+            db.check()?;
         }
+        Ok(settings)
+    }
+}
+
+impl Apps {
+    /// Build from `[pusher]` (the raw config value) and `HERALD_PUSHER_APP_*` variables read
+    /// through `env`.
+    pub fn load(
+        raw: Option<&serde_json::Value>,
+        namespaces: &Namespaces,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<Apps> {
+        let settings = PusherConfig::read(raw, env)?;
+        let registry = Arc::new(Registry::default());
+        registry.replace_configured(settings.apps.clone())?;
         if settings.activity_timeout_s == 0 {
             bail!("pusher.activity_timeout_s must be at least 1");
         }
@@ -323,8 +492,7 @@ impl Apps {
             bail!("pusher.cache_ttl_s must be at least 1");
         }
         Ok(Apps {
-            by_key,
-            by_id,
+            registry,
             settings,
             namespace,
             cache_namespace,
@@ -335,24 +503,30 @@ impl Apps {
         })
     }
 
+    /// Replace the configured apps (a config reload): see [`Registry::replace_configured`].
+    /// Open connections keep the app as it was when they connected, except that signatures
+    /// (`pusher:signin`, private and presence subscriptions) are checked with the current secret.
+    /// Webhooks, subscription counting and the census are started at start-up only: an app
+    /// that enables them later, on a node that started with none, does not get them (the
+    /// database's apps excepted: with `[pusher.postgres]` they are always started).
+    pub fn replace_configured(&self, configured: Vec<AppConfig>) -> anyhow::Result<()> {
+        self.registry.replace_configured(configured)
+    }
+
     /// Start the node's Pusher tasks: sharing its subscription counts with the cluster, if any
-    /// app is configured, and sending webhooks, if any app has some.
+    /// app is configured, and sending webhooks, if any app has some. With apps from a database,
+    /// all of them (any row may need them later).
     pub fn start(&mut self, hub: &Hub) {
-        if !self.is_empty() {
-            self.census = Some(Census::start(
-                hub.clone(),
-                self.by_id.values().cloned().collect(),
-            ));
+        let dynamic = self.settings.postgres.is_some();
+        let apps = self.registry.all();
+        if dynamic || !apps.is_empty() {
+            self.census = Some(Census::start(hub.clone(), self.registry.clone()));
         }
-        if self.by_id.values().any(|a| !a.config.webhooks.is_empty()) {
+        if dynamic || apps.iter().any(|a| !a.config.webhooks.is_empty()) {
             self.webhooks = Some(Webhooks::start(hub.clone(), self.census.clone()));
         }
         if let Some(census) = &self.census {
-            if self
-                .by_id
-                .values()
-                .any(|a| a.config.enable_subscription_count)
-            {
+            if dynamic || apps.iter().any(|a| a.config.enable_subscription_count) {
                 self.counting = Some(Counting::start(census.clone()));
             }
         }
@@ -374,24 +548,29 @@ impl Apps {
         }
     }
 
-    /// The app with this key.
-    pub fn by_key(&self, key: &str) -> Option<&Arc<PusherApp>> {
-        self.by_key.get(key)
+    /// The app with this key (enabled or not).
+    pub fn by_key(&self, key: &str) -> Option<Arc<PusherApp>> {
+        self.registry.by_key(key)
     }
 
-    /// The app with this id.
-    pub fn by_id(&self, id: &str) -> Option<&Arc<PusherApp>> {
-        self.by_id.get(id)
+    /// The app with this id (enabled or not).
+    pub fn by_id(&self, id: &str) -> Option<Arc<PusherApp>> {
+        self.registry.by_id(id)
     }
 
-    /// Whether any app is configured.
+    /// Whether no app is in force and none can come (no database).
     pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
+        self.settings.postgres.is_none() && self.registry.all().is_empty()
     }
 
     /// The app ids, sorted (for the startup log; keys and secrets are never logged).
-    pub fn ids(&self) -> Vec<&str> {
-        let mut ids: Vec<&str> = self.by_id.keys().map(String::as_str).collect();
+    pub fn ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .registry
+            .all()
+            .iter()
+            .map(|a| a.config.id.clone())
+            .collect();
         ids.sort_unstable();
         ids
     }
@@ -573,6 +752,68 @@ mod tests {
         assert!(Apps::load(Some(&colon), &namespaces(), |_| None).is_err());
         let half = |k: &str| (k == "HERALD_PUSHER_APP_ID").then(|| "x".to_owned());
         assert!(Apps::load(None, &namespaces(), half).is_err());
+    }
+
+    fn app(id: &str, key: &str, secret: &str) -> AppConfig {
+        AppConfig {
+            id: id.into(),
+            key: key.into(),
+            secret: secret.into(),
+            ..AppConfig::default()
+        }
+    }
+
+    fn row(id: &str, key: &str, secret: &str, enabled: bool) -> DbApp {
+        DbApp {
+            config: app(id, key, secret),
+            enabled,
+        }
+    }
+
+    #[test]
+    fn the_registry_merges_and_replaces_its_sources() {
+        let registry = Registry::default();
+        registry
+            .replace_configured(vec![app("t", "tk", "ts")])
+            .unwrap();
+        let n = registry.replace_database(vec![
+            row("b", "bk", "bs", true),
+            row("a", "ak", "as", false),
+            row("c", "tk", "cs", true), // the configured app's key: left out
+            row("t", "xk", "xs", true), // the configured app's id: left out
+            row("d", "bk", "ds", true), // b's key, a later id: left out
+            row("e", "", "es", true),   // invalid: left out
+        ]);
+        assert_eq!(n, 2);
+        assert_eq!(registry.by_key("tk").unwrap().config.secret, "ts");
+        assert!(!registry.by_key("ak").unwrap().enabled);
+        assert_eq!(registry.by_key("bk").unwrap().config.id, "b");
+        assert!(registry.by_id("c").is_none() && registry.by_key("xk").is_none());
+
+        // An unchanged app is kept as it is; a changed one keeps its connection count.
+        let b = registry.by_id("b").unwrap();
+        b.connections
+            .fetch_add(3, std::sync::atomic::Ordering::Relaxed);
+        registry.replace_database(vec![row("b", "bk", "bs", true)]);
+        assert!(Arc::ptr_eq(&b, &registry.by_id("b").unwrap()));
+        assert!(registry.by_id("a").is_none(), "a deleted row is gone");
+        registry.replace_database(vec![row("b", "bk", "bs2", true)]);
+        let b2 = registry.by_id("b").unwrap();
+        assert_eq!(b2.config.secret, "bs2");
+        assert_eq!(b2.connections.load(std::sync::atomic::Ordering::Relaxed), 3);
+
+        // Configured apps replaced: a bad list changes nothing; a good one frees the key.
+        let dup = vec![app("x", "k", "s"), app("y", "k", "s")];
+        assert!(registry.replace_configured(dup).is_err());
+        assert!(registry.by_id("t").is_some());
+        registry.replace_database(vec![row("c", "tk", "cs", true)]);
+        assert_eq!(
+            registry.by_key("tk").unwrap().config.id,
+            "t",
+            "configured wins"
+        );
+        registry.replace_configured(Vec::new()).unwrap();
+        assert_eq!(registry.by_key("tk").unwrap().config.id, "c");
     }
 
     #[test]

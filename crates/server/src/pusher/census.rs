@@ -36,7 +36,7 @@ use herald_core::Hub;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Mutex, Notify};
 
-use super::apps::{PusherApp, NAMESPACE};
+use super::apps::{PusherApp, Registry, NAMESPACE};
 use crate::cluster;
 
 /// Presence sets per app.
@@ -75,7 +75,8 @@ type Written = Option<HashMap<(String, usize), Counts>>;
 /// See the module docs.
 pub struct Census {
     hub: Hub,
-    apps: Vec<Arc<PusherApp>>,
+    /// The apps in force (they may change at run time).
+    apps: Arc<Registry>,
     wake: Notify,
     /// Held for a whole write pass, so that a withdrawal never races a write.
     written: Mutex<Written>,
@@ -83,7 +84,7 @@ pub struct Census {
 
 impl Census {
     /// Start sharing this node's counts of `apps`' channels.
-    pub fn start(hub: Hub, apps: Vec<Arc<PusherApp>>) -> Arc<Census> {
+    pub fn start(hub: Hub, apps: Arc<Registry>) -> Arc<Census> {
         let census = Arc::new(Census {
             hub,
             apps,
@@ -119,6 +120,7 @@ impl Census {
         let broker = self.hub.broker();
         let sets: Vec<String> = self
             .apps
+            .all()
             .iter()
             .flat_map(|app| (0..BUCKETS).map(|b| set_of(&app.config.id, b)))
             .collect();
@@ -140,10 +142,25 @@ impl Census {
         let broker = self.hub.broker();
         let node = self.hub.node_name();
         let mut failed = 0;
-        for app in &self.apps {
-            let id = &app.config.id;
+        // The apps in force, and those no longer in force whose entries are still written
+        // (their counts are now empty: the entries are removed).
+        let mut ids: std::collections::BTreeSet<String> = self
+            .apps
+            .all()
+            .iter()
+            .map(|a| a.config.id.clone())
+            .collect();
+        ids.extend(written.keys().map(|(id, _)| id.clone()));
+        let in_force: HashSet<String> = self
+            .apps
+            .all()
+            .iter()
+            .map(|a| a.config.id.clone())
+            .collect();
+        for id in &ids {
             let mut buckets = vec![Counts::new(); BUCKETS];
-            for (name, n) in local.get(id.as_str()).into_iter().flatten() {
+            let local = local.get(id.as_str()).filter(|_| in_force.contains(id));
+            for (name, n) in local.into_iter().flatten() {
                 buckets[bucket_of(name)].insert(name.clone(), *n);
             }
             for (bucket, counts) in buckets.into_iter().enumerate() {

@@ -4,6 +4,8 @@
 
 /// The app key names no configured app.
 pub const APP_NOT_FOUND: u16 = 4001;
+/// The app key names an app that is disabled (a database row with `enabled` false).
+pub const APP_DISABLED: u16 = 4003;
 /// The client asked for a protocol version this server does not speak.
 pub const UNSUPPORTED_PROTOCOL: u16 = 4007;
 /// The client sent no `protocol` query parameter.

@@ -99,6 +99,17 @@ impl ConnContext {
         self.node.apps.census.as_ref()
     }
 
+    /// The app whose key and secret check this connection's signatures: the app as it is now
+    /// (a secret changed at run time applies to open connections too), or as it was when the
+    /// connection opened if it is no longer in force under the same key.
+    fn signer(&self) -> Arc<PusherApp> {
+        self.node
+            .apps
+            .by_id(&self.app.config.id)
+            .filter(|now| now.config.key == self.app.config.key)
+            .unwrap_or_else(|| self.app.clone())
+    }
+
     /// Publications translated once for every Pusher subscriber.
     fn frames(&self) -> &SharedFrames {
         &self.node.apps.frames
@@ -242,7 +253,8 @@ impl PusherConn {
     /// connection is reachable as the user (`terminate_connections`) and may subscribe to the
     /// user's channel (`sendToUser`).
     async fn signin(&mut self, data: SigninData) -> Option<Refusal> {
-        let config = &self.ctx.app.config;
+        let signer = self.ctx.signer();
+        let config = &signer.config;
         if !user_authenticated(
             &config.key,
             &config.secret,
@@ -328,7 +340,8 @@ impl PusherConn {
                     401,
                 );
             }
-            let config = &self.ctx.app.config;
+            let signer = self.ctx.signer();
+            let config = &signer.config;
             let authorized = channel_authorized(
                 &config.key,
                 &config.secret,

@@ -3,7 +3,9 @@
 //!
 //! # Layout
 //! - [`apps`]: `[[pusher.apps]]` and `HERALD_PUSHER_APP_*`, and the channel mapping: Pusher
-//!   channel `X` of app `ID` is the Herald channel `pusher:ID:X`.
+//!   channel `X` of app `ID` is the Herald channel `pusher:ID:X`; the apps in force, replaceable
+//!   at run time.
+//! - [`apps_db`]: apps read from a PostgreSQL table (`[pusher.postgres]`), polled.
 //! - [`auth`]: channel authorization and HTTP request signatures.
 //! - [`codes`]: the Pusher close and error codes Herald sends.
 //! - [`wire`]: protocol messages and the envelope a Pusher event travels in.
@@ -26,6 +28,7 @@
 
 pub mod api;
 pub mod apps;
+pub mod apps_db;
 pub mod auth;
 pub mod census;
 pub mod codes;

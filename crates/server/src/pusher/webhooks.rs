@@ -33,7 +33,7 @@ use super::census::Census;
 use crate::cluster::{self, unix_ms};
 
 /// One `webhooks` entry of an app.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookConfig {
     /// Where batches are POSTed.
@@ -51,7 +51,7 @@ pub struct WebhookConfig {
 }
 
 /// Which channels' events a webhook receives (both given: both must match).
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookFilter {
     /// The channel name starts with this.

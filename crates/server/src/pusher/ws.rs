@@ -86,11 +86,15 @@ pub fn upgrade(node: Arc<Node>, mut req: Request<Incoming>) -> HttpResponse {
             .find(|(k, _)| k == "protocol")
             .map(|(_, v)| v.into_owned())
     });
-    let pusher_app = node.apps.by_key(&key).cloned();
+    let pusher_app = node.apps.by_key(&key);
     let refusal = match (&pusher_app, protocol.as_deref()) {
         (None, _) => Some(close(
             codes::APP_NOT_FOUND,
             format!("App key {key} does not exist"),
+        )),
+        (Some(a), _) if !a.enabled => Some(close(
+            codes::APP_DISABLED,
+            format!("App key {key} is disabled"),
         )),
         (_, None) => Some(close(
             codes::NO_PROTOCOL_VERSION,
