@@ -1,6 +1,6 @@
 //! The admin JSON API under `/admin/api/`: the cluster overview and charts, channels, one
-//! channel's presence and history, a user's connections, disconnect, publish, and the effective
-//! configuration with secrets masked.
+//! channel's presence and history, a user's connections, disconnect, publish, the effective
+//! configuration with secrets masked, and a configuration reload.
 //!
 //! Reads come from the cluster view ([`super::cluster`]) or the broker, which every node shares;
 //! actions reuse the HTTP API's paths (control messages, [`crate::publishing`]), so an admin
@@ -55,10 +55,11 @@ pub async fn dispatch(
             publish(&app, &bytes).await
         }
         (Method::POST, "disconnect") => disconnect(&app, body(&app, req).await?).await,
+        (Method::POST, "reload") => reload(&app).await,
         (
             _,
             "overview" | "channels" | "channel" | "connections" | "config" | "publish"
-            | "disconnect",
+            | "disconnect" | "reload",
         ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,
@@ -85,6 +86,7 @@ fn overview(app: &App, admin: &Admin) -> Value {
         "series": admin.cluster.series(),
         "interval_ms": EVERY.as_millis() as u64,
         "fresh_ms": FRESH.as_millis() as u64,
+        "config_version": app.reloader.version(),
     })
 }
 
@@ -208,6 +210,27 @@ async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
     let done = crate::api::disconnect_everywhere(app, b.user, b.client, None).await?;
     tracing::info!(?user, ?client, "admin: disconnect");
     Ok(done)
+}
+
+/// Load the configuration again on this node (as `SIGHUP` does): what was applied, what keeps
+/// its old value until a restart, the version now loaded; a refused file is a 422 with why.
+async fn reload(app: &App) -> ApiResult {
+    let reloader = app.reloader.clone();
+    // Reading the file and building clients blocks briefly: off the connections' threads.
+    let outcome = tokio::task::spawn_blocking(move || reloader.reload("admin API"))
+        .await
+        .map_err(|_| ApiError::code(ErrorCode::Internal, "reload failed"))?;
+    match outcome {
+        Ok(outcome) => Ok(serde_json::to_value(outcome).unwrap_or(Value::Null)),
+        Err(refused) => Err(ApiError::with_status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::BadRequest,
+            format!(
+                "configuration refused, the old one stays in force: {}",
+                refused.0
+            ),
+        )),
+    }
 }
 
 /// The effective configuration, secrets replaced by `"***"`.
