@@ -215,8 +215,8 @@ async fn publication(c: &mut Client, channel: &str) -> Value {
     tokio::time::timeout(WAIT, async {
         loop {
             let m = c.next().await;
-            if m["push"]["channel"] == channel && m["push"].get("pub").is_some() {
-                return m["push"]["pub"]["data"].clone();
+            if m["pub"]["channel"] == channel {
+                return m["pub"]["data"].clone();
             }
         }
     })
