@@ -19,8 +19,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use herald_core::auth::TokenVerifier;
 use herald_core::config::Config;
-use herald_core::NodeContext;
 use herald_core::proxy::{Hook, Proxy, ProxyError};
+use herald_core::NodeContext;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -36,7 +36,10 @@ use crate::settings::{self, Overrides};
 const FIXED: &[(&str, &str)] = &[
     ("bind", "the listening socket is bound at start-up"),
     ("port", "the listening socket is bound at start-up"),
-    ("node_name", "the node's name in the cluster is set at start-up"),
+    (
+        "node_name",
+        "the node's name in the cluster is set at start-up",
+    ),
     ("dev", "development mode is decided at start-up"),
     ("demo", "the demo page is decided at start-up"),
     ("api_key", "the HTTP API key is read at start-up"),
@@ -71,7 +74,10 @@ const FIXED: &[(&str, &str)] = &[
         "consumers",
         "consumers are started at start-up: restart the node",
     ),
-    ("pusher", "Pusher apps are not reloaded yet: restart the node"),
+    (
+        "pusher",
+        "Pusher apps are not reloaded yet: restart the node",
+    ),
     ("admin", "the admin UI's settings are read at start-up"),
 ];
 
@@ -303,13 +309,12 @@ impl Reloader {
 
     fn apply(&self, state: &mut State) -> Result<Outcome, Refused> {
         let old = self.ctx.config.get();
-        let refuse = |e: String| Refused(e);
         let mut new = settings::load_keeping_name(&self.flags, &old.node_name)
-            .map_err(|e| refuse(format!("{e:#}")))?;
+            .map_err(|e| Refused(format!("{e:#}")))?;
         if self.api_key_generated && new.api_key.as_deref().unwrap_or("").is_empty() {
             new.api_key = old.api_key.clone();
         }
-        (self.check)(&new).map_err(|e| refuse(format!("{e:#}")))?;
+        (self.check)(&new).map_err(|e| Refused(format!("{e:#}")))?;
 
         let changed = changed_keys(old, &new);
         let hooks_switched = old.proxy.enabled() != new.proxy.enabled();
@@ -327,18 +332,18 @@ impl Reloader {
             }
         }
         let effective = keep_old(old, new, &not_applied)?;
-        effective.validate().map_err(|e| refuse(e.to_string()))?;
+        effective.validate().map_err(|e| Refused(e.to_string()))?;
 
         // Everything is built before anything is replaced: a failure here changes nothing.
         let jwks = match &state.jwks {
             Some((settings, j)) if *settings == jwks_settings(&effective) => Some(j.clone()),
-            _ => jwks_for(&effective).map_err(refuse)?,
+            _ => jwks_for(&effective).map_err(Refused)?,
         };
-        let verifier = verifier_for(&effective, jwks.as_ref()).map_err(refuse)?;
+        let verifier = verifier_for(&effective, jwks.as_ref()).map_err(Refused)?;
         let proxy = match &self.proxy {
-            Some(_) if applied.iter().any(|k| k.starts_with("proxy.")) => Some(
-                HttpProxy::new(&effective.proxy).map_err(|e| refuse(e.to_string()))?,
-            ),
+            Some(_) if applied.iter().any(|k| k.starts_with("proxy.")) => {
+                Some(HttpProxy::new(&effective.proxy).map_err(|e| Refused(e.to_string()))?)
+            }
             _ => None,
         };
 
@@ -492,6 +497,9 @@ mod tests {
         assert!(fixed_reason("consumers").is_some());
         assert!(fixed_reason("consumers.outbox").is_some());
         assert!(fixed_reason("limits.max_frame_bytes").is_none());
-        assert!(fixed_reason("portal").is_none(), "a prefix is not a section");
+        assert!(
+            fixed_reason("portal").is_none(),
+            "a prefix is not a section"
+        );
     }
 }

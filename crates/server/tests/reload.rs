@@ -136,7 +136,9 @@ impl Reloadable {
 
     async fn client(&self, secret: &str, user: &str) -> (Client, Value) {
         let mut c = Client::open(self.addr, &[]).await;
-        let reply = c.call("connect", json!({"token": sign(secret, user)})).await;
+        let reply = c
+            .call("connect", json!({"token": sign(secret, user)}))
+            .await;
         (c, reply)
     }
 
@@ -297,10 +299,7 @@ async fn an_invalid_file_is_refused_and_the_old_configuration_stays() {
     ));
 
     // An unknown key (with a valid rule change and a new key that must not be applied).
-    node.rewrite(&format!(
-        "prot = 1\n{}",
-        config(true, SECOND_SECRET, "")
-    ));
+    node.rewrite(&format!("prot = 1\n{}", config(true, SECOND_SECRET, "")));
     node.sighup();
     let lines = node
         .wait_for_log(
@@ -329,10 +328,16 @@ async fn an_invalid_file_is_refused_and_the_old_configuration_stays() {
     let (_carol, reply) = node.client(SECOND_SECRET, "carol").await;
     assert!(is_error(&reply), "the new key is not in force: {reply}");
     let ok = alice
-        .call("publish", json!({"channel": "news", "data": {"still": "here"}}))
+        .call(
+            "publish",
+            json!({"channel": "news", "data": {"still": "here"}}),
+        )
         .await;
     assert!(!is_error(&ok), "{ok}");
-    assert_eq!(publication(&mut alice, "news").await, json!({"still": "here"}));
+    assert_eq!(
+        publication(&mut alice, "news").await,
+        json!({"still": "here"})
+    );
     assert_eq!(
         node.metric("herald_config_reloads_total{result=\"refused\"}")
             .await,
@@ -369,7 +374,11 @@ async fn the_admin_call_answers_what_was_applied_and_what_waits_for_a_restart() 
         .iter()
         .map(|n| n["key"].as_str().unwrap_or_default())
         .collect();
-    assert_eq!(not_applied, ["broker_url", "limits.accept_queues"], "{answer}");
+    assert_eq!(
+        not_applied,
+        ["broker_url", "limits.accept_queues"],
+        "{answer}"
+    );
     assert!(answer["not_applied"][0]["reason"]
         .as_str()
         .is_some_and(|r| r.contains("start-up")));
@@ -385,12 +394,18 @@ async fn the_admin_call_answers_what_was_applied_and_what_waits_for_a_restart() 
 
     // The new limit applies to the existing connection's next command.
     let second = alice.call("subscribe", json!({"channel": "other"})).await;
-    assert!(is_error(&second), "one channel per connection now: {second}");
+    assert!(
+        is_error(&second),
+        "one channel per connection now: {second}"
+    );
     // The kept keys keep their old values in the effective configuration.
     let (_, effective) = node.admin("GET", "/admin/api/config").await;
     assert_eq!(effective["limits"]["max_channels_per_connection"], 1);
     assert_ne!(effective["limits"]["accept_queues"], 2, "{effective}");
-    assert_ne!(effective["broker_url"], "redis://127.0.0.1:1", "{effective}");
+    assert_ne!(
+        effective["broker_url"], "redis://127.0.0.1:1",
+        "{effective}"
+    );
 
     // A reload with nothing changed applies nothing and still counts a version.
     let (status, again) = node.admin("POST", "/admin/api/reload").await;
