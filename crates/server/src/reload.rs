@@ -451,11 +451,13 @@ mod tests {
     #[test]
     fn changes_are_named_by_key_and_fixed_ones_kept() {
         let old = Config::default();
-        let mut new = Config::default();
-        new.port = 9999;
+        let mut new = Config {
+            port: 9999,
+            token_hmac_secret: Some("new secret".into()),
+            ..Config::default()
+        };
         new.limits.max_frame_bytes = 77;
         new.limits.accept_queues = 3;
-        new.token_hmac_secret = Some("new secret".into());
         new.namespaces.push(herald_core::config::NamespaceConfig {
             name: "room".into(),
             ..Default::default()
