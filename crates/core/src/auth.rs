@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -60,9 +61,17 @@ pub struct SubscriptionClaims {
     pub exp: Option<u64>,
 }
 
-/// Verifies tokens with the keys from the config.
+/// Verifies tokens with the keys from the config. Clones share one key set, which a
+/// configuration reload replaces at once ([`TokenVerifier::replace`]): a token is checked with
+/// the keys in force when it arrives.
 #[derive(Clone, Default)]
 pub struct TokenVerifier {
+    keys: Arc<ArcSwap<TokenKeys>>,
+}
+
+/// One generation of the keys and checks.
+#[derive(Clone, Default)]
+struct TokenKeys {
     hmac: Option<Arc<DecodingKey>>,
     rsa: Option<Arc<DecodingKey>>,
     ecdsa: Option<Arc<DecodingKey>>,
@@ -141,7 +150,7 @@ impl TokenVerifier {
         .map(|p| DecodingKey::from_ec_pem(&p).map_err(KeyError::Ecdsa))
         .map(|k| k.map(Arc::new))
         .transpose()?;
-        Ok(TokenVerifier {
+        let keys = TokenKeys {
             hmac: config
                 .token_hmac_secret
                 .as_ref()
@@ -153,20 +162,40 @@ impl TokenVerifier {
             require_exp: config.token_require_exp,
             audience: config.token_audience.clone().filter(|a| !a.is_empty()),
             issuer: config.token_issuer.clone().filter(|i| !i.is_empty()),
+        };
+        Ok(TokenVerifier {
+            keys: Arc::new(ArcSwap::from_pointee(keys)),
         })
     }
 
     /// Also look keys up by `kid` in `keys` (RS256 and ES256 tokens that name one).
-    pub fn with_key_set(mut self, keys: Arc<dyn KeySet>) -> Self {
-        self.jwks = Some(keys);
+    pub fn with_key_set(self, keys: Arc<dyn KeySet>) -> Self {
+        let mut next = TokenKeys::clone(&self.keys.load());
+        next.jwks = Some(keys);
+        self.keys.store(Arc::new(next));
         self
     }
 
     /// Whether any key (or a key set) is configured.
     pub fn has_keys(&self) -> bool {
-        self.hmac.is_some() || self.rsa.is_some() || self.ecdsa.is_some() || self.jwks.is_some()
+        let k = self.keys.load();
+        k.hmac.is_some() || k.rsa.is_some() || k.ecdsa.is_some() || k.jwks.is_some()
     }
 
+    /// Take `other`'s keys and checks, for every clone of this verifier (a configuration
+    /// reload); tokens being checked finish with the keys they started with.
+    pub fn replace(&self, other: &TokenVerifier) {
+        self.keys.store(other.keys.load_full());
+    }
+
+    async fn decode<T: serde::de::DeserializeOwned>(&self, token: &str) -> Result<T, AuthError> {
+        // An owned generation: a reload during the JWKS lookup does not pull keys from under it.
+        let keys = self.keys.load_full();
+        keys.decode(token).await
+    }
+}
+
+impl TokenKeys {
     /// The key for a token: from the JWKS when the token names a `kid` and a JWKS URL is set,
     /// otherwise the configured key for its algorithm.
     async fn key_for(&self, header: &jsonwebtoken::Header) -> Result<Arc<DecodingKey>, AuthError> {
@@ -219,7 +248,9 @@ impl TokenVerifier {
             .map(|data| data.claims)
             .map_err(|e| refusal(&e))
     }
+}
 
+impl TokenVerifier {
     /// Verify a connection token.
     pub async fn connection(&self, token: &str) -> Result<ConnectionClaims, AuthError> {
         let claims: ConnectionClaims = self.decode(token).await?;

@@ -10,6 +10,7 @@
 //! - [`namespace`]: channel names and namespaces.
 //! - [`permission`]: who may do what on a channel, the one decision every command asks.
 //! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
+//! - [`live`]: the configuration in force, which a configuration reload replaces.
 //! - `flights`: subscribers asking the broker the same history question at once share one read.
 //! - [`outbound`]: a connection's bounded outbound queue.
 //! - [`proxy`]: proxy hooks, the application backend deciding per event over HTTP.
@@ -23,6 +24,7 @@ pub mod config;
 pub mod delta;
 mod flights;
 pub mod hub;
+pub mod live;
 pub mod metrics;
 pub mod namespace;
 pub mod outbound;

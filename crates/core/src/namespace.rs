@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
+
 use herald_protocol::{CommandError, ErrorCode};
 
 use crate::config::{Config, NamespaceConfig};
@@ -64,17 +66,24 @@ pub fn allowed_users(channel: &str) -> Option<impl Iterator<Item = &str>> {
     Some(users.split(',').filter(|u| !u.is_empty()))
 }
 
-/// Namespaces by name, resolved from the config once.
+/// Namespaces by name, resolved from the config. Clones share one set, which a configuration
+/// reload replaces at once ([`Namespaces::replace`]): every holder sees the new rules on its next
+/// [`Namespaces::resolve`].
 #[derive(Debug, Clone)]
 pub struct Namespaces {
+    set: Arc<ArcSwap<NamespaceSet>>,
+}
+
+/// One generation of the namespaces.
+#[derive(Debug)]
+struct NamespaceSet {
     default: Arc<NamespaceConfig>,
     named: HashMap<String, Arc<NamespaceConfig>>,
 }
 
-impl Namespaces {
-    /// Build from the config.
-    pub fn from_config(config: &Config) -> Self {
-        Namespaces {
+impl NamespaceSet {
+    fn from_config(config: &Config) -> Self {
+        NamespaceSet {
             default: Arc::new(config.default_namespace.clone()),
             named: config
                 .namespaces
@@ -83,15 +92,31 @@ impl Namespaces {
                 .collect(),
         }
     }
+}
+
+impl Namespaces {
+    /// Build from the config.
+    pub fn from_config(config: &Config) -> Self {
+        Namespaces {
+            set: Arc::new(ArcSwap::from_pointee(NamespaceSet::from_config(config))),
+        }
+    }
+
+    /// Replace the namespaces with `config`'s, for every clone (a configuration reload).
+    pub fn replace(&self, config: &Config) {
+        self.set.store(Arc::new(NamespaceSet::from_config(config)));
+    }
 
     /// The namespace that governs `channel`, after validating the name.
-    pub fn resolve(&self, channel: &str) -> Result<&Arc<NamespaceConfig>, NamespaceError> {
+    pub fn resolve(&self, channel: &str) -> Result<Arc<NamespaceConfig>, NamespaceError> {
         validate_channel(channel)?;
+        let set = self.set.load();
         match channel.split_once(':') {
-            None => Ok(&self.default),
-            Some((ns, _)) => self
+            None => Ok(set.default.clone()),
+            Some((ns, _)) => set
                 .named
                 .get(ns)
+                .cloned()
                 .ok_or_else(|| NamespaceError::UnknownNamespace(ns.to_owned())),
         }
     }
@@ -126,6 +151,24 @@ mod tests {
         assert_eq!(
             ns.resolve(&"a".repeat(256)).unwrap_err().code(),
             ErrorCode::BadRequest
+        );
+    }
+
+    #[test]
+    fn a_replacement_reaches_every_clone() {
+        let ns = Namespaces::from_config(&config());
+        let held = ns.clone();
+        let mut next = Config::default();
+        next.namespaces.push(NamespaceConfig {
+            name: "room".into(),
+            publish: true,
+            ..NamespaceConfig::default()
+        });
+        ns.replace(&next);
+        assert!(held.resolve("room:x").unwrap().publish);
+        assert_eq!(
+            held.resolve("priv:x").unwrap_err().code(),
+            ErrorCode::UnknownNamespace
         );
     }
 }

@@ -24,6 +24,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "jwks",
             "proxy",
             "settings",
+            "reload",
             "publishing",
             "cluster",
             "otel",

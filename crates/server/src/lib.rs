@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //! - [`settings`]: loading the config from a TOML file, `HERALD_*` variables and flags.
+//! - [`reload`]: configuration reload (`SIGHUP`, `POST /admin/api/reload`): what is applied
+//!   live, what waits for a restart, the loaded version.
 //! - [`serve`]: the accept loop (plain or TLS), connections per IP and graceful drain.
 //! - [`guard`]: who may reach the node: `Origin` checks, the `--dev` `Host` check, per-IP counts.
 //! - [`state`]: `App`, the node's application state every handler and connection reaches (the
@@ -57,7 +59,7 @@
 //! Lowest first; a module uses its own layer or those below, never one above (`layers.rs`
 //! lists them and its tests fail on a use that points up, or a cycle within a layer):
 //! 1. foundations, which know no `App`: `response`, `guard`, `compression`, `tls`, `token`,
-//!    `brokers`, `jwks`, `proxy`, `settings`, `publishing`, `cluster`;
+//!    `brokers`, `jwks`, `proxy`, `settings`, `reload`, `publishing`, `cluster`;
 //! 2. `state`;
 //! 3. `engine`, `handshake`;
 //! 4. protocols and their handlers: `ws`, `pusher`, `uni`, `emulation`, `api`, `admin`,
@@ -86,6 +88,7 @@ pub mod proxy;
 pub mod publishing;
 #[cfg(feature = "pusher")]
 pub mod pusher;
+pub mod reload;
 pub mod response;
 pub mod serve;
 pub mod settings;

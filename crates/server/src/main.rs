@@ -137,7 +137,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let shutdown = shutdown_signal()?;
         let queues = config.limits.accept_queues;
         let listeners = herald_server::serve::bind(&config.bind, config.port, queues).await?;
-        herald_server::serve::run(listeners, config, shutdown).await
+        herald_server::serve::run(listeners, config, flags, shutdown).await
     })
 }
 

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use herald_core::auth::TokenVerifier;
+use herald_core::live::LiveConfig;
 use herald_core::namespace::Namespaces;
 use herald_core::{Config, Hub, Metrics, NodeContext};
 use http_body_util::BodyExt;
@@ -20,6 +20,8 @@ use tokio::sync::watch;
 
 use crate::guard::{HandshakeRate, IpSlot, PeerAddr, PerIp};
 use crate::http::{route, Node};
+use crate::reload::{self, ProxySlot, ReloadMetrics, Reloader};
+use crate::settings::Overrides;
 use crate::state::App;
 
 /// Pending connections the kernel may queue. A reconnect storm after a deploy arrives all at
@@ -95,9 +97,13 @@ pub async fn bind(host: &str, port: u16, queues: usize) -> anyhow::Result<Listen
 
 /// Serve until `shutdown` resolves, then drain: every client is told to reconnect (4000 with a
 /// jittered `after_ms`), and the function returns once they are gone or the window has passed.
+///
+/// `flags` are those the configuration was loaded with: a reload (`SIGHUP`, the admin call)
+/// loads it again with them (crate::reload).
 pub async fn run(
     listeners: Listeners,
     mut config: Config,
+    flags: Overrides,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let addr = listeners.local_addr()?;
@@ -118,17 +124,10 @@ pub async fn run(
             Some(key)
         }
     };
+    let api_key_generated = api_key.is_some() && config.api_key.as_deref().unwrap_or("").is_empty();
     config.api_key = api_key.clone();
-    let mut verifier = TokenVerifier::from_config(&config).map_err(anyhow::Error::msg)?;
-    if let Some(url) = config.token_jwks_url.as_ref().filter(|u| !u.is_empty()) {
-        let jwks = crate::jwks::Jwks::new(
-            url.clone(),
-            Duration::from_secs(config.token_jwks_max_age_s),
-            Duration::from_millis(config.token_jwks_min_refresh_ms),
-        )
-        .map_err(anyhow::Error::msg)?;
-        verifier = verifier.with_key_set(Arc::new(jwks));
-    }
+    let jwks = reload::jwks_for(&config).map_err(anyhow::Error::msg)?;
+    let verifier = reload::verifier_for(&config, jwks.as_ref()).map_err(anyhow::Error::msg)?;
     if !verifier.has_keys() && !config.allow_anonymous && config.proxy.connect_url.is_empty() {
         tracing::warn!("no token keys and no anonymous access: clients cannot connect (set HERALD_TOKEN_HMAC_SECRET or use --dev)");
     }
@@ -141,9 +140,11 @@ pub async fn run(
     let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
     ensure_pusher_supported(config.pusher.as_ref(), |k| std::env::var(k).ok(), PUSHER)?;
     let tracer = crate::otel::Tracing::start(config.tracing.as_ref(), &config.node_name)?;
+    let check_sections: reload::Check = Box::new(check_sections);
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
     broker.register_metrics(metrics.registry_mut());
+    let reload_metrics = ReloadMetrics::register(metrics.registry_mut());
     #[cfg(feature = "pusher")]
     let apps_db_metrics = config
         .pusher
@@ -153,12 +154,16 @@ pub async fn run(
     let metrics = Arc::new(metrics);
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
-    let proxy: Option<Arc<dyn herald_core::proxy::Proxy>> = match config.proxy.enabled() {
-        true => Some(Arc::new(
+    // Behind a slot that a reload refills with a client for the new `[proxy]`.
+    let proxy_slot = match config.proxy.enabled() {
+        true => Some(Arc::new(ProxySlot::new(
             crate::proxy::HttpProxy::new(&config.proxy).map_err(anyhow::Error::msg)?,
-        )),
+        ))),
         false => None,
     };
+    let proxy = proxy_slot
+        .clone()
+        .map(|p| p as Arc<dyn herald_core::proxy::Proxy>);
     let config = Arc::new(config);
     let namespaces = Namespaces::from_config(&config);
     batch_join_leave(&hub, &config);
@@ -189,9 +194,33 @@ pub async fn run(
         hub: hub.clone(),
         namespaces,
         verifier,
-        config: config.clone(),
+        config: LiveConfig::new(Config::clone(&config)),
         proxy,
     });
+    #[cfg(feature = "pusher")]
+    let pusher_apps: Option<reload::ApplyPusherApps> = {
+        let registry = pusher.registry.clone();
+        Some(Box::new(move |config: &Config| {
+            let settings = crate::pusher::apps::PusherConfig::read(config.pusher.as_ref(), |k| {
+                std::env::var(k).ok()
+            })?;
+            registry.replace_configured(settings.apps)
+        }))
+    };
+    #[cfg(not(feature = "pusher"))]
+    let pusher_apps = None;
+    let reloader = Arc::new(Reloader::new(
+        ctx.clone(),
+        reload::Options {
+            flags,
+            proxy: proxy_slot,
+            jwks,
+            check: check_sections,
+            pusher_apps,
+            metrics: reload_metrics,
+            api_key_generated,
+        },
+    ));
     let admin = crate::admin::Admin::from_config(&config, api_key.as_deref())?.map(Arc::new);
     if let Some(admin) = &admin {
         admin.start(&hub);
@@ -212,6 +241,7 @@ pub async fn run(
         sse_connections: AtomicUsize::new(0),
         ndjson_connections: AtomicUsize::new(0),
         emulated_connections: AtomicUsize::new(0),
+        reloader: reloader.clone(),
     });
     let node = Arc::new(Node {
         app: app.clone(),
@@ -238,6 +268,7 @@ pub async fn run(
         );
     }
 
+    let reloads = tokio::spawn(reload_on_sighup(reloader)?);
     let handshake_timeout = Duration::from_millis(config.limits.handshake_timeout_ms);
     // One accept loop per listener; they end (and the listeners close) when the node drains.
     let failures = Arc::new(AcceptFailures::default());
@@ -255,6 +286,7 @@ pub async fn run(
         })
         .collect();
     shutdown.await;
+    reloads.abort();
     for task in &accepting {
         task.abort();
     }
@@ -304,6 +336,40 @@ fn batch_join_leave(hub: &Hub, config: &Config) {
         let ns = namespaces.resolve(channel).ok()?;
         Some(Duration::from_millis(ns.join_leave_batch_ms))
     });
+}
+
+/// Start-up's checks of the sections other modules load (consumers, Pusher apps), for a reload:
+/// a section that would stop the node at start-up refuses the reload.
+fn check_sections(config: &Config) -> anyhow::Result<()> {
+    crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
+    ensure_pusher_supported(config.pusher.as_ref(), |k| std::env::var(k).ok(), PUSHER)?;
+    #[cfg(feature = "pusher")]
+    crate::pusher::Apps::load(
+        config.pusher.as_ref(),
+        &Namespaces::from_config(config),
+        |k| std::env::var(k).ok(),
+    )?;
+    Ok(())
+}
+
+/// Install the `SIGHUP` handler now (before the node says it listens: a `SIGHUP` after that
+/// reloads rather than kills it); the future reloads on each one.
+fn reload_on_sighup(
+    reloader: Arc<Reloader>,
+) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("installing the SIGHUP handler")?;
+    Ok(async move {
+        #[cfg(unix)]
+        while hup.recv().await.is_some() {
+            // The outcome is logged by the reload itself; reading the file blocks briefly.
+            let r = reloader.clone();
+            let _ = tokio::task::spawn_blocking(move || r.reload("SIGHUP")).await;
+        }
+        #[cfg(not(unix))]
+        drop(reloader);
+    })
 }
 
 /// Whether this build has the Pusher protocol (the `pusher` cargo feature).

@@ -74,6 +74,16 @@ const ENV_KEYS: &[&str] = &[
 
 /// Load and validate the configuration.
 pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
+    load_with_name(flags, None)
+}
+
+/// Load and validate the configuration again (a reload): a node whose name was generated keeps
+/// it, rather than getting another.
+pub fn load_keeping_name(flags: &Overrides, running_name: &str) -> anyhow::Result<Config> {
+    load_with_name(flags, Some(running_name))
+}
+
+fn load_with_name(flags: &Overrides, running_name: Option<&str>) -> anyhow::Result<Config> {
     if let Some(path) = &flags.config {
         if !path.exists() {
             bail!("config file {} does not exist", path.display());
@@ -124,6 +134,9 @@ pub fn load(flags: &Overrides) -> anyhow::Result<Config> {
                 "--dev opens everything to anonymous clients and only binds to loopback, not {ip}"
             );
         }
+    }
+    if let (true, Some(name)) = (config.node_name.is_empty(), running_name) {
+        config.node_name = name.to_owned();
     }
     if config.node_name.is_empty() {
         config.node_name = format!("herald-{:06x}", rand::random::<u32>() & 0xff_ffff);

@@ -35,6 +35,8 @@ pub struct App {
     pub ndjson_connections: AtomicUsize,
     /// Open WebSocket-emulation connections (SSE down, POST up).
     pub emulated_connections: AtomicUsize,
+    /// Reloads the configuration (`SIGHUP`, `POST /admin/api/reload`).
+    pub reloader: Arc<crate::reload::Reloader>,
 }
 
 impl App {

@@ -169,7 +169,7 @@ pub async fn node_main(
         hub: hub.clone(),
         namespaces: Namespaces::from_config(&config),
         verifier: TokenVerifier::from_config(&config)?,
-        config: Arc::new(config),
+        config: herald_core::live::LiveConfig::new(config),
         proxy: None,
     });
     let (tx, mut rx) = mpsc::unbounded_channel();

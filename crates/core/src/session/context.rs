@@ -10,8 +10,8 @@ pub struct NodeContext {
     pub namespaces: Namespaces,
     /// Token keys.
     pub verifier: TokenVerifier,
-    /// The node's configuration.
-    pub config: Arc<Config>,
+    /// The node's configuration (a reload replaces it; see [`crate::live`]).
+    pub config: crate::live::LiveConfig,
     /// The application's backend, when any proxy hook is configured.
     pub proxy: Option<Arc<dyn Proxy>>,
 }

@@ -30,7 +30,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::auth::{AuthError, TokenVerifier};
-use crate::config::{Config, NamespaceConfig};
+use crate::config::NamespaceConfig;
 use crate::hub::{ConnKey, Hub};
 use crate::namespace::{NamespaceError, Namespaces};
 use crate::outbound::{CloseRequest, Control, Outbound};

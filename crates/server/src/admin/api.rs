@@ -1,7 +1,8 @@
 //! The admin JSON API under `/admin/api/`: the cluster overview and charts, channels, one
 //! channel's presence and history, a user's connections, disconnect, publish, broadcast,
-//! server-side subscribe and unsubscribe, the audit log, and the effective configuration with
-//! secrets masked. Every action is recorded in the audit log ([`super::audit`]).
+//! server-side subscribe and unsubscribe, the audit log, the effective configuration with
+//! secrets masked, and a configuration reload. Every action is recorded in the audit log
+//! ([`super::audit`]).
 //!
 //! Reads come from the cluster view ([`super::cluster`]) or the broker, which every node shares;
 //! actions reuse the HTTP API's paths (control messages, [`crate::publishing`]), so an admin
@@ -87,10 +88,15 @@ pub async fn dispatch(
             admin.record(actor, method, &target, done.is_ok());
             done
         }
+        (Method::POST, "reload") => {
+            let done = reload(&app).await;
+            admin.record(actor, "reload", "", done.is_ok());
+            done
+        }
         (
             _,
             "overview" | "channels" | "channel" | "connections" | "config" | "audit" | "publish"
-            | "broadcast" | "disconnect" | "subscribe" | "unsubscribe",
+            | "broadcast" | "disconnect" | "subscribe" | "unsubscribe" | "reload",
         ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,
@@ -148,6 +154,7 @@ fn overview(app: &App, admin: &Admin) -> Value {
         "interval_ms": EVERY.as_millis() as u64,
         "fresh_ms": FRESH.as_millis() as u64,
         "lost_kept_ms": LOST_KEPT.as_millis() as u64,
+        "config_version": app.reloader.version(),
     })
 }
 
@@ -313,6 +320,27 @@ struct DisconnectBody {
 
 async fn disconnect(app: &App, b: DisconnectBody) -> ApiResult {
     crate::api::disconnect_everywhere(app, b.user, b.client, None).await
+}
+
+/// Load the configuration again on this node (as `SIGHUP` does): what was applied, what keeps
+/// its old value until a restart, the version now loaded; a refused file is a 422 with why.
+async fn reload(app: &App) -> ApiResult {
+    let reloader = app.reloader.clone();
+    // Reading the file and building clients blocks briefly: off the connections' threads.
+    let outcome = tokio::task::spawn_blocking(move || reloader.reload("admin API"))
+        .await
+        .map_err(|_| ApiError::code(ErrorCode::Internal, "reload failed"))?;
+    match outcome {
+        Ok(outcome) => Ok(serde_json::to_value(outcome).unwrap_or(Value::Null)),
+        Err(refused) => Err(ApiError::with_status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::BadRequest,
+            format!(
+                "configuration refused, the old one stays in force: {}",
+                refused.0
+            ),
+        )),
+    }
 }
 
 /// The effective configuration, secrets replaced by `"***"`.

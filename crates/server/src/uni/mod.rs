@@ -385,7 +385,7 @@ async fn open(
     mut wanted: Wanted,
     format: Format,
 ) -> Result<Opened, StreamResponse> {
-    let config = app.ctx.config.clone();
+    let config = app.ctx.config.get();
     if wanted.params.token.is_none() {
         wanted.params.token = admitted.bearer;
     }

@@ -140,7 +140,7 @@ function fmtBytes(b) {
 }
 
 function renderNodes(o) {
-  $('#node-label').textContent = `node ${o.node}`;
+  $('#node-label').textContent = `node ${o.node} · ${configVersion(o.config_version)}`;
   const body = $('#nodes tbody');
   body.replaceChildren();
   let conns = 0;
@@ -440,6 +440,27 @@ async function loadAudit() {
     status(`audit: ${e.message}`);
   }
 }
+
+// The loaded configuration's version: reload count, file hash, when.
+function configVersion(v) {
+  if (!v) return '';
+  const at = new Date(v.loaded_at_ms).toLocaleTimeString();
+  return `config v${v.number}${v.file_sha256 ? ` (${v.file_sha256})` : ''} loaded ${at}`;
+}
+
+$('#config-reload').addEventListener('click', async () => {
+  const out = $('#reload-result');
+  try {
+    const r = await call('POST', '/admin/api/reload');
+    const kept = r.not_applied.map((n) => `${n.key}: ${n.reason}`);
+    out.textContent =
+      `${configVersion(r.version)}\napplied: ${r.applied.join(', ') || 'nothing changed'}` +
+      (kept.length ? `\nkept until a restart:\n  ${kept.join('\n  ')}` : '');
+    loadConfig();
+  } catch (e) {
+    out.textContent = `refused: ${e.message}`;
+  }
+});
 
 async function loadConfig() {
   try {
