@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 use herald_core::auth::TokenVerifier;
 use herald_core::config::Config;
-use herald_core::proxy::{Hook, Proxy, ProxyError};
+use herald_core::proxy::{Proxy, ProxyError, Target};
 use herald_core::NodeContext;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -145,10 +145,10 @@ impl ProxySlot {
 
 #[async_trait::async_trait]
 impl Proxy for ProxySlot {
-    async fn call(&self, hook: Hook, body: Vec<u8>) -> Result<Vec<u8>, ProxyError> {
+    async fn call(&self, target: &Target<'_>, body: Vec<u8>) -> Result<Vec<u8>, ProxyError> {
         // A call in flight finishes with the client it started with.
         let proxy = self.0.load_full();
-        proxy.call(hook, body).await
+        proxy.call(target, body).await
     }
 }
 

@@ -197,17 +197,18 @@ impl Session {
     /// namespace's own, or `[proxy]`'s).
     fn channel_hook(&self, hook: Hook, channel: Option<&str>) -> Option<Arc<dyn Proxy>> {
         let namespace = self.namespace_of(channel);
-        if self.ctx.config.proxy.hook_url(hook, namespace).is_empty() {
+        if self.ctx.config.proxy.hook_url(hook, &namespace).is_empty() {
             return None;
         }
         self.ctx.proxy.clone()
     }
 
     /// The name of `channel`'s namespace ("" for none or the default namespace).
-    fn namespace_of(&self, channel: Option<&str>) -> &str {
+    /// (Owned: a reload may replace the namespaces while a hook call waits.)
+    fn namespace_of(&self, channel: Option<&str>) -> String {
         channel
             .and_then(|c| self.ctx.namespaces.resolve(c).ok())
-            .map_or("", |ns| ns.name.as_str())
+            .map_or_else(String::new, |ns| ns.name.clone())
     }
 
     /// Call a hook for the connected client; a failed call is already the client's refusal.
@@ -229,9 +230,10 @@ impl Session {
             data,
             conn_meta: conn.meta.as_deref(),
         };
+        let namespace = self.namespace_of(channel);
         let target = Target {
             hook,
-            namespace: self.namespace_of(channel),
+            namespace: &namespace,
             headers: &self.meta().headers,
         };
         match ask::<T>(proxy, &target, &body, self.ctx.hub.metrics()).await {
