@@ -104,6 +104,9 @@ pub struct Config {
     pub consumers: Option<serde_json::Value>,
     /// The admin web UI (`[admin]`; see docs/admin.md), read by the server as it is.
     pub admin: Option<serde_json::Value>,
+    /// The lifecycle event stream (`[lifecycle]`; see docs/lifecycle.md), read by the server as
+    /// it is.
+    pub lifecycle: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -147,6 +150,7 @@ impl Default for Config {
             pusher: None,
             consumers: None,
             admin: None,
+            lifecycle: None,
         }
     }
 }

@@ -11,6 +11,7 @@
 //! - [`permission`]: who may do what on a channel, the one decision every command asks.
 //! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
 //! - `flights`: subscribers asking the broker the same history question at once share one read.
+//! - [`lifecycle`]: the hub's connect/subscribe/unsubscribe/disconnect events, for a sink.
 //! - [`outbound`]: a connection's bounded outbound queue.
 //! - [`proxy`]: proxy hooks, the application backend deciding per event over HTTP.
 //! - [`recovery`]: the all-or-nothing recovery decision.
@@ -22,6 +23,7 @@ pub mod auth;
 pub mod config;
 mod flights;
 pub mod hub;
+pub mod lifecycle;
 pub mod metrics;
 pub mod namespace;
 pub mod outbound;

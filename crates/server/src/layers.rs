@@ -26,6 +26,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "settings",
             "publishing",
             "cluster",
+            "lifecycle",
         ],
     ),
     // The node's state (`App`): the hub, config, counters, the drain.

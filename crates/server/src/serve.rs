@@ -139,6 +139,7 @@ pub async fn run(
 
     // Checked before anything connects: a bad section stops the node at once.
     let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
+    let lifecycle = crate::lifecycle::LifecycleConfig::load(config.lifecycle.as_ref())?;
     ensure_pusher_supported(config.pusher.as_ref(), |k| std::env::var(k).ok(), PUSHER)?;
     let broker = crate::brokers::connect(&config).await?;
     let mut metrics = Metrics::new();
@@ -146,6 +147,16 @@ pub async fn run(
     let metrics = Arc::new(metrics);
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
+    let lifecycle = match lifecycle {
+        Some(lc) => {
+            let lc = crate::lifecycle::Lifecycle::start(lc, &config.node_name)
+                .await
+                .context("starting the lifecycle stream")?;
+            hub.set_lifecycle(lc.recorder());
+            Some(lc)
+        }
+        None => None,
+    };
     let proxy: Option<Arc<dyn herald_core::proxy::Proxy>> = match config.proxy.enabled() {
         true => Some(Arc::new(
             crate::proxy::HttpProxy::new(&config.proxy).map_err(anyhow::Error::msg)?,
@@ -258,6 +269,9 @@ pub async fn run(
     #[cfg(feature = "pusher")]
     node.pusher.apps.stop().await;
     consumers.stopped(Duration::from_secs(10)).await;
+    if let Some(lifecycle) = lifecycle {
+        lifecycle.stop(Duration::from_secs(5)).await;
+    }
     tracing::info!(left = app.open_connections(), "stopped");
     Ok(())
 }

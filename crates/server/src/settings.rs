@@ -69,6 +69,7 @@ const ENV_KEYS: &[&str] = &[
     "proxy",
     "consumers",
     "admin",
+    "lifecycle",
 ];
 
 /// Load and validate the configuration.

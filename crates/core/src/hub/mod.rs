@@ -287,6 +287,8 @@ struct Shared {
     incarnations: AtomicU64,
     /// History reads in flight, shared by subscribers asking the same at the same generation.
     flights: Flights,
+    /// Where lifecycle events go, when the server installed a sink.
+    lifecycle: std::sync::OnceLock<Arc<dyn crate::lifecycle::LifecycleSink>>,
 }
 
 /// Cheap-to-clone handle to the hub.
@@ -346,6 +348,7 @@ impl Hub {
                 sweep: AtomicU64::new(0),
                 incarnations: AtomicU64::new(0),
                 flights: Flights::default(),
+                lifecycle: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -388,6 +391,16 @@ impl Hub {
     /// The metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// Install the lifecycle sink (once, at startup; a second call is ignored).
+    pub fn set_lifecycle(&self, sink: Arc<dyn crate::lifecycle::LifecycleSink>) {
+        let _ = self.shared.lifecycle.set(sink);
+    }
+
+    /// The lifecycle sink, when one is installed.
+    pub fn lifecycle(&self) -> Option<&Arc<dyn crate::lifecycle::LifecycleSink>> {
+        self.shared.lifecycle.get()
     }
 
     /// This node's name.
