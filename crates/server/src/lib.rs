@@ -80,9 +80,9 @@ pub mod guard;
 mod handshake;
 pub mod http;
 pub mod jwks;
-pub mod lifecycle;
 #[cfg(test)]
 mod layers;
+pub mod lifecycle;
 pub mod proxy;
 pub mod publishing;
 #[cfg(feature = "pusher")]

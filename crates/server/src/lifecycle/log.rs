@@ -470,7 +470,10 @@ pub(super) async fn write(log: Arc<Log>, mut rx: mpsc::UnboundedReceiver<Entry>,
 /// Renew this node's lease three times per lease period.
 pub(super) async fn keep_lease(log: Weak<Log>) {
     loop {
-        let Some(every) = log.upgrade().map(|l| Duration::from_millis(l.lease_ms() / 3)) else {
+        let Some(every) = log
+            .upgrade()
+            .map(|l| Duration::from_millis(l.lease_ms() / 3))
+        else {
             return;
         };
         tokio::time::sleep(every).await;
@@ -484,7 +487,10 @@ pub(super) async fn keep_lease(log: Weak<Log>) {
 /// Look for lost nodes twice per lease period and emit their connections' disconnects.
 pub(super) async fn reap_lost(log: Weak<Log>) {
     loop {
-        let Some(every) = log.upgrade().map(|l| Duration::from_millis(l.lease_ms() / 2)) else {
+        let Some(every) = log
+            .upgrade()
+            .map(|l| Duration::from_millis(l.lease_ms() / 2))
+        else {
             return;
         };
         tokio::time::sleep(every).await;
@@ -499,7 +505,9 @@ pub(super) async fn reap_lost(log: Weak<Log>) {
         for node in lost {
             match log.reap(&node, false).await {
                 Ok(0) => {}
-                Ok(n) => tracing::info!(%node, events = n, "lifecycle: a lost node's connections reported disconnected"),
+                Ok(n) => {
+                    tracing::info!(%node, events = n, "lifecycle: a lost node's connections reported disconnected")
+                }
                 Err(e) => tracing::warn!(%node, cause = %e, "lifecycle: lost node not reaped"),
             }
         }

@@ -30,7 +30,15 @@ pub use recorder::Recorder;
 #[serde(deny_unknown_fields)]
 pub struct LifecycleConfig {
     /// Where the events go: each batch is `POST`ed as `{"events": [...]}`.
-    pub http_url: String,
+    #[serde(default)]
+    pub http_url: Option<String>,
+    /// Or: a Kafka topic, one record per event (key: the user, or the client when anonymous;
+    /// value: the event's JSON), through these bootstrap servers.
+    #[serde(default)]
+    pub kafka_brokers: Option<String>,
+    /// The topic, with `kafka_brokers`.
+    #[serde(default)]
+    pub kafka_topic: Option<String>,
     /// The durable log every node shares (a standalone Redis). Without it the log is in this
     /// node's memory: nothing survives the node, so use it only for a single node.
     #[serde(default)]
@@ -71,12 +79,29 @@ impl LifecycleConfig {
         };
         let config: LifecycleConfig =
             serde_json::from_value(section.clone()).context("invalid [lifecycle]")?;
-        let url = reqwest::Url::parse(&config.http_url)
-            .context("invalid [lifecycle] http_url: not a URL")?;
-        anyhow::ensure!(
-            matches!(url.scheme(), "http" | "https"),
-            "invalid [lifecycle] http_url: the scheme must be http or https"
-        );
+        match (&config.http_url, &config.kafka_brokers, &config.kafka_topic) {
+            (Some(url), None, None) => {
+                let url =
+                    reqwest::Url::parse(url).context("invalid [lifecycle] http_url: not a URL")?;
+                anyhow::ensure!(
+                    matches!(url.scheme(), "http" | "https"),
+                    "invalid [lifecycle] http_url: the scheme must be http or https"
+                );
+            }
+            (None, Some(brokers), Some(topic)) => {
+                anyhow::ensure!(
+                    cfg!(feature = "kafka"),
+                    "[lifecycle] kafka_brokers: this build has no Kafka support: rebuild with --features kafka"
+                );
+                anyhow::ensure!(
+                    !brokers.is_empty() && !topic.is_empty(),
+                    "invalid [lifecycle]: kafka_brokers and kafka_topic must not be empty"
+                );
+            }
+            _ => anyhow::bail!(
+                "invalid [lifecycle]: set http_url, or kafka_brokers and kafka_topic (one sink)"
+            ),
+        }
         anyhow::ensure!(
             (1_000..=600_000).contains(&config.lease_ms),
             "invalid [lifecycle] lease_ms: from 1000 to 600000"

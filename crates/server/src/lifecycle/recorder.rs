@@ -98,7 +98,9 @@ impl Recorder {
     fn emit(&self, client: &str, conn: &mut Conn, kind: &'static str, effect: Effect) {
         let (channel, code, reason) = match (&effect, &conn.close) {
             (Effect::Subscribed(c) | Effect::Unsubscribed(c), _) => (Some(c.clone()), None, None),
-            (Effect::Disconnected, Some((code, reason))) => (None, Some(*code), Some(reason.clone())),
+            (Effect::Disconnected, Some((code, reason))) => {
+                (None, Some(*code), Some(reason.clone()))
+            }
             (Effect::Disconnected, None) => (None, Some(1006), Some("connection lost".into())),
             (Effect::Connected(_), _) => (None, None, None),
         };
@@ -132,7 +134,12 @@ impl LifecycleSink for Recorder {
             close: None,
             seq: 0,
         };
-        self.emit(client, &mut conn, "connect", Effect::Connected(user.to_string()));
+        self.emit(
+            client,
+            &mut conn,
+            "connect",
+            Effect::Connected(user.to_string()),
+        );
         state.conns.insert(client.clone(), conn);
     }
 
@@ -148,24 +155,38 @@ impl LifecycleSink for Recorder {
     fn subscribed(&self, key: ConnKey, channel: &str) {
         let mut state = self.state.lock().expect("lifecycle state");
         let State { clients, conns } = &mut *state;
-        let Some((client, conn)) = clients.get(&key).and_then(|c| conns.get_mut(c).map(|n| (c, n)))
+        let Some((client, conn)) = clients
+            .get(&key)
+            .and_then(|c| conns.get_mut(c).map(|n| (c, n)))
         else {
             return;
         };
         if conn.channels.insert(channel.to_owned()) {
-            self.emit(client, conn, "subscribe", Effect::Subscribed(channel.to_owned()));
+            self.emit(
+                client,
+                conn,
+                "subscribe",
+                Effect::Subscribed(channel.to_owned()),
+            );
         }
     }
 
     fn unsubscribed(&self, key: ConnKey, channel: &str) {
         let mut state = self.state.lock().expect("lifecycle state");
         let State { clients, conns } = &mut *state;
-        let Some((client, conn)) = clients.get(&key).and_then(|c| conns.get_mut(c).map(|n| (c, n)))
+        let Some((client, conn)) = clients
+            .get(&key)
+            .and_then(|c| conns.get_mut(c).map(|n| (c, n)))
         else {
             return;
         };
         if conn.channels.remove(channel) {
-            self.emit(client, conn, "unsubscribe", Effect::Unsubscribed(channel.to_owned()));
+            self.emit(
+                client,
+                conn,
+                "unsubscribe",
+                Effect::Unsubscribed(channel.to_owned()),
+            );
         }
     }
 
@@ -184,7 +205,12 @@ impl LifecycleSink for Recorder {
         state.clients.remove(&conn.key);
         // Channels still live (a session that ends unsubscribes first; this is the safety net).
         for channel in std::mem::take(&mut conn.channels) {
-            self.emit(client, &mut conn, "unsubscribe", Effect::Unsubscribed(channel));
+            self.emit(
+                client,
+                &mut conn,
+                "unsubscribe",
+                Effect::Unsubscribed(channel),
+            );
         }
         self.emit(client, &mut conn, "disconnect", Effect::Disconnected);
     }
