@@ -24,7 +24,8 @@ const CALL_LIMIT: Duration = Duration::from_secs(5);
 /// See the module docs.
 pub(super) enum Log {
     Memory(MemoryLog),
-    Redis(RedisLog),
+    // Boxed: the Redis client is large, and there is one log per node.
+    Redis(Box<RedisLog>),
 }
 
 /// A single node's log: nothing survives the node.
@@ -171,7 +172,7 @@ impl Log {
             prefix: config.prefix.clone(),
         };
         log.conn().await?;
-        Ok(Log::Redis(log))
+        Ok(Log::Redis(Box::new(log)))
     }
 
     fn lease_ms(&self) -> u64 {
