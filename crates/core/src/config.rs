@@ -107,6 +107,9 @@ pub struct Config {
     /// OpenTelemetry tracing of publications (`[tracing]`; see docs/deploy.md), read by the
     /// server as it is. Absent: off.
     pub tracing: Option<serde_json::Value>,
+    /// The lifecycle event stream (`[lifecycle]`; see docs/lifecycle.md), read by the server as
+    /// it is.
+    pub lifecycle: Option<serde_json::Value>,
 }
 
 impl Default for Config {
@@ -151,6 +154,7 @@ impl Default for Config {
             consumers: None,
             admin: None,
             tracing: None,
+            lifecycle: None,
         }
     }
 }

@@ -12,6 +12,7 @@
 //! - [`hub`]: channels → local subscribers, fan-out, continuity, the client registry.
 //! - [`live`]: the configuration in force, which a configuration reload replaces.
 //! - `flights`: subscribers asking the broker the same history question at once share one read.
+//! - [`lifecycle`]: the hub's connect/subscribe/unsubscribe/disconnect events, for a sink.
 //! - [`outbound`]: a connection's bounded outbound queue.
 //! - [`proxy`]: proxy hooks, the application backend deciding per event over HTTP.
 //! - [`recovery`]: the all-or-nothing recovery decision.
@@ -25,6 +26,7 @@ pub mod delta;
 mod flights;
 pub mod hub;
 pub mod live;
+pub mod lifecycle;
 pub mod metrics;
 pub mod namespace;
 pub mod outbound;

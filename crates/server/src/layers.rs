@@ -28,6 +28,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "publishing",
             "cluster",
             "otel",
+            "lifecycle",
         ],
     ),
     // The node's state (`App`): the hub, config, counters, the drain.

@@ -52,6 +52,8 @@
 //!   paths answer 404 and a config that names a Pusher app is refused at start-up).
 //! - [`consumers`]: publish and broadcast commands drained from outside sources (a PostgreSQL
 //!   transactional outbox, Kafka topics; docs/consumers.md).
+//! - [`lifecycle`]: connect/subscribe/unsubscribe/disconnect events as a durable stream to the
+//!   application (docs/lifecycle.md).
 //! - [`centrifugo`]: Centrifugo's server HTTP API at `/centrifugo/api/<method>`, and the decoding
 //!   of Centrifugo's publish commands the consumers share (docs/migrating-from-centrifugo.md).
 //!
@@ -59,7 +61,7 @@
 //! Lowest first; a module uses its own layer or those below, never one above (`layers.rs`
 //! lists them and its tests fail on a use that points up, or a cycle within a layer):
 //! 1. foundations, which know no `App`: `response`, `guard`, `compression`, `tls`, `token`,
-//!    `brokers`, `jwks`, `proxy`, `settings`, `reload`, `publishing`, `cluster`;
+//!    `brokers`, `jwks`, `proxy`, `settings`, `reload`, `publishing`, `cluster`, `lifecycle`;
 //! 2. `state`;
 //! 3. `engine`, `handshake`;
 //! 4. protocols and their handlers: `ws`, `pusher`, `uni`, `emulation`, `api`, `admin`,
@@ -84,6 +86,7 @@ pub mod jwks;
 #[cfg(test)]
 mod layers;
 pub mod otel;
+pub mod lifecycle;
 pub mod proxy;
 pub mod publishing;
 #[cfg(feature = "pusher")]

@@ -138,6 +138,7 @@ pub async fn run(
 
     // Checked before anything connects: a bad section stops the node at once.
     let consumers = crate::consumers::ConsumersConfig::load(config.consumers.as_ref())?;
+    let lifecycle = crate::lifecycle::LifecycleConfig::load(config.lifecycle.as_ref())?;
     ensure_pusher_supported(config.pusher.as_ref(), |k| std::env::var(k).ok(), PUSHER)?;
     let tracer = crate::otel::Tracing::start(config.tracing.as_ref(), &config.node_name)?;
     let check_sections: reload::Check = Box::new(check_sections);
@@ -154,6 +155,16 @@ pub async fn run(
     let metrics = Arc::new(metrics);
     let hub = Hub::new(config.node_name.clone(), broker, metrics);
     hub.start().await.context("starting the broker")?;
+    let lifecycle = match lifecycle {
+        Some(lc) => {
+            let lc = crate::lifecycle::Lifecycle::start(lc, &config.node_name)
+                .await
+                .context("starting the lifecycle stream")?;
+            hub.set_lifecycle(lc.recorder());
+            Some(lc)
+        }
+        None => None,
+    };
     // Behind a slot that a reload refills with a client for the new `[proxy]`.
     let proxy_slot = match config.proxy.enabled() {
         true => Some(Arc::new(ProxySlot::new(
@@ -310,6 +321,9 @@ pub async fn run(
     #[cfg(feature = "pusher")]
     node.pusher.apps.stop().await;
     consumers.stopped(Duration::from_secs(10)).await;
+    if let Some(lifecycle) = lifecycle {
+        lifecycle.stop(Duration::from_secs(5)).await;
+    }
     if let Some(tracer) = tracer {
         tracer.shutdown();
     }

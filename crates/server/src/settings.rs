@@ -70,6 +70,7 @@ const ENV_KEYS: &[&str] = &[
     "consumers",
     "admin",
     "tracing",
+    "lifecycle",
 ];
 
 /// Load and validate the configuration.

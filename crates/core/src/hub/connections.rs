@@ -9,6 +9,9 @@ impl Hub {
         let key = ConnKey(self.shared.next_key.fetch_add(1, Ordering::Relaxed));
         let mut reg = self.shared.registry.lock().expect("registry lock");
         let slot = reg.add_to_user(&user, client.clone());
+        if let Some(sink) = self.lifecycle() {
+            sink.connected(key, &client, &user);
+        }
         reg.clients.insert(client, ClientEntry { user, out, slot });
         key
     }
@@ -18,6 +21,9 @@ impl Hub {
         let mut reg = self.shared.registry.lock().expect("registry lock");
         if let Some(entry) = reg.clients.remove(client) {
             reg.remove_from_user(&entry.user, entry.slot);
+            if let Some(sink) = self.lifecycle() {
+                sink.disconnected(client);
+            }
         }
     }
 
@@ -31,6 +37,9 @@ impl Hub {
         let (client, old, old_slot) = (key.clone(), entry.user.clone(), entry.slot);
         reg.remove_from_user(&old, old_slot);
         let slot = reg.add_to_user(&user, client.clone());
+        if let Some(sink) = self.lifecycle() {
+            sink.user_changed(&client, &user);
+        }
         if let Some(e) = reg.clients.get_mut(&client) {
             e.user = user;
             e.slot = slot;

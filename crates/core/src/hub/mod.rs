@@ -300,6 +300,8 @@ struct Shared {
     flights: Flights,
     /// Joins and leaves waiting for their channel's batch.
     presence_batches: presence_batch::PresenceBatches,
+    /// Where lifecycle events go, when the server installed a sink.
+    lifecycle: std::sync::OnceLock<Arc<dyn crate::lifecycle::LifecycleSink>>,
 }
 
 /// Cheap-to-clone handle to the hub.
@@ -371,6 +373,7 @@ impl Hub {
                 incarnations: AtomicU64::new(0),
                 flights: Flights::default(),
                 presence_batches: Default::default(),
+                lifecycle: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -413,6 +416,16 @@ impl Hub {
     /// The metrics.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// Install the lifecycle sink (once, at startup; a second call is ignored).
+    pub fn set_lifecycle(&self, sink: Arc<dyn crate::lifecycle::LifecycleSink>) {
+        let _ = self.shared.lifecycle.set(sink);
+    }
+
+    /// The lifecycle sink, when one is installed.
+    pub fn lifecycle(&self) -> Option<&Arc<dyn crate::lifecycle::LifecycleSink>> {
+        self.shared.lifecycle.get()
     }
 
     /// This node's name.

@@ -109,6 +109,9 @@ impl Hub {
         let Some(sub) = ch.subscribers.get_mut(&key) else {
             return;
         };
+        if let Some(sink) = self.lifecycle() {
+            sink.subscribed(key, channel);
+        }
         let top = position.offset;
         match std::mem::replace(&mut sub.mode, Mode::Live { skip_until: top }) {
             Mode::Pending(waiting) => {
@@ -203,6 +206,9 @@ impl Hub {
         let Some(last) = self.remove_subscriber(channel, key) else {
             return;
         };
+        if let Some(sink) = self.lifecycle() {
+            sink.unsubscribed(key, channel);
+        }
         self.shared.metrics.subscriptions.dec();
         if last {
             self.shared.metrics.channels.dec();

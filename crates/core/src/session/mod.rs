@@ -255,6 +255,11 @@ impl Session {
         None
     }
 
+    /// The client id, once `connect` succeeded.
+    pub fn client_id(&self) -> Option<&str> {
+        self.connected.as_ref().map(|c| &*c.client)
+    }
+
     /// Whether `connect` succeeded.
     pub fn is_connected(&self) -> bool {
         self.connected.is_some()

@@ -179,19 +179,37 @@ impl<T: Transport, P: Serve<T>> Driver<T, P> {
             // The fan-out writes nothing more, and the queue no longer holds the socket.
             self.out.set_direct(None);
             let limit = policy::write_timeout(&self.app);
+            let lifecycle = self.app.ctx.hub.lifecycle().cloned();
+            let client = self.protocol.client_id();
+            let say = |code: u16, reason: &str| {
+                if let (Some(sink), Some(client)) = (&lifecycle, client) {
+                    sink.closing(client, code, reason);
+                }
+            };
             match end {
                 End::Close(frames, close) => {
                     let closing = P::closing(&close);
+                    say(closing.code, closing.reason);
                     self.transport.close(frames, closing, limit).await
                 }
-                End::Linger(first) => self.transport.linger(first, limit).await,
-                End::Gone => {}
+                End::Linger(first) => {
+                    say(CLOSED_BY_PEER.0, CLOSED_BY_PEER.1);
+                    self.transport.linger(first, limit).await
+                }
+                End::Gone => say(LOST.0, LOST.1),
             }
             self.transport.finish(limit).await;
             self.protocol.end().await;
         }
     }
 }
+
+/// The lifecycle events' close for a transport that ended on its own terms: the client closed
+/// (or its input was refused by the protocol codec, which answered with its own close code).
+const CLOSED_BY_PEER: (u16, &str) = (1000, "closed by the client or the codec");
+/// The lifecycle events' close for a connection that went away without a close (WebSocket's
+/// 1006: no close frame).
+const LOST: (u16, &str) = (1006, "connection lost");
 
 /// A write timed out or failed: the connection is gone, and counted as a slow consumer if its
 /// queue had overflowed meanwhile.

@@ -181,6 +181,10 @@ impl Protocol for Herald {
         self.session.handle_controls(controls).await
     }
 
+    fn client_id(&self) -> Option<&str> {
+        self.session.client_id()
+    }
+
     async fn end(self) {
         self.session.end().await
     }

@@ -161,6 +161,10 @@ pub(crate) trait Protocol: Send + Sized {
         frames
     }
 
+    /// The connection's client id in the hub's registry, once it has one (for the lifecycle
+    /// events' close code and reason).
+    fn client_id(&self) -> Option<&str>;
+
     /// The session ends: it leaves its channels.
     fn end(self) -> impl Future<Output = ()> + Send;
 }

@@ -870,6 +870,11 @@ impl PusherConn {
         }
     }
 
+    /// The connection's socket id (its client id in the hub's registry).
+    pub fn socket_id(&self) -> &str {
+        &self.socket_id
+    }
+
     /// The connection is gone: leave every channel and forget it.
     pub async fn end(mut self) {
         let channels: Vec<Box<str>> = self.channels.keys().cloned().collect();

@@ -352,6 +352,10 @@ impl Protocol for PusherProtocol {
         self.pings.deadline()
     }
 
+    fn client_id(&self) -> Option<&str> {
+        Some(self.conn.socket_id())
+    }
+
     async fn on_timer(&mut self, out: &Outbound) -> Option<(Vec<Bytes>, Close)> {
         match self.pings.on_timer(Instant::now()) {
             Tick::Late => Some((
