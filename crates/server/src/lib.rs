@@ -85,8 +85,8 @@ pub mod http;
 pub mod jwks;
 #[cfg(test)]
 mod layers;
-pub mod otel;
 pub mod lifecycle;
+pub mod otel;
 pub mod proxy;
 pub mod publishing;
 #[cfg(feature = "pusher")]

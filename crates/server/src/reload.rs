@@ -79,6 +79,11 @@ const FIXED: &[(&str, &str)] = &[
         "Pusher settings other than `apps` are read at start-up: restart the node",
     ),
     ("admin", "the admin UI's settings are read at start-up"),
+    ("tracing", "the trace exporter is started at start-up"),
+    (
+        "lifecycle",
+        "the lifecycle stream is started at start-up: restart the node",
+    ),
 ];
 
 /// Sections compared key by key (a change names `section.key`); others as a whole.
@@ -440,9 +445,15 @@ fn keep_old(old: &Config, new: Config, keep: &[NotApplied]) -> Result<Config, Re
         };
         let before = old.get(top).cloned().unwrap_or(Value::Null);
         match (sub, merged.get_mut(top), &before) {
-            (Some(sub), Some(Value::Object(section)), Value::Object(b)) => {
-                section.insert(sub.to_owned(), b.get(sub).cloned().unwrap_or(Value::Null));
-            }
+            (Some(sub), Some(Value::Object(section)), Value::Object(b)) => match b.get(sub) {
+                Some(v) => {
+                    section.insert(sub.to_owned(), v.clone());
+                }
+                // Absent before (a `[pusher]` key written for the first time): absent again.
+                None => {
+                    section.remove(sub);
+                }
+            },
             _ => {
                 merged.insert(top.to_owned(), before);
             }

@@ -416,3 +416,71 @@ async fn the_admin_call_answers_what_was_applied_and_what_waits_for_a_restart() 
     let (status, _) = node.admin("GET", "/admin/api/reload").await;
     assert_eq!(status, 405);
 }
+
+/// `/app/{key}` on `addr`: the first frame's event (`pusher:connection_established` or
+/// `pusher:error`).
+async fn pusher_answer(addr: std::net::SocketAddr, key: &str) -> Value {
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("tcp connect");
+    let url = format!("ws://{addr}/app/{key}?protocol=7&client=raw&version=1");
+    let mut c = Client::open_on(Box::new(tcp), &url, &[])
+        .await
+        .expect("ws handshake");
+    c.next().await["event"].clone()
+}
+
+fn pusher_app(id: &str, key: &str) -> String {
+    format!(
+        "[[pusher.apps]]\nid = \"{id}\"\nkey = \"{key}\"\nsecret = \"{key}-secret-0123456789\"\n"
+    )
+}
+
+#[tokio::test]
+async fn pusher_apps_are_reloaded_all_or_nothing() {
+    let first = format!(
+        "{}{}",
+        config(false, FIRST_SECRET, ""),
+        pusher_app("1", "app-one")
+    );
+    let node = Reloadable::start(&first).await;
+    assert_eq!(
+        pusher_answer(node.addr, "app-one").await,
+        "pusher:connection_established"
+    );
+    assert_eq!(pusher_answer(node.addr, "app-two").await, "pusher:error");
+
+    // A second app, and another Pusher key that needs a restart.
+    let second = format!(
+        "{}[pusher]\nactivity_timeout_s = 30\n{}{}",
+        config(false, FIRST_SECRET, ""),
+        pusher_app("1", "app-one"),
+        pusher_app("2", "app-two")
+    );
+    node.rewrite(&second);
+    let (status, answer) = node.admin("POST", "/admin/api/reload").await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["applied"], json!(["pusher.apps"]), "{answer}");
+    assert_eq!(
+        answer["not_applied"][0]["key"], "pusher.activity_timeout_s",
+        "{answer}"
+    );
+    assert_eq!(
+        pusher_answer(node.addr, "app-two").await,
+        "pusher:connection_established"
+    );
+
+    // Two apps with one key: refused whole, both apps as they were.
+    node.rewrite(&format!(
+        "{}{}{}",
+        config(false, FIRST_SECRET, ""),
+        pusher_app("1", "app-one"),
+        pusher_app("3", "app-one")
+    ));
+    let (status, answer) = node.admin("POST", "/admin/api/reload").await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(
+        pusher_answer(node.addr, "app-two").await,
+        "pusher:connection_established"
+    );
+}
