@@ -26,6 +26,7 @@ pub(crate) const LAYERS: &[(&str, &[&str])] = &[
             "settings",
             "reload",
             "publishing",
+            "batch",
             "cluster",
             "otel",
             "lifecycle",

@@ -61,7 +61,8 @@
 //! Lowest first; a module uses its own layer or those below, never one above (`layers.rs`
 //! lists them and its tests fail on a use that points up, or a cycle within a layer):
 //! 1. foundations, which know no `App`: `response`, `guard`, `compression`, `tls`, `token`,
-//!    `brokers`, `jwks`, `proxy`, `settings`, `reload`, `publishing`, `cluster`, `lifecycle`;
+//!    `brokers`, `jwks`, `proxy`, `settings`, `reload`, `publishing`, `batch`, `cluster`, `otel`,
+//!    `lifecycle`;
 //! 2. `state`;
 //! 3. `engine`, `handshake`;
 //! 4. protocols and their handlers: `ws`, `pusher`, `uni`, `emulation`, `api`, `admin`,

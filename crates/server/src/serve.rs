@@ -177,7 +177,7 @@ pub async fn run(
         .map(|p| p as Arc<dyn herald_core::proxy::Proxy>);
     let config = Arc::new(config);
     let namespaces = Namespaces::from_config(&config);
-    batch_join_leave(&hub, &config);
+    batch_join_leave(&hub, &config, &namespaces);
     #[cfg(feature = "pusher")]
     let pusher = {
         let mut apps = crate::pusher::Apps::load(config.pusher.as_ref(), &namespaces, |k| {
@@ -335,8 +335,11 @@ pub async fn run(
 /// `join_leave_batch_ms`. Never a Pusher channel (`pusher:<app>:<name>`): pusher-js expects one
 /// `member_added` / `member_removed` per member, which the Pusher connection makes from single
 /// `join` / `leave` pushes.
-fn batch_join_leave(hub: &Hub, config: &Config) {
-    let namespaces = Namespaces::from_config(config);
+///
+/// The namespaces are the node's own (a reload that changes `join_leave_batch_ms` reaches the
+/// hub through them); whether any batches at all is decided at start-up.
+fn batch_join_leave(hub: &Hub, config: &Config, namespaces: &Namespaces) {
+    let namespaces = namespaces.clone();
     let any = std::iter::once(&config.default_namespace)
         .chain(&config.namespaces)
         .any(|ns| ns.join_leave_batch_ms > 0);

@@ -221,8 +221,12 @@ impl Session {
             sub_expires: HashMap::new(),
             proxied,
             proxied_subs: HashSet::new(),
-            meta,
-            grants: HashMap::new(),
+            hooked: meta.map(|meta| {
+                Box::new(Hooked {
+                    meta: Some(meta),
+                    grants: HashMap::new(),
+                })
+            }),
         });
 
         // Server-side channels from the token, then the client's own `subs`, in one reply.

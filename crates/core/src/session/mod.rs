@@ -74,10 +74,31 @@ struct Connected {
     proxied: bool,
     /// Subscriptions the subscribe hook granted with an expiry: the sub_refresh hook extends them.
     proxied_subs: HashSet<String>,
+    /// What the hooks' answers gave the connection; boxed, and only when there is any: most
+    /// connections have none, and every idle connection's task holds this struct.
+    hooked: Option<Box<Hooked>>,
+}
+
+/// What the proxy hooks' answers gave a connection.
+#[derive(Default)]
+struct Hooked {
     /// The connect hook's `meta`: sent with every later hook call, never to the client.
     meta: Option<Box<RawValue>>,
     /// Rights the backend listed for subscriptions (`allow`), by channel.
     grants: HashMap<String, permission::Grants>,
+}
+
+impl Connected {
+    fn hook_meta(&self) -> Option<&RawValue> {
+        self.hooked.as_ref().and_then(|h| h.meta.as_deref())
+    }
+
+    fn grants(&self, channel: &str) -> Option<permission::Grants> {
+        self.hooked
+            .as_ref()
+            .and_then(|h| h.grants.get(channel))
+            .copied()
+    }
 }
 
 impl Connected {
@@ -228,7 +249,7 @@ impl Session {
             channel,
             method,
             data,
-            conn_meta: conn.meta.as_deref(),
+            conn_meta: conn.hook_meta(),
         };
         let namespace = self.namespace_of(channel);
         let target = Target {
@@ -364,7 +385,7 @@ impl Session {
             subscribed: conn.channels.contains_key(channel),
             granted: conn.server_side.contains(channel),
             has_subscription_token: false,
-            grants: conn.grants.get(channel).copied(),
+            grants: conn.grants(channel),
         };
         let allowed = permission::decide(&ns, channel, &client, action)?;
         Ok((ns, allowed))

@@ -89,7 +89,10 @@ impl Session {
             .map_err(broker_error)?;
         conn.channels.insert(channel.to_owned(), ns);
         if let Some(grants) = options.grants() {
-            conn.grants.insert(channel.to_owned(), grants);
+            conn.hooked
+                .get_or_insert_default()
+                .grants
+                .insert(channel.to_owned(), grants);
         }
         let reply_data = options.data;
         if let (Some(at), false) = (expiry(token_exp).1, granted) {
@@ -217,7 +220,9 @@ impl Session {
         conn.server_side.remove(channel);
         conn.sub_expires.remove(channel);
         conn.proxied_subs.remove(channel);
-        conn.grants.remove(channel);
+        if let Some(h) = &mut conn.hooked {
+            h.grants.remove(channel);
+        }
         self.ctx.hub.unsubscribe(channel, conn.key).await;
         if ns.presence {
             self.ctx
