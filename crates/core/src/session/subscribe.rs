@@ -90,7 +90,7 @@ impl Session {
         conn.channels.insert(channel.to_owned(), ns);
         if let Some(grants) = options.grants() {
             conn.hooked
-                .get_or_insert_default()
+                .get_or_insert_with(Default::default)
                 .grants
                 .insert(channel.to_owned(), grants);
         }
