@@ -38,6 +38,9 @@ class Host implements SubscriptionHost {
   presence(): never {
     throw new Error('not used');
   }
+  presenceStats(): never {
+    throw new Error('not used');
+  }
   reportListenerError(_channel: string, error: unknown): void {
     throw error;
   }
