@@ -75,6 +75,14 @@ async fn coordinate(cli: Cli) -> Result<()> {
             "--centrifugo: idle, broadcast, jitter and storm over WebSocket only"
         );
     }
+    cli.params.plain_pusher().map_err(anyhow::Error::msg)?;
+    if cli.params.pusher_app.is_some() {
+        anyhow::ensure!(
+            matches!(cli.scenario, Scenario::Idle | Scenario::Broadcast)
+                && cli.params.transport == Transport::Ws,
+            "--pusher-app: idle and broadcast over WebSocket only (a plain Pusher server cannot recover)"
+        );
+    }
     let mut runs = Vec::new();
     let base_workers = cli.params.worker_count();
     let plan: Vec<usize> = if cli.self_check {

@@ -137,6 +137,16 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub pusher: bool,
+    /// With `--pusher`: a plain Pusher server (Sockudo, Soketi, or Herald's own Pusher endpoint
+    /// used as one), `APP_ID:KEY:SECRET`. Clients subscribe without Herald's catch-up extension,
+    /// `--prefix` names the Pusher channels as they are (`bench`), and publications go through the
+    /// signed trigger API (`POST /apps/{APP_ID}/events`, Pusher's HMAC-SHA256 signature) of the
+    /// `--api` nodes. Without offsets from the server, the k-th publication of a channel counts as
+    /// its offset k (its sequence number is in the payload), so the same accounting of lost,
+    /// duplicated and reordered deliveries holds. `idle` and `broadcast` only.
+    #[arg(long, requires = "pusher")]
+    #[serde(default)]
+    pub pusher_app: Option<String>,
     /// Speak Centrifugo's JSON client protocol and HTTP API (v5/v6) instead of Herald's, for a
     /// side-by-side run against a Centrifugo node (scripts/peers.sh, docs/bench/peers/): `--ws`
     /// URLs are `/connection/websocket` endpoints; clients connect anonymously and subscribe in one
@@ -171,6 +181,26 @@ pub struct Params {
 }
 
 impl Params {
+    /// `--pusher-app` split into its parts, or an error naming what is wrong.
+    pub fn plain_pusher(&self) -> Result<Option<PusherApp>, String> {
+        let Some(spec) = &self.pusher_app else {
+            return Ok(None);
+        };
+        let mut parts = spec.splitn(3, ':');
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(id), Some(key), Some(secret))
+                if !id.is_empty() && !key.is_empty() && !secret.is_empty() =>
+            {
+                Ok(Some(PusherApp {
+                    id: id.to_string(),
+                    key: key.to_string(),
+                    secret: secret.to_string(),
+                }))
+            }
+            _ => Err("--pusher-app: expected APP_ID:KEY:SECRET".into()),
+        }
+    }
+
     /// Worker count actually used.
     pub fn worker_count(&self) -> usize {
         if self.workers > 0 {
@@ -179,6 +209,17 @@ impl Params {
             self.connections.div_ceil(5000).max(2)
         }
     }
+}
+
+/// A Pusher app's credentials (`--pusher-app`).
+#[derive(Debug, Clone)]
+pub struct PusherApp {
+    /// App id, in the trigger path.
+    pub id: String,
+    /// App key, in the signed query.
+    pub key: String,
+    /// App secret, the HMAC key.
+    pub secret: String,
 }
 
 /// What one worker is responsible for; sent beside [`Params`].

@@ -124,13 +124,16 @@ pub async fn run(
         let all_channels = all_channels.clone();
         let mut clients: Vec<Client> = targets
             .iter()
-            .map(|t| match p.centrifugo {
-                true => Client::with_x_api_key(t.clone(), &p.api_key),
-                false => Client::new(t.clone(), Some(&p.api_key)),
+            .map(|t| match (p.centrifugo, p.pusher_app.is_some()) {
+                (true, _) => Client::with_x_api_key(t.clone(), &p.api_key),
+                // The trigger API is authenticated by its signed query alone.
+                (_, true) => Client::new(t.clone(), None),
+                _ => Client::new(t.clone(), Some(&p.api_key)),
             })
             .collect();
         let payload = p.payload;
-        let pusher = p.pusher;
+        let plain_pusher = p.plain_pusher().expect("validated before the run");
+        let pusher = p.pusher && plain_pusher.is_none();
         let centrifugo = p.centrifugo;
         lanes.push(tokio::spawn(async move {
             loop {
@@ -178,11 +181,24 @@ pub async fn run(
                     }
                 } else {
                     let (channel, node) = &channels[(job.seq % channels.len() as u64) as usize];
-                    let body = format!("{{\"channel\":\"{channel}\",\"data\":{data}}}");
                     let lane = *node % clients.len();
-                    let r = clients[lane]
-                        .request("POST", "/api/publish", Some(&body))
-                        .await;
+                    let r = match &plain_pusher {
+                        Some(app) => {
+                            let body = crate::wire::pusher_trigger_body(channel, &data);
+                            let path = crate::wire::pusher_trigger_path(
+                                app,
+                                &body,
+                                now_ns() / 1_000_000_000,
+                            );
+                            clients[lane].request("POST", &path, Some(&body)).await
+                        }
+                        None => {
+                            let body = format!("{{\"channel\":\"{channel}\",\"data\":{data}}}");
+                            clients[lane]
+                                .request("POST", "/api/publish", Some(&body))
+                                .await
+                        }
+                    };
                     let done = now_ns();
                     let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
                     s.api
@@ -192,7 +208,12 @@ pub async fn run(
                             s.ok += 1;
                             let v: serde_json::Value =
                                 serde_json::from_slice(&r.body).unwrap_or_default();
-                            if !centrifugo {
+                            if plain_pusher.is_some() {
+                                // A Pusher trigger answers `{}`: the offset is the
+                                // publication's number in its channel.
+                                let n = crate::wire::plain_offset(job.seq, channels.len());
+                                s.got(channel, &serde_json::json!({"epoch": "", "offset": n}));
+                            } else if !centrifugo {
                                 s.got(channel, &v);
                             } else {
                                 // Centrifugo answers its errors with HTTP 200 too.

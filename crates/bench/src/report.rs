@@ -59,6 +59,7 @@ pub fn table(r: &RunResult) -> String {
                 ""
             },
             match (p.pusher, p.centrifugo) {
+                (true, _) if p.pusher_app.is_some() => " protocol=pusher-plain",
                 (true, _) => " protocol=pusher",
                 (_, true) => " protocol=centrifugo",
                 _ => "",

@@ -42,12 +42,49 @@ pub fn pusher_channel(channel: &str) -> &str {
 }
 
 /// `pusher:subscribe` with the catch-up extension: positions, and `herald_since` after a drop.
-pub fn pusher_subscribe(channel: &str, since: Option<&Since>) -> String {
+/// Without `extension` (`--pusher-app`): the plain Pusher command.
+pub fn pusher_subscribe(channel: &str, since: Option<&Since>, extension: bool) -> String {
+    if !extension {
+        return serde_json::json!({"event": "pusher:subscribe", "data": {"channel": channel}})
+            .to_string();
+    }
     let mut data = serde_json::json!({"channel": channel, "herald_positions": true});
     if let Some(s) = since {
         data["herald_since"] = serde_json::json!({"epoch": s.epoch, "offset": s.offset});
     }
     serde_json::json!({"event": "pusher:subscribe", "data": data}).to_string()
+}
+
+/// `--pusher-app`: the body of a trigger (`POST /apps/{id}/events`) of event [`PUSHER_EVENT`]
+/// with our payload as its (string) data.
+pub fn pusher_trigger_body(channel: &str, data: &str) -> String {
+    serde_json::json!({"name": PUSHER_EVENT, "channel": channel, "data": data}).to_string()
+}
+
+/// `--pusher-app`: the path and signed query of a trigger with `body`, as Pusher's HTTP API
+/// authenticates it: HMAC-SHA256 under the app secret of `POST\n{path}\n{sorted query}`, the query
+/// carrying the body's MD5.
+pub fn pusher_trigger_path(app: &crate::params::PusherApp, body: &str, unix_s: u64) -> String {
+    use hmac::{Hmac, Mac};
+    use md5::{Digest, Md5};
+    let path = format!("/apps/{}/events", app.id);
+    let body_md5 = hex::encode(Md5::digest(body.as_bytes()));
+    let query = format!(
+        "auth_key={}&auth_timestamp={unix_s}&auth_version=1.0&body_md5={body_md5}",
+        app.key
+    );
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(app.secret.as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(format!("POST\n{path}\n{query}").as_bytes());
+    let sig = hex::encode(mac.finalize().into_bytes());
+    format!("{path}?{query}&auth_signature={sig}")
+}
+
+/// `--pusher-app`: the offset the k-th publication of a channel stands for. Publication `seq`
+/// goes to channel `seq mod channels` ([`crate::publisher`]), so a channel's publications are
+/// numbered 1, 2, 3, … by `seq / channels + 1`.
+pub fn plain_offset(seq: u64, channels: usize) -> u64 {
+    seq / channels.max(1) as u64 + 1
 }
 
 /// A Pusher message (`--pusher`): one per WebSocket message.
@@ -386,8 +423,35 @@ mod tests {
             epoch: "e".into(),
             offset: 2,
         };
-        assert!(pusher_subscribe("bench0", Some(&since))
+        assert!(pusher_subscribe("bench0", Some(&since), true)
             .contains(r#""herald_since":{"epoch":"e","offset":2}"#));
+    }
+
+    #[test]
+    fn trigger_signature_matches_pushers_worked_example() {
+        // The worked example of Pusher's HTTP API reference (authentication).
+        let app = crate::params::PusherApp {
+            id: "3".into(),
+            key: "278d425bdf160c739803".into(),
+            secret: "7ad3773142a6692b25b8".into(),
+        };
+        let body = r#"{"name":"foo","channels":["project-3"],"data":"{\"some\":\"data\"}"}"#;
+        assert_eq!(
+            pusher_trigger_path(&app, body, 1353088179),
+            "/apps/3/events?auth_key=278d425bdf160c739803&auth_timestamp=1353088179\
+             &auth_version=1.0&body_md5=ec365a775a4cd0599faeb73354201b6f\
+             &auth_signature=da454824c97ba181a32ccc17a72625ba02771f50b50e1e7430e47a1f3f457e6c"
+        );
+        let b: serde_json::Value =
+            serde_json::from_str(&pusher_trigger_body("bench3", r#"{"t":1}"#)).unwrap();
+        assert_eq!(b["data"], r#"{"t":1}"#);
+        assert_eq!(b["channel"], "bench3");
+        assert_eq!(
+            pusher_subscribe("bench3", None, false),
+            r#"{"data":{"channel":"bench3"},"event":"pusher:subscribe"}"#
+        );
+        // Channel 2 of 4 gets publications 2, 6, 10: offsets 1, 2, 3.
+        assert_eq!([2, 6, 10].map(|s| plain_offset(s, 4)), [1, 2, 3]);
     }
 
     #[test]

@@ -740,7 +740,8 @@ async fn connect_once(
             .is_some_and(|v| v.trim_start().starts_with("permessage-deflate"));
     ws.set_compression(compressed);
     if p.pusher {
-        let (ws, mut reply) = pusher_subscribe(ws, channel, since).await?;
+        let extension = p.pusher_app.is_none();
+        let (ws, mut reply) = pusher_subscribe(ws, channel, since, extension).await?;
         reply.compressed = compressed;
         return Ok((Conn::Ws(ws), reply));
     }
@@ -853,6 +854,7 @@ async fn pusher_subscribe(
     mut ws: Ws,
     channel: &str,
     since: Option<&Since>,
+    extension: bool,
 ) -> Result<(Ws, Reply), String> {
     let name = wire::pusher_channel(channel);
     let mut subscribed = false;
@@ -862,9 +864,11 @@ async fn pusher_subscribe(
             serde_json::from_str(&text).map_err(|e| format!("bad message: {e}"))?;
         match inc.event.as_ref() {
             "pusher:connection_established" if !subscribed => {
-                ws.send(Message::text(wire::pusher_subscribe(name, since)))
-                    .await
-                    .map_err(|e| format!("send subscribe: {e}"))?;
+                ws.send(Message::text(wire::pusher_subscribe(
+                    name, since, extension,
+                )))
+                .await
+                .map_err(|e| format!("send subscribe: {e}"))?;
                 subscribed = true;
             }
             "pusher_internal:subscription_succeeded" if inc.channel.as_deref() == Some(name) => {
@@ -1189,16 +1193,22 @@ fn on_pusher_message(
             if inc.channel.as_deref() != Some(channel) {
                 return false;
             }
-            let Some(offset) = inc.herald_offset else {
-                s.counters.parse_errors += 1;
-                return false;
+            let data = inc.payload();
+            // A plain Pusher server (`--pusher-app`) sends no offsets: the payload's
+            // sequence number stands for one.
+            let offset = match (inc.herald_offset, ctx.p.pusher_app.is_some()) {
+                (Some(o), _) => o,
+                (None, true) if data.t > 0 => wire::plain_offset(data.s, ctx.p.channels),
+                _ => {
+                    s.counters.parse_errors += 1;
+                    return false;
+                }
             };
             ctx.deliveries.fetch_add(1, Relaxed);
             match acct.on_pub(offset) {
                 Seen::Duplicate | Seen::Stale => {}
                 _ => {
                     ctx.unique.fetch_add(1, Relaxed);
-                    let data = inc.payload();
                     count_delivery(ctx, &mut s, now, data.t, data.s, data.t >= live_from);
                 }
             }
