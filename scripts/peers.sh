@@ -4,16 +4,19 @@
 # docs/bench/bench.toml. Never commit their sources or binaries.
 #
 #   scripts/peers.sh build centrifugo            # go install from the Go module proxy
+#   scripts/peers.sh build sockudo               # cargo install from crates.io (a long build)
 #   scripts/peers.sh start centrifugo --port N   # execs the server (herald-bench --server-cmd)
 #   scripts/peers.sh config centrifugo --port N  # print the configuration only
 #   scripts/peers.sh path centrifugo             # the binary's path
 #
-# Only Centrifugo for now: Sockudo (crates.io, 5.2.0) was not built, see the README.
+# Centrifugo (Centrifugo's own protocol: herald-bench --centrifugo) and Sockudo (the Pusher
+# protocol: herald-bench --pusher --pusher-app bench-app:bench-key:bench-secret --health-path /up).
 # Environment: PEERS_DIR (default ~/.cache/herald/peers), HERALD_API_KEY (default benchkey: the
 # same key herald-bench sends).
 set -euo pipefail
 
 CENTRIFUGO_VERSION=v6.9.1
+SOCKUDO_VERSION=5.2.0
 PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
 API_KEY=${HERALD_API_KEY:-benchkey}
 
@@ -25,6 +28,7 @@ usage() {
 bin_path() {
   case $1 in
     centrifugo) echo "$PEERS_DIR/centrifugo-$CENTRIFUGO_VERSION/centrifugo" ;;
+    sockudo) echo "$PEERS_DIR/sockudo-$SOCKUDO_VERSION/bin/sockudo" ;;
     *) usage ;;
   esac
 }
@@ -40,6 +44,14 @@ build() {
       CGO_ENABLED=0 GOBIN=$dir nice -n 19 go install -trimpath \
         -ldflags "-X github.com/centrifugal/centrifugo/v6/internal/build.Version=${CENTRIFUGO_VERSION#v}" \
         "github.com/centrifugal/centrifugo/v6@$CENTRIFUGO_VERSION"
+      ;;
+    sockudo)
+      # The published crate with its own lock file and release profile; its build directory
+      # stays outside the tree (tens of minutes on 2 cores, several GB).
+      dir=$PEERS_DIR/sockudo-$SOCKUDO_VERSION
+      mkdir -p "$dir"
+      CARGO_TARGET_DIR=${PEERS_BUILD_DIR:-$PEERS_DIR/build-sockudo} nice -n 19 \
+        cargo install sockudo --version "$SOCKUDO_VERSION" --locked --root "$dir"
       ;;
     *) usage ;;
   esac
@@ -85,6 +97,43 @@ centrifugo_config() {
 EOF
 }
 
+# Sockudo configuration matching docs/bench/pusher.toml's app (bench-app, bench-key,
+# bench-secret): one node, local adapter, in-memory app manager, cache and queue. Its rate limiter
+# is off: by default it admits 20 WebSocket connections a minute per address and 100 API requests
+# a minute, which Herald's bench configuration has no counterpart of. Metrics on port + 1000.
+# History and recovery stay at Sockudo's defaults: plain Pusher has neither, and the broadcast and
+# idle scenarios that `--pusher-app` runs do not use them.
+sockudo_config() {
+  local port=$1
+  cat <<EOF
+{
+  "host": "127.0.0.1",
+  "port": $port,
+  "debug": false,
+  "app_manager": {
+    "driver": "memory",
+    "array": {
+      "apps": [
+        {
+          "id": "bench-app",
+          "key": "bench-key",
+          "secret": "bench-secret",
+          "enabled": true,
+          "enable_client_messages": false,
+          "max_connections": 100000
+        }
+      ]
+    }
+  },
+  "adapter": { "driver": "local" },
+  "cache": { "driver": "memory" },
+  "queue": { "driver": "none" },
+  "rate_limiter": { "enabled": false },
+  "metrics": { "enabled": true, "host": "127.0.0.1", "port": $((port + 1000)) }
+}
+EOF
+}
+
 start() {
   local peer=$1 port=8000 conf bin
   shift
@@ -101,6 +150,10 @@ start() {
   case $peer in
     centrifugo)
       centrifugo_config "$port" >"$conf"
+      exec "$bin" --config "$conf"
+      ;;
+    sockudo)
+      sockudo_config "$port" >"$conf"
       exec "$bin" --config "$conf"
       ;;
   esac

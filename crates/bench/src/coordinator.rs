@@ -67,7 +67,8 @@ impl Servers {
             let child = s.spawn(i, p, "")?;
             s.pids.push(child.id().context("server exited at once")?);
             s.children.push(child);
-            crate::http::wait_healthy(api_url(p, i)?, Duration::from_secs(20)).await?;
+            crate::http::wait_healthy(api_url(p, i)?, &p.health_path, Duration::from_secs(20))
+                .await?;
         }
         Ok(s)
     }
@@ -122,13 +123,14 @@ impl Servers {
             // Until the old node has closed its listener, /health would still be its answer.
             let api = api_url(p, i)?;
             let deadline = Instant::now() + Duration::from_secs(20);
-            while crate::http::get(api, "/health").await.is_ok() && Instant::now() < deadline {
+            while crate::http::get(api, &p.health_path).await.is_ok() && Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             let fresh = loop {
                 let mut c = self.spawn(i, p, "-restarted")?;
                 // A replacement that exits at once lost the race for the port: try again.
-                let healthy = crate::http::wait_healthy(api, Duration::from_secs(20));
+                let healthy =
+                    crate::http::wait_healthy(api, &p.health_path, Duration::from_secs(20));
                 tokio::select! {
                     _ = c.wait() => {
                         anyhow::ensure!(Instant::now() < deadline, "the restarted server kept exiting");

@@ -209,20 +209,20 @@ pub async fn get(base: &str, path: &str) -> Result<Response> {
         .await
 }
 
-/// Polls `GET /health` until it answers 200 or `wait` passes.
+/// Polls `GET {path}` (`/health` on Herald) until it answers 200 or `wait` passes.
 ///
 /// # Errors
 /// The node never became healthy.
-pub async fn wait_healthy(base: &str, wait: Duration) -> Result<()> {
+pub async fn wait_healthy(base: &str, path: &str, wait: Duration) -> Result<()> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
-        if let Ok(r) = get(base, "/health").await {
+        if let Ok(r) = get(base, path).await {
             if r.status == 200 {
                 return Ok(());
             }
         }
         if tokio::time::Instant::now() > deadline {
-            bail!("{base}/health did not answer 200 within {wait:?}");
+            bail!("{base}{path} did not answer 200 within {wait:?}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -68,6 +68,10 @@ pub struct Params {
     /// HTTP API base URL(s); publications go round-robin (`rooms`: the room's home node).
     #[arg(long = "api", default_value = "http://127.0.0.1:8000")]
     pub api_urls: Vec<String>,
+    /// The path a `--server-cmd` node answers 200 on once it is up (Sockudo: `/up`).
+    #[arg(long, default_value = "/health")]
+    #[serde(default = "default_health_path")]
+    pub health_path: String,
     /// HTTP API key (`Authorization: Bearer …`).
     #[arg(long, env = "HERALD_API_KEY", default_value = "benchkey")]
     pub api_key: String,
@@ -209,6 +213,10 @@ impl Params {
             self.connections.div_ceil(5000).max(2)
         }
     }
+}
+
+fn default_health_path() -> String {
+    "/health".into()
 }
 
 /// A Pusher app's credentials (`--pusher-app`).

@@ -21,7 +21,7 @@ async fn health_through_a_private_ca() {
     let err = herald_bench::http::get(&url, "/health").await.unwrap_err();
     assert!(err.to_string().contains("--tls-ca"), "{err}");
     herald_bench::tls::trust(&node.ca_file, false).unwrap();
-    herald_bench::http::wait_healthy(&url, Duration::from_secs(5))
+    herald_bench::http::wait_healthy(&url, "/health", Duration::from_secs(5))
         .await
         .unwrap();
     let r = herald_bench::http::get(&url, "/health").await.unwrap();
