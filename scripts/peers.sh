@@ -47,11 +47,15 @@ build() {
       ;;
     sockudo)
       # The published crate with its own lock file and release profile; its build directory
-      # stays outside the tree (tens of minutes on 2 cores, several GB).
+      # stays outside the tree (tens of minutes on 2 cores, several GB). Its own CARGO_HOME:
+      # `cargo install` holds the package cache's lock for its whole build, which would stall
+      # every other cargo command on the machine for as long.
       dir=$PEERS_DIR/sockudo-$SOCKUDO_VERSION
       mkdir -p "$dir"
-      CARGO_TARGET_DIR=${PEERS_BUILD_DIR:-$PEERS_DIR/build-sockudo} nice -n 19 \
-        cargo install sockudo --version "$SOCKUDO_VERSION" --locked --root "$dir"
+      CARGO_HOME=$PEERS_DIR/cargo-home CARGO_TARGET_DIR=${PEERS_BUILD_DIR:-$PEERS_DIR/build-sockudo} \
+        RUSTUP_TOOLCHAIN=${RUSTUP_TOOLCHAIN:-stable} nice -n 19 \
+        "$(rustup which cargo 2>/dev/null || command -v cargo)" install sockudo \
+        --version "$SOCKUDO_VERSION" --locked --root "$dir"
       ;;
     *) usage ;;
   esac

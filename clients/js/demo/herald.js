@@ -191,6 +191,13 @@ function classify(value, text = "") {
     }
     return { type: "presence_batch", channel: b.channel, changes };
   }
+  if (isObject(value.presence_count)) {
+    const c = value.presence_count;
+    if (typeof c.channel !== "string" || typeof c.num_clients !== "number" || typeof c.num_users !== "number") {
+      return { type: "invalid", text, reason: "presence_count without channel, num_clients or num_users" };
+    }
+    return { type: "presence_count", channel: c.channel, numClients: c.num_clients, numUsers: c.num_users };
+  }
   if (isObject(value.skip)) {
     const k = value.skip;
     if (typeof k.channel !== "string" || typeof k.from !== "number" || typeof k.to !== "number" || k.from > k.to) {
@@ -822,6 +829,11 @@ var Subscription = class extends Emitter {
   _applyPresence(kind, info) {
     if (this._state !== "subscribed") return;
     this.emit(kind, { channel: this.channel, info });
+  }
+  /** @internal A `presence_count` push for this channel. */
+  _applyPresenceCount(ctx) {
+    if (this._state !== "subscribed") return;
+    this.emit("presenceCount", ctx);
   }
   /**
    * @internal → subscribing: the channel must be subscribed again from the position held (a hole,
@@ -1516,6 +1528,13 @@ var Herald = class extends Emitter {
           else if (this.serverSubs.has(msg.channel))
             this.emit(change.kind, { channel: msg.channel, info: change.info });
         }
+        return;
+      }
+      case "presence_count": {
+        const ctx = { channel: msg.channel, numClients: msg.numClients, numUsers: msg.numUsers };
+        const sub = this.subs.get(msg.channel);
+        if (sub) sub._applyPresenceCount(ctx);
+        else if (this.serverSubs.has(msg.channel)) this.emit("presenceCount", ctx);
         return;
       }
       case "subscribed": {

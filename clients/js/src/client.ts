@@ -697,6 +697,13 @@ export class Herald extends Emitter<HeraldEvents> {
         }
         return;
       }
+      case 'presence_count': {
+        const ctx = { channel: msg.channel, numClients: msg.numClients, numUsers: msg.numUsers };
+        const sub = this.subs.get(msg.channel);
+        if (sub) sub._applyPresenceCount(ctx);
+        else if (this.serverSubs.has(msg.channel)) this.emit('presenceCount', ctx);
+        return;
+      }
       case 'subscribed': {
         if (this.subs.has(msg.channel)) return; // ours already; the server would not do this
         this.serverSubs.add(msg.channel);

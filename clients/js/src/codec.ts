@@ -116,6 +116,8 @@ export type ServerMessage =
   | { type: 'leave'; channel: string; info: ClientInfo }
   /** Several joins and leaves of one channel, in order (a namespace's `join_leave_batch_ms`). */
   | { type: 'presence_batch'; channel: string; changes: PresenceChange[] }
+  /** A channel's presence counts (a namespace's `join_leave_counts`). */
+  | { type: 'presence_count'; channel: string; numClients: number; numUsers: number }
   | { type: 'unsub'; channel: string; code: number; reason: string }
   /** Publications from..to were left out by the namespace's backpressure policy. */
   | { type: 'skip'; channel: string; from: number; to: number }
@@ -217,6 +219,13 @@ export function classify(value: unknown, text = ''): ServerMessage {
       changes.push({ kind, info: (c as Record<string, unknown>)[kind] as ClientInfo });
     }
     return { type: 'presence_batch', channel: b.channel, changes };
+  }
+  if (isObject(value.presence_count)) {
+    const c = value.presence_count;
+    if (typeof c.channel !== 'string' || typeof c.num_clients !== 'number' || typeof c.num_users !== 'number') {
+      return { type: 'invalid', text, reason: 'presence_count without channel, num_clients or num_users' };
+    }
+    return { type: 'presence_count', channel: c.channel, numClients: c.num_clients, numUsers: c.num_users };
   }
   if (isObject(value.skip)) {
     const k = value.skip;

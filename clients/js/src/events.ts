@@ -34,12 +34,21 @@ export interface UnsubscribedContext {
   reason: string;
 }
 
+/** A channel's presence counts, pushed once per batch (a namespace's `join_leave_counts`). */
+export interface PresenceCountContext {
+  channel: string;
+  numClients: number;
+  numUsers: number;
+}
+
 /** Events of one channel, emitted by a `Subscription` and by the client for server-side ones. */
 export interface ChannelEvents<T = unknown> {
   /** Every publication, exactly once, in offset order. */
   publication: PublicationContext<T>;
   join: PresenceEventContext;
   leave: PresenceEventContext;
+  /** The channel's presence counts (namespaces with `join_leave_counts`, instead of join/leave). */
+  presenceCount: PresenceCountContext;
   /** The server left publications out (backpressure policy); the position moved past them. */
   skipped: SkippedContext;
   /** The subscription ended for good. */

@@ -21,6 +21,7 @@ export type {
 } from './subscription.js';
 export type {
   ChannelEvents,
+  PresenceCountContext,
   PresenceEventContext,
   PublicationContext,
   SkippedContext,

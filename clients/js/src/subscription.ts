@@ -20,7 +20,13 @@ import type {
 import { ClientCode } from './codes.js';
 import { Emitter } from './emitter.js';
 import { HeraldError } from './errors.js';
-import type { ChannelEvents, PresenceEventContext, PublicationContext, UnsubscribedContext } from './events.js';
+import type {
+  ChannelEvents,
+  PresenceCountContext,
+  PresenceEventContext,
+  PublicationContext,
+  UnsubscribedContext,
+} from './events.js';
 import { DeltaError, applyDeltaText } from './fossil.js';
 import { StreamTracker } from './recovery.js';
 
@@ -361,6 +367,12 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   _applyPresence(kind: 'join' | 'leave', info: ClientInfo): void {
     if (this._state !== 'subscribed') return;
     this.emit(kind, { channel: this.channel, info });
+  }
+
+  /** @internal A `presence_count` push for this channel. */
+  _applyPresenceCount(ctx: PresenceCountContext): void {
+    if (this._state !== 'subscribed') return;
+    this.emit('presenceCount', ctx);
   }
 
   /**

@@ -217,6 +217,12 @@ impl Config {
                     namespace: ns.name.clone(),
                 });
             }
+            if ns.join_leave_counts && !(ns.presence && ns.join_leave && ns.join_leave_batch_ms > 0)
+            {
+                return Err(ConfigError::JoinLeaveCounts {
+                    namespace: ns.name.clone(),
+                });
+            }
             if ns.publish_proxy
                 && self
                     .proxy
@@ -367,6 +373,10 @@ pub struct NamespaceConfig {
     /// Milliseconds over which a node collects a channel's joins and leaves before pushing them
     /// to its subscribers as one `presence_batch` push (0: one `join`/`leave` push each).
     pub join_leave_batch_ms: u64,
+    /// With `join_leave_batch_ms`: instead of the members who joined and left, each batch pushes
+    /// the channel's presence counts (`presence_count`), so that a channel of 100,000 members
+    /// costs each subscriber one small push per interval, not one entry per member.
+    pub join_leave_counts: bool,
     /// Clients may ask for delta compression of a subscription's publications
     /// (`subscribe` with `delta: "fossil"`); the node then keeps each channel's last
     /// publication and computes one delta per publication.
@@ -405,6 +415,7 @@ impl Default for NamespaceConfig {
             publish_proxy: false,
             backpressure: Backpressure::Disconnect,
             join_leave_batch_ms: 0,
+            join_leave_counts: false,
             allow_delta: false,
         }
     }
@@ -722,6 +733,14 @@ pub enum ConfigError {
         /// The namespace.
         namespace: String,
     },
+    /// Counts pushed per batch without the batches they count.
+    #[error(
+        "namespace {namespace:?}: join_leave_counts needs presence = true, join_leave = true and join_leave_batch_ms > 0"
+    )]
+    JoinLeaveCounts {
+        /// The namespace.
+        namespace: String,
+    },
     /// A `[[proxy.namespaces]]` entry that cannot be used.
     #[error("[[proxy.namespaces]] {namespace:?}: {source}")]
     NamespaceHooks {
@@ -861,6 +880,24 @@ mod tests {
             e.contains("\"crowd\"") && e.contains("at most 10000"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn join_leave_counts_need_the_batches_they_count() {
+        let mut c = Config::default();
+        c.namespaces.push(NamespaceConfig {
+            name: "crowd".into(),
+            join_leave_counts: true,
+            presence: true,
+            join_leave: true,
+            ..NamespaceConfig::default()
+        });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("join_leave_batch_ms > 0"), "{e}");
+        c.namespaces[0].join_leave_batch_ms = 100;
+        assert!(c.validate().is_ok());
+        c.namespaces[0].join_leave = false;
+        assert!(c.validate().is_err());
     }
 
     #[test]

@@ -171,6 +171,25 @@ pub fn push_presence_batch<'a>(
     keyed("presence_batch", &Batch { channel, changes })
 }
 
+/// `{"presence_count": {"channel": "c", "num_clients": N, "num_users": U}}`: a channel's presence
+/// counts, pushed once per batch in a namespace with `join_leave_counts`.
+pub fn push_presence_count(channel: &str, num_clients: u64, num_users: u64) -> Bytes {
+    #[derive(Serialize)]
+    struct Count<'a> {
+        channel: &'a str,
+        num_clients: u64,
+        num_users: u64,
+    }
+    keyed(
+        "presence_count",
+        &Count {
+            channel,
+            num_clients,
+            num_users,
+        },
+    )
+}
+
 /// `{"unsub": {"channel": "c", "code": C, "reason": "..."}}`.
 pub fn push_unsub(channel: &str, code: u16, reason: &str) -> Bytes {
     #[derive(Serialize)]

@@ -351,7 +351,10 @@ fn batch_join_leave(hub: &Hub, config: &Config, namespaces: &Namespaces) {
             return None;
         }
         let ns = namespaces.resolve(channel).ok()?;
-        Some(Duration::from_millis(ns.join_leave_batch_ms))
+        Some(herald_core::hub::JoinLeaveBatch {
+            interval: Duration::from_millis(ns.join_leave_batch_ms),
+            counts: ns.join_leave_counts,
+        })
     });
 }
 

@@ -232,6 +232,16 @@ async fn counts_and_pages_on_nats() {
 /// A node (`--dev`, node name `name`, on `broker_url` or in memory) with namespace `crowd`:
 /// presence, join/leave pushes batched every `batch_ms`. Keep the config file as long as the node.
 async fn crowd_node(name: &str, broker_url: Option<&str>, batch_ms: u64) -> (Node, ConfigFile) {
+    crowd_node_with(name, broker_url, batch_ms, "").await
+}
+
+/// [`crowd_node`] with `extra` lines in the `crowd` namespace.
+async fn crowd_node_with(
+    name: &str,
+    broker_url: Option<&str>,
+    batch_ms: u64,
+    extra: &str,
+) -> (Node, ConfigFile) {
     let broker = broker_url
         .map(|url| format!("broker_url = \"{url}\"\n"))
         .unwrap_or_default();
@@ -246,6 +256,7 @@ async fn crowd_node(name: &str, broker_url: Option<&str>, batch_ms: u64) -> (Nod
         presence = true
         join_leave = true
         join_leave_batch_ms = {batch_ms}
+        {extra}
         "#
         ),
     );
@@ -377,6 +388,65 @@ async fn join_leave_batched_on_three_redis_nodes() {
         cfgs.push(cfg);
     }
     batched_storm_on(&nodes, 120).await;
+}
+
+/// `join_leave_counts` on three Redis nodes: members joining on every node are pushed the
+/// channel's counts, never who joined; every member's last count is the whole crowd, within a
+/// few pushes per batch interval; after some leave, the counts follow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_leave_counts_on_three_redis_nodes() {
+    let redis = RedisServer::start();
+    let mut nodes = Vec::new();
+    let mut cfgs = Vec::new();
+    for name in ["c1", "c2", "c3"] {
+        let (node, cfg) =
+            crowd_node_with(name, Some(&redis.url()), 200, "join_leave_counts = true").await;
+        nodes.push(node);
+        cfgs.push(cfg);
+    }
+    let members = 30;
+    let started = Instant::now();
+    let mut crowd = Vec::new();
+    for n in 0..members {
+        crowd.push(member(&nodes[n % nodes.len()], &format!("m{n}"), "crowd:room").await);
+    }
+    let storm = started.elapsed();
+    // Read each member's pushes until its count is the whole crowd (and counts only).
+    async fn until_count(c: &mut Client, want: u64) -> usize {
+        let deadline = Instant::now() + SETTLE;
+        let mut pushes = 0;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let Some(msg) = c.next_within(left).await else {
+                panic!("no presence_count of {want} within {SETTLE:?} ({pushes} pushes)");
+            };
+            assert!(
+                msg.get("presence_batch").is_none() && msg.get("join").is_none(),
+                "a member list in a counts namespace: {msg}"
+            );
+            if let Some(count) = msg.get("presence_count") {
+                assert_eq!(count["channel"], "crowd:room", "{msg}");
+                pushes += 1;
+                if count["num_clients"] == json!(want) {
+                    assert_eq!(count["num_users"], json!(want), "{msg}");
+                    return pushes;
+                }
+            }
+        }
+    }
+    // At most one push per 200 ms batch and node, plus the batches still open.
+    let most = (storm.as_millis() as usize / 200 + 3) * nodes.len();
+    for c in crowd.iter_mut() {
+        let pushes = until_count(c, members as u64).await;
+        assert!(
+            pushes <= most,
+            "{pushes} count pushes over {storm:?} (at most {most})"
+        );
+    }
+    crowd.truncate(members / 2);
+    for c in crowd.iter_mut() {
+        until_count(c, (members / 2) as u64).await;
+    }
 }
 
 /// Without `join_leave_batch_ms` each join is its own push, as before.

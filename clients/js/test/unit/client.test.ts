@@ -552,6 +552,17 @@ describe('subscriptions and recovery', () => {
     expect(events).toEqual(['join:ann', 'join:bob', 'leave:ann']);
   });
 
+  it('turns a presence_count push into a presenceCount event', async () => {
+    const h = client();
+    const counts: number[] = [];
+    const sub = h.subscribe('crowd');
+    sub.on('presenceCount', (c) => counts.push(c.numClients, c.numUsers));
+    const s = await connected(h, { subs: { crowd: { epoch: 'A', offset: 0, recoverable: true } } });
+    s.push({ presence_count: { channel: 'crowd', num_clients: 20000, num_users: 19000 } });
+    s.push({ presence_count: { channel: 'elsewhere', num_clients: 1, num_users: 1 } });
+    expect(counts).toEqual([20000, 19000]);
+  });
+
   it('keeps delivering when an app callback throws', async () => {
     const h = client();
     const errors: string[] = [];

@@ -101,6 +101,13 @@ describe('classify', () => {
     });
     expect(classify({ presence_batch: { channel: 'c', changes: [{ moved: {} }] } })).toMatchObject({ type: 'invalid' });
     expect(classify({ presence_batch: { channel: 'c' } })).toMatchObject({ type: 'invalid' });
+    expect(classify({ presence_count: { channel: 'c', num_clients: 3, num_users: 2 } })).toEqual({
+      type: 'presence_count',
+      channel: 'c',
+      numClients: 3,
+      numUsers: 2,
+    });
+    expect(classify({ presence_count: { channel: 'c', num_clients: '3' } })).toMatchObject({ type: 'invalid' });
     expect(classify({ unsub: { channel: 'c', code: 4003, reason: 'insufficient state' } })).toEqual({
       type: 'unsub',
       channel: 'c',

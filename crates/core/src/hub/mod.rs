@@ -70,6 +70,7 @@ mod control;
 mod fanout;
 mod membership;
 mod presence_batch;
+pub use presence_batch::JoinLeaveBatch;
 mod subscriptions;
 mod tail;
 mod traced;

@@ -4,12 +4,16 @@
 //! so that a storm of N joins costs a subscriber about N / interval frames instead of N. Order
 //! is kept: the changes of one channel leave in the order they arrived.
 //!
+//! In a namespace with `join_leave_counts` as well, a batch pushes the channel's presence counts
+//! instead (`presence_count`, read from the broker once per batch and node), so that what a
+//! subscriber receives no longer grows with the number of members.
+//!
 //! The hub does not know namespaces: the node tells it which channels batch, and how long, with
 //! [`Hub::batch_join_leave`]. Without that call every change is pushed at once, as before.
 
 use std::sync::OnceLock;
 
-use herald_protocol::encode::push_presence_batch;
+use herald_protocol::encode::{push_presence_batch, push_presence_count};
 
 use super::*;
 
@@ -22,17 +26,29 @@ pub(super) const MAX_CHANGES_PER_PUSH: usize = 500;
 pub(super) struct PresenceBatches {
     interval_of: OnceLock<IntervalOf>,
     pending: Mutex<HashMap<String, Vec<(bool, ClientInfo)>>>,
+    /// `join_leave_counts`: per channel, the number of the newest count read so far and of the
+    /// newest pushed, so that a slow broker read never overtakes a newer one.
+    counts: Mutex<HashMap<String, (u64, u64)>>,
 }
 
-/// A channel's batching interval; `None` or zero: no batching.
-type IntervalOf = Box<dyn Fn(&str) -> Option<Duration> + Send + Sync>;
+/// How a channel's joins and leaves are batched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JoinLeaveBatch {
+    /// How long a batch collects; zero: no batching.
+    pub interval: Duration,
+    /// Push the channel's presence counts instead of the changes (`join_leave_counts`).
+    pub counts: bool,
+}
+
+/// A channel's batching; `None` or a zero interval: no batching.
+type IntervalOf = Box<dyn Fn(&str) -> Option<JoinLeaveBatch> + Send + Sync>;
 
 impl Hub {
     /// Batch the joins and leaves of the channels `interval_of` gives an interval for. Called
     /// once, before the node serves; later calls are ignored.
     pub fn batch_join_leave(
         &self,
-        interval_of: impl Fn(&str) -> Option<Duration> + Send + Sync + 'static,
+        interval_of: impl Fn(&str) -> Option<JoinLeaveBatch> + Send + Sync + 'static,
     ) {
         let _ = self
             .shared
@@ -44,12 +60,12 @@ impl Hub {
     /// A join or leave from the broker: pushed now, or queued for the channel's next batch.
     pub(super) fn on_presence_change(&self, channel: &str, joined: bool, who: ClientInfo) {
         let batches = &self.shared.presence_batches;
-        let interval = batches
+        let batch = batches
             .interval_of
             .get()
             .and_then(|of| of(channel))
-            .filter(|d| !d.is_zero());
-        let Some(interval) = interval else {
+            .filter(|b| !b.interval.is_zero());
+        let Some(JoinLeaveBatch { interval, counts }) = batch else {
             self.deliver_presence_change(channel, joined, &who);
             return;
         };
@@ -72,9 +88,57 @@ impl Hub {
             tokio::spawn(async move {
                 tokio::time::sleep(interval).await;
                 if let Some(shared) = weak.upgrade() {
-                    Hub { shared }.flush_presence_batch(&channel);
+                    let hub = Hub { shared };
+                    match counts {
+                        true => hub.flush_presence_counts(&channel).await,
+                        false => hub.flush_presence_batch(&channel),
+                    }
                 }
             });
+        }
+    }
+
+    /// `join_leave_counts`: drop the channel's waiting changes and push its presence counts, as
+    /// the broker has them now, to its live subscribers. A read that fails is logged and
+    /// skipped: the next change pushes counts again.
+    async fn flush_presence_counts(&self, channel: &str) {
+        let batches = &self.shared.presence_batches;
+        batches
+            .pending
+            .lock()
+            .expect("presence batch lock")
+            .remove(channel);
+        let ticket = {
+            let mut counts = batches.counts.lock().expect("presence counts lock");
+            let entry = counts.entry(channel.to_owned()).or_default();
+            entry.0 += 1;
+            entry.0
+        };
+        let stats = match self.shared.broker.presence_stats(channel).await {
+            Ok(stats) => stats,
+            Err(e) => {
+                tracing::warn!(channel, error = %e, "presence counts not read; pushed with the next change");
+                return;
+            }
+        };
+        let frame = push_presence_count(channel, stats.num_clients, stats.num_users);
+        let shard = self.shard(channel).lock().expect("hub lock");
+        let mut counts = batches.counts.lock().expect("presence counts lock");
+        let Some(ch) = shard.get(channel) else {
+            counts.remove(channel);
+            return;
+        };
+        let Some(entry) = counts.get_mut(channel) else {
+            return;
+        };
+        if ticket <= entry.1 {
+            return;
+        }
+        entry.1 = ticket;
+        for sub in ch.subscribers.values() {
+            if matches!(sub.mode, Mode::Live { .. }) {
+                sub.out.push(frame.clone());
+            }
         }
     }
 
