@@ -16,6 +16,7 @@ use redis::RedisError;
 
 use crate::config::RedisConfig;
 use crate::link::{self, Commands, Conn};
+use crate::masters::Masters;
 use crate::metrics::Metrics;
 use crate::names::{self, Names};
 use crate::presence::{self, LocalPresence};
@@ -42,6 +43,8 @@ pub(crate) struct Inner {
     /// when this node stops refreshing (crash).
     pub(crate) local_presence: LocalPresence,
     pub(crate) started: OnceLock<()>,
+    /// On a Cluster: the slot map and this node's connection to each master, for broadcasts.
+    pub(crate) masters: Masters,
 }
 
 impl RedisBroker {

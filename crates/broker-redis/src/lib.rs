@@ -27,6 +27,7 @@
 //! - `link`: command connections that fail fast and reconnect in the background.
 //! - `topology`: connecting to standalone shards, a Sentinel-managed master or a Cluster.
 //! - `publish`: the atomic publish script; presence changes and control messages.
+//! - `masters`: a broadcast on a Cluster, one pipeline per master.
 //! - `history`: the history script and its reply.
 //! - `presence`: presence entries, their expiry and this node's refresh.
 //! - `receive`: subscription connections, batching, resubscribe and catch-up after a loss
@@ -39,6 +40,7 @@ mod codec;
 pub mod config;
 mod history;
 mod link;
+mod masters;
 mod metrics;
 mod names;
 mod presence;

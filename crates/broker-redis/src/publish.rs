@@ -36,18 +36,32 @@ pub(crate) fn ms(d: Duration) -> u64 {
 const MAX_CHANNELS_PER_CALL: usize = 64;
 
 /// One channel of a script call: its name and options.
-type Entry<'a> = (&'a str, &'a PublishOptions);
+pub(crate) type Entry<'a> = (&'a str, &'a PublishOptions);
 
-/// A channel's eight arguments of the publish script, in its order.
-struct ChannelArgs<'a> {
-    pubsub: String,
-    candidate_epoch: String,
-    history_size: usize,
-    history_ttl_ms: u64,
-    meta_ttl_ms: u64,
-    floor_epoch: String,
-    floor_offset: u64,
-    traceparent: Option<&'a str>,
+/// The index of the server identity in the publish script's `ARGV` (`ARGV[6]`).
+pub(crate) const IDENTITY_ARG: usize = 5;
+
+/// The `KEYS` and `ARGV` of one publish script call.
+pub(crate) struct ScriptArgs {
+    pub(crate) keys: Vec<String>,
+    pub(crate) argv: Vec<Vec<u8>>,
+}
+
+/// One script call of a broadcast: the slot (Cluster) or shard it goes to, and the indices of
+/// its targets.
+pub(crate) struct Call<'t> {
+    pub(crate) place: usize,
+    pub(crate) chunk: &'t [usize],
+}
+
+impl Call<'_> {
+    /// The call's channels and options.
+    pub(crate) fn entries<'a>(&self, targets: &'a [PublishTarget]) -> Vec<Entry<'a>> {
+        self.chunk
+            .iter()
+            .map(|&i| (targets[i].channel.as_str(), &targets[i].opts))
+            .collect()
+    }
 }
 
 impl Inner {
@@ -69,7 +83,9 @@ impl Inner {
 
     /// Publish to several channels: one script call per slot (Cluster) or shard (standalone) and
     /// idempotency (with a key or without), of at most [`MAX_CHANNELS_PER_CALL`] channels, the
-    /// calls concurrent. Results in `targets`' order.
+    /// calls concurrent. On a Cluster the calls for one master go out as one pipeline
+    /// (`crate::masters`), so a broadcast costs a round trip per master, not per slot. Results in
+    /// `targets`' order.
     pub(crate) async fn publish_many(
         &self,
         targets: &[PublishTarget],
@@ -91,23 +107,30 @@ impl Inner {
             let keyed = t.opts.idempotency_key.is_some();
             groups.entry((place, keyed)).or_default().push(i);
         }
-        let (data, info_json) = (&data, &info_json);
-        let calls = groups.iter().flat_map(|(&(place, _), indices)| {
-            let shard = if self.cluster { 0 } else { place };
-            indices.chunks(MAX_CHANNELS_PER_CALL).map(move |chunk| {
-                let entries: Vec<Entry> = chunk
-                    .iter()
-                    .map(|&i| (targets[i].channel.as_str(), &targets[i].opts))
-                    .collect();
-                async move {
-                    let result = self.publish_call(shard, &entries, data, info_json).await;
-                    (chunk, result)
-                }
+        let calls: Vec<Call> = groups
+            .iter()
+            .flat_map(|(&(place, _), indices)| {
+                indices
+                    .chunks(MAX_CHANNELS_PER_CALL)
+                    .map(move |chunk| Call { place, chunk })
             })
-        });
+            .collect();
+        let (data, info_json) = (&data, &info_json);
+        let done = if self.cluster && calls.len() > 1 {
+            self.publish_by_master(targets, calls, data, info_json)
+                .await
+        } else {
+            let each = calls.into_iter().map(|call| async move {
+                let entries = call.entries(targets);
+                let shard = if self.cluster { 0 } else { call.place };
+                let result = self.publish_call(shard, &entries, data, info_json).await;
+                (call.chunk, result)
+            });
+            join_all(each).await
+        };
         let mut results: Vec<Option<Result<StreamPosition, BrokerError>>> =
             targets.iter().map(|_| None).collect();
-        for (chunk, result) in join_all(calls).await {
+        for (chunk, result) in done {
             match result {
                 Ok(positions) => {
                     for (&i, position) in chunk.iter().zip(positions) {
@@ -127,18 +150,24 @@ impl Inner {
             .collect()
     }
 
-    /// One script call publishing `data` to `entries` (all on `shard`, and on one slot on a
-    /// Cluster; all with an idempotency key or all without): their positions in order.
-    async fn publish_call(
+    /// The keys and arguments of one publish script call for `entries` (all on one shard, and on
+    /// one slot on a Cluster; all with an idempotency key or all without). The server identity
+    /// (`ARGV[6]`, at [`IDENTITY_ARG`]) is left empty: the connection that runs the call sets it.
+    pub(crate) fn publish_args(
         &self,
-        shard: usize,
         entries: &[Entry<'_>],
         data: &Bytes,
         info_json: &[u8],
-    ) -> Result<Vec<StreamPosition>, BrokerError> {
+    ) -> ScriptArgs {
         let keyed = entries[0].1.idempotency_key.is_some();
         let mut keys = Vec::with_capacity(entries.len() * 3);
-        let mut args = Vec::with_capacity(entries.len());
+        let mut argv: Vec<Vec<u8>> = Vec::with_capacity(6 + entries.len() * 8);
+        argv.push(self.publish_command().as_bytes().to_vec());
+        argv.push(info_json.to_vec());
+        argv.push(data.to_vec());
+        argv.push(IDEMPOTENCY_TTL_S.to_string().into_bytes());
+        argv.push(if keyed { b"3".to_vec() } else { b"2".to_vec() });
+        argv.push(Vec::new()); // the identity, at IDENTITY_ARG
         for (channel, opts) in entries {
             let k = self.names.channel(channel);
             keys.push(k.meta);
@@ -148,50 +177,33 @@ impl Inner {
             }
             let s = &opts.stream;
             let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
-            args.push(ChannelArgs {
-                pubsub: k.pubsub,
-                candidate_epoch: new_epoch(),
-                history_size: s.history_size,
-                history_ttl_ms: ms(s.history_ttl),
-                meta_ttl_ms: ms(s.meta_ttl),
-                floor_epoch,
-                floor_offset,
-                // A space would split the message's fields: such a value is not a traceparent.
-                traceparent: opts.traceparent.as_deref().filter(|tp| !tp.contains(' ')),
-            });
+            argv.push(k.pubsub.into_bytes());
+            argv.push(new_epoch().into_bytes());
+            argv.push(s.history_size.to_string().into_bytes());
+            argv.push(ms(s.history_ttl).to_string().into_bytes());
+            argv.push(ms(s.meta_ttl).to_string().into_bytes());
+            argv.push(floor_epoch.into_bytes());
+            argv.push(floor_offset.to_string().into_bytes());
+            // The message's first field: only a traced publication pays for more. A space would
+            // split the message's fields: such a value is not a traceparent.
+            argv.push(
+                match opts.traceparent.as_deref().filter(|tp| !tp.contains(' ')) {
+                    None => b"p".to_vec(),
+                    Some(tp) => format!("p,{tp}").into_bytes(),
+                },
+            );
         }
-        let command = self.publish_command();
-        let result = self
-            .run(shard, |mut c| async move {
-                let identity = self.identity(&c);
-                let mut inv = scripts::PUBLISH.prepare_invoke();
-                for key in &keys {
-                    inv.key(key);
-                }
-                inv.arg(command)
-                    .arg(info_json)
-                    .arg(&data[..])
-                    .arg(IDEMPOTENCY_TTL_S)
-                    .arg(if keyed { 3 } else { 2 })
-                    .arg(&*identity);
-                for a in &args {
-                    inv.arg(&a.pubsub)
-                        .arg(&a.candidate_epoch)
-                        .arg(a.history_size)
-                        .arg(a.history_ttl_ms)
-                        .arg(a.meta_ttl_ms)
-                        .arg(&a.floor_epoch)
-                        .arg(a.floor_offset);
-                    // The message's first field: only a traced publication pays for more.
-                    match a.traceparent {
-                        None => inv.arg("p"),
-                        Some(tp) => inv.arg(format!("p,{tp}")),
-                    };
-                }
-                inv.invoke_async::<Vec<(String, u64, u8)>>(&mut c).await
-            })
-            .await;
-        let stored = match result {
+        ScriptArgs { keys, argv }
+    }
+
+    /// The positions a publish script call answered for `entries`, noted in the watermarks and
+    /// metrics; or why there are none.
+    pub(crate) fn stored_positions(
+        &self,
+        entries: &[Entry<'_>],
+        answer: Result<Vec<(String, u64, u8)>, BrokerError>,
+    ) -> Result<Vec<StreamPosition>, BrokerError> {
+        let stored = match answer {
             Ok(stored) if stored.len() == entries.len() => stored,
             Ok(stored) => {
                 self.metrics.publish_errors.inc_by(entries.len() as u64);
@@ -215,6 +227,32 @@ impl Inner {
             positions.push(StreamPosition { epoch, offset });
         }
         Ok(positions)
+    }
+
+    /// One script call publishing `data` to `entries` (all on `shard`, and on one slot on a
+    /// Cluster; all with an idempotency key or all without): their positions in order.
+    pub(crate) async fn publish_call(
+        &self,
+        shard: usize,
+        entries: &[Entry<'_>],
+        data: &Bytes,
+        info_json: &[u8],
+    ) -> Result<Vec<StreamPosition>, BrokerError> {
+        let ScriptArgs { keys, mut argv } = self.publish_args(entries, data, info_json);
+        let answer = self
+            .run(shard, |mut c| async move {
+                argv[IDENTITY_ARG] = self.identity(&c).as_bytes().to_vec();
+                let mut inv = scripts::PUBLISH.prepare_invoke();
+                for key in &keys {
+                    inv.key(key);
+                }
+                for a in &argv {
+                    inv.arg(&a[..]);
+                }
+                inv.invoke_async::<Vec<(String, u64, u8)>>(&mut c).await
+            })
+            .await;
+        self.stored_positions(entries, answer)
     }
 
     /// A join or leave, on the channel's pub/sub channel (not stored).

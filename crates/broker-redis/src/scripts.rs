@@ -32,9 +32,11 @@ use redis::Script;
 /// when its top is below the node's watermark in the same epoch (see
 /// `herald_broker::watermark`). One call for several channels saves Redis the per-command part
 /// of each (about a quarter of a publish's time there).
-pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+pub(crate) static PUBLISH: LazyLock<Script> = LazyLock::new(|| Script::new(PUBLISH_SOURCE));
+
+/// The source of [`PUBLISH`]: loaded with `SCRIPT LOAD` on each master connection of a Cluster
+/// broadcast (`crate::masters`), whose pipelined calls use `EVALSHA` without a fallback.
+pub(crate) const PUBLISH_SOURCE: &str = r#"
 local command, info, data, idem_ttl, stride = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local ident = ARGV[6]
 if ident == '*' then
@@ -95,9 +97,7 @@ for n = 0, #KEYS / stride - 1 do
   out[#out + 1] = duplicate
 end
 return out
-"#,
-    )
-});
+"#;
 
 /// Read a stream's position and publications. `KEYS`: meta, history. `ARGV`: candidate epoch
 /// (used when the stream does not exist: a read creates it, so that a subscriber and a later

@@ -12,6 +12,7 @@ use redis::{AsyncConnectionConfig, ProtocolVersion};
 use crate::broker::Inner;
 use crate::config::{RedisConfig, Topology};
 use crate::link::{self, Commands, Connector, Link, Probe};
+use crate::masters::Masters;
 use crate::metrics::Metrics;
 use crate::names::Names;
 use crate::receive::{self, Backend, Dispatch, Subscriber};
@@ -39,6 +40,7 @@ pub(crate) async fn connect(cfg: RedisConfig, node: &str) -> Result<Inner, Broke
             })
             .collect::<String>()
     );
+    let mut masters = Masters::default();
     let (cluster, commands, subscribers) = match topology {
         Topology::Standalone(urls) => {
             let mut links = Vec::new();
@@ -67,6 +69,14 @@ pub(crate) async fn connect(cfg: RedisConfig, node: &str) -> Result<Inner, Broke
             (false, Commands::Shards(vec![link]), vec![subscriber])
         }
         Topology::Cluster(seeds) => {
+            let first = seeds.first().map(String::as_str).unwrap_or_default();
+            let settings = link::connection_info(first, &cfg, ProtocolVersion::RESP2)?
+                .redis_settings()
+                .clone();
+            masters = Masters::new(
+                cfg.tls || seeds.iter().any(|s| s.starts_with("rediss://")),
+                settings,
+            );
             let cmd = cluster_builder(&seeds, &cfg)?
                 .build()
                 .map_err(config_error)?
@@ -109,6 +119,7 @@ pub(crate) async fn connect(cfg: RedisConfig, node: &str) -> Result<Inner, Broke
         metrics,
         local_presence: Mutex::new(HashMap::new()),
         started: OnceLock::new(),
+        masters,
     })
 }
 
