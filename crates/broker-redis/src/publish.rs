@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use herald_broker::{new_epoch, BrokerError, ControlMessage, PublishOptions, PublishTarget};
+use herald_protocol::tags::Tags;
 use herald_protocol::{ClientInfo, StreamPosition};
 
 use crate::broker::Inner;
@@ -16,15 +17,6 @@ use crate::{codec, names, scripts};
 /// How long an idempotency key is remembered (as in the memory broker).
 const IDEMPOTENCY_TTL_S: u64 = 300;
 
-/// A publisher's info as the script stores it: JSON, or empty for none.
-fn info_json(info: Option<&ClientInfo>) -> Result<Vec<u8>, BrokerError> {
-    match info {
-        Some(i) => {
-            serde_json::to_vec(i).map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))
-        }
-        None => Ok(Vec::new()),
-    }
-}
 
 /// Milliseconds for a script argument: at least 1, so a zero TTL never means "forever".
 pub(crate) fn ms(d: Duration) -> u64 {
@@ -59,10 +51,9 @@ impl Inner {
         info: Option<ClientInfo>,
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
-        let info_json = info_json(info.as_ref())?;
         let shard = self.shard(channel);
         let mut positions = self
-            .publish_call(shard, &[(channel, opts)], &data, &info_json)
+            .publish_call(shard, &[(channel, opts)], &data, info.as_ref())
             .await?;
         Ok(positions.remove(0))
     }
@@ -76,12 +67,9 @@ impl Inner {
         data: Bytes,
         info: Option<ClientInfo>,
     ) -> Vec<Result<StreamPosition, BrokerError>> {
-        let info_json = match info_json(info.as_ref()) {
-            Ok(json) => json,
-            Err(e) => return targets.iter().map(|_| Err(e.clone())).collect(),
-        };
-        // Group the targets' indices by where one call may take them.
-        let mut groups: HashMap<(usize, bool), Vec<usize>> = HashMap::new();
+        // Group the targets' indices by where one call may take them (a call stores one info
+        // and tags for all its channels: a broadcast's are the same for every channel).
+        let mut groups: HashMap<(usize, bool, &Tags), Vec<usize>> = HashMap::new();
         for (i, t) in targets.iter().enumerate() {
             let place = if self.cluster {
                 usize::from(names::slot(&self.names.pubsub(&t.channel)))
@@ -89,10 +77,13 @@ impl Inner {
                 self.shard(&t.channel)
             };
             let keyed = t.opts.idempotency_key.is_some();
-            groups.entry((place, keyed)).or_default().push(i);
+            groups
+                .entry((place, keyed, &t.opts.tags))
+                .or_default()
+                .push(i);
         }
-        let (data, info_json) = (&data, &info_json);
-        let calls = groups.iter().flat_map(|(&(place, _), indices)| {
+        let (data, info) = (&data, info.as_ref());
+        let calls = groups.iter().flat_map(|(&(place, _, _), indices)| {
             let shard = if self.cluster { 0 } else { place };
             indices.chunks(MAX_CHANNELS_PER_CALL).map(move |chunk| {
                 let entries: Vec<Entry> = chunk
@@ -100,7 +91,7 @@ impl Inner {
                     .map(|&i| (targets[i].channel.as_str(), &targets[i].opts))
                     .collect();
                 async move {
-                    let result = self.publish_call(shard, &entries, data, info_json).await;
+                    let result = self.publish_call(shard, &entries, data, info).await;
                     (chunk, result)
                 }
             })
@@ -128,14 +119,17 @@ impl Inner {
     }
 
     /// One script call publishing `data` to `entries` (all on `shard`, and on one slot on a
-    /// Cluster; all with an idempotency key or all without): their positions in order.
+    /// Cluster; all with an idempotency key or all without; all with the same tags): their
+    /// positions in order.
     async fn publish_call(
         &self,
         shard: usize,
         entries: &[Entry<'_>],
         data: &Bytes,
-        info_json: &[u8],
+        info: Option<&ClientInfo>,
     ) -> Result<Vec<StreamPosition>, BrokerError> {
+        // The script stores and sends this slot as it is (see `codec`).
+        let info_json = herald_broker::meta::encode_meta(info, &entries[0].1.tags);
         let keyed = entries[0].1.idempotency_key.is_some();
         let mut keys = Vec::with_capacity(entries.len() * 3);
         let mut args = Vec::with_capacity(entries.len());

@@ -89,6 +89,7 @@ pub fn opts(size: usize) -> PublishOptions {
         },
         idempotency_key: None,
         traceparent: None,
+        tags: Default::default(),
     }
 }
 

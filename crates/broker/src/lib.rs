@@ -8,6 +8,7 @@
 //! # Layout
 //! - [`Broker`] and [`BrokerHandler`]: the trait a broker implements and the callbacks it calls.
 //! - [`memory`]: the in-memory broker (single node).
+//! - [`meta`]: a publication's info and tags in one byte string, for brokers that carry them so.
 //! - [`conformance`]: one test suite, written against the trait, that every broker runs.
 //! - [`backoff`]: retry pacing (doubling delays with jitter) for every retry loop.
 //! - [`watermark`]: the newest position a node saw per channel, to catch a broker that rolled back.
@@ -16,6 +17,7 @@
 pub mod backoff;
 pub mod conformance;
 pub mod memory;
+pub mod meta;
 pub mod redact;
 pub mod watermark;
 
@@ -346,6 +348,8 @@ pub struct PublishOptions {
     /// node ([`BrokerHandler::on_traced_publication`]) so their fan-out spans join the trace.
     /// `None` unless tracing sampled this publication: nothing extra goes on the wire.
     pub traceparent: Option<String>,
+    /// The publication's tags, stored and delivered with it (empty: none).
+    pub tags: herald_protocol::tags::Tags,
 }
 
 /// One channel of [`Broker::publish_many`], with how its stream is kept.

@@ -202,6 +202,7 @@ impl Broker for MemoryBroker {
             offset: stream.top,
             data,
             info,
+            tags: opts.tags.clone(),
         };
         if let Some(key) = &opts.idempotency_key {
             stream.recent_keys.insert(key.clone(), (stream.top, now));
@@ -393,6 +394,7 @@ mod tests {
                 offset: o,
                 data: Bytes::from_static(b"1"),
                 info: None,
+                tags: Default::default(),
             };
             s.entries.push_back((p, now));
         }
@@ -492,6 +494,7 @@ mod tests {
             stream: opts.clone(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
         };
         broker
             .publish("busy", Bytes::from_static(b"1"), None, &publish)

@@ -216,6 +216,7 @@ async fn api_publish(
         stream: ns.stream_options(),
         idempotency_key: Some(key),
         traceparent: None,
+        tags: Default::default(),
     };
     ctx.hub
         .publish(channel, data, None, &opts)

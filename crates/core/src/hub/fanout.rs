@@ -91,7 +91,9 @@ impl Hub {
         for sub in ch.subscribers.values_mut() {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
-                Mode::Live { skip_until } if p.offset > *skip_until => {
+                // A subscriber whose tag filter refuses it does not get it (its client's position
+                // moves on with the next publication it does get: see docs/protocol.md).
+                Mode::Live { skip_until } if p.offset > *skip_until && passes(&sub.filter, &p) => {
                     let (frame, full) = match &sub.delta {
                         Some(d) => delta_frames.for_subscriber(d.holds),
                         None => (frame.clone(), None),
@@ -271,6 +273,11 @@ impl Hub {
             }
         }
     }
+}
+
+/// Whether a subscriber with `filter` (none: every publication) gets `p`.
+pub(super) fn passes(filter: &Option<Box<TagFilter>>, p: &Publication) -> bool {
+    filter.as_ref().is_none_or(|f| f.matches(&p.tags))
 }
 
 /// Offsets skipped: catch up from history first.

@@ -136,6 +136,7 @@ async fn publish(hub: &Hub, channel: &str, n: u64) {
             stream: ns().stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
         };
         hub.broker()
             .publish(channel, Bytes::from(i.to_string()), None, &opts)
@@ -232,6 +233,7 @@ fn publication(offset: u64) -> Publication {
         offset,
         data: Bytes::from(offset.to_string()),
         info: None,
+        tags: Default::default(),
     }
 }
 
@@ -447,6 +449,7 @@ async fn duplicates_are_dropped() {
         offset: 2,
         data: Bytes::from_static(b"x"),
         info: None,
+        tags: Default::default(),
     };
     hub.deliver("ch", &pos.epoch, p);
     assert_eq!(offsets(&out), vec![1, 2]);

@@ -36,6 +36,7 @@ impl Session {
             stream: ns.stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
         };
         let position = self
             .ctx

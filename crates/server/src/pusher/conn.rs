@@ -730,6 +730,7 @@ impl PusherConn {
             stream: self.ctx.namespace(channel).stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
         };
         if let Some(hooks) = self.ctx.webhooks() {
             // Pusher's webhook carries the data as a string.
