@@ -38,6 +38,7 @@ export type {
   RpcResult,
   StreamPosition,
   SubscribeResult,
+  TagFilter,
 } from './codec.js';
 export { ClientCode, CloseCode, ErrorCode, UnsubCode } from './codes.js';
 export { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';

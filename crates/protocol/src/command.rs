@@ -256,6 +256,9 @@ pub struct PublishParams {
     pub channel: String,
     /// Any JSON value, kept as raw text.
     pub data: Box<RawValue>,
+    /// The publication's tags, which subscribers' tag filters select on.
+    #[serde(default)]
+    pub tags: crate::tags::Tags,
 }
 
 /// `history` params.

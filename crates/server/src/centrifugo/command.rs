@@ -13,8 +13,8 @@
 //!   stream is kept in order (recovery is all or nothing over offsets).
 //! - `delta`: accepted; subscribers get the whole data (Herald has no delta compression), which
 //!   is what a Centrifugo client that did not negotiate deltas gets too.
-//! - `tags`, `version`, `version_epoch` set: error 107 (Herald publications carry no tags, and
-//!   do not drop stale versions).
+//! - `tags`: carried with the publication, within Herald's bounds (docs/protocol.md, "Tags").
+//! - `version`, `version_epoch` set: error 107 (Herald does not drop stale versions).
 
 use bytes::Bytes;
 use herald_broker::ControlMessage;
@@ -24,11 +24,12 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::fields::Fields;
-use crate::publishing::{check_idempotency_key, data_or_b64, Command, PublishError};
+use crate::publishing::{check_idempotency_key, check_tags, data_or_b64, Command, PublishError};
+use herald_protocol::tags::Tags;
 
 /// Centrifugo's fields of `publish` and `broadcast` that Herald does not honour, accepted
-/// only at their zero value (`tags` `{}`, `version` 0, `version_epoch` "").
-const UNSUPPORTED: &[&str] = &["tags", "version", "version_epoch"];
+/// only at their zero value (`version` 0, `version_epoch` "").
+const UNSUPPORTED: &[&str] = &["version", "version_epoch"];
 
 /// The command for Centrifugo `method` (`publish` or `broadcast`) with `payload`, its request
 /// body; `namespaces` decide where `skip_history` is allowed. Herald's own bodies are decoded
@@ -60,6 +61,8 @@ pub fn decode(
     if let Some(key) = &idempotency_key {
         check_idempotency_key(key)?;
     }
+    let tags: Tags = f.take("tags")?.unwrap_or_default();
+    check_tags(&tags)?;
     let skip_history = f.take::<bool>("skip_history")?.unwrap_or(false);
     let _delta = f.take::<bool>("delta")?;
     f.finish(UNSUPPORTED)?;
@@ -85,12 +88,14 @@ pub fn decode(
             channels,
             data,
             idempotency_key,
+            tags,
         }
     } else {
         Command::Publish {
             channel: channels.into_iter().next().expect("one channel"),
             data,
             idempotency_key,
+            tags,
         }
     })
 }
@@ -251,6 +256,7 @@ mod tests {
                 channel,
                 data,
                 idempotency_key,
+                ..
             } => (
                 std::slice::from_ref(channel),
                 String::from_utf8(data.to_vec()).unwrap(),
@@ -260,6 +266,7 @@ mod tests {
                 channels,
                 data,
                 idempotency_key,
+                ..
             } => (
                 channels,
                 String::from_utf8(data.to_vec()).unwrap(),
@@ -311,9 +318,11 @@ mod tests {
     fn what_herald_cannot_honour_is_refused_by_name() {
         let ns = namespaces();
         let err = |m: &str, b: &str| decode(m, b.as_bytes(), &ns).unwrap_err();
-        let e = err("publish", r#"{"channel":"a","data":1,"tags":{"k":"v"}}"#);
+        let e = err("publish", r#"{"channel":"a","data":1,"tags":{"":"v"}}"#);
         assert_eq!(e.error_code(), ErrorCode::BadRequest);
-        assert!(e.message().contains("\"tags\" is not supported"), "{e}");
+        assert!(e.message().contains("tags: a key"), "{e}");
+        let e = err("publish", r#"{"channel":"a","data":1,"tags":{"k":1}}"#);
+        assert!(e.message().contains("\"tags\""), "{e}");
         let e = err("publish", r#"{"channel":"a","data":1,"skip_history":true}"#);
         assert!(e.message().contains("skip_history"), "{e}");
         let e = err("publish", r#"{"channel":"a","b64data":"AAEC"}"#);

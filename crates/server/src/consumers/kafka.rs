@@ -722,6 +722,7 @@ mod tests {
                 channels,
                 data,
                 idempotency_key,
+                ..
             }) => {
                 assert_eq!(channels, ["a", "b"]);
                 assert_eq!(&data[..], br#"{"x":1}"#);
