@@ -43,6 +43,9 @@ pub(crate) const INFO_LEN: &str = "Herald-Info";
 pub(crate) const COUNT: &str = "Herald-Count";
 pub(crate) const SIZES: &str = "Herald-Sizes";
 pub(crate) const PRESENCE: &str = "Herald-Presence";
+/// Marks a publication kept out of history (`skip_history`): sent on the delivery subject only,
+/// never stored, delivered with offset 0.
+pub(crate) const UNSTORED: &str = "Herald-Unstored";
 /// Marks a presence record as removed (the record itself expires later).
 pub(crate) const GONE: &str = "Herald-Gone";
 pub(crate) const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
@@ -211,6 +214,41 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
     })
 }
 
+/// Headers and payload of a publication kept out of history (`skip_history`): a core NATS
+/// message on the delivery subject, `Herald-Unstored: 1`, its info and tags first as in a stored
+/// message (`Herald-Info` bytes), then the data.
+pub(crate) fn encode_unstored(
+    data: &Bytes,
+    info: Option<&ClientInfo>,
+    tags: &Tags,
+) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    headers.insert(UNSTORED, "1");
+    let meta = info_json(info, tags);
+    if meta.is_empty() {
+        return (headers, data.clone());
+    }
+    headers.insert(INFO_LEN, meta.len().to_string());
+    let mut buf = BytesMut::with_capacity(meta.len() + data.len());
+    buf.put_slice(&meta);
+    buf.put_slice(data);
+    (headers, buf.freeze())
+}
+
+fn decode_unstored(headers: &HeaderMap, payload: &Bytes) -> Option<Publication> {
+    let len = match header_u64(headers, INFO_LEN) {
+        None => 0,
+        Some(len) => usize::try_from(len).ok().filter(|l| *l <= payload.len())?,
+    };
+    let (info, tags) = client_info(&payload[..len])?;
+    Some(Publication {
+        offset: 0,
+        data: payload.slice(len..),
+        info,
+        tags,
+    })
+}
+
 /// Headers and payload of a presence change.
 pub(crate) fn encode_presence_change(joined: bool, who: &ClientInfo) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
@@ -227,6 +265,8 @@ pub(crate) enum Delivery {
     Marker,
     /// A client joined (`true`) or left.
     Presence(bool, ClientInfo),
+    /// A publication kept out of history: offset 0, live only.
+    Unstored(Publication),
     /// Not ours or malformed.
     Unknown,
 }
@@ -240,6 +280,12 @@ pub(crate) fn decode_delivery(headers: Option<&HeaderMap>, payload: &Bytes) -> D
         return match serde_json::from_slice::<ClientInfo>(payload) {
             Ok(who) => Delivery::Presence(kind == "join", who),
             Err(_) => Delivery::Unknown,
+        };
+    }
+    if header(headers, UNSTORED).is_some() {
+        return match decode_unstored(headers, payload) {
+            Some(p) => Delivery::Unstored(p),
+            None => Delivery::Unknown,
         };
     }
     match decode_publications(headers, payload) {
@@ -316,6 +362,19 @@ mod tests {
         let (h, p) = encode_publications("ep", "", 1, 0, &[(&b, None, &tags)]);
         let one = decode_publications(&h, &p).unwrap();
         assert_eq!((&one.publications[0].tags, &one.publications[0].data), (&tags, &b));
+    }
+
+    #[test]
+    fn an_unstored_publication_round_trips_as_offset_0() {
+        let data = Bytes::from_static(br#"{"typing":true}"#);
+        let tags: Tags = [("k".to_string(), "v".to_string())].into();
+        for (info, tags) in [(None, Tags::new()), (Some(who()), tags)] {
+            let (h, p) = encode_unstored(&data, info.as_ref(), &tags);
+            let Delivery::Unstored(got) = decode_delivery(Some(&h), &p) else {
+                panic!("not an unstored publication");
+            };
+            assert_eq!((got.offset, &got.data, &got.info, &got.tags), (0, &data, &info, &tags));
+        }
     }
 
     #[test]

@@ -52,6 +52,11 @@ impl Inner {
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
         let shard = self.shard(channel);
+        if opts.skip_history {
+            return self
+                .publish_unstored(shard, channel, &data, info.as_ref(), opts)
+                .await;
+        }
         let mut positions = self
             .publish_call(shard, &[(channel, opts)], &data, info.as_ref())
             .await?;
@@ -67,6 +72,13 @@ impl Inner {
         data: Bytes,
         info: Option<ClientInfo>,
     ) -> Vec<Result<StreamPosition, BrokerError>> {
+        if targets.iter().any(|t| t.opts.skip_history) {
+            // Nothing to store: each is one pub/sub message, sent concurrently.
+            let each = targets
+                .iter()
+                .map(|t| self.publish(&t.channel, data.clone(), info.clone(), &t.opts));
+            return join_all(each).await;
+        }
         // Group the targets' indices by where one call may take them (a call stores one info
         // and tags for all its channels: a broadcast's are the same for every channel).
         let mut groups: HashMap<(usize, bool, &Tags), Vec<usize>> = HashMap::new();
@@ -209,6 +221,29 @@ impl Inner {
             positions.push(StreamPosition { epoch, offset });
         }
         Ok(positions)
+    }
+
+    /// A publication kept out of history: only sent on the channel's pub/sub channel, with offset
+    /// 0 and no epoch (`-`), in the format the publish script writes (see `codec`).
+    async fn publish_unstored(
+        &self,
+        shard: usize,
+        channel: &str,
+        data: &Bytes,
+        info: Option<&ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        let meta = herald_broker::meta::encode_meta(info, &opts.tags);
+        let mut payload = match opts.traceparent.as_deref().filter(|tp| !tp.contains(' ')) {
+            None => b"p".to_vec(),
+            Some(tp) => format!("p,{tp}").into_bytes(),
+        };
+        payload.extend_from_slice(format!(" - 0 {} ", meta.len()).as_bytes());
+        payload.extend_from_slice(&meta);
+        payload.extend_from_slice(data);
+        self.publish_raw(shard, self.names.pubsub(channel), payload)
+            .await?;
+        Ok(herald_broker::unstored())
     }
 
     /// A join or leave, on the channel's pub/sub channel (not stored).

@@ -90,6 +90,7 @@ pub fn opts(size: usize) -> PublishOptions {
         idempotency_key: None,
         traceparent: None,
         tags: Default::default(),
+        skip_history: false,
     }
 }
 

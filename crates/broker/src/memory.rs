@@ -185,6 +185,20 @@ impl Broker for MemoryBroker {
         info: Option<ClientInfo>,
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
+        if opts.skip_history {
+            // Under the stream lock, as stored publications are: delivered in publish order.
+            let _streams = self.shard(channel).lock().expect("stream lock");
+            if let Some(handler) = self.handler.get() {
+                let publication = Publication {
+                    offset: 0,
+                    data,
+                    info,
+                    tags: opts.tags.clone(),
+                };
+                handler.on_publication(channel, "", publication);
+            }
+            return Ok(crate::unstored());
+        }
         let now = Instant::now();
         let mut streams = self.shard(channel).lock().expect("stream lock");
         let stream = live_stream(&mut streams, channel, &opts.stream, now);
@@ -495,6 +509,7 @@ mod tests {
             idempotency_key: None,
             traceparent: None,
             tags: Default::default(),
+            skip_history: false,
         };
         broker
             .publish("busy", Bytes::from_static(b"1"), None, &publish)

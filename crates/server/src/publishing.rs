@@ -122,6 +122,8 @@ pub enum Command {
         idempotency_key: Option<String>,
         /// The publication's tags (checked against [`herald_protocol::tags`]'s bounds).
         tags: Tags,
+        /// Deliver it live only, without storing it (on a channel with history).
+        skip_history: bool,
     },
     /// Publish the same `data` to many channels.
     Broadcast {
@@ -133,6 +135,8 @@ pub enum Command {
         idempotency_key: Option<String>,
         /// Each publication's tags.
         tags: Tags,
+        /// Deliver them live only, without storing them (on channels with history).
+        skip_history: bool,
     },
 }
 
@@ -146,6 +150,8 @@ struct PublishBody {
     idempotency_key: Option<String>,
     #[serde(default)]
     tags: Tags,
+    #[serde(default)]
+    skip_history: bool,
 }
 
 #[derive(Deserialize)]
@@ -158,6 +164,8 @@ struct BroadcastBody {
     idempotency_key: Option<String>,
     #[serde(default)]
     tags: Tags,
+    #[serde(default)]
+    skip_history: bool,
 }
 
 /// Tags within [`herald_protocol::tags`]'s bounds, or error 107 saying which one they pass.
@@ -224,6 +232,7 @@ impl Command {
                     data,
                     idempotency_key: b.idempotency_key,
                     tags: b.tags,
+                    skip_history: b.skip_history,
                 })
             }
             "broadcast" => {
@@ -236,6 +245,7 @@ impl Command {
                     data,
                     idempotency_key: b.idempotency_key,
                     tags: b.tags,
+                    skip_history: b.skip_history,
                 })
             }
             other => Err(PublishError::refused(
@@ -271,6 +281,14 @@ impl Command {
     fn tags(&self) -> &Tags {
         match self {
             Command::Publish { tags, .. } | Command::Broadcast { tags, .. } => tags,
+        }
+    }
+
+    fn skips_history(&self) -> bool {
+        match self {
+            Command::Publish { skip_history, .. } | Command::Broadcast { skip_history, .. } => {
+                *skip_history
+            }
         }
     }
 
@@ -417,6 +435,7 @@ pub async fn execute_traced(
         key,
         traceparent,
         tags: cmd.tags(),
+        skip_history: cmd.skips_history(),
     };
     let results = match cmd {
         Command::Publish { channel, .. } => {
@@ -500,6 +519,8 @@ struct Published<'a> {
     traceparent: Option<&'a str>,
     /// The tags.
     tags: &'a Tags,
+    /// Live only, not stored.
+    skip_history: bool,
 }
 
 /// A channel's publish options: its namespace's stream options, the idempotency key, the
@@ -515,6 +536,8 @@ fn publish_options(
         idempotency_key: published.key.map(str::to_owned),
         traceparent: published.traceparent.map(str::to_owned),
         tags: published.tags.clone(),
+        // Where nothing is kept it changes nothing: the publication is published as always.
+        skip_history: published.skip_history && ns.history_size > 0,
     })
 }
 

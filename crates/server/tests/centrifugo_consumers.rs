@@ -95,7 +95,7 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
            ('broadcast', '{"channels": ["live:a", "live:b"], "data": {"i": 3}, "skip_history": true, "idempotency_key": "typing-1"}'),
            ('publish', '{"channel": "room", "data": {"i": 4}, "tags": {"kind": "x"}}'),
            ('publish', '{"channel": "room", "data": {"i": 5}, "version": 3}'),
-           ('publish', '{"channel": "room", "data": {"i": 6}}'),
+           ('publish', '{"channel": "room", "data": {"i": 6}, "skip_history": true}'),
            ('subscribe', '{"user": "alice", "channel": "room"}');"#,
     );
     let seen = received(&mut sub, 6).await;
@@ -121,6 +121,15 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
         .collect();
     assert_eq!(tagged.len(), 1, "{h}");
     assert_eq!(tagged[0]["tags"], json!({"kind": "x"}), "{h}");
+    // The skip_history row reached the subscriber live (above) and is not in history.
+    assert!(
+        !h["publications"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .any(|p| p["data"] == json!({"i": 6})),
+        "{h}"
+    );
     let dead = eventually_ok(
         DEADLINE,
         "the version row in the dead-letter table",

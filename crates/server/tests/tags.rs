@@ -324,3 +324,109 @@ async fn a_filtered_subscriber_beside_plain_ones_changes_nothing_for_them() {
         "a filter that matches nothing gets nothing"
     );
 }
+
+/// `skip_history` on a channel with history: the publication reaches live subscribers (its push
+/// has no offset), the API answers no position, history does not hold it, and the stream's
+/// offsets run on without a hole, so recovery and a plain subscriber's order are unaffected.
+/// `ordered`: the broker keeps it in publish order with stored ones (not NATS, where it travels
+/// outside the stream).
+async fn skip_history_is_live_only(publisher: &Node, subscriber: &Node, ordered: bool) {
+    let (mut live, r) = subscribe(subscriber, json!({"channel": "room"})).await;
+    let start = r["subscribe"].clone();
+    let first = start["offset"].as_u64().unwrap();
+    publisher.publish("room", json!({"i": 1})).await;
+    let (status, body) = publisher
+        .api(
+            "/api/publish",
+            Some(json!({"channel": "room", "data": {"typing": true}, "skip_history": true,
+                        "tags": {"kind": "typing"}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, json!({"epoch": "", "offset": 0}), "no position");
+    // Centrifugo's API and its field name: the same.
+    let (status, body) = publisher
+        .api(
+            "/centrifugo/api/publish",
+            Some(json!({"channel": "room", "data": {"typing": false}, "skip_history": true})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("error").is_none(), "{body}");
+    publisher.publish("room", json!({"last": true})).await;
+
+    let mut got = pubs_until_last(&mut live, "room").await;
+    if !ordered {
+        // The unstored ones may overtake; wait for any still missing, then compare as sets.
+        while got.iter().filter(|p| p.get("offset").is_none()).count() < 2 {
+            let m = live.next().await;
+            if m["pub"]["channel"] == "room" {
+                got.push(m["pub"].clone());
+            }
+        }
+    }
+    let unstored: Vec<&Value> = got.iter().filter(|p| p.get("offset").is_none()).collect();
+    assert_eq!(unstored.len(), 2, "{got:?}");
+    assert_eq!(unstored[0]["tags"], json!({"kind": "typing"}), "{got:?}");
+    let stored: Vec<u64> = got.iter().filter_map(|p| p["offset"].as_u64()).collect();
+    assert_eq!(stored, [first + 1, first + 2], "no hole in the stream: {got:?}");
+    if ordered {
+        assert_eq!(
+            datas(&got),
+            [
+                json!({"i": 1}),
+                json!({"typing": true}),
+                json!({"typing": false}),
+                json!({"last": true})
+            ]
+        );
+    }
+
+    let (_, h) = publisher
+        .api("/api/history", Some(json!({"channel": "room"})))
+        .await;
+    assert_eq!(
+        datas(h["publications"].as_array().expect("publications")),
+        [json!({"i": 1}), json!({"last": true})],
+        "{h}"
+    );
+    assert_eq!(h["offset"], first + 2, "{h}");
+    let since = json!({"epoch": start["epoch"], "offset": first});
+    let (_, r) = subscribe(subscriber, json!({"channel": "room", "since": since})).await;
+    assert_eq!(r["subscribe"]["recovered"], true, "{r}");
+    assert_eq!(
+        datas(r["subscribe"]["publications"].as_array().unwrap()),
+        [json!({"i": 1}), json!({"last": true})],
+        "{r}"
+    );
+    // The live subscriber is still subscribed and in order: the next stored one arrives.
+    publisher.publish("room", json!({"last": true, "n": 2})).await;
+    let next = pubs_until_last(&mut live, "room").await;
+    assert_eq!(
+        next.last().unwrap()["offset"],
+        first + 3,
+        "{next:?}"
+    );
+}
+
+#[tokio::test]
+async fn skip_history_is_live_only_on_the_memory_broker() {
+    let node = Node::dev().await;
+    skip_history_is_live_only(&node, &node, true).await;
+}
+
+#[tokio::test]
+async fn skip_history_is_live_only_across_two_nodes_on_redis() {
+    let redis = RedisServer::start();
+    let a = Node::on_broker("a", &redis.url()).await;
+    let b = Node::on_broker("b", &redis.url()).await;
+    skip_history_is_live_only(&a, &b, true).await;
+}
+
+#[tokio::test]
+async fn skip_history_is_live_only_across_two_nodes_on_nats() {
+    let nats = NatsServer::start();
+    let a = Node::on_broker("a", &nats.url()).await;
+    let b = Node::on_broker("b", &nats.url()).await;
+    skip_history_is_live_only(&a, &b, false).await;
+}

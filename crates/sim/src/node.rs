@@ -217,6 +217,7 @@ async fn api_publish(
         idempotency_key: Some(key),
         traceparent: None,
         tags: Default::default(),
+        skip_history: false,
     };
     ctx.hub
         .publish(channel, data, None, &opts)

@@ -137,6 +137,7 @@ async fn publish(hub: &Hub, channel: &str, n: u64) {
             idempotency_key: None,
             traceparent: None,
             tags: Default::default(),
+            skip_history: false,
         };
         hub.broker()
             .publish(channel, Bytes::from(i.to_string()), None, &opts)

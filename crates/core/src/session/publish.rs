@@ -39,6 +39,7 @@ impl Session {
             idempotency_key: None,
             traceparent: None,
             tags: p.tags,
+            skip_history: false,
         };
         let position = self
             .ctx

@@ -8,9 +8,8 @@
 //! The others:
 //! - `b64data`: decoded, and published as the data when the bytes are JSON (Herald's
 //!   publications are JSON); anything else is error 107.
-//! - `skip_history`: honoured where it changes nothing, on channels whose namespace keeps no
-//!   history; on a channel with history it is error 107, because every publication of a Herald
-//!   stream is kept in order (recovery is all or nothing over offsets).
+//! - `skip_history`: honoured: on a channel with history the publication is delivered live
+//!   only, not stored and without an offset (docs/protocol.md, "skip_history").
 //! - `delta`: accepted; subscribers get the whole data (Herald has no delta compression), which
 //!   is what a Centrifugo client that did not negotiate deltas gets too.
 //! - `tags`: carried with the publication, within Herald's bounds (docs/protocol.md, "Tags").
@@ -32,13 +31,9 @@ use herald_protocol::tags::Tags;
 const UNSUPPORTED: &[&str] = &["version", "version_epoch"];
 
 /// The command for Centrifugo `method` (`publish` or `broadcast`) with `payload`, its request
-/// body; `namespaces` decide where `skip_history` is allowed. Herald's own bodies are decoded
+/// body. Herald's own bodies are decoded
 /// the same way. Errors are refusals (107, 104 for another method): retrying cannot help.
-pub fn decode(
-    method: &str,
-    payload: &[u8],
-    namespaces: &Namespaces,
-) -> Result<Command, PublishError> {
+pub fn decode(method: &str, payload: &[u8]) -> Result<Command, PublishError> {
     let (mut f, broadcast) = match method {
         "publish" => (Fields::parse("publish", payload)?, false),
         "broadcast" => (Fields::parse("broadcast", payload)?, true),
@@ -66,29 +61,13 @@ pub fn decode(
     let skip_history = f.take::<bool>("skip_history")?.unwrap_or(false);
     let _delta = f.take::<bool>("delta")?;
     f.finish(UNSUPPORTED)?;
-    if skip_history {
-        for channel in &channels {
-            if namespaces
-                .resolve(channel)
-                .is_ok_and(|ns| ns.history_size > 0)
-            {
-                return Err(PublishError::refused(
-                    ErrorCode::BadRequest,
-                    format!(
-                        "skip_history: channel {channel:?} keeps history, and Herald keeps every \
-                         publication of such a channel (publish it to a namespace without \
-                         history instead)"
-                    ),
-                ));
-            }
-        }
-    }
     Ok(if broadcast {
         Command::Broadcast {
             channels,
             data,
             idempotency_key,
             tags,
+            skip_history,
         }
     } else {
         Command::Publish {
@@ -96,6 +75,7 @@ pub fn decode(
             data,
             idempotency_key,
             tags,
+            skip_history,
         }
     })
 }
@@ -278,11 +258,7 @@ mod tests {
     #[test]
     fn herald_and_centrifugo_bodies_decode() {
         let ns = namespaces();
-        let c = decode(
-            "publish",
-            br#"{"channel":"a","data":{"x":12345678901234567890123},"idempotency_key":"k"}"#,
-            &ns,
-        )
+        let c = decode("publish", br#"{"channel":"a","data":{"x":12345678901234567890123},"idempotency_key":"k"}"#)
         .unwrap();
         assert_eq!(
             data_of(&c),
@@ -292,11 +268,7 @@ mod tests {
                 Some("k".into())
             )
         );
-        let c = decode(
-            "broadcast",
-            br#"{"channels":["a","b"],"b64data":"eyJ4IjoxfQ==","tags":{},"delta":true,"version":0,"idempotency_key":""}"#,
-            &ns,
-        )
+        let c = decode("broadcast", br#"{"channels":["a","b"],"b64data":"eyJ4IjoxfQ==","tags":{},"delta":true,"version":0,"idempotency_key":""}"#)
         .unwrap();
         assert_eq!(
             data_of(&c),
@@ -306,25 +278,19 @@ mod tests {
                 None
             )
         );
-        assert!(decode(
-            "publish",
-            br#"{"channel":"live:x","data":1,"skip_history":true}"#,
-            &ns
-        )
+        assert!(decode("publish", br#"{"channel":"live:x","data":1,"skip_history":true}"#)
         .is_ok());
     }
 
     #[test]
     fn what_herald_cannot_honour_is_refused_by_name() {
         let ns = namespaces();
-        let err = |m: &str, b: &str| decode(m, b.as_bytes(), &ns).unwrap_err();
+        let err = |m: &str, b: &str| decode(m, b.as_bytes()).unwrap_err();
         let e = err("publish", r#"{"channel":"a","data":1,"tags":{"":"v"}}"#);
         assert_eq!(e.error_code(), ErrorCode::BadRequest);
         assert!(e.message().contains("tags: a key"), "{e}");
         let e = err("publish", r#"{"channel":"a","data":1,"tags":{"k":1}}"#);
         assert!(e.message().contains("\"tags\""), "{e}");
-        let e = err("publish", r#"{"channel":"a","data":1,"skip_history":true}"#);
-        assert!(e.message().contains("skip_history"), "{e}");
         let e = err("publish", r#"{"channel":"a","b64data":"AAEC"}"#);
         assert!(e.message().contains("must decode to JSON"), "{e}");
         let e = err("publish", r#"{"channel":"a","b64data":"%%"}"#);

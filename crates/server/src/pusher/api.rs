@@ -461,6 +461,7 @@ async fn publish(
             idempotency_key: None,
             traceparent: None,
             tags: Default::default(),
+            skip_history: false,
         };
         let internal = pusher_app.internal(channel);
         app.ctx

@@ -731,6 +731,7 @@ impl PusherConn {
             idempotency_key: None,
             traceparent: None,
             tags: Default::default(),
+            skip_history: false,
         };
         if let Some(hooks) = self.ctx.webhooks() {
             // Pusher's webhook carries the data as a string.
