@@ -156,7 +156,6 @@ impl Drop for NatsBroker {
     }
 }
 
-
 impl NatsBroker {
     /// A publication kept out of history (`skip_history`): a core NATS message on the channel's
     /// delivery subject only, never stored (see `codec::encode_unstored`). Being outside the
@@ -233,7 +232,9 @@ impl Broker for NatsBroker {
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
         if opts.skip_history {
-            return self.publish_unstored(channel, &data, info.as_ref(), opts).await;
+            return self
+                .publish_unstored(channel, &data, info.as_ref(), opts)
+                .await;
         }
         publish::publish(&self.inner, channel, data, info, opts).await
     }

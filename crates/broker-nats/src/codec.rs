@@ -346,7 +346,11 @@ mod tests {
             "b1",
             10,
             3,
-            &[(&a, Some(&w), &none), (&b, None, &tags), (&c, Some(&w), &tags)],
+            &[
+                (&a, Some(&w), &none),
+                (&b, None, &tags),
+                (&c, Some(&w), &tags),
+            ],
         );
         let s = decode_publications(&h, &p).unwrap();
         let offsets: Vec<u64> = s.publications.iter().map(|p| p.offset).collect();
@@ -361,7 +365,10 @@ mod tests {
         // One publication with tags and no info carries them too.
         let (h, p) = encode_publications("ep", "", 1, 0, &[(&b, None, &tags)]);
         let one = decode_publications(&h, &p).unwrap();
-        assert_eq!((&one.publications[0].tags, &one.publications[0].data), (&tags, &b));
+        assert_eq!(
+            (&one.publications[0].tags, &one.publications[0].data),
+            (&tags, &b)
+        );
     }
 
     #[test]
@@ -373,7 +380,10 @@ mod tests {
             let Delivery::Unstored(got) = decode_delivery(Some(&h), &p) else {
                 panic!("not an unstored publication");
             };
-            assert_eq!((got.offset, &got.data, &got.info, &got.tags), (0, &data, &info, &tags));
+            assert_eq!(
+                (got.offset, &got.data, &got.info, &got.tags),
+                (0, &data, &info, &tags)
+            );
         }
     }
 

@@ -17,7 +17,6 @@ use crate::{codec, names, scripts};
 /// How long an idempotency key is remembered (as in the memory broker).
 const IDEMPOTENCY_TTL_S: u64 = 300;
 
-
 /// Milliseconds for a script argument: at least 1, so a zero TTL never means "forever".
 pub(crate) fn ms(d: Duration) -> u64 {
     d.as_millis().clamp(1, u128::from(u64::MAX)) as u64

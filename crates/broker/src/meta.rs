@@ -29,13 +29,14 @@ pub fn decode_meta(bytes: &[u8]) -> Option<(Option<ClientInfo>, Tags)> {
     let (tags, info) = match bytes.strip_prefix(b"t") {
         Some(rest) => {
             let end = rest.iter().position(|b| *b == b'\n')?;
-            (serde_json::from_slice(&rest[..end]).ok()?, &rest[end + 1..])
+            let tags: Tags = serde_json::from_slice(&rest[..end]).ok()?;
+            (tags, &rest[end + 1..])
         }
         None => (Tags::new(), bytes),
     };
     let info = match info {
         [] => None,
-        json => Some(serde_json::from_slice(json).ok()?),
+        json => Some(serde_json::from_slice::<ClientInfo>(json).ok()?),
     };
     Some((info, tags))
 }
@@ -52,7 +53,10 @@ mod tests {
             info: None,
         };
         let tags: Tags = [("k".to_string(), "v\nw".to_string())].into();
-        assert_eq!(encode_meta(Some(&who), &Tags::new()), serde_json::to_vec(&who).unwrap());
+        assert_eq!(
+            encode_meta(Some(&who), &Tags::new()),
+            serde_json::to_vec(&who).unwrap()
+        );
         assert!(encode_meta(None, &Tags::new()).is_empty());
         for (info, tags) in [
             (None, Tags::new()),

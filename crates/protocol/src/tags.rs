@@ -181,9 +181,7 @@ impl TagFilter {
         }
         budget.nodes += 1;
         if budget.nodes > MAX_FILTER_NODES {
-            return Err(format!(
-                "tags filter: more than {MAX_FILTER_NODES} nodes"
-            ));
+            return Err(format!("tags filter: more than {MAX_FILTER_NODES} nodes"));
         }
         let long = |s: &str| s.len() > MAX_FILTER_STRING_BYTES;
         match spec.op.as_str() {
@@ -234,9 +232,7 @@ impl TagFilter {
                 };
                 budget.values += vals.len();
                 if budget.values > MAX_FILTER_VALUES {
-                    return Err(format!(
-                        "tags filter: more than {MAX_FILTER_VALUES} values"
-                    ));
+                    return Err(format!("tags filter: more than {MAX_FILTER_VALUES} values"));
                 }
                 if vals.iter().any(|v| long(v)) {
                     return Err(format!(
@@ -364,7 +360,10 @@ mod tests {
             (r#"{"key":"kind","cmp":"neq","val":"card"}"#, true),
             (r#"{"key":"nope","cmp":"neq","val":"card"}"#, true),
             (r#"{"key":"kind","cmp":"in","vals":["card","goal"]}"#, true),
-            (r#"{"key":"kind","cmp":"nin","vals":["card","goal"]}"#, false),
+            (
+                r#"{"key":"kind","cmp":"nin","vals":["card","goal"]}"#,
+                false,
+            ),
             (r#"{"key":"nope","cmp":"nin","vals":["x"]}"#, true),
             (r#"{"key":"kind","cmp":"ex"}"#, true),
             (r#"{"key":"nope","cmp":"ex"}"#, false),
@@ -412,9 +411,18 @@ mod tests {
             (r#"{"key":"k","cmp":"ex","val":"x"}"#, "takes no"),
             (r#"{"key":"k","cmp":"lt","val":"ten"}"#, "needs a number"),
             (r#"{"op":"and","nodes":[]}"#, "at least one node"),
-            (r#"{"op":"not","nodes":[{"key":"k","cmp":"ex"},{"key":"k","cmp":"ex"}]}"#, "exactly one"),
-            (r#"{"op":"and","key":"k","nodes":[{"key":"k","cmp":"ex"}]}"#, "takes only"),
-            (r#"{"key":"k","cmp":"ex","nodes":[{"key":"k","cmp":"ex"}]}"#, "no \"nodes\""),
+            (
+                r#"{"op":"not","nodes":[{"key":"k","cmp":"ex"},{"key":"k","cmp":"ex"}]}"#,
+                "exactly one",
+            ),
+            (
+                r#"{"op":"and","key":"k","nodes":[{"key":"k","cmp":"ex"}]}"#,
+                "takes only",
+            ),
+            (
+                r#"{"key":"k","cmp":"ex","nodes":[{"key":"k","cmp":"ex"}]}"#,
+                "no \"nodes\"",
+            ),
             (r#"{"key":"k","cmp":"ex","weird":1}"#, "unknown field"),
         ];
         for (json, want) in cases {
@@ -437,7 +445,9 @@ mod tests {
         );
         assert!(filter(&wide).unwrap_err().contains("nodes"));
 
-        let many: Tags = (0..=MAX_TAGS).map(|i| (i.to_string(), String::new())).collect();
+        let many: Tags = (0..=MAX_TAGS)
+            .map(|i| (i.to_string(), String::new()))
+            .collect();
         assert!(check_tags(&many).unwrap_err().contains("at most"));
         let big = tags(&[("k", &"x".repeat(MAX_TAGS_BYTES))]);
         assert!(check_tags(&big).unwrap_err().contains("bytes"));

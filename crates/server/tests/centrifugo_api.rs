@@ -235,10 +235,6 @@ async fn errors_have_centrifugo_codes_and_statuses() {
             "tags",
         ),
         (json!({"channel": "c", "data": 1, "version": 2}), "version"),
-        (
-            json!({"channel": "c", "data": 1, "skip_history": true}),
-            "skip_history",
-        ),
         (json!({"channel": "c", "b64data": "AAEC"}), "b64data"),
         (
             json!({"channel": "c", "data": 1, "colour": "red"}),

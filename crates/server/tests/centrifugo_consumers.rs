@@ -101,7 +101,12 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
     let seen = received(&mut sub, 6).await;
     assert_eq!(
         seen["room"],
-        [json!({"i": 1}), json!({"i": 2}), json!({"i": 4}), json!({"i": 6})],
+        [
+            json!({"i": 1}),
+            json!({"i": 2}),
+            json!({"i": 4}),
+            json!({"i": 6})
+        ],
         "{seen:?}"
     );
     assert_eq!(seen["live:a"], [json!({"i": 3})], "{seen:?}");

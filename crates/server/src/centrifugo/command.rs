@@ -257,8 +257,10 @@ mod tests {
 
     #[test]
     fn herald_and_centrifugo_bodies_decode() {
-        let ns = namespaces();
-        let c = decode("publish", br#"{"channel":"a","data":{"x":12345678901234567890123},"idempotency_key":"k"}"#)
+        let c = decode(
+            "publish",
+            br#"{"channel":"a","data":{"x":12345678901234567890123},"idempotency_key":"k"}"#,
+        )
         .unwrap();
         assert_eq!(
             data_of(&c),
@@ -278,13 +280,15 @@ mod tests {
                 None
             )
         );
-        assert!(decode("publish", br#"{"channel":"live:x","data":1,"skip_history":true}"#)
+        assert!(decode(
+            "publish",
+            br#"{"channel":"live:x","data":1,"skip_history":true}"#
+        )
         .is_ok());
     }
 
     #[test]
     fn what_herald_cannot_honour_is_refused_by_name() {
-        let ns = namespaces();
         let err = |m: &str, b: &str| decode(m, b.as_bytes()).unwrap_err();
         let e = err("publish", r#"{"channel":"a","data":1,"tags":{"":"v"}}"#);
         assert_eq!(e.error_code(), ErrorCode::BadRequest);
