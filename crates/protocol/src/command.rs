@@ -231,7 +231,7 @@ pub struct SubscribeParams {
     /// A tag filter (the namespace must allow it): only publications whose tags match it are
     /// delivered (see [`crate::tags`]). Centrifugo's name; `tags_filter` is accepted too.
     #[serde(alias = "tags_filter")]
-    pub tf: Option<crate::tags::FilterSpec>,
+    pub tf: Option<Box<crate::tags::FilterSpec>>,
 }
 
 /// The delta encodings a subscription may ask for.
