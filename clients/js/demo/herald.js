@@ -166,6 +166,7 @@ function classify(value, text = "") {
     const pub = { offset: typeof p.offset === "number" ? p.offset : 0, data: p.data };
     if (isObject(p.info)) pub.info = p.info;
     if (typeof p.delta === "boolean") pub.delta = p.delta;
+    if (isObject(p.tags)) pub.tags = p.tags;
     return { type: "pub", channel: p.channel, pub };
   }
   for (const kind of ["join", "leave"]) {
@@ -546,9 +547,10 @@ function applyDeltaText(base, delta) {
 // src/recovery.ts
 var StreamTracker = class {
   /** `since` lets an app resume from a position it persisted (e.g. across page loads). */
-  constructor(since) {
+  constructor(since, filtered = false) {
     this.offset = 0;
     this.recoverable = false;
+    this.filtered = filtered;
     if (since && typeof since.epoch === "string" && Number.isFinite(since.offset)) {
       this.epoch = since.epoch;
       this.offset = since.offset;
@@ -593,13 +595,14 @@ var StreamTracker = class {
     let gap = false;
     for (const p of pubs) {
       if (p.offset <= this.offset) continue;
-      if (p.offset !== this.offset + 1) {
+      if (p.offset !== this.offset + 1 && !this.filtered) {
         gap = true;
         break;
       }
       out.push(p);
       this.offset = p.offset;
     }
+    if (this.filtered && newest > this.offset) this.offset = newest;
     if (!gap && newest > this.offset) gap = true;
     return { publications: out, recoveryFailed: false, gap, recovered: true };
   }
@@ -610,16 +613,16 @@ var StreamTracker = class {
   applySkip(from, to) {
     if (!this.recoverable || this.epoch === void 0) return "deliver";
     if (to <= this.offset) return "duplicate";
-    if (from > this.offset + 1) return "gap";
+    if (from > this.offset + 1 && !this.filtered) return "gap";
     this.offset = to;
     return "deliver";
   }
   /** Check one live publication and advance the position when it is delivered. */
   applyPublication(pub) {
     if (!this.recoverable || this.epoch === void 0) return "deliver";
-    if (typeof pub.offset !== "number") return "deliver";
+    if (typeof pub.offset !== "number" || pub.offset === 0) return "deliver";
     if (pub.offset <= this.offset) return "duplicate";
-    if (pub.offset !== this.offset + 1) return "gap";
+    if (pub.offset !== this.offset + 1 && !this.filtered) return "gap";
     this.offset = pub.offset;
     return "deliver";
   }
@@ -643,7 +646,7 @@ var Subscription = class extends Emitter {
     this.host = host;
     this.channel = channel;
     this.opts = opts;
-    this.tracker = new StreamTracker(opts.since);
+    this.tracker = new StreamTracker(opts.since, opts.tagsFilter !== void 0);
     this.token = opts.token;
     this.needToken = opts.token === void 0 && opts.getToken !== void 0;
     if (opts.onSubscribed) this.on("subscribed", opts.onSubscribed);
@@ -705,7 +708,11 @@ var Subscription = class extends Emitter {
   }
   /** @internal Sent one by one (with `data` or `delta`), never in `connect.subs`. */
   get _sentAlone() {
-    return this._hasOwnToken || this.opts.data !== void 0 || this.opts.delta !== void 0;
+    return this._hasOwnToken || this.opts.data !== void 0 || this.opts.delta !== void 0 || this.opts.tagsFilter !== void 0;
+  }
+  /** @internal The `tagsFilter` option, for the subscribe command (`tf`). */
+  get _tagsFilter() {
+    return this.opts.tagsFilter;
   }
   /** @internal The `delta` option, for the subscribe command. */
   get _delta() {
@@ -963,6 +970,7 @@ var Subscription = class extends Emitter {
   deliver(pub) {
     const ctx = { channel: this.channel, offset: pub.offset, data: pub.data };
     if (pub.info) ctx.info = pub.info;
+    if (pub.tags) ctx.tags = pub.tags;
     this.emit("publication", ctx);
   }
   cancelRetry() {
@@ -1584,6 +1592,7 @@ var Herald = class extends Emitter {
     }
     const ctx = { channel, offset: pub.offset, data: pub.data };
     if (pub.info) ctx.info = pub.info;
+    if (pub.tags) ctx.tags = pub.tags;
     this.emit("publication", ctx);
   }
   // ---------------------------------------------------------------------------------------------
@@ -1600,6 +1609,7 @@ var Herald = class extends Emitter {
     if (sub._token !== void 0) params.token = sub._token;
     if (sub._data !== void 0) params.data = sub._data;
     if (sub._delta !== void 0) params.delta = sub._delta;
+    if (sub._tagsFilter !== void 0) params.tf = sub._tagsFilter;
     this.request("subscribe", params, (err, result) => {
       sub._replyArrived();
       if (this.subs.get(sub.channel) !== sub) return;

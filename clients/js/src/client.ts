@@ -754,6 +754,7 @@ export class Herald extends Emitter<HeraldEvents> {
     }
     const ctx: PublicationContext = { channel, offset: pub.offset, data: pub.data };
     if (pub.info) ctx.info = pub.info;
+    if (pub.tags) ctx.tags = pub.tags;
     this.emit('publication', ctx);
   }
 
@@ -772,6 +773,7 @@ export class Herald extends Emitter<HeraldEvents> {
     if (sub._token !== undefined) params.token = sub._token;
     if (sub._data !== undefined) params.data = sub._data;
     if (sub._delta !== undefined) params.delta = sub._delta;
+    if (sub._tagsFilter !== undefined) params.tf = sub._tagsFilter;
     this.request('subscribe', params, (err, result) => {
       sub._replyArrived();
       if (this.subs.get(sub.channel) !== sub) return; // unsubscribed meanwhile

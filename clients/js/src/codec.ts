@@ -8,6 +8,19 @@ export interface StreamPosition {
   offset: number;
 }
 
+/**
+ * A subscription's tag filter (`subscribe` param `tf`): a leaf compares one tag, an inner node
+ * combines its `nodes` with `op`. See docs/protocol.md, "Tags and tag filters".
+ */
+export type TagFilter =
+  | {
+      key: string;
+      cmp: 'eq' | 'neq' | 'in' | 'nin' | 'ex' | 'nex' | 'starts' | 'ends' | 'contains' | 'lt' | 'lte' | 'gt' | 'gte';
+      val?: string;
+      vals?: string[];
+    }
+  | { op: 'and' | 'or' | 'not'; nodes: TagFilter[] };
+
 /** Who published, or who joined / left. */
 export interface ClientInfo {
   user: string;
@@ -18,9 +31,12 @@ export interface ClientInfo {
 }
 
 export interface Publication<T = unknown> {
+  /** Offset in the channel's stream (0 when the publication has none: kept out of history). */
   offset: number;
   data: T;
   info?: ClientInfo;
+  /** The publisher's tags, when it set some (docs/protocol.md, "Tags and tag filters"). */
+  tags?: Record<string, string>;
   /**
    * Set on live publications of a subscription with delta compression: `data` is then text, the
    * publication's JSON (false) or a Fossil delta from the previous one's (true). The SDK turns it
@@ -195,6 +211,7 @@ export function classify(value: unknown, text = ''): ServerMessage {
     const pub: Publication = { offset: typeof p.offset === 'number' ? p.offset : 0, data: p.data };
     if (isObject(p.info)) pub.info = p.info as ClientInfo;
     if (typeof p.delta === 'boolean') pub.delta = p.delta;
+    if (isObject(p.tags)) pub.tags = p.tags as Record<string, string>;
     return { type: 'pub', channel: p.channel, pub };
   }
   for (const kind of ['join', 'leave'] as const) {

@@ -10,6 +10,8 @@ export interface PublicationContext<T = unknown> {
   data: T;
   /** Publisher, when the publication came from a client connection. */
   info?: ClientInfo;
+  /** The publisher's tags, when it set some. */
+  tags?: Record<string, string>;
 }
 
 export interface PresenceEventContext {

@@ -39,6 +39,7 @@ export type {
   RpcResult,
   StreamPosition,
   SubscribeResult,
+  TagFilter,
 } from './codec.js';
 export { ClientCode, CloseCode, ErrorCode, UnsubCode } from './codes.js';
 export { ConnectionError, HeraldError, ReplyError, TimeoutError, UsageError } from './errors.js';

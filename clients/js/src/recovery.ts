@@ -32,9 +32,15 @@ export class StreamTracker {
   private epoch: string | undefined;
   private offset = 0;
   private recoverable = false;
+  /**
+   * The subscription has a tag filter: the server leaves out what it does not match, so offsets
+   * have holes that are no gaps (continuity is the server's: it sends `unsub` 4003 when lost).
+   */
+  private readonly filtered: boolean;
 
   /** `since` lets an app resume from a position it persisted (e.g. across page loads). */
-  constructor(since?: StreamPosition) {
+  constructor(since?: StreamPosition, filtered = false) {
+    this.filtered = filtered;
     if (since && typeof since.epoch === 'string' && Number.isFinite(since.offset)) {
       this.epoch = since.epoch;
       this.offset = since.offset;
@@ -92,13 +98,15 @@ export class StreamTracker {
     let gap = false;
     for (const p of pubs) {
       if (p.offset <= this.offset) continue; // duplicate of something already delivered
-      if (p.offset !== this.offset + 1) {
+      if (p.offset !== this.offset + 1 && !this.filtered) {
         gap = true; // a hole inside the recovered batch: stop before it, resubscribe from here
         break;
       }
       out.push(p);
       this.offset = p.offset;
     }
+    // A filtered recovery ends at its last match; the stream's newest is our position after it.
+    if (this.filtered && newest > this.offset) this.offset = newest;
     if (!gap && newest > this.offset) gap = true;
     return { publications: out, recoveryFailed: false, gap, recovered: true };
   }
@@ -110,7 +118,7 @@ export class StreamTracker {
   applySkip(from: number, to: number): PubVerdict {
     if (!this.recoverable || this.epoch === undefined) return 'deliver';
     if (to <= this.offset) return 'duplicate';
-    if (from > this.offset + 1) return 'gap';
+    if (from > this.offset + 1 && !this.filtered) return 'gap';
     this.offset = to;
     return 'deliver';
   }
@@ -119,9 +127,10 @@ export class StreamTracker {
   applyPublication(pub: Publication): PubVerdict {
     // Channels without history have no usable offsets; pass everything through.
     if (!this.recoverable || this.epoch === undefined) return 'deliver';
-    if (typeof pub.offset !== 'number') return 'deliver';
+    // No offset: kept out of history (`skip_history`), live only; the position stays.
+    if (typeof pub.offset !== 'number' || pub.offset === 0) return 'deliver';
     if (pub.offset <= this.offset) return 'duplicate';
-    if (pub.offset !== this.offset + 1) return 'gap';
+    if (pub.offset !== this.offset + 1 && !this.filtered) return 'gap';
     this.offset = pub.offset;
     return 'deliver';
   }

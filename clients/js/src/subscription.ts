@@ -16,6 +16,7 @@ import type {
   PublishResult,
   StreamPosition,
   SubscribeResult,
+  TagFilter,
 } from './codec.js';
 import { ClientCode } from './codes.js';
 import { Emitter } from './emitter.js';
@@ -95,6 +96,13 @@ export interface SubscribeOptions<T = unknown> {
    * subscribe fails with 108). Recovered publications and history stay in full.
    */
   delta?: 'fossil';
+  /**
+   * Only publications whose tags match this filter are delivered, live and in recovery (the
+   * namespace must set `allow_tags_filter`, or the subscribe fails with 108; a malformed filter
+   * fails with 107). The offsets then have holes where the filter left publications out, which
+   * the subscription does not treat as gaps.
+   */
+  tagsFilter?: TagFilter;
 }
 
 /**
@@ -152,7 +160,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     this.host = host;
     this.channel = channel;
     this.opts = opts;
-    this.tracker = new StreamTracker(opts.since);
+    this.tracker = new StreamTracker(opts.since, opts.tagsFilter !== undefined);
     this.token = opts.token;
     this.needToken = opts.token === undefined && opts.getToken !== undefined;
     if (opts.onSubscribed) this.on('subscribed', opts.onSubscribed);
@@ -226,7 +234,17 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
 
   /** @internal Sent one by one (with `data` or `delta`), never in `connect.subs`. */
   get _sentAlone(): boolean {
-    return this._hasOwnToken || this.opts.data !== undefined || this.opts.delta !== undefined;
+    return (
+      this._hasOwnToken ||
+      this.opts.data !== undefined ||
+      this.opts.delta !== undefined ||
+      this.opts.tagsFilter !== undefined
+    );
+  }
+
+  /** @internal The `tagsFilter` option, for the subscribe command (`tf`). */
+  get _tagsFilter(): TagFilter | undefined {
+    return this.opts.tagsFilter;
   }
 
   /** @internal The `delta` option, for the subscribe command. */
@@ -516,6 +534,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
   private deliver(pub: Publication): void {
     const ctx: PublicationContext<T> = { channel: this.channel, offset: pub.offset, data: pub.data as T };
     if (pub.info) ctx.info = pub.info;
+    if (pub.tags) ctx.tags = pub.tags;
     this.emit('publication', ctx);
   }
 

@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch};
 
 use crate::boot::Boot;
-use crate::codec::encode_presence_change;
+use crate::codec::{encode_presence_change, encode_unstored};
 use crate::config::NatsConfig;
 use crate::markers::{self, Expiries};
 use crate::metrics::Metrics;
@@ -156,6 +156,32 @@ impl Drop for NatsBroker {
     }
 }
 
+impl NatsBroker {
+    /// A publication kept out of history (`skip_history`): a core NATS message on the channel's
+    /// delivery subject only, never stored (see `codec::encode_unstored`). Being outside the
+    /// stream, it may overtake stored publications published just before it.
+    async fn publish_unstored(
+        &self,
+        channel: &str,
+        data: &Bytes,
+        info: Option<&ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        let inner = &self.inner;
+        inner.ensure_connected()?;
+        let (headers, payload) = encode_unstored(data, info, &opts.tags);
+        let subject = inner.subjects.delivery(channel);
+        inner
+            .timed(
+                "publish",
+                inner.client.publish_with_headers(subject, headers, payload),
+            )
+            .await?
+            .map_err(|e| BrokerError::unavailable(format!("publish: {e}")).caused_by(e))?;
+        Ok(herald_broker::unstored())
+    }
+}
+
 #[async_trait]
 impl Broker for NatsBroker {
     async fn start(&self, handler: Arc<dyn BrokerHandler>) -> Result<(), BrokerError> {
@@ -205,6 +231,11 @@ impl Broker for NatsBroker {
         info: Option<ClientInfo>,
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
+        if opts.skip_history {
+            return self
+                .publish_unstored(channel, &data, info.as_ref(), opts)
+                .await;
+        }
         publish::publish(&self.inner, channel, data, info, opts).await
     }
 

@@ -11,7 +11,8 @@
 //! Herald-Offset: 42                       offset of the (first) publication
 //! Herald-Prev: 1187                       stream sequence of the previous message on this subject
 //! Herald-Boot: 5b0e77c2a9d13f48           the boot id it was stored under (see `boot.rs`)
-//! Herald-Info: 30                         one publication: its info is the first 30 payload bytes
+//! Herald-Info: 30                         one publication: its info (and tags, see
+//!                                         `herald_broker::meta`) is the first 30 payload bytes
 //! Nats-Expected-Last-Subject-Sequence: 1187
 //!
 //! {"user":"alice","client":"c1"}{"text":"hi"}
@@ -30,6 +31,7 @@ use std::fmt::Write;
 
 use async_nats::HeaderMap;
 use bytes::{BufMut, Bytes, BytesMut};
+use herald_protocol::tags::Tags;
 use herald_protocol::{ClientInfo, Publication};
 
 pub(crate) const EPOCH: &str = "Herald-Epoch";
@@ -41,6 +43,9 @@ pub(crate) const INFO_LEN: &str = "Herald-Info";
 pub(crate) const COUNT: &str = "Herald-Count";
 pub(crate) const SIZES: &str = "Herald-Sizes";
 pub(crate) const PRESENCE: &str = "Herald-Presence";
+/// Marks a publication kept out of history (`skip_history`): sent on the delivery subject only,
+/// never stored, delivered with offset 0.
+pub(crate) const UNSTORED: &str = "Herald-Unstored";
 /// Marks a presence record as removed (the record itself expires later).
 pub(crate) const GONE: &str = "Herald-Gone";
 pub(crate) const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
@@ -81,10 +86,13 @@ impl Stored {
     }
 }
 
-fn info_json(info: Option<&ClientInfo>) -> Vec<u8> {
-    info.map(|i| serde_json::to_vec(i).unwrap_or_else(|_| b"{}".to_vec()))
-        .unwrap_or_default()
+/// The info slot: the publisher's info and the tags (see [`herald_broker::meta`]).
+fn info_json(info: Option<&ClientInfo>, tags: &Tags) -> Vec<u8> {
+    herald_broker::meta::encode_meta(info, tags)
 }
+
+/// One publication to store: its data, publisher info and tags.
+pub(crate) type Item<'a> = (&'a Bytes, Option<&'a ClientInfo>, &'a Tags);
 
 /// Headers and payload of a message holding `items` (data, info) as offsets `first`, `first + 1`,
 /// …, stamped with the boot id `boot` (none when empty); no items: an epoch marker (offset 0).
@@ -93,7 +101,7 @@ pub(crate) fn encode_publications(
     boot: &str,
     first: u64,
     prev: u64,
-    items: &[(&Bytes, Option<&ClientInfo>)],
+    items: &[Item<'_>],
 ) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
     headers.insert(EPOCH, epoch);
@@ -105,9 +113,9 @@ pub(crate) fn encode_publications(
     }
     let payload = match items {
         [] => Bytes::new(),
-        [(data, None)] => (*data).clone(),
-        [(data, Some(info))] => {
-            let info = info_json(Some(info));
+        [(data, None, tags)] if tags.is_empty() => (*data).clone(),
+        [(data, info, tags)] => {
+            let info = info_json(*info, tags);
             headers.insert(INFO_LEN, info.len().to_string());
             let mut buf = BytesMut::with_capacity(info.len() + data.len());
             buf.put_slice(&info);
@@ -117,8 +125,8 @@ pub(crate) fn encode_publications(
         many => {
             let mut sizes = String::with_capacity(many.len() * 8);
             let mut buf = BytesMut::new();
-            for (i, (data, info)) in many.iter().enumerate() {
-                let info = info_json(*info);
+            for (i, (data, info, tags)) in many.iter().enumerate() {
+                let info = info_json(*info, tags);
                 if i > 0 {
                     sizes.push(',');
                 }
@@ -142,11 +150,8 @@ fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
     header(headers, name).and_then(|v| v.trim().parse().ok())
 }
 
-fn client_info(bytes: &[u8]) -> Option<Option<ClientInfo>> {
-    if bytes.is_empty() {
-        return Some(None);
-    }
-    serde_json::from_slice(bytes).ok().map(Some)
+fn client_info(bytes: &[u8]) -> Option<(Option<ClientInfo>, Tags)> {
+    herald_broker::meta::decode_meta(bytes)
 }
 
 /// Read a stored message back. `None` when it is not one of ours or is malformed.
@@ -161,8 +166,8 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
     }
     match header(headers, SIZES) {
         None => {
-            let (info, data) = match header_u64(headers, INFO_LEN) {
-                None => (None, payload.clone()),
+            let ((info, tags), data) = match header_u64(headers, INFO_LEN) {
+                None => ((None, Tags::new()), payload.clone()),
                 Some(len) => {
                     let len = usize::try_from(len).ok().filter(|l| *l <= payload.len())?;
                     (client_info(&payload[..len])?, payload.slice(len..))
@@ -172,6 +177,7 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
                 offset: first,
                 data,
                 info,
+                tags,
             });
         }
         Some(sizes) => {
@@ -185,10 +191,12 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
                 if data_end > payload.len() {
                     return None;
                 }
+                let (info, tags) = client_info(&payload[at..info_end])?;
                 publications.push(Publication {
                     offset: first + i as u64,
                     data: payload.slice(info_end..data_end),
-                    info: client_info(&payload[at..info_end])?,
+                    info,
+                    tags,
                 });
                 at = data_end;
             }
@@ -203,6 +211,41 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
         prev,
         boot,
         publications,
+    })
+}
+
+/// Headers and payload of a publication kept out of history (`skip_history`): a core NATS
+/// message on the delivery subject, `Herald-Unstored: 1`, its info and tags first as in a stored
+/// message (`Herald-Info` bytes), then the data.
+pub(crate) fn encode_unstored(
+    data: &Bytes,
+    info: Option<&ClientInfo>,
+    tags: &Tags,
+) -> (HeaderMap, Bytes) {
+    let mut headers = HeaderMap::new();
+    headers.insert(UNSTORED, "1");
+    let meta = info_json(info, tags);
+    if meta.is_empty() {
+        return (headers, data.clone());
+    }
+    headers.insert(INFO_LEN, meta.len().to_string());
+    let mut buf = BytesMut::with_capacity(meta.len() + data.len());
+    buf.put_slice(&meta);
+    buf.put_slice(data);
+    (headers, buf.freeze())
+}
+
+fn decode_unstored(headers: &HeaderMap, payload: &Bytes) -> Option<Publication> {
+    let len = match header_u64(headers, INFO_LEN) {
+        None => 0,
+        Some(len) => usize::try_from(len).ok().filter(|l| *l <= payload.len())?,
+    };
+    let (info, tags) = client_info(&payload[..len])?;
+    Some(Publication {
+        offset: 0,
+        data: payload.slice(len..),
+        info,
+        tags,
     })
 }
 
@@ -222,6 +265,8 @@ pub(crate) enum Delivery {
     Marker,
     /// A client joined (`true`) or left.
     Presence(bool, ClientInfo),
+    /// A publication kept out of history: offset 0, live only.
+    Unstored(Publication),
     /// Not ours or malformed.
     Unknown,
 }
@@ -235,6 +280,12 @@ pub(crate) fn decode_delivery(headers: Option<&HeaderMap>, payload: &Bytes) -> D
         return match serde_json::from_slice::<ClientInfo>(payload) {
             Ok(who) => Delivery::Presence(kind == "join", who),
             Err(_) => Delivery::Unknown,
+        };
+    }
+    if header(headers, UNSTORED).is_some() {
+        return match decode_unstored(headers, payload) {
+            Some(p) => Delivery::Unstored(p),
+            None => Delivery::Unknown,
         };
     }
     match decode_publications(headers, payload) {
@@ -259,7 +310,7 @@ mod tests {
     #[test]
     fn one_publication_round_trips_with_and_without_info() {
         let data = Bytes::from_static(br#"{"text":"hi"}"#);
-        let (h, p) = encode_publications("ep", "b1", 42, 7, &[(&data, Some(&who()))]);
+        let (h, p) = encode_publications("ep", "b1", 42, 7, &[(&data, Some(&who()), &Tags::new())]);
         let s = decode_publications(&h, &p).unwrap();
         assert_eq!(
             (s.epoch.as_str(), s.boot.as_str(), s.first, s.prev, s.last()),
@@ -268,7 +319,7 @@ mod tests {
         assert_eq!(s.publications[0].data, data);
         assert_eq!(s.publications[0].info, Some(who()));
 
-        let (h, p) = encode_publications("ep", "", 1, 0, &[(&data, None)]);
+        let (h, p) = encode_publications("ep", "", 1, 0, &[(&data, None, &Tags::new())]);
         let s = decode_publications(&h, &p).unwrap();
         assert_eq!(s.boot, "", "no boot id: no stamp");
         assert!(h.get(BOOT).is_none());
@@ -288,12 +339,18 @@ mod tests {
             Bytes::from_static(b"\"three\""),
         );
         let w = who();
+        let tags: Tags = [("kind".to_string(), "goal".to_string())].into();
+        let none = Tags::new();
         let (h, p) = encode_publications(
             "ep",
             "b1",
             10,
             3,
-            &[(&a, Some(&w)), (&b, None), (&c, Some(&w))],
+            &[
+                (&a, Some(&w), &none),
+                (&b, None, &tags),
+                (&c, Some(&w), &tags),
+            ],
         );
         let s = decode_publications(&h, &p).unwrap();
         let offsets: Vec<u64> = s.publications.iter().map(|p| p.offset).collect();
@@ -303,6 +360,31 @@ mod tests {
         assert_eq!(s.publications[1].info, None);
         assert_eq!(s.publications[2].data, c);
         assert_eq!(s.publications[2].info, Some(w));
+        let got: Vec<&Tags> = s.publications.iter().map(|p| &p.tags).collect();
+        assert_eq!(got, vec![&none, &tags, &tags]);
+        // One publication with tags and no info carries them too.
+        let (h, p) = encode_publications("ep", "", 1, 0, &[(&b, None, &tags)]);
+        let one = decode_publications(&h, &p).unwrap();
+        assert_eq!(
+            (&one.publications[0].tags, &one.publications[0].data),
+            (&tags, &b)
+        );
+    }
+
+    #[test]
+    fn an_unstored_publication_round_trips_as_offset_0() {
+        let data = Bytes::from_static(br#"{"typing":true}"#);
+        let tags: Tags = [("k".to_string(), "v".to_string())].into();
+        for (info, tags) in [(None, Tags::new()), (Some(who()), tags)] {
+            let (h, p) = encode_unstored(&data, info.as_ref(), &tags);
+            let Delivery::Unstored(got) = decode_delivery(Some(&h), &p) else {
+                panic!("not an unstored publication");
+            };
+            assert_eq!(
+                (got.offset, &got.data, &got.info, &got.tags),
+                (0, &data, &info, &tags)
+            );
+        }
     }
 
     #[test]
@@ -382,9 +464,10 @@ mod tests {
             ) {
                 let datas: Vec<Bytes> = datas.into_iter().map(Bytes::from).collect();
                 let info = super::who();
-                let items: Vec<(&Bytes, Option<&ClientInfo>)> = datas
+                let none = Tags::new();
+                let items: Vec<Item> = datas
                     .iter()
-                    .map(|d| (d, with_info.then_some(&info)))
+                    .map(|d| (d, with_info.then_some(&info), &none))
                     .collect();
                 let (h, p) = encode_publications(&epoch, "b", first, first - 1, &items);
                 let stored = decode_publications(&h, &p).expect("reads back");

@@ -56,6 +56,7 @@ use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind};
 use async_nats::{HeaderMap, HeaderValue};
 use bytes::Bytes;
 use herald_broker::{new_epoch, BrokerError, PublishOptions};
+use herald_protocol::tags::Tags;
 use herald_protocol::{ClientInfo, StreamPosition};
 use time::OffsetDateTime;
 use tokio::sync::oneshot;
@@ -63,7 +64,7 @@ use tracing::warn;
 
 use crate::boot::BootId;
 use crate::broker::Inner;
-use crate::codec::{decode_publications, encode_publications, Stored, MSG_ID};
+use crate::codec::{decode_publications, encode_publications, Item, Stored, MSG_ID};
 use crate::metrics::inc;
 use crate::names::escape;
 use crate::streams::Kind;
@@ -96,6 +97,7 @@ pub(crate) struct Tail {
 struct Pending {
     data: Bytes,
     info: Option<ClientInfo>,
+    tags: Tags,
     /// `Nats-Msg-Id`: the channel and the idempotency key, checked to be a valid header value.
     msg_id: Option<HeaderValue>,
     done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
@@ -429,6 +431,7 @@ async fn enqueue(
         ch.waiting.push_back(Pending {
             data,
             info,
+            tags: opts.tags.clone(),
             msg_id,
             done,
         });
@@ -589,8 +592,10 @@ async fn store_batch(
     tail: &mut Option<Tail>,
     batch: &[Pending],
 ) -> Result<Appended, BrokerError> {
-    let items: Vec<(&Bytes, Option<&ClientInfo>)> =
-        batch.iter().map(|p| (&p.data, p.info.as_ref())).collect();
+    let items: Vec<Item> = batch
+        .iter()
+        .map(|p| (&p.data, p.info.as_ref(), &p.tags))
+        .collect();
     let msg_id = match batch {
         [only] => only.msg_id.as_ref(),
         _ => None,
@@ -744,6 +749,7 @@ mod tests {
         lock(slot).waiting.push_back(Pending {
             data: Bytes::from_static(b"1"),
             info: None,
+            tags: Tags::new(),
             msg_id: None,
             done,
         });

@@ -125,6 +125,10 @@ fn deliver(inner: &Inner, channel: &str, message: Message) {
                 handler.on_publication(channel, &stored.epoch, p);
             }
         }
+        Delivery::Unstored(p) => {
+            inc(&inner.metrics.received_publications);
+            handler.on_publication(channel, "", p);
+        }
         Delivery::Presence(joined, who) => {
             inc(&inner.metrics.received_presence);
             handler.on_presence_change(channel, joined, who);

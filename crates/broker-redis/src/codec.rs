@@ -34,11 +34,14 @@ pub(crate) fn encode_presence(joined: bool, who: &ClientInfo) -> Vec<u8> {
 /// # Format
 /// ```text
 /// p <epoch> <offset> <info length> <info JSON><data JSON>
+/// p 9f3ac2e1d0b4a577 44 36 t{"kind":"goal"}\n{"user":"a","client":"c"}{"text":"hi"}
 /// p 9f3ac2e1d0b4a577 42 0 {"text":"hi"}
 /// p,00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 9f3ac2e1d0b4a577 43 0 {"text":"hi"}
 /// j {"user":"alice","client":"c1"}
 /// ```
-/// The publication's data is the bytes after the info, exactly as published. A traced
+/// The info slot holds the publisher's info and the publication's tags as
+/// [`herald_broker::meta`] encodes them. The publication's data is the bytes after it, exactly as
+/// published. A traced
 /// publication's first field carries its `traceparent` after `p,`: nodes that predate tracing
 /// read only the first byte of that field, so they deliver it as any other.
 pub(crate) fn decode(payload: Bytes) -> Option<Envelope> {
@@ -57,14 +60,17 @@ pub(crate) fn decode(payload: Bytes) -> Option<Envelope> {
             if info_len > rest_len {
                 return None;
             }
-            let info = match info_len {
-                0 => None,
-                n => Some(serde_json::from_slice(&payload[rest_start..rest_start + n]).ok()?),
-            };
+            let (info, tags) =
+                herald_broker::meta::decode_meta(&payload[rest_start..rest_start + info_len])?;
             let data = payload.slice(rest_start + info_len..);
             Some(Envelope::Publication {
                 epoch,
-                publication: Publication { offset, data, info },
+                publication: Publication {
+                    offset,
+                    data,
+                    info,
+                    tags,
+                },
                 traceparent,
             })
         }

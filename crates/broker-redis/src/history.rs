@@ -109,15 +109,13 @@ fn parse_history(reply: Vec<Value>) -> Result<HistoryResult, BrokerError> {
             .next()
             .and_then(into_bytes)
             .ok_or_else(|| bad_reply("history"))?;
-        let info = if info.is_empty() {
-            None
-        } else {
-            Some(serde_json::from_slice(&info).map_err(|_| bad_reply("history info"))?)
-        };
+        let (info, tags) =
+            herald_broker::meta::decode_meta(&info).ok_or_else(|| bad_reply("history info"))?;
         publications.push(Publication {
             offset,
             data: Bytes::from(data),
             info,
+            tags,
         });
     }
     Ok(HistoryResult {

@@ -22,7 +22,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use herald_broker::{BrokerError, PublishTarget};
-use herald_protocol::StreamPosition;
+use herald_protocol::{ClientInfo, StreamPosition};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, ProtocolVersion, RedisConnectionInfo, RedisError, Value};
 
@@ -155,7 +155,7 @@ impl Inner {
         targets: &[PublishTarget],
         calls: Vec<Call<'t>>,
         data: &Bytes,
-        info_json: &[u8],
+        info: Option<&ClientInfo>,
     ) -> Vec<(&'t [usize], Result<Vec<StreamPosition>, BrokerError>)> {
         let mut by_master: HashMap<String, Vec<Call<'t>>> = HashMap::new();
         let mut again: Vec<Call<'t>> = Vec::new();
@@ -171,7 +171,7 @@ impl Inner {
             None => again = calls,
         }
         let pipelines = by_master.into_iter().map(|(addr, calls)| async move {
-            let sent = self.pipeline(&addr, targets, &calls, data, info_json).await;
+            let sent = self.pipeline(&addr, targets, &calls, data, info).await;
             calls.into_iter().zip(sent).collect::<Vec<_>>()
         });
         let mut done = Vec::new();
@@ -186,7 +186,7 @@ impl Inner {
         }
         let one_by_one = again.into_iter().map(|call| async move {
             let entries = call.entries(targets);
-            let result = self.publish_call(0, &entries, data, info_json).await;
+            let result = self.publish_call(0, &entries, data, info).await;
             (call.chunk, result)
         });
         done.extend(join_all(one_by_one).await);
@@ -284,7 +284,7 @@ impl Inner {
         targets: &[PublishTarget],
         calls: &[Call<'_>],
         data: &Bytes,
-        info_json: &[u8],
+        info: Option<&ClientInfo>,
     ) -> Vec<Sent> {
         let again = || calls.iter().map(|_| Sent::Again).collect();
         let Ok((mut conn, run_id)) = self.master_conn(addr).await else {
@@ -301,7 +301,7 @@ impl Inner {
         let mut entries = Vec::with_capacity(calls.len());
         for call in calls {
             let call_entries = call.entries(targets);
-            let mut args = self.publish_args(&call_entries, data, info_json);
+            let mut args = self.publish_args(&call_entries, data, info);
             args.argv[IDENTITY_ARG] = identity.to_vec();
             let cmd = pipe
                 .cmd("EVALSHA")

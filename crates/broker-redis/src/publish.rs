@@ -8,6 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::join_all;
 use herald_broker::{new_epoch, BrokerError, ControlMessage, PublishOptions, PublishTarget};
+use herald_protocol::tags::Tags;
 use herald_protocol::{ClientInfo, StreamPosition};
 
 use crate::broker::Inner;
@@ -15,16 +16,6 @@ use crate::{codec, names, scripts};
 
 /// How long an idempotency key is remembered (as in the memory broker).
 const IDEMPOTENCY_TTL_S: u64 = 300;
-
-/// A publisher's info as the script stores it: JSON, or empty for none.
-fn info_json(info: Option<&ClientInfo>) -> Result<Vec<u8>, BrokerError> {
-    match info {
-        Some(i) => {
-            serde_json::to_vec(i).map_err(|e| BrokerError::internal(e.to_string()).caused_by(e))
-        }
-        None => Ok(Vec::new()),
-    }
-}
 
 /// Milliseconds for a script argument: at least 1, so a zero TTL never means "forever".
 pub(crate) fn ms(d: Duration) -> u64 {
@@ -73,10 +64,14 @@ impl Inner {
         info: Option<ClientInfo>,
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
-        let info_json = info_json(info.as_ref())?;
         let shard = self.shard(channel);
+        if opts.skip_history {
+            return self
+                .publish_unstored(shard, channel, &data, info.as_ref(), opts)
+                .await;
+        }
         let mut positions = self
-            .publish_call(shard, &[(channel, opts)], &data, &info_json)
+            .publish_call(shard, &[(channel, opts)], &data, info.as_ref())
             .await?;
         Ok(positions.remove(0))
     }
@@ -92,12 +87,16 @@ impl Inner {
         data: Bytes,
         info: Option<ClientInfo>,
     ) -> Vec<Result<StreamPosition, BrokerError>> {
-        let info_json = match info_json(info.as_ref()) {
-            Ok(json) => json,
-            Err(e) => return targets.iter().map(|_| Err(e.clone())).collect(),
-        };
-        // Group the targets' indices by where one call may take them.
-        let mut groups: HashMap<(usize, bool), Vec<usize>> = HashMap::new();
+        if targets.iter().any(|t| t.opts.skip_history) {
+            // Nothing to store: each is one pub/sub message, sent concurrently.
+            let each = targets
+                .iter()
+                .map(|t| self.publish(&t.channel, data.clone(), info.clone(), &t.opts));
+            return join_all(each).await;
+        }
+        // Group the targets' indices by where one call may take them (a call stores one info
+        // and tags for all its channels: a broadcast's are the same for every channel).
+        let mut groups: HashMap<(usize, bool, &Tags), Vec<usize>> = HashMap::new();
         for (i, t) in targets.iter().enumerate() {
             let place = if self.cluster {
                 usize::from(names::slot(&self.names.pubsub(&t.channel)))
@@ -105,25 +104,27 @@ impl Inner {
                 self.shard(&t.channel)
             };
             let keyed = t.opts.idempotency_key.is_some();
-            groups.entry((place, keyed)).or_default().push(i);
+            groups
+                .entry((place, keyed, &t.opts.tags))
+                .or_default()
+                .push(i);
         }
         let calls: Vec<Call> = groups
             .iter()
-            .flat_map(|(&(place, _), indices)| {
+            .flat_map(|(&(place, _, _), indices)| {
                 indices
                     .chunks(MAX_CHANNELS_PER_CALL)
                     .map(move |chunk| Call { place, chunk })
             })
             .collect();
-        let (data, info_json) = (&data, &info_json);
+        let (data, info) = (&data, info.as_ref());
         let done = if self.cluster && calls.len() > 1 {
-            self.publish_by_master(targets, calls, data, info_json)
-                .await
+            self.publish_by_master(targets, calls, data, info).await
         } else {
             let each = calls.into_iter().map(|call| async move {
                 let entries = call.entries(targets);
                 let shard = if self.cluster { 0 } else { call.place };
-                let result = self.publish_call(shard, &entries, data, info_json).await;
+                let result = self.publish_call(shard, &entries, data, info).await;
                 (call.chunk, result)
             });
             join_all(each).await
@@ -151,19 +152,22 @@ impl Inner {
     }
 
     /// The keys and arguments of one publish script call for `entries` (all on one shard, and on
-    /// one slot on a Cluster; all with an idempotency key or all without). The server identity
-    /// (`ARGV[6]`, at [`IDENTITY_ARG`]) is left empty: the connection that runs the call sets it.
+    /// one slot on a Cluster; all with an idempotency key or all without; all with the same
+    /// tags). The server identity (`ARGV[6]`, at [`IDENTITY_ARG`]) is left empty: the connection
+    /// that runs the call sets it.
     pub(crate) fn publish_args(
         &self,
         entries: &[Entry<'_>],
         data: &Bytes,
-        info_json: &[u8],
+        info: Option<&ClientInfo>,
     ) -> ScriptArgs {
+        // The script stores and sends this slot as it is (see `codec`).
+        let info_json = herald_broker::meta::encode_meta(info, &entries[0].1.tags);
         let keyed = entries[0].1.idempotency_key.is_some();
         let mut keys = Vec::with_capacity(entries.len() * 3);
         let mut argv: Vec<Vec<u8>> = Vec::with_capacity(6 + entries.len() * 8);
         argv.push(self.publish_command().as_bytes().to_vec());
-        argv.push(info_json.to_vec());
+        argv.push(info_json);
         argv.push(data.to_vec());
         argv.push(IDEMPOTENCY_TTL_S.to_string().into_bytes());
         argv.push(if keyed { b"3".to_vec() } else { b"2".to_vec() });
@@ -230,15 +234,16 @@ impl Inner {
     }
 
     /// One script call publishing `data` to `entries` (all on `shard`, and on one slot on a
-    /// Cluster; all with an idempotency key or all without): their positions in order.
+    /// Cluster; all with an idempotency key or all without; all with the same tags): their
+    /// positions in order.
     pub(crate) async fn publish_call(
         &self,
         shard: usize,
         entries: &[Entry<'_>],
         data: &Bytes,
-        info_json: &[u8],
+        info: Option<&ClientInfo>,
     ) -> Result<Vec<StreamPosition>, BrokerError> {
-        let ScriptArgs { keys, mut argv } = self.publish_args(entries, data, info_json);
+        let ScriptArgs { keys, mut argv } = self.publish_args(entries, data, info);
         let answer = self
             .run(shard, |mut c| async move {
                 argv[IDENTITY_ARG] = self.identity(&c).as_bytes().to_vec();
@@ -253,6 +258,29 @@ impl Inner {
             })
             .await;
         self.stored_positions(entries, answer)
+    }
+
+    /// A publication kept out of history: only sent on the channel's pub/sub channel, with offset
+    /// 0 and no epoch (`-`), in the format the publish script writes (see `codec`).
+    async fn publish_unstored(
+        &self,
+        shard: usize,
+        channel: &str,
+        data: &Bytes,
+        info: Option<&ClientInfo>,
+        opts: &PublishOptions,
+    ) -> Result<StreamPosition, BrokerError> {
+        let meta = herald_broker::meta::encode_meta(info, &opts.tags);
+        let mut payload = match opts.traceparent.as_deref().filter(|tp| !tp.contains(' ')) {
+            None => b"p".to_vec(),
+            Some(tp) => format!("p,{tp}").into_bytes(),
+        };
+        payload.extend_from_slice(format!(" - 0 {} ", meta.len()).as_bytes());
+        payload.extend_from_slice(&meta);
+        payload.extend_from_slice(data);
+        self.publish_raw(shard, self.names.pubsub(channel), payload)
+            .await?;
+        Ok(herald_broker::unstored())
     }
 
     /// A join or leave, on the channel's pub/sub channel (not stored).

@@ -88,7 +88,10 @@ impl Dispatch {
                 traceparent,
             }) => {
                 self.metrics.received_publications.inc();
-                self.watermarks.observe(channel, &epoch, publication.offset);
+                // A publication kept out of history (offset 0) has no position to watch.
+                if publication.offset > 0 {
+                    self.watermarks.observe(channel, &epoch, publication.offset);
+                }
                 match traceparent {
                     None => handler.on_publication(channel, &epoch, publication),
                     Some(tp) => handler.on_traced_publication(channel, &epoch, publication, &tp),

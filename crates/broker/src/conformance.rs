@@ -89,6 +89,8 @@ pub fn opts(size: usize) -> PublishOptions {
         },
         idempotency_key: None,
         traceparent: None,
+        tags: Default::default(),
+        skip_history: false,
     }
 }
 

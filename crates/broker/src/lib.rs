@@ -8,6 +8,7 @@
 //! # Layout
 //! - [`Broker`] and [`BrokerHandler`]: the trait a broker implements and the callbacks it calls.
 //! - [`memory`]: the in-memory broker (single node).
+//! - [`meta`]: a publication's info and tags in one byte string, for brokers that carry them so.
 //! - [`conformance`]: one test suite, written against the trait, that every broker runs.
 //! - [`backoff`]: retry pacing (doubling delays with jitter) for every retry loop.
 //! - [`watermark`]: the newest position a node saw per channel, to catch a broker that rolled back.
@@ -16,6 +17,7 @@
 pub mod backoff;
 pub mod conformance;
 pub mod memory;
+pub mod meta;
 pub mod redact;
 pub mod watermark;
 
@@ -202,7 +204,9 @@ pub struct NodeInfo {
 /// What a broker calls when something arrives for this node. Implemented by the hub. Calls must
 /// be cheap and never block on I/O: they run on the broker's receive path.
 pub trait BrokerHandler: Send + Sync + 'static {
-    /// A publication on a channel this node subscribed to, in offset order per channel.
+    /// A publication on a channel this node subscribed to, in offset order per channel. One with
+    /// offset 0 was kept out of the stream ([`PublishOptions::skip_history`]): it has no place in
+    /// that order, and its epoch means nothing.
     fn on_publication(&self, channel: &str, epoch: &str, publication: Publication);
     /// A publication that carries the W3C `traceparent` of the span that published it
     /// ([`PublishOptions::traceparent`]). A handler that does not trace delivers it as any other.
@@ -346,6 +350,21 @@ pub struct PublishOptions {
     /// node ([`BrokerHandler::on_traced_publication`]) so their fan-out spans join the trace.
     /// `None` unless tracing sampled this publication: nothing extra goes on the wire.
     pub traceparent: Option<String>,
+    /// The publication's tags, stored and delivered with it (empty: none).
+    pub tags: herald_protocol::tags::Tags,
+    /// Deliver to every node's subscribers now, without storing it or giving it an offset: it
+    /// reaches handlers as offset 0 (with any epoch), and the publish answers [`unstored`]. The
+    /// idempotency key is not remembered for it.
+    pub skip_history: bool,
+}
+
+/// The position a publish with [`PublishOptions::skip_history`] answers: none (empty epoch,
+/// offset 0), as the publication has none.
+pub fn unstored() -> StreamPosition {
+    StreamPosition {
+        epoch: String::new(),
+        offset: 0,
+    }
 }
 
 /// One channel of [`Broker::publish_many`], with how its stream is kept.

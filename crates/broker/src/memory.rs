@@ -185,6 +185,20 @@ impl Broker for MemoryBroker {
         info: Option<ClientInfo>,
         opts: &PublishOptions,
     ) -> Result<StreamPosition, BrokerError> {
+        if opts.skip_history {
+            // Under the stream lock, as stored publications are: delivered in publish order.
+            let _streams = self.shard(channel).lock().expect("stream lock");
+            if let Some(handler) = self.handler.get() {
+                let publication = Publication {
+                    offset: 0,
+                    data,
+                    info,
+                    tags: opts.tags.clone(),
+                };
+                handler.on_publication(channel, "", publication);
+            }
+            return Ok(crate::unstored());
+        }
         let now = Instant::now();
         let mut streams = self.shard(channel).lock().expect("stream lock");
         let stream = live_stream(&mut streams, channel, &opts.stream, now);
@@ -202,6 +216,7 @@ impl Broker for MemoryBroker {
             offset: stream.top,
             data,
             info,
+            tags: opts.tags.clone(),
         };
         if let Some(key) = &opts.idempotency_key {
             stream.recent_keys.insert(key.clone(), (stream.top, now));
@@ -393,6 +408,7 @@ mod tests {
                 offset: o,
                 data: Bytes::from_static(b"1"),
                 info: None,
+                tags: Default::default(),
             };
             s.entries.push_back((p, now));
         }
@@ -492,6 +508,8 @@ mod tests {
             stream: opts.clone(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
+            skip_history: false,
         };
         broker
             .publish("busy", Bytes::from_static(b"1"), None, &publish)

@@ -381,6 +381,9 @@ pub struct NamespaceConfig {
     /// (`subscribe` with `delta: "fossil"`); the node then keeps each channel's last
     /// publication and computes one delta per publication.
     pub allow_delta: bool,
+    /// Clients may subscribe with a tag filter (`subscribe` with `tf`): the node then delivers
+    /// them only the publications whose tags match it.
+    pub allow_tags_filter: bool,
 }
 
 /// A namespace's answer to a subscriber that falls behind (its connection's queue is full).
@@ -417,6 +420,7 @@ impl Default for NamespaceConfig {
             join_leave_batch_ms: 0,
             join_leave_counts: false,
             allow_delta: false,
+            allow_tags_filter: false,
         }
     }
 }

@@ -115,6 +115,7 @@ mod tests {
             offset,
             data: Bytes::from(data.to_owned()),
             info: None,
+            tags: Default::default(),
         }
     }
 

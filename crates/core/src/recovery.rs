@@ -129,6 +129,7 @@ mod tests {
                     offset: *o,
                     data: Bytes::from_static(b"1"),
                     info: None,
+                    tags: Default::default(),
                 })
                 .collect(),
             continuous,

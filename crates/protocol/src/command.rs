@@ -228,6 +228,10 @@ pub struct SubscribeParams {
     /// Delta compression for this subscription's live publications (the namespace must allow
     /// it): each is sent as a delta against the previous one the client holds.
     pub delta: Option<DeltaType>,
+    /// A tag filter (the namespace must allow it): only publications whose tags match it are
+    /// delivered (see [`crate::tags`]). Centrifugo's name; `tags_filter` is accepted too.
+    #[serde(alias = "tags_filter")]
+    pub tf: Option<Box<crate::tags::FilterSpec>>,
 }
 
 /// The delta encodings a subscription may ask for.
@@ -252,6 +256,9 @@ pub struct PublishParams {
     pub channel: String,
     /// Any JSON value, kept as raw text.
     pub data: Box<RawValue>,
+    /// The publication's tags, which subscribers' tag filters select on.
+    #[serde(default)]
+    pub tags: crate::tags::Tags,
 }
 
 /// `history` params.

@@ -91,6 +91,8 @@ pub fn push_publication_text(
         delta: bool,
         #[serde(skip_serializing_if = "Option::is_none")]
         info: Option<PublisherWire<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tags: Option<&'a crate::tags::Tags>,
     }
     #[derive(Serialize)]
     struct Push<'a> {
@@ -104,6 +106,7 @@ pub fn push_publication_text(
             data: text,
             delta,
             info: publication.info.as_ref().map(PublisherWire::from),
+            tags: (!publication.tags.is_empty()).then_some(&publication.tags),
         },
     };
     Bytes::from(serde_json::to_vec(&push).expect("publication serializes"))
@@ -261,6 +264,7 @@ mod tests {
             offset: 7,
             data: Bytes::from_static(br#"{"x": 1}"#),
             info: None,
+            tags: Default::default(),
         };
         assert_eq!(
             &push_publication("news", &p)[..],
@@ -281,6 +285,7 @@ mod tests {
             offset: 1,
             data: Bytes::from_static(b"1"),
             info: Some(who.clone()),
+            tags: Default::default(),
         };
         assert_eq!(
             &push_publication("c", &p)[..],

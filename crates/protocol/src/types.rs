@@ -4,6 +4,8 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use crate::tags::Tags;
+
 /// Who published or who joined/left: `{"user": "...", "client": "..."}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ClientInfo {
@@ -45,6 +47,9 @@ pub struct Publication {
     pub data: Bytes,
     /// Publisher, when a client published.
     pub info: Option<ClientInfo>,
+    /// The publisher's tags (empty for most publications), which subscribers' tag filters
+    /// select on (see [`crate::tags`]).
+    pub tags: Tags,
 }
 
 impl Publication {
@@ -74,13 +79,22 @@ fn null_raw() -> &'static RawValue {
 /// Wire form of a publication inside replies (`publications: [...]`).
 #[derive(Serialize)]
 pub struct PublicationWire<'a> {
-    /// Offset within the epoch.
+    /// Offset within the epoch; absent for a publication kept out of history
+    /// (`skip_history`), which has none.
+    #[serde(skip_serializing_if = "is_zero")]
     pub offset: u64,
     /// Raw JSON payload.
     pub data: &'a RawValue,
     /// Publisher info without the presence `info` claim.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub info: Option<PublisherWire<'a>>,
+    /// The publication's tags; absent when it has none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tags: Option<&'a Tags>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// `{"user","client","info"?}` as carried in publications and join/leave pushes; `info` is the
@@ -112,6 +126,7 @@ impl<'a> From<&'a Publication> for PublicationWire<'a> {
             offset: p.offset,
             data: p.data_raw(),
             info: p.info.as_ref().map(PublisherWire::from),
+            tags: (!p.tags.is_empty()).then_some(&p.tags),
         }
     }
 }

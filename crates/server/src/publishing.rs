@@ -22,6 +22,7 @@ use herald_core::config::Limits;
 use herald_core::namespace::NamespaceError;
 use herald_core::session::{check_data_depth, NodeContext};
 use herald_protocol::command::json_error_reason;
+use herald_protocol::tags::Tags;
 use herald_protocol::{CommandError, ErrorCode, StreamPosition};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -119,6 +120,10 @@ pub enum Command {
         data: Bytes,
         /// The caller's own idempotency key, if the payload carried one.
         idempotency_key: Option<String>,
+        /// The publication's tags (checked against [`herald_protocol::tags`]'s bounds).
+        tags: Tags,
+        /// Deliver it live only, without storing it (on a channel with history).
+        skip_history: bool,
     },
     /// Publish the same `data` to many channels.
     Broadcast {
@@ -128,6 +133,10 @@ pub enum Command {
         data: Bytes,
         /// The caller's own idempotency key, if the payload carried one.
         idempotency_key: Option<String>,
+        /// Each publication's tags.
+        tags: Tags,
+        /// Deliver them live only, without storing them (on channels with history).
+        skip_history: bool,
     },
 }
 
@@ -139,6 +148,10 @@ struct PublishBody {
     data: Option<Box<RawValue>>,
     b64data: Option<String>,
     idempotency_key: Option<String>,
+    #[serde(default)]
+    tags: Tags,
+    #[serde(default)]
+    skip_history: bool,
 }
 
 #[derive(Deserialize)]
@@ -149,6 +162,16 @@ struct BroadcastBody {
     data: Option<Box<RawValue>>,
     b64data: Option<String>,
     idempotency_key: Option<String>,
+    #[serde(default)]
+    tags: Tags,
+    #[serde(default)]
+    skip_history: bool,
+}
+
+/// Tags within [`herald_protocol::tags`]'s bounds, or error 107 saying which one they pass.
+pub fn check_tags(tags: &Tags) -> Result<(), PublishError> {
+    herald_protocol::tags::check_tags(tags)
+        .map_err(|why| PublishError::refused(ErrorCode::BadRequest, why))
 }
 
 /// A field that is there, `null` included (`"data": null` is data; only an absent one is not).
@@ -203,20 +226,26 @@ impl Command {
                 let b: PublishBody = from_json(payload)?;
                 let data = data_or_b64(b.data.as_deref(), b.b64data.as_deref())?;
                 check(b.idempotency_key.as_deref())?;
+                check_tags(&b.tags)?;
                 Ok(Command::Publish {
                     channel: b.channel,
                     data,
                     idempotency_key: b.idempotency_key,
+                    tags: b.tags,
+                    skip_history: b.skip_history,
                 })
             }
             "broadcast" => {
                 let b: BroadcastBody = from_json(payload)?;
                 let data = data_or_b64(b.data.as_deref(), b.b64data.as_deref())?;
                 check(b.idempotency_key.as_deref())?;
+                check_tags(&b.tags)?;
                 Ok(Command::Broadcast {
                     channels: b.channels,
                     data,
                     idempotency_key: b.idempotency_key,
+                    tags: b.tags,
+                    skip_history: b.skip_history,
                 })
             }
             other => Err(PublishError::refused(
@@ -246,6 +275,20 @@ impl Command {
     fn data(&self) -> &Bytes {
         match self {
             Command::Publish { data, .. } | Command::Broadcast { data, .. } => data,
+        }
+    }
+
+    fn tags(&self) -> &Tags {
+        match self {
+            Command::Publish { tags, .. } | Command::Broadcast { tags, .. } => tags,
+        }
+    }
+
+    fn skips_history(&self) -> bool {
+        match self {
+            Command::Publish { skip_history, .. } | Command::Broadcast { skip_history, .. } => {
+                *skip_history
+            }
         }
     }
 
@@ -388,16 +431,22 @@ pub async fn execute_traced(
     }
     let key = cmd.own_key().or(key);
     let data = cmd.data();
+    let published = Published {
+        key,
+        traceparent,
+        tags: cmd.tags(),
+        skip_history: cmd.skips_history(),
+    };
     let results = match cmd {
         Command::Publish { channel, .. } => {
-            vec![publish_one(ctx, channel, data.clone(), key, traceparent).await]
+            vec![publish_one(ctx, channel, data.clone(), &published).await]
         }
         Command::Broadcast { channels, .. } => {
             let publish_all = broadcast(
                 ctx,
                 channels,
                 data,
-                (key, traceparent),
+                &published,
                 limits.broadcast_concurrency,
             );
             ctx.hub.gathering_direct_writes(publish_all).await
@@ -420,7 +469,7 @@ async fn broadcast(
     ctx: &NodeContext,
     channels: &[String],
     data: &Bytes,
-    (key, traceparent): (Option<&str>, Option<&str>),
+    published: &Published<'_>,
     concurrency: usize,
 ) -> Vec<Result<StreamPosition, PublishError>> {
     let mut results: Vec<Option<Result<StreamPosition, PublishError>>> =
@@ -428,7 +477,7 @@ async fn broadcast(
     let mut targets = Vec::with_capacity(channels.len());
     let mut places = Vec::with_capacity(channels.len());
     for (i, channel) in channels.iter().enumerate() {
-        match publish_options(ctx, channel, key, traceparent) {
+        match publish_options(ctx, channel, published) {
             Ok(opts) => {
                 let channel = channel.clone();
                 targets.push(PublishTarget { channel, opts });
@@ -462,31 +511,44 @@ async fn broadcast(
         .collect()
 }
 
-/// A channel's publish options: its namespace's stream options, the idempotency key and the
-/// trace context.
+/// What every publication of one command carries besides its data.
+struct Published<'a> {
+    /// The idempotency key.
+    key: Option<&'a str>,
+    /// The trace context.
+    traceparent: Option<&'a str>,
+    /// The tags.
+    tags: &'a Tags,
+    /// Live only, not stored.
+    skip_history: bool,
+}
+
+/// A channel's publish options: its namespace's stream options, the idempotency key, the
+/// trace context and the tags.
 fn publish_options(
     ctx: &NodeContext,
     channel: &str,
-    key: Option<&str>,
-    traceparent: Option<&str>,
+    published: &Published<'_>,
 ) -> Result<PublishOptions, PublishError> {
     let ns = ctx.namespaces.resolve(channel)?;
     Ok(PublishOptions {
         stream: ns.stream_options(),
-        idempotency_key: key.map(str::to_owned),
-        traceparent: traceparent.map(str::to_owned),
+        idempotency_key: published.key.map(str::to_owned),
+        traceparent: published.traceparent.map(str::to_owned),
+        tags: published.tags.clone(),
+        // Where nothing is kept it changes nothing: the publication is published as always.
+        skip_history: published.skip_history && ns.history_size > 0,
     })
 }
 
 /// Publish to one channel of a configured namespace.
-pub async fn publish_one(
+async fn publish_one(
     ctx: &NodeContext,
     channel: &str,
     data: Bytes,
-    key: Option<&str>,
-    traceparent: Option<&str>,
+    published: &Published<'_>,
 ) -> Result<StreamPosition, PublishError> {
-    let opts = publish_options(ctx, channel, key, traceparent)?;
+    let opts = publish_options(ctx, channel, published)?;
     Ok(ctx.hub.publish(channel, data, None, &opts).await?)
 }
 

@@ -94,23 +94,50 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
            ('publish', '{"channel": "room", "b64data": "eyJpIjogMn0="}'),
            ('broadcast', '{"channels": ["live:a", "live:b"], "data": {"i": 3}, "skip_history": true, "idempotency_key": "typing-1"}'),
            ('publish', '{"channel": "room", "data": {"i": 4}, "tags": {"kind": "x"}}'),
-           ('publish', '{"channel": "room", "data": {"i": 5}}'),
+           ('publish', '{"channel": "room", "data": {"i": 5}, "version": 3}'),
+           ('publish', '{"channel": "room", "data": {"i": 6}, "skip_history": true}'),
            ('subscribe', '{"user": "alice", "channel": "room"}');"#,
     );
-    let seen = received(&mut sub, 5).await;
+    let seen = received(&mut sub, 6).await;
     assert_eq!(
         seen["room"],
-        [json!({"i": 1}), json!({"i": 2}), json!({"i": 5})],
+        [
+            json!({"i": 1}),
+            json!({"i": 2}),
+            json!({"i": 4}),
+            json!({"i": 6})
+        ],
         "{seen:?}"
     );
     assert_eq!(seen["live:a"], [json!({"i": 3})], "{seen:?}");
     assert_eq!(seen["live:b"], [json!({"i": 3})], "{seen:?}");
     nothing_more(&mut sub, Duration::from_millis(500)).await;
 
-    // The row with tags Herald cannot carry is dead-lettered, the error naming the field.
+    // The row with tags is published with them (the history shows them); the row with a
+    // version Herald cannot honour is dead-lettered, the error naming the field.
+    let (_, h) = node
+        .api("/api/history", Some(json!({"channel": "room"})))
+        .await;
+    let tagged: Vec<&Value> = h["publications"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter(|p| p["data"] == json!({"i": 4}))
+        .collect();
+    assert_eq!(tagged.len(), 1, "{h}");
+    assert_eq!(tagged[0]["tags"], json!({"kind": "x"}), "{h}");
+    // The skip_history row reached the subscriber live (above) and is not in history.
+    assert!(
+        !h["publications"]
+            .as_array()
+            .expect("history")
+            .iter()
+            .any(|p| p["data"] == json!({"i": 6})),
+        "{h}"
+    );
     let dead = eventually_ok(
         DEADLINE,
-        "the tags row in the dead-letter table",
+        "the version row in the dead-letter table",
         || async {
             let d = pg.psql("SELECT error FROM centrifugo_outbox_dead");
             if d.is_empty() {
@@ -121,7 +148,7 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
         },
     )
     .await;
-    assert!(dead.contains("\"tags\" is not supported"), "{dead}");
+    assert!(dead.contains("\"version\" is not supported"), "{dead}");
     // Centrifugo's control commands reach the user's connection: subscribed, then closed.
     let first = alice.next().await;
     assert_eq!(first["subscribe"]["channel"], "room", "{first}");

@@ -637,6 +637,7 @@ impl State {
                     offset: stream.top,
                     data,
                     info,
+                    tags: opts.tags.clone(),
                 };
                 if let Some(key) = &opts.idempotency_key {
                     stream

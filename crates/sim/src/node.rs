@@ -216,6 +216,8 @@ async fn api_publish(
         stream: ns.stream_options(),
         idempotency_key: Some(key),
         traceparent: None,
+        tags: Default::default(),
+        skip_history: false,
     };
     ctx.hub
         .publish(channel, data, None, &opts)

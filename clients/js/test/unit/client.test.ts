@@ -346,6 +346,31 @@ describe('subscriptions and recovery', () => {
     expect(sub.position).toEqual({ epoch: 'e', offset: 4 });
   });
 
+  it('sends a tag filter as tf, hands tags to the app, and takes filtered holes as no gaps', async () => {
+    const h = client();
+    const s = await connected(h);
+    const got: Array<[number, number, unknown]> = [];
+    const tagsFilter = { key: 'kind', cmp: 'eq', val: 'goal' } as const;
+    const sub = h.subscribe<number>('match', {
+      tagsFilter,
+      onPublication: (p) => got.push([p.offset, p.data, p.tags]),
+    });
+    expect(s.cmd('subscribe').params).toEqual({ channel: 'match', tf: tagsFilter });
+    s.reply('subscribe', { epoch: 'e', offset: 2, recoverable: true });
+    await sub.ready();
+    s.push({ pub: { channel: 'match', offset: 5, data: 5, tags: { kind: 'goal' } } });
+    // No offset: a publication kept out of history, delivered without moving the position.
+    s.push({ pub: { channel: 'match', data: 0, tags: { kind: 'goal' } } });
+    s.push({ pub: { channel: 'match', offset: 9, data: 9, tags: { kind: 'goal' } } });
+    expect(got).toEqual([
+      [5, 5, { kind: 'goal' }],
+      [0, 0, { kind: 'goal' }],
+      [9, 9, { kind: 'goal' }],
+    ]);
+    expect(sub.position).toEqual({ epoch: 'e', offset: 9 });
+    expect(s.countOf('unsubscribe')).toBe(0);
+  });
+
   it('restores every subscription with since in one connect after a reconnect, and recovers', async () => {
     const h = client();
     const chat: number[] = [];

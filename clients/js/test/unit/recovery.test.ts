@@ -20,7 +20,6 @@ describe('StreamTracker', () => {
     t.applySubscribe({ epoch: 'e1', offset: 0, recoverable: true }, undefined);
     expect(t.applyPublication(pub(1))).toBe('deliver');
     expect(t.applyPublication(pub(1))).toBe('duplicate');
-    expect(t.applyPublication(pub(0))).toBe('duplicate');
     expect(t.applyPublication(pub(3))).toBe('gap');
     // A hole does not move the position: recovery starts from the last delivered offset.
     expect(t.since()).toEqual({ epoch: 'e1', offset: 1 });
@@ -101,6 +100,36 @@ describe('StreamTracker', () => {
       t.since(),
     );
     expect(o.gap).toBe(true);
+  });
+
+  it('delivers a publication without offset (skip_history) and keeps the position', () => {
+    const t = new StreamTracker();
+    t.applySubscribe({ epoch: 'e1', offset: 3, recoverable: true }, undefined);
+    expect(t.applyPublication({ offset: 0, data: 'live' })).toBe('deliver');
+    expect(t.since()).toEqual({ epoch: 'e1', offset: 3 });
+    expect(t.applyPublication(pub(4))).toBe('deliver');
+    expect(t.applyPublication(pub(6))).toBe('gap');
+  });
+
+  it('with a tag filter, takes holes as left out by the filter, not as gaps', () => {
+    const t = new StreamTracker(undefined, true);
+    t.applySubscribe({ epoch: 'e1', offset: 3, recoverable: true }, undefined);
+    expect(t.applyPublication(pub(6))).toBe('deliver');
+    expect(t.applyPublication(pub(6))).toBe('duplicate');
+    expect(t.applyPublication(pub(5))).toBe('duplicate');
+    expect(t.applyPublication(pub(9))).toBe('deliver');
+    expect(t.since()).toEqual({ epoch: 'e1', offset: 9 });
+    expect(t.applySkip(12, 14)).toBe('deliver');
+    expect(t.since()).toEqual({ epoch: 'e1', offset: 14 });
+    // Recovery returns only the matches after the position; the stream's newest becomes it.
+    const o = t.applySubscribe(
+      { epoch: 'e1', offset: 30, recoverable: true, recovered: true, publications: [pub(20), pub(17)] },
+      t.since(),
+    );
+    expect(o.publications.map((p) => p.offset)).toEqual([17, 20]);
+    expect(o.gap).toBe(false);
+    expect(t.since()).toEqual({ epoch: 'e1', offset: 30 });
+    expect(t.applyPublication(pub(33))).toBe('deliver');
   });
 
   it('passes everything through on channels without history', () => {

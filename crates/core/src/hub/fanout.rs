@@ -14,7 +14,11 @@ impl Hub {
                 self.shared.metrics.publications_without_subscriber.inc();
                 return;
             };
-            self.deliver_to(channel, ch, epoch, publication, Some(&mut direct));
+            if publication.offset == 0 {
+                deliver_unstored(channel, ch, &publication, &mut direct);
+            } else {
+                self.deliver_to(channel, ch, epoch, publication, Some(&mut direct));
+            }
         }
         write_direct(direct);
     }
@@ -91,7 +95,9 @@ impl Hub {
         for sub in ch.subscribers.values_mut() {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
-                Mode::Live { skip_until } if p.offset > *skip_until => {
+                // A subscriber whose tag filter refuses it does not get it (its client's position
+                // moves on with the next publication it does get: see docs/protocol.md).
+                Mode::Live { skip_until } if p.offset > *skip_until && passes(&sub.filter, &p) => {
                     let (frame, full) = match &sub.delta {
                         Some(d) => delta_frames.for_subscriber(d.holds),
                         None => (frame.clone(), None),
@@ -271,6 +277,38 @@ impl Hub {
             }
         }
     }
+}
+
+/// A publication kept out of the stream (`skip_history`, offset 0): to every live subscriber
+/// whose filter takes it, now, outside offset order, catch-ups and baselines (it has no
+/// position); pending subscribers do not get it (at most once, live only). Its push has no
+/// offset, and a delta subscriber's next publication goes in full (its client keeps no base
+/// after a plain `pub`).
+///
+/// Lock: the channel's shard lock is held.
+fn deliver_unstored(
+    channel: &str,
+    ch: &mut Channel,
+    p: &Publication,
+    direct: &mut Vec<Arc<Outbound>>,
+) {
+    let frame = push_publication(channel, p);
+    for sub in ch.subscribers.values_mut() {
+        if !matches!(sub.mode, Mode::Live { .. }) || !passes(&sub.filter, p) {
+            continue;
+        }
+        if let Some(d) = &mut sub.delta {
+            d.holds = None;
+        }
+        if sub.out.push_for_fanout(frame.clone(), None) == Some(true) {
+            direct.push(sub.out.clone());
+        }
+    }
+}
+
+/// Whether a subscriber with `filter` (none: every publication) gets `p`.
+pub(super) fn passes(filter: &Option<Box<TagFilter>>, p: &Publication) -> bool {
+    filter.as_ref().is_none_or(|f| f.matches(&p.tags))
 }
 
 /// Offsets skipped: catch up from history first.

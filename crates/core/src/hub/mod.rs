@@ -57,6 +57,7 @@ use herald_broker::{
     PublishOptions, PublishTarget, SharedBroker, StreamOptions,
 };
 use herald_protocol::encode::{push_presence_change, push_publication};
+use herald_protocol::tags::TagFilter;
 use herald_protocol::{ClientInfo, CloseCode, Publication, StreamPosition};
 
 use crate::config::{Backpressure, NamespaceConfig};
@@ -125,6 +126,9 @@ struct Subscriber {
     backpressure: Backpressure,
     /// Set when the subscription asked for delta compression (see [`crate::delta`]).
     delta: Option<DeltaSubscriber>,
+    /// Set when the subscription has a tag filter: only matching publications reach it (boxed:
+    /// most subscribers have none, and pay one pointer for it).
+    filter: Option<Box<TagFilter>>,
 }
 
 struct Channel {

@@ -1,6 +1,7 @@
 //! Subscribing and unsubscribing: the pending → live hand-over of a new subscriber and the
 //! channel's baseline (see the module docs of [`super`]).
 
+use super::fanout::passes;
 use super::*;
 
 impl Hub {
@@ -34,6 +35,7 @@ impl Hub {
                         mode: Mode::Pending(Vec::new()),
                         backpressure: ns.backpressure,
                         delta: None,
+                        filter: None,
                     },
                 );
                 // Read under the same lock that made the subscriber pending: what the channel
@@ -139,7 +141,10 @@ impl Hub {
                     self.shared.metrics.continuity_lost.inc();
                     return;
                 }
-                for p in waiting.iter().filter(|p| p.offset > top) {
+                for p in waiting
+                    .iter()
+                    .filter(|p| p.offset > top && passes(&sub.filter, p))
+                {
                     sub.out.push(push_publication(channel, p));
                 }
             }
@@ -183,6 +188,19 @@ impl Hub {
             .and_then(|ch| ch.subscribers.get_mut(&key))
         {
             sub.delta = Some(DeltaSubscriber::default());
+        }
+    }
+
+    /// Deliver this (pending) subscriber only the publications whose tags match `filter`. Call
+    /// between [`prepare_subscription`](Self::prepare_subscription) and
+    /// [`activate`](Self::activate): what arrived meanwhile is filtered on activation.
+    pub fn use_tags_filter(&self, channel: &str, key: ConnKey, filter: TagFilter) {
+        let mut shard = self.shard(channel).lock().expect("hub lock");
+        if let Some(sub) = shard
+            .get_mut(channel)
+            .and_then(|ch| ch.subscribers.get_mut(&key))
+        {
+            sub.filter = Some(Box::new(filter));
         }
     }
 

@@ -136,6 +136,8 @@ async fn publish(hub: &Hub, channel: &str, n: u64) {
             stream: ns().stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
+            skip_history: false,
         };
         hub.broker()
             .publish(channel, Bytes::from(i.to_string()), None, &opts)
@@ -232,6 +234,7 @@ fn publication(offset: u64) -> Publication {
         offset,
         data: Bytes::from(offset.to_string()),
         info: None,
+        tags: Default::default(),
     }
 }
 
@@ -447,6 +450,7 @@ async fn duplicates_are_dropped() {
         offset: 2,
         data: Bytes::from_static(b"x"),
         info: None,
+        tags: Default::default(),
     };
     hub.deliver("ch", &pos.epoch, p);
     assert_eq!(offsets(&out), vec![1, 2]);
@@ -564,4 +568,89 @@ async fn a_small_channel_keeps_no_recent_publications_and_asks_the_broker() {
     assert_eq!(reply_offsets(&reply), [2, 3]);
     // The first subscriber set the baseline from the broker; nothing was answered locally.
     assert_eq!(hub.metrics().history_reads_local.get(), 0);
+}
+
+/// Publish data `i` with `tags` (and `skip_history`) to `channel` through the broker.
+async fn publish_tagged(hub: &Hub, channel: &str, i: u64, tags: &[(&str, &str)], skip: bool) {
+    let opts = PublishOptions {
+        stream: ns().stream_options(),
+        idempotency_key: None,
+        traceparent: None,
+        tags: tags
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        skip_history: skip,
+    };
+    hub.broker()
+        .publish(channel, Bytes::from(i.to_string()), None, &opts)
+        .await
+        .unwrap();
+}
+
+/// Each queued `pub` as (offset, or 0 when it has none; data).
+fn pubs(out: &Outbound) -> Vec<(u64, u64)> {
+    out.drain()
+        .frames
+        .iter()
+        .map(|f| {
+            let v: serde_json::Value = serde_json::from_slice(f).unwrap();
+            let p = &v["pub"];
+            (
+                p["offset"].as_u64().unwrap_or(0),
+                p["data"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_tag_filter_lets_through_only_matching_publications_held_or_live() {
+    let hub = hub().await;
+    let (_, plain) = subscribed(&hub, "ch", "c0").await;
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register("c1".into(), "u".into(), out.clone());
+    let since = hub
+        .prepare_subscription("ch", key, &out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    let spec = serde_json::from_str(r#"{"key":"k","cmp":"eq","val":"yes"}"#).unwrap();
+    hub.use_tags_filter("ch", key, TagFilter::from_spec(&spec).unwrap());
+    // Held for the pending subscriber, then filtered on activation.
+    publish_tagged(&hub, "ch", 1, &[("k", "yes")], false).await;
+    publish_tagged(&hub, "ch", 2, &[("k", "no")], false).await;
+    hub.activate("ch", key, &since);
+    publish_tagged(&hub, "ch", 3, &[], false).await;
+    publish_tagged(&hub, "ch", 4, &[("k", "yes")], false).await;
+    assert_eq!(pubs(&out), [(1, 1), (4, 4)]);
+    assert_eq!(pubs(&plain), [(1, 1), (2, 2), (3, 3), (4, 4)]);
+}
+
+#[tokio::test]
+async fn an_unstored_publication_reaches_live_subscribers_and_leaves_the_stream_as_it_was() {
+    let hub = hub().await;
+    let (_, live) = subscribed(&hub, "ch", "c0").await;
+    let out = Arc::new(Outbound::new(1 << 20));
+    let key = hub.register("c1".into(), "u".into(), out.clone());
+    publish_tagged(&hub, "ch", 1, &[], false).await;
+    let since = hub
+        .prepare_subscription("ch", key, &out, None, &ns())
+        .await
+        .unwrap()
+        .position;
+    // The pending subscriber does not get it (live only); the live one does, without offset.
+    publish_tagged(&hub, "ch", 7, &[], true).await;
+    hub.activate("ch", key, &since);
+    publish_tagged(&hub, "ch", 2, &[], false).await;
+    assert_eq!(pubs(&live), [(1, 1), (0, 7), (2, 2)]);
+    assert_eq!(pubs(&out), [(2, 2)]);
+    assert!(lost(&live).is_empty() && lost(&out).is_empty());
+    let h = hub
+        .broker()
+        .history("ch", &HistoryQuery::default(), &ns().stream_options())
+        .await
+        .unwrap();
+    let kept: Vec<u64> = h.publications.iter().map(|p| p.offset).collect();
+    assert_eq!((kept, h.position.offset), (vec![1, 2], 2));
 }

@@ -6,6 +6,8 @@ impl Session {
     pub(super) async fn publish(&mut self, p: PublishParams) -> Result<StreamPosition, Refusal> {
         let (ns, allowed) = self.permit(&p.channel, Action::Publish)?;
         check_data_depth(p.data.get())?;
+        herald_protocol::tags::check_tags(&p.tags)
+            .map_err(|why| CommandError::new(ErrorCode::BadRequest, why))?;
         let mut data = Bytes::copy_from_slice(p.data.get().as_bytes());
         if allowed == Allowed::IfPublishHookAllows {
             let Some(proxy) = self.channel_hook(Hook::Publish, Some(&p.channel)) else {
@@ -36,6 +38,8 @@ impl Session {
             stream: ns.stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: p.tags,
+            skip_history: false,
         };
         let position = self
             .ctx

@@ -2,6 +2,7 @@
 //! budget, and presence on joining and leaving.
 
 use super::*;
+use herald_protocol::tags::{FilterSpec, TagFilter};
 
 /// A subscription's first half, with the subscribe proxy's `data` for the reply.
 pub(super) type Prepared = (SubscribeResult, Option<Box<RawValue>>);
@@ -149,6 +150,10 @@ impl Session {
         if delta {
             self.check_delta(&p.channel)?;
         }
+        let filter = match &p.tf {
+            Some(spec) => Some(self.check_tags_filter(&p.channel, spec)?),
+            None => None,
+        };
         let (mut result, data) = self
             .prepare(
                 &p.channel,
@@ -159,6 +164,10 @@ impl Session {
                 None,
             )
             .await?;
+        if let Some(f) = &filter {
+            // Recovery skips what the filter refuses, as live delivery does.
+            result.publications.retain(|p| f.matches(&p.tags));
+        }
         let mut budget = self.recovery_budget();
         self.charge_recovery(&mut result, &mut budget);
         let expires_in = self
@@ -180,9 +189,12 @@ impl Session {
             #[serde(skip_serializing_if = "std::ops::Not::not")]
             delta: bool,
         }
+        let key = self.connected.as_ref().expect("connected").key;
         if delta {
-            let key = self.connected.as_ref().expect("connected").key;
             self.ctx.hub.use_delta(&p.channel, key);
+        }
+        if let Some(f) = filter {
+            self.ctx.hub.use_tags_filter(&p.channel, key, f);
         }
         let subscribed = Subscribed {
             result: &result,
@@ -209,6 +221,23 @@ impl Session {
             .into()),
             _ => Ok(()),
         }
+    }
+
+    /// A tag filter is asked for: the channel's namespace must allow it (an unknown namespace is
+    /// left to the subscription's own checks), and the filter must be well formed and within
+    /// bounds.
+    fn check_tags_filter(&self, channel: &str, spec: &FilterSpec) -> Result<TagFilter, Refusal> {
+        if let Ok(ns) = self.ctx.namespaces.resolve(channel) {
+            if !ns.allow_tags_filter {
+                return Err(CommandError::new(
+                    ErrorCode::NotAvailable,
+                    "tag filters are not allowed in this namespace (allow_tags_filter)",
+                )
+                .into());
+            }
+        }
+        TagFilter::from_spec(spec)
+            .map_err(|why| CommandError::new(ErrorCode::BadRequest, why).into())
     }
 
     /// Leave a channel: hub, presence and leave push.

@@ -8,13 +8,12 @@
 //! The others:
 //! - `b64data`: decoded, and published as the data when the bytes are JSON (Herald's
 //!   publications are JSON); anything else is error 107.
-//! - `skip_history`: honoured where it changes nothing, on channels whose namespace keeps no
-//!   history; on a channel with history it is error 107, because every publication of a Herald
-//!   stream is kept in order (recovery is all or nothing over offsets).
+//! - `skip_history`: honoured: on a channel with history the publication is delivered live
+//!   only, not stored and without an offset (docs/protocol.md, "skip_history").
 //! - `delta`: accepted; subscribers get the whole data (Herald has no delta compression), which
 //!   is what a Centrifugo client that did not negotiate deltas gets too.
-//! - `tags`, `version`, `version_epoch` set: error 107 (Herald publications carry no tags, and
-//!   do not drop stale versions).
+//! - `tags`: carried with the publication, within Herald's bounds (docs/protocol.md, "Tags").
+//! - `version`, `version_epoch` set: error 107 (Herald does not drop stale versions).
 
 use bytes::Bytes;
 use herald_broker::ControlMessage;
@@ -24,20 +23,17 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::fields::Fields;
-use crate::publishing::{check_idempotency_key, data_or_b64, Command, PublishError};
+use crate::publishing::{check_idempotency_key, check_tags, data_or_b64, Command, PublishError};
+use herald_protocol::tags::Tags;
 
 /// Centrifugo's fields of `publish` and `broadcast` that Herald does not honour, accepted
-/// only at their zero value (`tags` `{}`, `version` 0, `version_epoch` "").
-const UNSUPPORTED: &[&str] = &["tags", "version", "version_epoch"];
+/// only at their zero value (`version` 0, `version_epoch` "").
+const UNSUPPORTED: &[&str] = &["version", "version_epoch"];
 
 /// The command for Centrifugo `method` (`publish` or `broadcast`) with `payload`, its request
-/// body; `namespaces` decide where `skip_history` is allowed. Herald's own bodies are decoded
+/// body. Herald's own bodies are decoded
 /// the same way. Errors are refusals (107, 104 for another method): retrying cannot help.
-pub fn decode(
-    method: &str,
-    payload: &[u8],
-    namespaces: &Namespaces,
-) -> Result<Command, PublishError> {
+pub fn decode(method: &str, payload: &[u8]) -> Result<Command, PublishError> {
     let (mut f, broadcast) = match method {
         "publish" => (Fields::parse("publish", payload)?, false),
         "broadcast" => (Fields::parse("broadcast", payload)?, true),
@@ -60,37 +56,26 @@ pub fn decode(
     if let Some(key) = &idempotency_key {
         check_idempotency_key(key)?;
     }
+    let tags: Tags = f.take("tags")?.unwrap_or_default();
+    check_tags(&tags)?;
     let skip_history = f.take::<bool>("skip_history")?.unwrap_or(false);
     let _delta = f.take::<bool>("delta")?;
     f.finish(UNSUPPORTED)?;
-    if skip_history {
-        for channel in &channels {
-            if namespaces
-                .resolve(channel)
-                .is_ok_and(|ns| ns.history_size > 0)
-            {
-                return Err(PublishError::refused(
-                    ErrorCode::BadRequest,
-                    format!(
-                        "skip_history: channel {channel:?} keeps history, and Herald keeps every \
-                         publication of such a channel (publish it to a namespace without \
-                         history instead)"
-                    ),
-                ));
-            }
-        }
-    }
     Ok(if broadcast {
         Command::Broadcast {
             channels,
             data,
             idempotency_key,
+            tags,
+            skip_history,
         }
     } else {
         Command::Publish {
             channel: channels.into_iter().next().expect("one channel"),
             data,
             idempotency_key,
+            tags,
+            skip_history,
         }
     })
 }
@@ -251,6 +236,7 @@ mod tests {
                 channel,
                 data,
                 idempotency_key,
+                ..
             } => (
                 std::slice::from_ref(channel),
                 String::from_utf8(data.to_vec()).unwrap(),
@@ -260,6 +246,7 @@ mod tests {
                 channels,
                 data,
                 idempotency_key,
+                ..
             } => (
                 channels,
                 String::from_utf8(data.to_vec()).unwrap(),
@@ -270,11 +257,9 @@ mod tests {
 
     #[test]
     fn herald_and_centrifugo_bodies_decode() {
-        let ns = namespaces();
         let c = decode(
             "publish",
             br#"{"channel":"a","data":{"x":12345678901234567890123},"idempotency_key":"k"}"#,
-            &ns,
         )
         .unwrap();
         assert_eq!(
@@ -285,11 +270,7 @@ mod tests {
                 Some("k".into())
             )
         );
-        let c = decode(
-            "broadcast",
-            br#"{"channels":["a","b"],"b64data":"eyJ4IjoxfQ==","tags":{},"delta":true,"version":0,"idempotency_key":""}"#,
-            &ns,
-        )
+        let c = decode("broadcast", br#"{"channels":["a","b"],"b64data":"eyJ4IjoxfQ==","tags":{},"delta":true,"version":0,"idempotency_key":""}"#)
         .unwrap();
         assert_eq!(
             data_of(&c),
@@ -301,21 +282,19 @@ mod tests {
         );
         assert!(decode(
             "publish",
-            br#"{"channel":"live:x","data":1,"skip_history":true}"#,
-            &ns
+            br#"{"channel":"live:x","data":1,"skip_history":true}"#
         )
         .is_ok());
     }
 
     #[test]
     fn what_herald_cannot_honour_is_refused_by_name() {
-        let ns = namespaces();
-        let err = |m: &str, b: &str| decode(m, b.as_bytes(), &ns).unwrap_err();
-        let e = err("publish", r#"{"channel":"a","data":1,"tags":{"k":"v"}}"#);
+        let err = |m: &str, b: &str| decode(m, b.as_bytes()).unwrap_err();
+        let e = err("publish", r#"{"channel":"a","data":1,"tags":{"":"v"}}"#);
         assert_eq!(e.error_code(), ErrorCode::BadRequest);
-        assert!(e.message().contains("\"tags\" is not supported"), "{e}");
-        let e = err("publish", r#"{"channel":"a","data":1,"skip_history":true}"#);
-        assert!(e.message().contains("skip_history"), "{e}");
+        assert!(e.message().contains("tags: a key"), "{e}");
+        let e = err("publish", r#"{"channel":"a","data":1,"tags":{"k":1}}"#);
+        assert!(e.message().contains("\"tags\""), "{e}");
         let e = err("publish", r#"{"channel":"a","b64data":"AAEC"}"#);
         assert!(e.message().contains("must decode to JSON"), "{e}");
         let e = err("publish", r#"{"channel":"a","b64data":"%%"}"#);

@@ -336,7 +336,7 @@ async fn call(app: &App, method: &str, body: &[u8]) -> CentResult {
 /// one per channel in the request's order.
 async fn publish(app: &App, method: &str, body: &[u8]) -> CentResult {
     publishing::check_body_size(&app.ctx.config.limits, method, body.len())?;
-    let cmd = command::decode(method, body, &app.ctx.namespaces)?;
+    let cmd = command::decode(method, body)?;
     let done = publishing::execute(&app.ctx, &cmd, None).await?;
     let mut responses: Vec<Value> = done
         .results

@@ -92,7 +92,7 @@ async fn one(ctx: &NodeContext, command: &BatchCommand, key: &str) -> Result<(),
     if let Some(message) = control(method, payload, &ctx.namespaces)? {
         return Ok(ctx.hub.broker().publish_control(&message).await?);
     }
-    let cmd = decode(method, payload, &ctx.namespaces)?;
+    let cmd = decode(method, payload)?;
     let mut done = publishing::execute(ctx, &cmd, Some(key)).await?;
     if let Command::Publish { .. } = cmd {
         return done

@@ -432,7 +432,7 @@ fn decode_record(
     }
     match control(method, payload, namespaces)? {
         Some(message) => Ok(Record::Control(message)),
-        None => decode(method, payload, namespaces).map(Record::Publish),
+        None => decode(method, payload).map(Record::Publish),
     }
 }
 
@@ -514,7 +514,7 @@ pub fn parse_message(
             })?;
             body["delta"] = serde_json::json!(delta);
         }
-        return decode(method, body.to_string().as_bytes(), namespaces).map(Record::Publish);
+        return decode(method, body.to_string().as_bytes()).map(Record::Publish);
     }
     if let Some(method) = text(&config.method_header)?.filter(|m| !m.is_empty()) {
         let value = value.unwrap_or_default();
@@ -722,6 +722,7 @@ mod tests {
                 channels,
                 data,
                 idempotency_key,
+                ..
             }) => {
                 assert_eq!(channels, ["a", "b"]);
                 assert_eq!(&data[..], br#"{"x":1}"#);

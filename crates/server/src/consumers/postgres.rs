@@ -915,7 +915,7 @@ async fn publish_row(
     }
     // Centrifugo's request fields too (`b64data`, `skip_history`, …): a Centrifugo outbox
     // table's rows decode as the compatibility API decodes them.
-    let cmd = match decode(method, payload.as_bytes(), &shared.ctx.namespaces) {
+    let cmd = match decode(method, payload.as_bytes()) {
         Ok(cmd) => cmd,
         Err(e) => return Outcome::Refused(e.to_string()),
     };

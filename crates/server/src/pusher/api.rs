@@ -460,6 +460,8 @@ async fn publish(
             stream: apps.namespace_for(channel).stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
+            skip_history: false,
         };
         let internal = pusher_app.internal(channel);
         app.ctx

@@ -730,6 +730,8 @@ impl PusherConn {
             stream: self.ctx.namespace(channel).stream_options(),
             idempotency_key: None,
             traceparent: None,
+            tags: Default::default(),
+            skip_history: false,
         };
         if let Some(hooks) = self.ctx.webhooks() {
             // Pusher's webhook carries the data as a string.

@@ -138,6 +138,7 @@ mod tests {
             offset,
             data: Bytes::copy_from_slice(data.as_bytes()),
             info: None,
+            tags: Default::default(),
         };
         push_publication(channel, &p)
     }

@@ -240,7 +240,8 @@ impl Encoder {
         if let Some(p) = push.publication {
             if let Ok(at) = serde_json::from_str::<Located>(p.get()) {
                 if let Some(i) = self.channels.iter().position(|c| c == at.channel) {
-                    if let Some(pos) = &mut self.positions[i] {
+                    // No offset: kept out of history (`skip_history`); the position stays.
+                    if let (Some(pos), true) = (&mut self.positions[i], at.offset > 0) {
                         pos.offset = at.offset;
                     }
                 }
