@@ -399,10 +399,13 @@ async fn after_a_skip_the_next_publication_is_full() {
 }
 
 /// Measurement, not a check (`cargo test -p herald-server --test delta -- --ignored --nocapture
-/// measure`): 200 order-book publications (~2 KB, a few fields changed each) to 50 subscribers
-/// on one node, four ways: plain, permessage-deflate only, delta only, both. Prints the TCP bytes
-/// the subscribers received (WebSocket frames included) and the node's CPU time (user + system,
-/// from /proc) while the publications went out. docs/benchmarks.md has the numbers.
+/// measure`): order-book publications (~2 KB, a few fields changed each; `MEASURE_PUBLICATIONS`,
+/// default 200) to 50 subscribers on one node, four ways: plain, permessage-deflate only, delta
+/// only, both, taken in turn `MEASURE_ROUNDS` times (default 1) so that a loaded machine weighs on
+/// every mode alike. Prints the load average before each run, the TCP bytes the subscribers
+/// received (WebSocket frames included) and the node's CPU time (user + system, from /proc) while
+/// the publications went out. `HERALD_BIN` picks the binary (a release build for real numbers).
+/// docs/benchmarks.md has the numbers.
 #[tokio::test]
 #[ignore = "a measurement; run by hand"]
 async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
@@ -410,7 +413,11 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
     use tokio::net::TcpStream;
 
     const SUBSCRIBERS: usize = 50;
-    const PUBLICATIONS: u64 = 200;
+    let knob = |name: &str, default: u64| {
+        std::env::var(name).map_or(default, |v| v.parse().expect("a whole number"))
+    };
+    let publications = knob("MEASURE_PUBLICATIONS", 200);
+    let rounds = knob("MEASURE_ROUNDS", 1);
     let mut node = Node::start(&["--dev"], &[ALLOW, ("HERALD_LIMITS__COMPRESSION", "true")]).await;
     let pid = node.process().id().expect("pid");
     let cpu_ticks = || {
@@ -421,13 +428,16 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
     };
     let ticks_per_s = 100.0; // USER_HZ on Linux
 
-    for (mode, deflate, delta) in [
+    let modes = [
         ("plain", false, false),
         ("deflate", true, false),
         ("delta", false, true),
         ("delta+deflate", true, true),
-    ] {
-        let channel = format!("book-{}", mode.replace('+', "-"));
+    ];
+    for (round, (mode, deflate, delta)) in
+        (1..=rounds).flat_map(|round| modes.iter().map(move |m| (round, *m)))
+    {
+        let channel = format!("book-{}-{round}", mode.replace('+', "-"));
         let mut readers = Vec::new();
         for _ in 0..SUBSCRIBERS {
             let mut tcp = TcpStream::connect(node.addr).await.unwrap();
@@ -494,8 +504,10 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
                 })
             })
             .collect();
+        let load = std::fs::read_to_string("/proc/loadavg").expect("loadavg");
+        eprintln!("LOAD round {round} {mode}: {}", load.trim());
         let before = cpu_ticks();
-        for seq in 1..=PUBLICATIONS {
+        for seq in 1..=publications {
             node.publish(&channel, book(seq)).await;
         }
         let mut bytes = 0;
@@ -503,9 +515,9 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
             bytes += herald_testkit::joined(c, Duration::from_secs(60), "a reader").await;
         }
         let cpu = (cpu_ticks() - before) as f64 / ticks_per_s;
-        let per_pub = bytes as f64 / (SUBSCRIBERS as f64 * PUBLICATIONS as f64);
+        let per_pub = bytes as f64 / (SUBSCRIBERS as f64 * publications as f64);
         eprintln!(
-            "MEASURE {mode:>14}: {bytes:>9} bytes to {SUBSCRIBERS} subscribers, {per_pub:>7.1} per delivery, node CPU {cpu:.2} s"
+            "MEASURE round {round} {mode:>14}: {bytes:>9} bytes to {SUBSCRIBERS} subscribers, {per_pub:>7.1} per delivery, node CPU {cpu:.2} s"
         );
     }
 }
