@@ -1,18 +1,21 @@
 //! Delta compression (`subscribe` with `delta: "fossil"`) against the real binary: a client that
 //! applies every delta with the Fossil crate rebuilds exactly the data a plain subscriber gets,
-//! on the memory broker and on Redis; recovery, history and everything after a skip stay full;
+//! on the memory broker and on Redis, and across two nodes on Redis Cluster and on NATS (published
+//! on one node, rebuilt on the other); recovery, history and everything after a skip stay full;
 //! a namespace without `allow_delta` refuses it.
 mod common;
 
 use std::time::Duration;
 
 use common::*;
-use herald_testkit::redis::RedisServer;
+use herald_testkit::nats::NatsServer;
+use herald_testkit::redis::{RedisCluster, RedisServer};
 use serde_json::{json, Value};
 
 const ALLOW: (&str, &str) = ("HERALD_DEFAULT_NAMESPACE__ALLOW_DELTA", "true");
 
-/// A ~2 KB order book; each `seq` changes a few fields (one level's size, the sequence, the time).
+/// A ~2 KB order book (25 bid and 25 ask levels); each `seq` changes a few fields (one level's
+/// size, the sequence, the time).
 fn book(seq: u64) -> Value {
     let level = |side: u64, i: u64| {
         let size = if i == seq % 20 {
@@ -20,14 +23,18 @@ fn book(seq: u64) -> Value {
         } else {
             10 * (i + 1)
         };
-        json!({"price": format!("{}.{:02}", 100 + side * 2 - i / 10, (i * 7) % 100), "size": size})
+        json!({
+            "price": format!("{}.{:02}", 100 + side * 2 - i / 10, (i * 7) % 100),
+            "size": size,
+            "orders": i % 7 + 1,
+        })
     };
     json!({
         "symbol": "HRLD-USD",
         "seq": seq,
         "ts": 1_700_000_000_000u64 + seq * 250,
-        "bids": (0..20).map(|i| level(0, i)).collect::<Vec<_>>(),
-        "asks": (0..20).map(|i| level(1, i)).collect::<Vec<_>>(),
+        "bids": (0..25).map(|i| level(0, i)).collect::<Vec<_>>(),
+        "asks": (0..25).map(|i| level(1, i)).collect::<Vec<_>>(),
     })
 }
 
@@ -148,6 +155,86 @@ async fn deltas_rebuild_every_publication_on_redis() {
     let redis = RedisServer::start();
     let node = Node::on_broker_with("n1", &redis.url(), &[ALLOW]).await;
     deltas_rebuild_every_publication(&node).await;
+}
+
+/// Publications made on node `a` reach a delta subscriber on node `b` through the broker: it
+/// rebuilds every one of them (as a plain subscriber on `b` sees it) from one full publication
+/// and deltas. It then reconnects to `b` with `since` after publications it missed: they are
+/// recovered in full, the next live one goes full, and deltas resume after it.
+async fn deltas_across_nodes(a: &Node, b: &Node) {
+    let mut plain = b.connected(&["book"]).await;
+    let mut c = b.client().await;
+    c.call("connect", json!({})).await;
+    let r = subscribe_delta(&mut c, "book", json!({})).await;
+    assert_eq!(r["subscribe"]["delta"], true, "{r}");
+
+    const N: u64 = 30;
+    let mut epoch = Value::Null;
+    for seq in 1..=N {
+        epoch = a.publish("book", book(seq)).await["epoch"].clone();
+    }
+    let mut applier = Applier::default();
+    let mut last = 0;
+    for seq in 1..=N {
+        let expected = next_pub(&mut plain, "book").await;
+        assert_eq!(expected["data"], book(seq), "the plain subscriber on b");
+        let p = next_pub(&mut c, "book").await;
+        assert_eq!(applier.take(&p), book(seq), "seq {seq}: {p}");
+        last = p["offset"].as_u64().unwrap();
+    }
+    assert_eq!(applier.fulls, 1, "only the first publication goes full");
+    assert_eq!(applier.deltas as u64, N - 1, "every later one is a delta");
+    drop(c);
+
+    // Missed while away: recovered in full from the broker's history.
+    for seq in N + 1..=N + 3 {
+        a.publish("book", book(seq)).await;
+    }
+    let mut c = b.client().await;
+    c.call("connect", json!({})).await;
+    let r = subscribe_delta(
+        &mut c,
+        "book",
+        json!({"since": {"epoch": epoch, "offset": last}}),
+    )
+    .await;
+    let sub = &r["subscribe"];
+    assert_eq!(sub["recovered"], true, "{r}");
+    assert_eq!(sub["delta"], true, "{r}");
+    let recovered = sub["publications"].as_array().expect("publications");
+    assert_eq!(recovered.len(), 3, "{r}");
+    for (p, seq) in recovered.iter().zip(N + 1..) {
+        assert_eq!(p["data"], book(seq), "recovered in full");
+        assert!(p.get("delta").is_none(), "{p}");
+    }
+    let mut applier = Applier::default();
+    for seq in N + 4..=N + 6 {
+        a.publish("book", book(seq)).await;
+        let p = next_pub(&mut c, "book").await;
+        let expect_delta = seq > N + 4;
+        assert_eq!(p["delta"], expect_delta, "seq {seq}: {p}");
+        assert_eq!(applier.take(&p), book(seq), "seq {seq}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_across_two_nodes_on_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(RedisCluster::start)
+        .await
+        .expect("start the Redis Cluster");
+    let a = Node::on_broker_with("c1", &cluster.url(), &[ALLOW]).await;
+    let b = Node::on_broker_with("c2", &cluster.url(), &[ALLOW]).await;
+    deltas_across_nodes(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deltas_across_two_nodes_on_nats() {
+    let nats = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .expect("start NATS");
+    let a = Node::on_broker_with("n1", &nats.url(), &[ALLOW]).await;
+    let b = Node::on_broker_with("n2", &nats.url(), &[ALLOW]).await;
+    deltas_across_nodes(&a, &b).await;
 }
 
 #[tokio::test]
@@ -312,10 +399,13 @@ async fn after_a_skip_the_next_publication_is_full() {
 }
 
 /// Measurement, not a check (`cargo test -p herald-server --test delta -- --ignored --nocapture
-/// measure`): 200 order-book publications (~2 KB, a few fields changed each) to 50 subscribers
-/// on one node, four ways: plain, permessage-deflate only, delta only, both. Prints the TCP bytes
-/// the subscribers received (WebSocket frames included) and the node's CPU time (user + system,
-/// from /proc) while the publications went out. docs/benchmarks.md has the numbers.
+/// measure`): order-book publications (~2 KB, a few fields changed each; `MEASURE_PUBLICATIONS`,
+/// default 200) to 50 subscribers on one node, four ways: plain, permessage-deflate only, delta
+/// only, both, taken in turn `MEASURE_ROUNDS` times (default 1) so that a loaded machine weighs on
+/// every mode alike. Prints the load average before each run, the TCP bytes the subscribers
+/// received (WebSocket frames included) and the node's CPU time (user + system, from /proc) while
+/// the publications went out. `HERALD_BIN` picks the binary (a release build for real numbers).
+/// docs/benchmarks.md has the numbers.
 #[tokio::test]
 #[ignore = "a measurement; run by hand"]
 async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
@@ -323,7 +413,11 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
     use tokio::net::TcpStream;
 
     const SUBSCRIBERS: usize = 50;
-    const PUBLICATIONS: u64 = 200;
+    let knob = |name: &str, default: u64| {
+        std::env::var(name).map_or(default, |v| v.parse().expect("a whole number"))
+    };
+    let publications = knob("MEASURE_PUBLICATIONS", 200);
+    let rounds = knob("MEASURE_ROUNDS", 1);
     let mut node = Node::start(&["--dev"], &[ALLOW, ("HERALD_LIMITS__COMPRESSION", "true")]).await;
     let pid = node.process().id().expect("pid");
     let cpu_ticks = || {
@@ -334,13 +428,16 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
     };
     let ticks_per_s = 100.0; // USER_HZ on Linux
 
-    for (mode, deflate, delta) in [
+    let modes = [
         ("plain", false, false),
         ("deflate", true, false),
         ("delta", false, true),
         ("delta+deflate", true, true),
-    ] {
-        let channel = format!("book-{}", mode.replace('+', "-"));
+    ];
+    for (round, (mode, deflate, delta)) in
+        (1..=rounds).flat_map(|round| modes.iter().map(move |m| (round, *m)))
+    {
+        let channel = format!("book-{}-{round}", mode.replace('+', "-"));
         let mut readers = Vec::new();
         for _ in 0..SUBSCRIBERS {
             let mut tcp = TcpStream::connect(node.addr).await.unwrap();
@@ -407,8 +504,10 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
                 })
             })
             .collect();
+        let load = std::fs::read_to_string("/proc/loadavg").expect("loadavg");
+        eprintln!("LOAD round {round} {mode}: {}", load.trim());
         let before = cpu_ticks();
-        for seq in 1..=PUBLICATIONS {
+        for seq in 1..=publications {
             node.publish(&channel, book(seq)).await;
         }
         let mut bytes = 0;
@@ -416,9 +515,9 @@ async fn measure_bytes_and_cpu_plain_deflate_delta_both() {
             bytes += herald_testkit::joined(c, Duration::from_secs(60), "a reader").await;
         }
         let cpu = (cpu_ticks() - before) as f64 / ticks_per_s;
-        let per_pub = bytes as f64 / (SUBSCRIBERS as f64 * PUBLICATIONS as f64);
+        let per_pub = bytes as f64 / (SUBSCRIBERS as f64 * publications as f64);
         eprintln!(
-            "MEASURE {mode:>14}: {bytes:>9} bytes to {SUBSCRIBERS} subscribers, {per_pub:>7.1} per delivery, node CPU {cpu:.2} s"
+            "MEASURE round {round} {mode:>14}: {bytes:>9} bytes to {SUBSCRIBERS} subscribers, {per_pub:>7.1} per delivery, node CPU {cpu:.2} s"
         );
     }
 }
