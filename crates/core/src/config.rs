@@ -481,6 +481,10 @@ pub struct ProxyConfig {
     pub tls_cert_file: String,
     /// PEM private key of `tls_cert_file`.
     pub tls_key_file: String,
+    /// Centrifugo's `binary_encoding`: hook requests carry the client's data as `b64data`
+    /// (standard base64 of its bytes) instead of `data`, and answers may give theirs as
+    /// `b64data` (exactly one of the two).
+    pub binary_encoding: bool,
 }
 
 /// One namespace's own subscribe, sub_refresh and publish hooks (`[[proxy.namespaces]]`): each
@@ -498,6 +502,8 @@ pub struct NamespaceHooks {
     pub publish_url: String,
     /// The longest one of its calls may take; absent: `proxy.timeout_ms`.
     pub timeout_ms: Option<u64>,
+    /// `binary_encoding` for its calls; absent: `proxy.binary_encoding`.
+    pub binary_encoding: Option<bool>,
 }
 
 impl Default for ProxyConfig {
@@ -522,6 +528,7 @@ impl Default for ProxyConfig {
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),
+            binary_encoding: false,
         }
     }
 }
@@ -577,6 +584,13 @@ impl ProxyConfig {
         self.namespace_hooks(namespace)
             .and_then(|n| n.timeout_ms)
             .unwrap_or(self.timeout_ms)
+    }
+
+    /// Whether calls for a channel of `namespace` use `b64data` (`binary_encoding`).
+    pub fn hook_binary(&self, namespace: &str) -> bool {
+        self.namespace_hooks(namespace)
+            .and_then(|n| n.binary_encoding)
+            .unwrap_or(self.binary_encoding)
     }
 
     fn namespace_hooks(&self, namespace: &str) -> Option<&NamespaceHooks> {

@@ -887,3 +887,113 @@ async fn backend_connections_are_capped() {
     );
     drop(slow);
 }
+
+/// `binary_encoding` on `[proxy]`, off again for the `chat` namespace's hooks.
+async fn binary_node(backend: &Backend) -> (Node, ConfigFile) {
+    let cfg = config_file(
+        "herald.toml",
+        &format!(
+            "{}binary_encoding = true\n{NAMESPACES}\n\
+             [[proxy.namespaces]]\nname = \"chat\"\nbinary_encoding = false\n",
+            backend.section(3000)
+        ),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    (node, cfg)
+}
+
+#[tokio::test]
+async fn binary_encoding_sends_b64data_and_reads_the_answers_b64data() {
+    use base64::Engine;
+    let backend = Backend::start().await;
+    let (node, _cfg) = binary_node(&backend).await;
+    let mut alice = logged_in(&node, "alice").await;
+
+    // The request carries the data's exact bytes as b64data and no data; the answer's b64data
+    // is the reply's data.
+    let r = alice
+        .call("rpc", json!({"method": "echo", "data": {"q": [1, 2]}}))
+        .await;
+    let sent = base64::engine::general_purpose::STANDARD.encode(r#"{"q":[1,2]}"#);
+    assert_eq!(
+        r["rpc"]["data"],
+        json!({"method": "echo", "user": "alice", "data": null, "b64data": sent}),
+        "{r}"
+    );
+
+    // The subscribe hook: request and answer in b64data.
+    let r = alice
+        .call(
+            "subscribe",
+            json!({"channel": "room:lobby", "data": {"k": 1}}),
+        )
+        .await;
+    assert_eq!(
+        r["subscribe"]["data"],
+        json!({"channel": "room:lobby", "user": "alice", "data": {"k": 1}}),
+        "{r}"
+    );
+
+    // An answer with both data and b64data, or b64data that is not JSON: internal error.
+    for method in ["both", "notjson"] {
+        let r = alice.call("rpc", json!({"method": method})).await;
+        assert_eq!(r["error"]["code"], 100, "{method}: {r}");
+    }
+    // The connection is still usable.
+    let r = alice.call("rpc", json!({"method": "echo"})).await;
+    assert_eq!(r["rpc"]["data"]["user"], "alice", "{r}");
+}
+
+#[tokio::test]
+async fn binary_encoding_is_set_per_namespace() {
+    let backend = Backend::start().await;
+    let (node, _cfg) = binary_node(&backend).await;
+    let mut reader = logged_in(&node, "reader").await;
+    let r = reader
+        .call("subscribe", json!({"channel": "chat:general"}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let mut alice = logged_in(&node, "alice").await;
+    // `chat` turns it off: the publish hook gets data and answers data (no "b64" mark).
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:general", "data": {"action": "rewrite", "text": "hi"}}),
+        )
+        .await;
+    assert!(r["publish"].is_object(), "{r}");
+    assert_eq!(
+        reader.push("pub").await["data"],
+        json!({"text": "HI", "by": "alice"})
+    );
+}
+
+#[tokio::test]
+async fn binary_encoding_rewrites_publications_from_b64data() {
+    let backend = Backend::start().await;
+    let cfg = config_file(
+        "herald.toml",
+        &format!(
+            "{}binary_encoding = true\n{NAMESPACES}",
+            backend.section(3000)
+        ),
+    );
+    let node = Node::start(&["--config", &cfg], &[]).await;
+    let mut reader = logged_in(&node, "reader").await;
+    let r = reader
+        .call("subscribe", json!({"channel": "chat:general"}))
+        .await;
+    assert!(r["subscribe"].is_object(), "{r}");
+    let mut alice = logged_in(&node, "alice").await;
+    let r = alice
+        .call(
+            "publish",
+            json!({"channel": "chat:general", "data": {"action": "rewrite", "text": "hi"}}),
+        )
+        .await;
+    assert!(r["publish"].is_object(), "{r}");
+    assert_eq!(
+        reader.push("pub").await["data"],
+        json!({"text": "HI", "by": "alice", "b64": true})
+    );
+}

@@ -1,7 +1,9 @@
 // Pusher parity features with the real npm clients against the real server: cache channels
 // (the last event, or pusher:cache_miss, as pusher-js reports them), subscription counting
 // (pusher-js's `pusher:subscription_count` and `channel.subscriptionCount`), and the `info`
-// attributes that `trigger` / `triggerBatch` of the official `pusher` server SDK ask for.
+// attributes that `trigger` / `triggerBatch` of the official `pusher` server SDK ask for, and
+// watchlist events (pusher-js's `pusher.user.watchlist`, users signed in through the SDK's
+// `authenticateUser` with a `watchlist`).
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -12,6 +14,7 @@ import { HeraldServer, sleep, waitFor } from '../support/server.js';
 
 const COUNTED = { id: '301', key: 'key-counted', secret: 'secret-counted' };
 const PLAIN = { id: '302', key: 'key-plain', secret: 'secret-plain' };
+const WATCHING = { id: '303', key: 'key-watching', secret: 'secret-watching' };
 type App = typeof COUNTED;
 
 let server: HeraldServer;
@@ -60,6 +63,37 @@ function recorded(c: Pusher, name: string) {
   return { channel, events, ready };
 }
 
+type WatchlistEvent = { name: string; user_ids: string[] };
+
+/** A pusher-js client of `app` signed in as `id` (the server SDK signs its `user_data`, with the
+ * watchlist when given), recording what `pusher.user.watchlist` reports. */
+function signedIn(id: string, watchlist?: string[], app: App = WATCHING) {
+  const signing = backend(app);
+  const c = new Pusher(app.key, {
+    cluster: 'mt1',
+    wsHost: '127.0.0.1',
+    wsPort: server.port,
+    forceTLS: false,
+    enabledTransports: ['ws'],
+    disableStats: true,
+    userAuthentication: {
+      endpoint: '/unused',
+      transport: 'ajax',
+      customHandler: (params, callback) => {
+        const user = watchlist ? { id, watchlist } : { id };
+        callback(null, signing.authenticateUser(params.socketId, user));
+      },
+    },
+  });
+  clients.push(c);
+  const events: WatchlistEvent[] = [];
+  c.user.watchlist.bind('online', (e: WatchlistEvent) => events.push(e));
+  c.user.watchlist.bind('offline', (e: WatchlistEvent) => events.push(e));
+  c.signin();
+  const ready = c.user.signinDonePromise;
+  return { c, events, ready };
+}
+
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'herald-pusher-parity-'));
   const config = join(dir, 'herald.toml');
@@ -75,6 +109,12 @@ enable_subscription_count = true
 id = "${PLAIN.id}"
 key = "${PLAIN.key}"
 secret = "${PLAIN.secret}"
+
+[[pusher.apps]]
+id = "${WATCHING.id}"
+key = "${WATCHING.key}"
+secret = "${WATCHING.secret}"
+enable_watchlist_events = true
 `,
   );
   server = await HeraldServer.start(inject('heraldBin'), { args: ['--config', config] });
@@ -162,5 +202,34 @@ describe('Pusher parity with pusher-js and the pusher server SDK', () => {
       { channel: 'presence-lobby', name: 'hello', data: {}, info: 'user_count' },
     ]);
     expect(await batch.json()).toEqual({ batch: [{ subscription_count: 1 }, { user_count: 1 }] });
+  });
+});
+
+describe('watchlist events with pusher-js', () => {
+  it('pusher.user.watchlist reports watched users online, then online and offline as they change', async () => {
+    const alice = signedIn('alice');
+    await alice.ready;
+    const watcher = signedIn('watcher', ['alice', 'bob']);
+    await waitFor(() => watcher.events.length === 1, 'the watched users online at sign-in');
+    expect(watcher.events[0]).toEqual({ name: 'online', user_ids: ['alice'] });
+
+    const bob = signedIn('bob');
+    await waitFor(() => watcher.events.length === 2, 'bob online');
+    expect(watcher.events[1]).toEqual({ name: 'online', user_ids: ['bob'] });
+
+    alice.c.disconnect();
+    await waitFor(() => watcher.events.length === 3, 'alice offline');
+    expect(watcher.events[2]).toEqual({ name: 'offline', user_ids: ['alice'] });
+    bob.c.disconnect();
+    await waitFor(() => watcher.events.length === 4, 'bob offline');
+    expect(watcher.events[3]).toEqual({ name: 'offline', user_ids: ['bob'] });
+
+    // An app without watchlist events reports nothing.
+    const plainAlice = signedIn('alice', undefined, PLAIN);
+    await plainAlice.ready;
+    const plainWatcher = signedIn('watcher', ['alice'], PLAIN);
+    await plainWatcher.ready;
+    await sleep(500);
+    expect(plainWatcher.events).toEqual([]);
   });
 });

@@ -154,6 +154,11 @@ impl Proxy for HttpProxy {
             })?
             .expect("the semaphore is never closed");
         let max = self.config.max_response_bytes;
+        let binary = self.config.hook_binary(target.namespace);
+        let body = match binary {
+            true => super::binary::encode_request(body),
+            false => body,
+        };
         let mut response = self
             .client
             .post(self.config.hook_url(target.hook, target.namespace))
@@ -181,6 +186,9 @@ impl Proxy for HttpProxy {
             }
             answer.extend_from_slice(&chunk);
         }
-        Ok(answer)
+        match binary {
+            true => super::binary::decode_answer(answer),
+            false => Ok(answer),
+        }
     }
 }

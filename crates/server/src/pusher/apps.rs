@@ -61,6 +61,11 @@ pub struct AppConfig {
     /// `pusher_internal:subscription_count` when the channel's count changes.
     #[serde(default)]
     pub enable_subscription_count: bool,
+    /// Pusher's "watchlist events": a connection signed in with a `watchlist` in its
+    /// `user_data` is sent `pusher_internal:watchlist_events` as watched users come online and
+    /// go offline (see [`super::watchlist`]).
+    #[serde(default)]
+    pub enable_watchlist_events: bool,
     // Per-app limits, named as Soketi names them. `None`: the default in each doc.
     /// Longest event name, in characters (default 200, Pusher's); over: HTTP 400, or
     /// `pusher:error` for a client event.
@@ -446,6 +451,10 @@ impl PusherConfig {
                 webhooks,
                 enable_subscription_count: matches!(
                     env("HERALD_PUSHER_APP_ENABLE_SUBSCRIPTION_COUNT").as_deref(),
+                    Some("true" | "1" | "yes")
+                ),
+                enable_watchlist_events: matches!(
+                    env("HERALD_PUSHER_APP_ENABLE_WATCHLIST_EVENTS").as_deref(),
                     Some("true" | "1" | "yes")
                 ),
                 ..AppConfig::default()

@@ -51,7 +51,7 @@ const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// The columns Herald reads: the `[[pusher.apps]]` keys, Soketi's `enable_client_messages`,
 /// and `enabled`.
-const COLUMNS: [&str; 18] = [
+const COLUMNS: [&str; 19] = [
     "id",
     "key",
     "secret",
@@ -59,6 +59,7 @@ const COLUMNS: [&str; 18] = [
     "enable_client_events",
     "enable_client_messages",
     "enable_subscription_count",
+    "enable_watchlist_events",
     "max_connections",
     "max_client_events_per_second",
     "max_backend_events_per_second",
@@ -451,13 +452,14 @@ mod tests {
     fn every_column_is_read() {
         let mut row = serde_json::json!({"id": "a", "key": "k", "secret": "s", "enabled": false,
             "webhooks": [], "enable_client_events": true, "enable_client_messages": true,
-            "enable_subscription_count": true});
+            "enable_subscription_count": true, "enable_watchlist_events": true});
         for c in COLUMNS.iter().filter(|c| c.starts_with("max_")) {
             row[c] = 3.into();
         }
         let mut unread = BTreeSet::new();
         let app = row_app(&row.to_string(), &mut unread).unwrap();
         assert!(unread.is_empty() && !app.enabled);
+        assert!(app.config.enable_watchlist_events);
         assert_eq!(app.config.max_read_requests_per_second, Some(3));
     }
 

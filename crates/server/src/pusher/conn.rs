@@ -29,6 +29,7 @@ use super::codes;
 use super::counting::Counting;
 use super::limits;
 use super::shared::SharedFrames;
+use super::watchlist::{self, Watched};
 use super::webhooks::Webhooks;
 use super::wire::{
     self, ChannelData, ClientMessage, Envelope, SigninData, SubscribeData, UnsubscribeData,
@@ -141,6 +142,16 @@ struct Presence {
     members: HashMap<String, Member>,
 }
 
+/// A signed-in connection's side of watchlist events (boxed: other connections do not pay for
+/// it). See [`super::watchlist`].
+#[derive(Default)]
+struct UserWatch {
+    /// This connection as a member of its user's online channel (the Herald name).
+    online: Option<(String, ClientInfo)>,
+    /// The users it watches.
+    watched: Watched,
+}
+
 impl Subscription {
     /// This connection as a presence member.
     fn me(&self) -> Option<&ClientInfo> {
@@ -162,6 +173,8 @@ pub struct PusherConn {
     client_events: TokenBucket,
     /// The user this connection signed in as (`pusher:signin`).
     user: Option<String>,
+    /// Watchlist events, once signed in to an app that enables them.
+    watch: Option<Box<UserWatch>>,
 }
 
 /// A refusal that ends the connection: Pusher close code and message.
@@ -195,6 +208,7 @@ impl PusherConn {
             recent: None,
             client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
             user: None,
+            watch: None,
         }
     }
 
@@ -276,6 +290,15 @@ impl PusherConn {
                 ))
             }
         };
+        // Without watchlist events (Pusher's default) a watchlist is signed data the app keeps.
+        let watch_events = config.enable_watchlist_events;
+        let watchlist = match watch_events {
+            true => match watchlist::parse(&data.user_data) {
+                Ok(users) => users,
+                Err(why) => return Some((codes::UNAUTHORIZED, why)),
+            },
+            false => Vec::new(),
+        };
         self.ctx
             .hub()
             .set_user(&self.socket_id, Arc::from(self.ctx.app.internal(&user)));
@@ -287,7 +310,147 @@ impl PusherConn {
             }
         }
         self.out.push(wire::signin_success(&data.user_data));
+        self.unwatch().await;
+        match (watch_events, self.user.clone()) {
+            (true, Some(user)) => self.go_online(&user).await,
+            _ => self.go_offline().await,
+        }
+        if !watchlist.is_empty() {
+            self.watch(watchlist).await;
+        }
         None
+    }
+
+    /// Be a member of `user`'s online channel (and of no other user's): watchers see the user
+    /// online.
+    async fn go_online(&mut self, user: &str) {
+        let channel = self.ctx.app.internal(&watchlist::online_channel(user));
+        let watch = self.watch.get_or_insert_with(Box::default);
+        if watch.online.as_ref().is_some_and(|(c, _)| *c == channel) {
+            return; // signed in again as the same user: still online
+        }
+        let me = ClientInfo {
+            user: user.to_owned(),
+            client: self.socket_id.to_string(),
+            info: None,
+        };
+        let hub = self.ctx.hub();
+        if let Some((previous, who)) = watch.online.replace((channel.clone(), me.clone())) {
+            hub.leave(&previous, &who, true).await;
+        }
+        hub.join(&channel, &me, true).await;
+    }
+
+    /// Leave the online channel, if this connection is in one.
+    async fn go_offline(&mut self) {
+        let Some((channel, who)) = self.watch.as_mut().and_then(|w| w.online.take()) else {
+            return;
+        };
+        self.ctx.hub().leave(&channel, &who, true).await;
+    }
+
+    /// Watch `users`: follow their online channels, then tell the client which are online.
+    async fn watch(&mut self, users: Vec<String>) {
+        self.watch.get_or_insert_with(Box::default).watched = Watched::new(&users);
+        let failed = self.follow_online(&users).await;
+        if !failed.is_empty() {
+            let watched = &mut self.watch.get_or_insert_with(Box::default).watched;
+            for user in &failed {
+                watched.forget(user);
+            }
+            self.error(
+                None,
+                &format!(
+                    "Watchlist events unavailable for {} of the watched users: temporarily unavailable",
+                    failed.len()
+                ),
+            );
+        }
+        let followed: Vec<String> = users.into_iter().filter(|u| !failed.contains(u)).collect();
+        self.refresh_watched(&followed).await;
+    }
+
+    /// Subscribe (through the hub) to the online channels of `users`, live at once: the joins
+    /// and leaves of every node reach [`Self::translate`]. The users that could not be followed.
+    async fn follow_online(&self, users: &[String]) -> Vec<String> {
+        let hub = self.ctx.hub();
+        let follow = users.iter().map(|user| async move {
+            let name = watchlist::online_channel(user);
+            let internal = self.ctx.app.internal(&name);
+            let prepared = hub
+                .prepare_subscription(
+                    &internal,
+                    self.key,
+                    &self.out,
+                    None,
+                    self.ctx.namespace(&name),
+                )
+                .await;
+            match prepared {
+                Ok(result) => {
+                    hub.activate(&internal, self.key, &result.position);
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(channel = %internal, cause = %e, "watchlist channel not followed");
+                    Some(user.clone())
+                }
+            }
+        });
+        futures_util::future::join_all(follow)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
+    }
+
+    /// Read who is online among `users` (now that their channels are live: nothing between the
+    /// read and live delivery is missed) and tell the client what changed.
+    async fn refresh_watched(&mut self, users: &[String]) {
+        let (hub, app) = (self.ctx.hub(), &self.ctx.app);
+        let reads = users.iter().map(|user| async move {
+            let internal = app.internal(&watchlist::online_channel(user));
+            (user, hub.members(&internal).await)
+        });
+        let read = futures_util::future::join_all(reads).await;
+        let Some(watch) = self.watch.as_deref_mut() else {
+            return;
+        };
+        let (mut online, mut offline) = (Vec::new(), Vec::new());
+        for (user, members) in &read {
+            let clients = match members {
+                Ok(clients) => clients,
+                Err(e) => {
+                    tracing::warn!(user = %user, cause = %e, "watched user's presence not read");
+                    continue;
+                }
+            };
+            match watch
+                .watched
+                .reset(user, clients.iter().map(|c| c.client.as_str()))
+            {
+                Some(true) => online.push(user.as_str()),
+                Some(false) => offline.push(user.as_str()),
+                None => {}
+            }
+        }
+        if let Some(frame) = watchlist::events_frame(&online, &offline) {
+            self.out.push(frame);
+        }
+    }
+
+    /// Stop following the watched users' online channels.
+    async fn unwatch(&mut self) {
+        let Some(watch) = self.watch.as_deref_mut() else {
+            return;
+        };
+        let watched = std::mem::take(&mut watch.watched);
+        let (hub, app, key) = (self.ctx.hub(), &self.ctx.app, self.key);
+        let leave = watched.users().map(|user| {
+            let internal = app.internal(&watchlist::online_channel(user));
+            async move { hub.unsubscribe(&internal, key).await }
+        });
+        futures_util::future::join_all(leave).await;
     }
 
     fn refuse(&self, channel: &str, kind: &str, message: &str, status: u16) {
@@ -796,8 +959,15 @@ impl PusherConn {
             (None, None) => return None,
         };
         let channel = self.ctx.app.external(&change.channel)?;
-        let sub = self.channels.get_mut(channel)?.presence.as_deref_mut()?;
         let who = change.info;
+        if let Some(user) = watchlist::watched_user(channel) {
+            let watched = &mut self.watch.as_deref_mut()?.watched;
+            return match watched.change(user, &who.client, joined)? {
+                true => watchlist::events_frame(&[user], &[]),
+                false => watchlist::events_frame(&[], &[user]),
+            };
+        }
+        let sub = self.channels.get_mut(channel)?.presence.as_deref_mut()?;
         if *who.client == *self.socket_id {
             return None;
         }
@@ -836,6 +1006,10 @@ impl PusherConn {
             let Some(name) = self.ctx.app.external(&channel).map(str::to_owned) else {
                 continue;
             };
+            if let Some(user) = watchlist::watched_user(&name) {
+                self.follow_again(user.to_owned()).await;
+                continue;
+            }
             if !self.channels.contains_key(name.as_str()) {
                 continue;
             }
@@ -872,6 +1046,26 @@ impl PusherConn {
         }
     }
 
+    /// A watched user's online channel lost continuity (joins or leaves may be missed): follow
+    /// it again and read who is online.
+    async fn follow_again(&mut self, user: String) {
+        let watching = self
+            .watch
+            .as_deref()
+            .is_some_and(|w| w.watched.users().any(|u| u == user));
+        if !watching {
+            return;
+        }
+        let internal = self.ctx.app.internal(&watchlist::online_channel(&user));
+        self.ctx.hub().unsubscribe(&internal, self.key).await;
+        let users = [user];
+        if self.follow_online(&users).await.is_empty() {
+            self.refresh_watched(&users).await;
+        } else if let Some(w) = self.watch.as_deref_mut() {
+            w.watched.forget(&users[0]);
+        }
+    }
+
     /// The connection's socket id (its client id in the hub's registry).
     pub fn socket_id(&self) -> &str {
         &self.socket_id
@@ -883,6 +1077,8 @@ impl PusherConn {
         for channel in channels {
             self.leave(&channel).await;
         }
+        self.unwatch().await;
+        self.go_offline().await;
         self.ctx.hub().unregister(&self.socket_id);
     }
 }

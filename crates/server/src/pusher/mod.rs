@@ -16,6 +16,7 @@
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
 //! - [`census`]: subscriptions per channel counted for the cluster, for the API's channel queries.
 //! - [`counting`]: `pusher_internal:subscription_count` pushed to subscribers (opt-in per app).
+//! - [`watchlist`]: watchlist events (opt-in per app): watched users online and offline.
 //! - [`webhooks`]: batched, signed, retried webhooks; occupancy decided cluster-wide.
 //! - this file: [`Node`], what the endpoints are handed: the node's `App` and the Pusher apps
 //!   (kept here, not in `App`: the node's state knows no protocol, crate::layers).
@@ -36,6 +37,7 @@ pub mod conn;
 pub mod counting;
 pub mod limits;
 pub mod shared;
+pub mod watchlist;
 pub mod webhooks;
 pub mod wire;
 pub mod ws;

@@ -279,6 +279,17 @@ pub fn member_removed(channel: &str, user_id: &str) -> Bytes {
     )
 }
 
+/// `pusher_internal:watchlist_events`: data (a JSON string) `{"events": events}`.
+pub fn watchlist_events(events: &[serde_json::Value]) -> Bytes {
+    let data = serde_json::json!({ "events": events });
+    encode(
+        "pusher_internal:watchlist_events",
+        None,
+        &data.to_string(),
+        None,
+    )
+}
+
 /// A Herald push the hub queued for a Pusher connection.
 #[derive(Debug, Deserialize)]
 pub struct HubPush<'a> {
