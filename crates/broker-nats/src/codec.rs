@@ -218,7 +218,7 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
 /// The traced publication of a delivered message: its offset and `traceparent`. A message
 /// carries at most one (that of its first traced publication); nodes of an earlier version ignore
 /// both headers and deliver it as any other.
-pub(crate) fn traced_publication<'a>(headers: Option<&'a HeaderMap>) -> Option<(u64, &'a str)> {
+pub(crate) fn traced_publication(headers: Option<&HeaderMap>) -> Option<(u64, &str)> {
     let headers = headers?;
     let traceparent = header(headers, TRACEPARENT)?;
     let first = header_u64(headers, OFFSET)?;

@@ -66,14 +66,14 @@ impl TracedWrite {
 
     /// The frame reached the socket, written by the fan-out itself (`"direct"`) or by the
     /// connection's task (`"task"`).
-    pub(crate) fn written(mut self: Box<Self>, by: &'static str) {
+    pub(crate) fn written(mut self, by: &'static str) {
         self.span
             .set_attribute(KeyValue::new("herald.write.by", by));
         self.span.end();
     }
 
     /// The frame never will: the queue was closed and freed (`why`).
-    pub(crate) fn dropped(mut self: Box<Self>, why: &'static str) {
+    pub(crate) fn dropped(mut self, why: &'static str) {
         self.span.set_status(Status::error(why));
         self.span.end();
     }
