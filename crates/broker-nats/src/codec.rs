@@ -24,6 +24,11 @@
 //! with newlines), which a header could not. Offset 0 with no publication is an epoch marker: it
 //! fixes a channel's epoch before its first publication and is never delivered.
 //!
+//! A sampled publication (tracing) adds `traceparent: 00-…-01`, the W3C trace context of the
+//! publishing node's broker span; in a message of several, `Herald-Traced: <i>` says which one it
+//! belongs to (counted from 0; absent: the first), and only the first traced one carries its
+//! context.
+//!
 //! A presence change is a core NATS message on the delivery subject with a `Herald-Presence:
 //! join|leave` header and the client's info as JSON payload.
 
@@ -50,6 +55,10 @@ pub(crate) const UNSTORED: &str = "Herald-Unstored";
 pub(crate) const GONE: &str = "Herald-Gone";
 pub(crate) const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 pub(crate) const MSG_ID: &str = "Nats-Msg-Id";
+/// The W3C trace context of a sampled publication (see [`traced_publication`]).
+pub(crate) const TRACEPARENT: &str = "traceparent";
+/// Which publication of the message `traceparent` belongs to, counted from 0; absent: the first.
+pub(crate) const TRACED: &str = "Herald-Traced";
 
 /// One stored message as read back: an epoch marker or a run of consecutive publications.
 #[derive(Debug, Clone)]
@@ -249,6 +258,17 @@ fn decode_unstored(headers: &HeaderMap, payload: &Bytes) -> Option<Publication> 
     })
 }
 
+/// The traced publication of a delivered message: its offset and `traceparent`. A message
+/// carries at most one (that of its first traced publication); nodes of an earlier version ignore
+/// both headers and deliver it as any other.
+pub(crate) fn traced_publication(headers: Option<&HeaderMap>) -> Option<(u64, &str)> {
+    let headers = headers?;
+    let traceparent = header(headers, TRACEPARENT)?;
+    let first = header_u64(headers, OFFSET)?;
+    let index = header_u64(headers, TRACED).unwrap_or(0);
+    Some((first.checked_add(index)?, traceparent))
+}
+
 /// Headers and payload of a presence change.
 pub(crate) fn encode_presence_change(joined: bool, who: &ClientInfo) -> (HeaderMap, Bytes) {
     let mut headers = HeaderMap::new();
@@ -329,6 +349,26 @@ mod tests {
             (1, None)
         );
         assert_eq!(s.publications[0].data, data);
+    }
+
+    #[test]
+    fn the_traced_publication_is_named_by_its_offset() {
+        let data = Bytes::from_static(b"1");
+        let none = Tags::new();
+        let (mut h, _) = encode_publications(
+            "ep",
+            "",
+            42,
+            7,
+            &[(&data, None, &none), (&data, None, &none)],
+        );
+        assert_eq!(traced_publication(Some(&h)), None, "untraced");
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        h.insert(TRACEPARENT, tp);
+        assert_eq!(traced_publication(Some(&h)), Some((42, tp)));
+        h.insert(TRACED, "1");
+        assert_eq!(traced_publication(Some(&h)), Some((43, tp)));
+        assert_eq!(traced_publication(None), None);
     }
 
     #[test]

@@ -64,7 +64,9 @@ use tracing::warn;
 
 use crate::boot::BootId;
 use crate::broker::Inner;
-use crate::codec::{decode_publications, encode_publications, Item, Stored, MSG_ID};
+use crate::codec::{
+    decode_publications, encode_publications, Item, Stored, MSG_ID, TRACED, TRACEPARENT,
+};
 use crate::metrics::inc;
 use crate::names::escape;
 use crate::streams::Kind;
@@ -100,6 +102,8 @@ struct Pending {
     tags: Tags,
     /// `Nats-Msg-Id`: the channel and the idempotency key, checked to be a valid header value.
     msg_id: Option<HeaderValue>,
+    /// The W3C `traceparent` of a sampled publication (see [`trace_headers`]).
+    traceparent: Option<HeaderValue>,
     done: oneshot::Sender<Result<StreamPosition, BrokerError>>,
 }
 
@@ -419,6 +423,12 @@ async fn enqueue(
         Some(key) => Some(msg_id(channel, key)?),
         None => None,
     };
+    // A value that cannot be a header (CR, LF) is not a traceparent: the publication goes
+    // untraced past the broker.
+    let traceparent = opts
+        .traceparent
+        .as_deref()
+        .and_then(|tp| tp.parse::<HeaderValue>().ok());
     let (done, position) = oneshot::channel();
     let slot = inner.tails.slot(&subject);
     let start_flusher = {
@@ -433,6 +443,7 @@ async fn enqueue(
             info,
             tags: opts.tags.clone(),
             msg_id,
+            traceparent,
             done,
         });
         !std::mem::replace(&mut ch.flushing, true)
@@ -451,6 +462,21 @@ async fn enqueue(
     position
         .await
         .unwrap_or_else(|_| Err(BrokerError::internal("publisher task ended")))
+}
+
+/// A batch's trace context: one message carries one, that of its first traced publication (the
+/// other traced ones in the same message get no spans past the broker).
+fn trace_headers(headers: &mut HeaderMap, batch: &[Pending]) {
+    let traced = batch
+        .iter()
+        .enumerate()
+        .find_map(|(i, p)| p.traceparent.as_ref().map(|tp| (i, tp)));
+    if let Some((index, traceparent)) = traced {
+        headers.insert(TRACEPARENT, traceparent.clone());
+        if index > 0 {
+            headers.insert(TRACED, index.to_string());
+        }
+    }
 }
 
 /// The `Nats-Msg-Id` of a publication with an idempotency key. A key that cannot be a header
@@ -634,6 +660,7 @@ async fn store_batch(
         if let Some(id) = msg_id {
             headers.insert(MSG_ID, id.clone());
         }
+        trace_headers(&mut headers, batch);
         match try_store(inner, subject, headers, payload).await {
             Ok(Outcome::Stored(seq)) => {
                 inc(&inner.metrics.stored_messages);
@@ -751,6 +778,7 @@ mod tests {
             info: None,
             tags: Tags::new(),
             msg_id: None,
+            traceparent: None,
             done,
         });
         position

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::broker::Inner;
-use crate::codec::{decode_delivery, Delivery};
+use crate::codec::{decode_delivery, traced_publication, Delivery};
 use crate::metrics::inc;
 use crate::presence;
 
@@ -120,9 +120,15 @@ fn deliver(inner: &Inner, channel: &str, message: Message) {
             inner
                 .watermarks
                 .observe(channel, &stored.epoch, stored.last());
+            let traced = traced_publication(message.headers.as_ref());
             for p in stored.publications {
                 inc(&inner.metrics.received_publications);
-                handler.on_publication(channel, &stored.epoch, p);
+                match traced {
+                    Some((offset, tp)) if offset == p.offset => {
+                        handler.on_traced_publication(channel, &stored.epoch, p, tp)
+                    }
+                    _ => handler.on_publication(channel, &stored.epoch, p),
+                }
             }
         }
         Delivery::Unstored(p) => {

@@ -28,6 +28,7 @@ use herald_protocol::CloseCode;
 use tokio::sync::Notify;
 
 use crate::config::Backpressure;
+use crate::trace::TracedWrite;
 
 /// A queued publication that its namespace's backpressure policy may leave out.
 #[derive(Debug, Clone)]
@@ -110,6 +111,9 @@ struct State {
     headroom: usize,
     /// Channels whose last queued publication was left out: their next delta goes in full.
     needs_full: Vec<Arc<str>>,
+    /// The `write` span of a traced publication's frame, queued or in the write under way
+    /// ([`Outbound::push_for_fanout_traced`]).
+    traced_write: Option<Box<TracedWrite>>,
 }
 
 impl State {
@@ -288,8 +292,12 @@ impl Outbound {
             reason: "slow consumer".into(),
             after_ms: None,
         });
+        let traced = state.traced_write.take();
         drop(state);
         self.notify.notify_one();
+        if let Some(w) = traced {
+            w.dropped("slow consumer: the queue passed its bound and was freed");
+        }
     }
 
     /// Conflate at once: when the newest queued frame is a publication of `next`'s channel (a
@@ -484,6 +492,9 @@ impl Outbound {
         state.bytes = 0;
         state.headroom = 0;
         state.tags = None;
+        if let Some(w) = &mut state.traced_write {
+            w.take();
+        }
         Some(std::mem::take(&mut state.frames).into())
     }
 
@@ -507,6 +518,11 @@ impl Outbound {
         state.bytes = 0;
         state.headroom = 0;
         state.tags = None;
+        if !state.frames.is_empty() {
+            if let Some(w) = &mut state.traced_write {
+                w.take();
+            }
+        }
         Drained {
             frames: std::mem::take(&mut state.frames).into(),
             controls: std::mem::take(&mut state.controls),
@@ -522,9 +538,13 @@ impl Outbound {
         let mut state = self.state.lock().expect("outbound lock");
         state.writing = false;
         let again = state.has_work();
+        let traced = state.traced_write.take_if(|w| w.taken());
         drop(state);
         if again {
             self.notify.notify_one();
+        }
+        if let Some(w) = traced {
+            w.written("task");
         }
     }
 
@@ -568,15 +588,23 @@ impl Outbound {
         state.tags = None;
         let headroom = std::mem::take(&mut state.headroom);
         let frames: Vec<Bytes> = std::mem::take(&mut state.frames).into();
+        if let Some(w) = &mut state.traced_write {
+            w.take();
+        }
         drop(state);
         let result = writer.try_write(frames);
         let mut state = self.state.lock().expect("outbound lock");
+        let mut traced = None;
         match result {
-            Ok(Flushed::All) => {}
+            // Partly: the task flushes the rest, and its `written` ends the span.
+            Ok(Flushed::All) => traced = state.traced_write.take_if(|w| w.taken()),
             Ok(Flushed::Partly) => state.needs_flush = true,
             // The queue overflowed meanwhile: what it held was freed, and these go with it.
             Err(_) if state.overflowed() => {}
             Err(frames) => {
+                if let Some(w) = &mut state.traced_write {
+                    w.put_back();
+                }
                 // Back in front of whatever came meanwhile, in order, with their headroom.
                 state.bytes += frames.iter().map(Bytes::len).sum::<usize>();
                 state.headroom += headroom;
@@ -595,6 +623,29 @@ impl Outbound {
         if wake {
             self.notify.notify_one();
         }
+        if let Some(w) = traced {
+            w.written("direct");
+        }
+    }
+
+    /// [`push_for_fanout`](Self::push_for_fanout) of a traced publication sampled for a `write`
+    /// span: `span` is made, and ended once the frame reaches the socket, unless the connection
+    /// is closing or already has a traced write under way (then nothing is made).
+    pub fn push_for_fanout_traced(
+        &self,
+        frame: Bytes,
+        tag: Option<Sheddable>,
+        span: impl FnOnce() -> Box<TracedWrite>,
+    ) -> Option<bool> {
+        let mut state = self.state.lock().expect("outbound lock");
+        let direct = state.direct.is_some() && !state.writing && state.controls.is_empty();
+        let indirect = state.direct.is_none();
+        if state.close.is_none() && state.traced_write.is_none() {
+            // Set before the frame is queued, under the same lock: whoever drains it takes both.
+            state.traced_write = Some(span());
+        }
+        let first = self.queue(state, frame, indirect, tag)?;
+        Some(first && direct)
     }
 }
 

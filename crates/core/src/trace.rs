@@ -6,10 +6,78 @@
 //! when `[tracing]` is configured: without it they are no-ops, and publications carry no
 //! `traceparent`, so receiving nodes never reach this code.
 
-use opentelemetry::trace::{SpanContext, SpanId, TraceFlags, TraceId, TraceState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use opentelemetry::global::BoxedSpan;
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, Status, TraceFlags, TraceId, TraceState,
+};
+use opentelemetry::KeyValue;
 
 /// The instrumentation scope every Herald span is made under.
 pub const TRACER_NAME: &str = "herald";
+
+/// How many connections of each traced fan-out get a `write` span (`tracing.write_spans`).
+static WRITE_SPANS: AtomicUsize = AtomicUsize::new(DEFAULT_WRITE_SPANS);
+
+/// `tracing.write_spans` when not set.
+pub const DEFAULT_WRITE_SPANS: usize = 1;
+
+/// Set how many connections of each traced fan-out get a `write` span (the server does, from
+/// `[tracing]`, before it serves).
+pub fn set_write_spans(n: usize) {
+    WRITE_SPANS.store(n, Ordering::Relaxed);
+}
+
+/// How many connections of each traced fan-out get a `write` span.
+pub fn write_spans() -> usize {
+    WRITE_SPANS.load(Ordering::Relaxed)
+}
+
+/// The `write` span of one traced publication's frame in a connection's outbound queue, from
+/// the moment it is queued until the write that carries it reaches the socket. Held by the queue
+/// (boxed: an untraced connection pays one empty pointer), one at a time per connection.
+pub struct TracedWrite {
+    span: BoxedSpan,
+    /// A writer took the frame from the queue (it is in the write under way).
+    taken: bool,
+}
+
+impl TracedWrite {
+    /// Watch the write of a frame just queued.
+    pub fn new(span: BoxedSpan) -> Box<Self> {
+        Box::new(TracedWrite { span, taken: false })
+    }
+
+    /// A writer took the queued frames, this one among them.
+    pub(crate) fn take(&mut self) {
+        self.taken = true;
+    }
+
+    /// The write failed to take them (they are back in the queue).
+    pub(crate) fn put_back(&mut self) {
+        self.taken = false;
+    }
+
+    /// Whether the frame is in the write under way.
+    pub(crate) fn taken(&self) -> bool {
+        self.taken
+    }
+
+    /// The frame reached the socket, written by the fan-out itself (`"direct"`) or by the
+    /// connection's task (`"task"`).
+    pub(crate) fn written(mut self, by: &'static str) {
+        self.span
+            .set_attribute(KeyValue::new("herald.write.by", by));
+        self.span.end();
+    }
+
+    /// The frame never will: the queue was closed and freed (`why`).
+    pub(crate) fn dropped(mut self, why: &'static str) {
+        self.span.set_status(Status::error(why));
+        self.span.end();
+    }
+}
 
 /// A W3C `traceparent` (`00-<32 hex trace id>-<16 hex span id>-<2 hex flags>`) as a remote span
 /// context, or `None` if it is not one (wrong version, length, characters, or all-zero ids).

@@ -4,7 +4,8 @@
 //! An API publish makes a `publish` span (a child of the request's `traceparent` when it has one)
 //! and under it a `broker.publish` span around the broker round trip; a sampled publication
 //! carries that span's `traceparent` through the broker, and every node that receives it makes a
-//! `fanout` span under it (`herald_core::hub`). Off, a request costs one relaxed atomic load
+//! `fanout` span under it (`herald_core::hub`), and `write` spans under that for the first
+//! `write_spans` connections the frame is queued for. Off, a request costs one relaxed atomic load
 //! ([`enabled`]) and publications carry nothing extra.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,6 +45,17 @@ struct TracingConfig {
     /// `service.name` of the spans.
     #[serde(default = "default_service_name")]
     service_name: String,
+    /// How many connections of each traced fan-out get a `write` span, 0 to [`MAX_WRITE_SPANS`].
+    #[serde(default = "default_write_spans")]
+    write_spans: usize,
+}
+
+/// The most `write` spans one fan-out makes: a trace stays readable, and a broadcast to many
+/// connections never makes a span per connection.
+const MAX_WRITE_SPANS: usize = 1000;
+
+fn default_write_spans() -> usize {
+    herald_core::trace::DEFAULT_WRITE_SPANS
 }
 
 fn default_protocol() -> String {
@@ -80,6 +92,12 @@ impl TracingConfig {
         }
         if cfg.service_name.is_empty() {
             bail!("tracing.service_name must not be empty");
+        }
+        if cfg.write_spans > MAX_WRITE_SPANS {
+            bail!(
+                "tracing.write_spans must be from 0 to {MAX_WRITE_SPANS}, not {}",
+                cfg.write_spans
+            );
         }
         Ok(cfg)
     }
@@ -133,10 +151,12 @@ impl Tracing {
             .with_resource(resource)
             .build();
         global::set_tracer_provider(provider.clone());
+        herald_core::trace::set_write_spans(cfg.write_spans);
         ENABLED.store(true, Ordering::Relaxed);
         tracing::info!(
             endpoint = %herald_broker::redact_url(&cfg.otlp_endpoint),
             sample_ratio = cfg.sample_ratio,
+            write_spans = cfg.write_spans,
             "tracing publications over OTLP/HTTP"
         );
         Ok(Some(Tracing { provider }))
@@ -237,6 +257,7 @@ mod tests {
             TracingConfig::parse(&serde_json::json!({"otlp_endpoint": "http://c:4318"})).unwrap();
         assert_eq!(cfg.traces_url(), "http://c:4318/v1/traces");
         assert_eq!((cfg.protocol.as_str(), cfg.sample_ratio), ("http", 1.0));
+        assert_eq!(cfg.write_spans, 1);
         let full = TracingConfig::parse(
             &serde_json::json!({"otlp_endpoint": "https://c/v1/traces/", "sample_ratio": 0.25}),
         )
@@ -260,6 +281,10 @@ mod tests {
             (
                 serde_json::json!({"otlp_endpoint": "http://c", "service_name": ""}),
                 "service_name",
+            ),
+            (
+                serde_json::json!({"otlp_endpoint": "http://c", "write_spans": 1001}),
+                "write_spans",
             ),
         ] {
             let e = TracingConfig::parse(&bad).unwrap_err().to_string();

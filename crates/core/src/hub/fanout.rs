@@ -92,6 +92,8 @@ impl Hub {
         let mut delivered = 0;
         // The channel's name for the tags of subscribers that may shed (made once, if any).
         let mut name: Option<Arc<str>> = None;
+        // Some only in a traced delivery: the first few connections get a `write` span.
+        let mut sampler = direct.as_ref().and_then(|_| traced::take_write_sampler());
         for sub in ch.subscribers.values_mut() {
             match &mut sub.mode {
                 Mode::Pending(waiting) => waiting.push(p.clone()),
@@ -113,7 +115,10 @@ impl Hub {
                         }),
                     };
                     let queued = match &mut direct {
-                        Some(list) => match sub.out.push_for_fanout(frame, tag) {
+                        Some(list) => match match sampler.as_mut().filter(|s| s.wants_more()) {
+                            Some(s) => sub.out.push_for_fanout_traced(frame, tag, || s.span()),
+                            None => sub.out.push_for_fanout(frame, tag),
+                        } {
                             Some(true) => {
                                 list.push(sub.out.clone());
                                 true
@@ -133,6 +138,9 @@ impl Hub {
                 Mode::Live { .. } | Mode::Lost => {}
             }
             has_delta_subscribers |= sub.delta.is_some();
+        }
+        if let Some(sampler) = sampler {
+            traced::return_write_sampler(sampler);
         }
         self.shared
             .metrics
