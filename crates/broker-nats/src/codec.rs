@@ -87,7 +87,8 @@ fn info_json(info: Option<&ClientInfo>) -> Vec<u8> {
 }
 
 /// Headers and payload of a message holding `items` (data, info) as offsets `first`, `first + 1`,
-/// …, stamped with the boot id `boot` (none when empty); no items: an epoch marker (offset 0).
+/// …, stamped with the boot id `boot` (none when empty); no items: an epoch marker (offset 0), or,
+/// with `first` above 0, the position `first - 1` without publications.
 pub(crate) fn encode_publications(
     epoch: &str,
     boot: &str,
@@ -102,6 +103,11 @@ pub(crate) fn encode_publications(
     headers.insert(EXPECTED_LAST_SUBJECT_SEQ, prev.to_string());
     if !boot.is_empty() {
         headers.insert(BOOT, boot);
+    }
+    if items.is_empty() && first > 0 {
+        // A position without publications (history removed, see `admin.rs`): `Herald-Count: 0`
+        // tells it from a single publication.
+        headers.insert(COUNT, "0");
     }
     let payload = match items {
         [] => Bytes::new(),
@@ -158,6 +164,15 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
     let mut publications = Vec::new();
     if first == 0 {
         return Some(Stored::marker(epoch, boot));
+    }
+    if header(headers, SIZES).is_none() && header_u64(headers, COUNT) == Some(0) {
+        return Some(Stored {
+            epoch,
+            first,
+            prev,
+            boot,
+            publications,
+        });
     }
     match header(headers, SIZES) {
         None => {
@@ -303,6 +318,15 @@ mod tests {
         assert_eq!(s.publications[1].info, None);
         assert_eq!(s.publications[2].data, c);
         assert_eq!(s.publications[2].info, Some(w));
+    }
+
+    #[test]
+    fn a_position_without_publications_round_trips() {
+        let (h, p) = encode_publications("ep", "b1", 8, 41, &[]);
+        let s = decode_publications(&h, &p).unwrap();
+        assert!(s.publications.is_empty());
+        assert_eq!((s.last(), s.prev, s.epoch.as_str()), (7, 41, "ep"));
+        assert!(matches!(decode_delivery(Some(&h), &p), Delivery::Marker));
     }
 
     #[test]

@@ -34,6 +34,7 @@
 //! - `broker`: [`RedisBroker`], shared state, routing the `Broker` trait's calls.
 //! - `metrics`: the `herald_broker_*` Prometheus lines.
 
+mod admin;
 mod broker;
 mod codec;
 pub mod config;

@@ -132,6 +132,7 @@ mod tests {
                 })
                 .collect(),
             continuous,
+            stored_at_ms: Vec::new(),
         }
     }
 
