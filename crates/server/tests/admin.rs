@@ -739,7 +739,7 @@ async fn failed_logins_are_limited_per_source_and_overall() {
 async fn the_new_admin_endpoints_need_credentials_and_csrf() {
     let node = admin_node(&[]).await;
     let key = format!("Bearer {API_KEY}");
-    let calls: [(&str, &str, Option<Value>); 4] = [
+    let calls: [(&str, &str, Option<Value>); 6] = [
         (
             "POST",
             "/admin/api/broadcast",
@@ -756,6 +756,12 @@ async fn the_new_admin_endpoints_need_credentials_and_csrf() {
             Some(json!({"user": "u", "channel": "a"})),
         ),
         ("GET", "/admin/api/audit", None),
+        (
+            "POST",
+            "/admin/api/history_remove",
+            Some(json!({"channel": "a"})),
+        ),
+        ("GET", "/admin/api/history_channels", None),
     ];
     let (cookie, _csrf) = login(&node).await;
     for (method, path, body) in calls {
