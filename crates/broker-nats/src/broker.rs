@@ -256,6 +256,12 @@ impl Broker for NatsBroker {
         crate::history::history(&self.inner, channel, query, opts).await
     }
 
+    async fn remove_history(&self, channel: &str) -> Result<bool, BrokerError> {
+        crate::admin::remove_history(&self.inner, channel)
+            .await
+            .map(|()| true)
+    }
+
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
         presence::add(&self.inner, channel, who).await
     }

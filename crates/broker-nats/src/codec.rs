@@ -104,7 +104,8 @@ fn info_json(info: Option<&ClientInfo>, tags: &Tags) -> Vec<u8> {
 pub(crate) type Item<'a> = (&'a Bytes, Option<&'a ClientInfo>, &'a Tags);
 
 /// Headers and payload of a message holding `items` (data, info) as offsets `first`, `first + 1`,
-/// …, stamped with the boot id `boot` (none when empty); no items: an epoch marker (offset 0).
+/// …, stamped with the boot id `boot` (none when empty); no items: an epoch marker (offset 0), or,
+/// with `first` above 0, the position `first - 1` without publications.
 pub(crate) fn encode_publications(
     epoch: &str,
     boot: &str,
@@ -119,6 +120,11 @@ pub(crate) fn encode_publications(
     headers.insert(EXPECTED_LAST_SUBJECT_SEQ, prev.to_string());
     if !boot.is_empty() {
         headers.insert(BOOT, boot);
+    }
+    if items.is_empty() && first > 0 {
+        // A position without publications (history removed, see `admin.rs`): `Herald-Count: 0`
+        // tells it from a single publication.
+        headers.insert(COUNT, "0");
     }
     let payload = match items {
         [] => Bytes::new(),
@@ -172,6 +178,15 @@ pub(crate) fn decode_publications(headers: &HeaderMap, payload: &Bytes) -> Optio
     let mut publications = Vec::new();
     if first == 0 {
         return Some(Stored::marker(epoch, boot));
+    }
+    if header(headers, SIZES).is_none() && header_u64(headers, COUNT) == Some(0) {
+        return Some(Stored {
+            epoch,
+            first,
+            prev,
+            boot,
+            publications,
+        });
     }
     match header(headers, SIZES) {
         None => {
@@ -425,6 +440,15 @@ mod tests {
                 (0, &data, &info, &tags)
             );
         }
+    }
+
+    #[test]
+    fn a_position_without_publications_round_trips() {
+        let (h, p) = encode_publications("ep", "b1", 8, 41, &[]);
+        let s = decode_publications(&h, &p).unwrap();
+        assert!(s.publications.is_empty());
+        assert_eq!((s.last(), s.prev, s.epoch.as_str()), (7, 41, "ep"));
+        assert!(matches!(decode_delivery(Some(&h), &p), Delivery::Marker));
     }
 
     #[test]

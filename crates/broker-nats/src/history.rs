@@ -67,10 +67,14 @@ async fn read(
         0
     };
     let limit = query.limit.unwrap_or(usize::MAX);
-    let answer = |publications, continuous| HistoryResult {
-        position: position.clone(),
-        publications,
-        continuous,
+    let answer = |stored: Vec<(Publication, u64)>, continuous| {
+        let (publications, stored_at_ms) = stored.into_iter().unzip();
+        HistoryResult {
+            position: position.clone(),
+            publications,
+            continuous,
+            stored_at_ms,
+        }
     };
 
     let Some(since) = &query.since else {
@@ -93,7 +97,7 @@ async fn read(
     let want = usize::try_from(missed).unwrap_or(usize::MAX);
     let publications = newest(inner, kind, &subject, &last, want, opts.history_ttl).await?;
     let continuous = publications.len() == want
-        && publications.first().map(|p| p.offset) == Some(since.offset + 1);
+        && publications.first().map(|(p, _)| p.offset) == Some(since.offset + 1);
     if !continuous {
         return Ok(answer(Vec::new(), false));
     }
@@ -101,7 +105,8 @@ async fn read(
 }
 
 /// The newest `want` publications of the subject that are younger than `ttl`, oldest first,
-/// consecutive and ending at `last`. Fewer when older ones are gone.
+/// consecutive and ending at `last`, each with when its message was stored (ms since the Unix
+/// epoch, the server's clock). Fewer when older ones are gone.
 async fn newest(
     inner: &Inner,
     kind: Kind,
@@ -109,7 +114,7 @@ async fn newest(
     last: &Found,
     want: usize,
     ttl: Duration,
-) -> Result<Vec<Publication>, BrokerError> {
+) -> Result<Vec<(Publication, u64)>, BrokerError> {
     let top = last.stored.last();
     if want == 0 || top == 0 {
         return Ok(Vec::new());
@@ -123,18 +128,19 @@ async fn newest(
     // Oldest message first; keep the unbroken run of publications that ends at the top and is
     // young enough, newest `want` of it.
     chain.retain(|f| f.time >= cutoff);
-    let mut run: Vec<Publication> = Vec::with_capacity(want.min(4096));
+    let mut run: Vec<(Publication, u64)> = Vec::with_capacity(want.min(4096));
     let mut expect = top;
     'messages: for f in chain.into_iter().rev() {
         if f.stored.epoch != last.stored.epoch {
             break;
         }
+        let at_ms = u64::try_from(f.time.unix_timestamp_nanos() / 1_000_000).unwrap_or(0);
         for p in f.stored.publications.into_iter().rev() {
             if p.offset != expect || expect == 0 || run.len() == want {
                 break 'messages;
             }
             expect -= 1;
-            run.push(p);
+            run.push((p, at_ms));
         }
     }
     run.reverse();

@@ -48,6 +48,7 @@
 //! - [`names`]: channel names ↔ subject tokens, and every subject the broker uses.
 //! - `metrics`: counters for `/metrics`.
 
+mod admin;
 mod boot;
 mod broker;
 mod codec;

@@ -7,8 +7,9 @@ use std::sync::{Arc, OnceLock};
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult, PresencePage,
-    PresenceStats, PublishOptions, PublishTarget, SharedBroker, StreamOptions,
+    Broker, BrokerError, BrokerHandler, ControlMessage, HistoryChannels, HistoryQuery,
+    HistoryResult, PresencePage, PresenceStats, PublishOptions, PublishTarget, SharedBroker,
+    StreamOptions,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
 use prometheus_client::registry::Registry;
@@ -163,6 +164,18 @@ impl Broker for RedisBroker {
         opts: &StreamOptions,
     ) -> Result<HistoryResult, BrokerError> {
         self.inner.history(channel, query, opts).await
+    }
+
+    async fn remove_history(&self, channel: &str) -> Result<bool, BrokerError> {
+        self.inner.remove_history(channel).await.map(|()| true)
+    }
+
+    async fn history_channels(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<HistoryChannels>, BrokerError> {
+        self.inner.history_channels(cursor, limit).await
     }
 
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {

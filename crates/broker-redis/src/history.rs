@@ -99,6 +99,7 @@ fn parse_history(reply: Vec<Value>) -> Result<HistoryResult, BrokerError> {
         .ok_or_else(|| bad_reply("history"))?
         == 1;
     let mut publications = Vec::new();
+    let mut stored_at_ms = Vec::new();
     while let Some(offset) = it.next() {
         let offset = as_u64(&offset).ok_or_else(|| bad_reply("history"))?;
         let data = it
@@ -111,17 +112,28 @@ fn parse_history(reply: Vec<Value>) -> Result<HistoryResult, BrokerError> {
             .ok_or_else(|| bad_reply("history"))?;
         let (info, tags) =
             herald_broker::meta::decode_meta(&info).ok_or_else(|| bad_reply("history info"))?;
+        let id = it
+            .next()
+            .and_then(into_string)
+            .ok_or_else(|| bad_reply("history"))?;
+        // The entry id's first part is the Redis time (ms) when it was appended.
+        let ms = id
+            .split_once('-')
+            .and_then(|(ms, _)| ms.parse().ok())
+            .ok_or_else(|| bad_reply("history entry id"))?;
         publications.push(Publication {
             offset,
             data: Bytes::from(data),
             info,
             tags,
         });
+        stored_at_ms.push(ms);
     }
     Ok(HistoryResult {
         position: StreamPosition { epoch, offset: top },
         publications,
         continuous,
+        stored_at_ms,
     })
 }
 
@@ -138,9 +150,11 @@ mod tests {
             Value::BulkString(b"8".to_vec()),
             Value::BulkString(b"{\"a\":1}".to_vec()),
             Value::BulkString(Vec::new()),
+            Value::BulkString(b"1764290000000-0".to_vec()),
             Value::BulkString(b"9".to_vec()),
             Value::BulkString(b"2".to_vec()),
             Value::BulkString(br#"{"user":"u","client":"c"}"#.to_vec()),
+            Value::BulkString(b"1764290000001-3".to_vec()),
         ];
         let h = parse_history(reply).unwrap();
         assert_eq!(
@@ -154,6 +168,7 @@ mod tests {
         assert_eq!(h.publications.len(), 2);
         assert!(h.publications[0].info.is_none());
         assert_eq!(h.publications[1].info.as_ref().unwrap().client, "c");
+        assert_eq!(h.stored_at_ms, [1764290000000, 1764290000001]);
         assert!(parse_history(vec![Value::Nil]).is_err());
     }
 }

@@ -35,6 +35,7 @@
 //! - `broker`: [`RedisBroker`], shared state, routing the `Broker` trait's calls.
 //! - `metrics`: the `herald_broker_*` Prometheus lines.
 
+mod admin;
 mod broker;
 mod codec;
 pub mod config;

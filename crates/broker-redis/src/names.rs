@@ -93,6 +93,19 @@ impl Names {
         format!("{}:{{{channel}}}:p", self.prefix)
     }
 
+    /// The key prefix (`key_prefix`).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Herald channel of a history key name, if it is one of ours.
+    pub(crate) fn channel_of_history<'a>(&self, key: &'a str) -> Option<&'a str> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":{")?
+            .strip_suffix("}:h")
+            .filter(|c| !c.contains(['{', '}']))
+    }
+
     /// The Herald channel of a pub/sub channel name, if it is one of ours.
     pub(crate) fn channel_of<'a>(&self, pubsub: &'a str) -> Option<&'a str> {
         pubsub

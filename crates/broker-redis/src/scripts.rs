@@ -108,7 +108,8 @@ return out
 /// over, as in [`PUBLISH`]), server identity (a stream bound to another starts over, as in
 /// [`PUBLISH`]).
 ///
-/// Returns `{epoch, top, continuous (0/1), o1, d1, i1, o2, d2, i2, …}` in offset order. With
+/// Returns `{epoch, top, continuous (0/1), o1, d1, i1, id1, o2, d2, i2, id2, …}` in offset order
+/// (`id`: the stream entry's id, `<ms>-<n>`, whose `ms` is Redis's time when it was stored). With
 /// `since`, publications are returned only if every one after `since` is still kept (recovery is
 /// all or nothing); entries older than the history TTL count as gone even before a publish trims
 /// them.
@@ -177,6 +178,7 @@ for n = first, last, -1 do
   out[#out + 1] = f[2]
   out[#out + 1] = f[4]
   out[#out + 1] = f[6]
+  out[#out + 1] = entries[n][1]
 end
 return out
 "#,

@@ -150,6 +150,19 @@ pub struct HistoryResult {
     /// With `since`: the epoch matched and the history still held every publication after
     /// `since.offset` (up to the limit). Without `since`: always true.
     pub continuous: bool,
+    /// When each publication was stored, ms since the Unix epoch by the store's clock (Redis's or
+    /// NATS's server time, this node's clock in memory): one per publication, in the same order,
+    /// or empty where the broker does not know. Not sent to clients; the admin UI shows it.
+    pub stored_at_ms: Vec<u64>,
+}
+
+/// One page of the channels that hold history ([`Broker::history_channels`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HistoryChannels {
+    /// Channel names; a name may repeat across pages (a Redis `SCAN` may return a key twice).
+    pub channels: Vec<String>,
+    /// Where the next page starts; `None` when the listing is complete.
+    pub cursor: Option<String>,
 }
 
 /// A message between nodes that is not a publication: API actions that must reach a client
@@ -280,6 +293,27 @@ pub trait Broker: Send + Sync + 'static {
         query: &HistoryQuery,
         opts: &StreamOptions,
     ) -> Result<HistoryResult, BrokerError>;
+
+    /// Remove the channel's kept publications, keeping its epoch and top offset (so a client
+    /// recovering from an offset before the removal is told `recovered: false`, and the next
+    /// publication continues the offsets). `Ok(false)`: this broker cannot (the default).
+    async fn remove_history(&self, channel: &str) -> Result<bool, BrokerError> {
+        let _ = channel;
+        Ok(false)
+    }
+
+    /// One page of the channels whose history holds publications, at most about `limit` names,
+    /// starting at `cursor` (`None`: the first page), without blocking the store for long (a
+    /// bounded amount of work per call). Names may be listed a little after their history
+    /// expired. `Ok(None)`: this broker cannot list them (the default).
+    async fn history_channels(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<HistoryChannels>, BrokerError> {
+        let _ = (cursor, limit);
+        Ok(None)
+    }
 
     /// Record that a client is subscribed to the channel.
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError>;

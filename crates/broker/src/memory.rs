@@ -9,15 +9,15 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_protocol::{ClientInfo, Publication, StreamPosition};
 
 use crate::{
-    new_epoch, Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PresencePage, PresenceStats, PublishOptions, StreamOptions,
+    new_epoch, Broker, BrokerError, BrokerHandler, ControlMessage, HistoryChannels, HistoryQuery,
+    HistoryResult, PresencePage, PresenceStats, PublishOptions, StreamOptions,
 };
 
 /// Stream map shards: publishes to different channels rarely contend on one lock.
@@ -256,7 +256,47 @@ impl Broker for MemoryBroker {
             stream.expires = now + opts.empty_ttl;
         }
         stream.trim(opts, now);
-        Ok(read_history(stream, query))
+        Ok(with_times(
+            read_history(stream, query),
+            &stream.entries,
+            now,
+        ))
+    }
+
+    async fn remove_history(&self, channel: &str) -> Result<bool, BrokerError> {
+        let mut streams = self.shard(channel).lock().expect("stream lock");
+        if let Some(stream) = streams.get_mut(channel) {
+            stream.entries.clear();
+        }
+        Ok(true)
+    }
+
+    /// Names in order; each call visits every stream (one shard lock at a time), which for a
+    /// single node's memory is cheap enough: a million streams take some tens of milliseconds.
+    async fn history_channels(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<HistoryChannels>, BrokerError> {
+        let now = Instant::now();
+        let mut names: Vec<String> = Vec::new();
+        for shard in self.streams.iter() {
+            let streams = shard.lock().expect("stream lock");
+            names.extend(names_with_history(&streams, cursor, now).cloned());
+            // Keep only the first `limit + 1` so far: memory stays bounded by the page.
+            if names.len() > 2 * (limit + 1) {
+                names.sort_unstable();
+                names.truncate(limit + 1);
+            }
+        }
+        names.sort_unstable();
+        let more = names.len() > limit;
+        names.truncate(limit);
+        let cursor = if more { names.last().cloned() } else { None };
+        Ok(Some(HistoryChannels {
+            channels: names,
+            cursor,
+        }))
     }
 
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {
@@ -385,7 +425,47 @@ pub fn answer_history<T>(
         position,
         publications,
         continuous,
+        stored_at_ms: Vec::new(),
     }
+}
+
+/// `h` with each publication's storage time, from the stream's entries (appended at `Instant`s;
+/// turned into wall-clock time against `now` and the system clock).
+fn with_times(
+    mut h: HistoryResult,
+    entries: &VecDeque<(Publication, Instant)>,
+    now: Instant,
+) -> HistoryResult {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    h.stored_at_ms = h
+        .publications
+        .iter()
+        .map(|p| {
+            entries
+                .binary_search_by_key(&p.offset, |(e, _)| e.offset)
+                .ok()
+                .map_or(0, |i| {
+                    now_ms.saturating_sub(now.duration_since(entries[i].1).as_millis() as u64)
+                })
+        })
+        .collect();
+    h
+}
+
+/// The names of `streams` that hold publications, greater than `after`, sorted.
+fn names_with_history<'a>(
+    streams: &'a HashMap<String, Stream>,
+    after: Option<&'a str>,
+    now: Instant,
+) -> impl Iterator<Item = &'a String> + 'a {
+    streams
+        .iter()
+        .filter(move |(name, s)| {
+            s.expires > now && !s.entries.is_empty() && after.is_none_or(|a| name.as_str() > a)
+        })
+        .map(|(name, _)| name)
 }
 
 #[cfg(test)]

@@ -133,6 +133,7 @@ mod tests {
                 })
                 .collect(),
             continuous,
+            stored_at_ms: Vec::new(),
         }
     }
 

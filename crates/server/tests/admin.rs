@@ -739,7 +739,7 @@ async fn failed_logins_are_limited_per_source_and_overall() {
 async fn the_new_admin_endpoints_need_credentials_and_csrf() {
     let node = admin_node(&[]).await;
     let key = format!("Bearer {API_KEY}");
-    let calls: [(&str, &str, Option<Value>); 4] = [
+    let calls: [(&str, &str, Option<Value>); 6] = [
         (
             "POST",
             "/admin/api/broadcast",
@@ -756,6 +756,12 @@ async fn the_new_admin_endpoints_need_credentials_and_csrf() {
             Some(json!({"user": "u", "channel": "a"})),
         ),
         ("GET", "/admin/api/audit", None),
+        (
+            "POST",
+            "/admin/api/history_remove",
+            Some(json!({"channel": "a"})),
+        ),
+        ("GET", "/admin/api/history_channels", None),
     ];
     let (cookie, _csrf) = login(&node).await;
     for (method, path, body) in calls {
@@ -1053,4 +1059,242 @@ async fn a_node_that_stops_answering_is_shown_lost() {
         .unwrap();
     assert_eq!(a_row["state"], "live", "{o}");
     assert!(a_row.get("lost_since_ms").is_none(), "{o}");
+}
+
+/// `GET path` with the admin password as bearer token; the status must be 200.
+async fn admin_get(node: &Node, path: &str) -> Value {
+    let admin = format!("Bearer {PASSWORD}");
+    let (status, _, body) = request(node, "GET", path, &[("Authorization", &admin)], None).await;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    body
+}
+
+/// `POST path` with the admin password as bearer token: (status, body).
+async fn admin_post(node: &Node, path: &str, body: Value) -> (u16, Value) {
+    let admin = format!("Bearer {PASSWORD}");
+    let (status, _, body) =
+        request(node, "POST", path, &[("Authorization", &admin)], Some(body)).await;
+    (status, body)
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test]
+async fn history_rows_have_a_time_and_history_can_be_removed_in_memory() {
+    history_rows_have_a_time_and_history_can_be_removed(&admin_node(&[]).await).await;
+}
+
+#[tokio::test]
+async fn history_rows_have_a_time_and_history_can_be_removed_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let node = admin_node(&[("HERALD_BROKER_URL", &redis.url())]).await;
+    history_rows_have_a_time_and_history_can_be_removed(&node).await;
+}
+
+#[tokio::test]
+async fn history_rows_have_a_time_and_history_can_be_removed_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    let node = admin_node(&[("HERALD_BROKER_URL", &nats.url())]).await;
+    history_rows_have_a_time_and_history_can_be_removed(&node).await;
+    // NATS cannot list channels by history: said so, not an empty list passed off as complete.
+    let page = admin_get(&node, "/admin/api/history_channels").await;
+    assert_eq!(
+        page,
+        json!({"available": false, "channels": [], "cursor": null})
+    );
+}
+
+async fn history_rows_have_a_time_and_history_can_be_removed(node: &Node) {
+    // The store's clock (Redis, NATS) is this machine's: allow a second either way.
+    let before = unix_ms() - 1000;
+    for n in 1..=3 {
+        node.publish("gone", json!({ "n": n })).await;
+    }
+    let after = unix_ms() + 1000;
+    let view = admin_get(node, "/admin/api/channel?name=gone").await;
+    let h = &view["history"];
+    let epoch = h["epoch"].as_str().expect("epoch").to_owned();
+    let rows = h["publications"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{view}");
+    for row in rows {
+        let at = row["time_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no time: {row}"));
+        assert!(
+            (before..=after).contains(&at),
+            "time {at} not in [{before}, {after}]: {row}"
+        );
+    }
+    // Removing needs the CSRF token from a browser session.
+    let (cookie, csrf) = login(node).await;
+    let remove = json!({"channel": "gone"});
+    let (status, _, r) = request(
+        node,
+        "POST",
+        "/admin/api/history_remove",
+        &[("Cookie", &cookie)],
+        Some(remove.clone()),
+    )
+    .await;
+    assert_eq!(status, 403, "{r}");
+    let (status, _, r) = request(
+        node,
+        "POST",
+        "/admin/api/history_remove",
+        &[("Cookie", &cookie), ("X-Herald-CSRF", &csrf)],
+        Some(remove),
+    )
+    .await;
+    assert_eq!((status, &r), (200, &json!({})));
+    // The publications are gone; the epoch and the top offset stay, and offsets continue.
+    let view = admin_get(node, "/admin/api/channel?name=gone").await;
+    assert_eq!(view["history"]["publications"], json!([]), "{view}");
+    assert_eq!(view["history"]["epoch"], epoch.as_str(), "{view}");
+    assert_eq!(view["history"]["offset"], 3, "{view}");
+    let p = node.publish("gone", json!({ "n": 4 })).await;
+    assert_eq!(
+        (p["epoch"].as_str(), p["offset"].as_u64()),
+        (Some(epoch.as_str()), Some(4)),
+        "{p}"
+    );
+    let view = admin_get(node, "/admin/api/channel?name=gone").await;
+    let offsets: Vec<u64> = view["history"]["publications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["offset"].as_u64().unwrap())
+        .collect();
+    assert_eq!(offsets, [4], "{view}");
+    // Bad input gets a clear error.
+    for (body, status) in [
+        (json!({"channel": "gone", "extra": 1}), 400),
+        (json!({}), 400),
+        (json!({"channel": "bad{name}"}), 400),
+    ] {
+        let (got, r) = admin_post(node, "/admin/api/history_remove", body.clone()).await;
+        assert_eq!(got, status, "{body}: {r}");
+        assert!(r["error"]["message"].is_string(), "{r}");
+    }
+    // Audited, with who did it.
+    let audit = admin_get(node, "/admin/api/audit").await;
+    let removals: Vec<(&str, &str, bool)> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "history_remove")
+        .map(|e| {
+            (
+                e["who"].as_str().unwrap(),
+                e["target"].as_str().unwrap(),
+                e["ok"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    // Newest first; a body that does not parse is refused before any action, a bad name by it.
+    assert_eq!(
+        removals,
+        [
+            ("password", "bad{name}", false),
+            ("session-1", "gone", true)
+        ],
+        "{audit}"
+    );
+}
+
+#[tokio::test]
+async fn channels_with_only_history_are_listed_in_pages_in_memory() {
+    channels_with_only_history_are_listed_in_pages(&admin_node(&[]).await, None).await;
+}
+
+#[tokio::test]
+async fn channels_with_only_history_are_listed_in_pages_on_redis() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let node = admin_node(&[("HERALD_BROKER_URL", &redis.url())]).await;
+    // Redis's cursor is `<shard>:<SCAN cursor>`: one with a shard it does not have is refused.
+    channels_with_only_history_are_listed_in_pages(&node, Some("9:0")).await;
+}
+
+/// `bad_cursor`: a cursor the broker must refuse (the memory broker's cursor is a channel name,
+/// so none there).
+async fn channels_with_only_history_are_listed_in_pages(node: &Node, bad_cursor: Option<&str>) {
+    let quiet: Vec<String> = (1..=7).map(|n| format!("quiet{n}")).collect();
+    for c in &quiet {
+        node.publish(c, json!(1)).await;
+    }
+    // A channel with a subscriber is in the subscribers' list, not this one; a channel whose
+    // history was removed holds none.
+    let _sub = node.connected(&["busy"]).await;
+    node.publish("busy", json!(1)).await;
+    node.publish("emptied", json!(1)).await;
+    let (status, r) = admin_post(
+        node,
+        "/admin/api/history_remove",
+        json!({"channel": "emptied"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{r}");
+    eventually(
+        Duration::from_secs(10),
+        "the cluster view to count busy's subscriber",
+        || async {
+            let ch = admin_get(node, "/admin/api/channels?q=busy").await;
+            ch["channels"] == json!([{"channel": "busy", "subscribers": 1}])
+        },
+    )
+    .await;
+    // Follow the cursor to the end, 3 at a time.
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages <= 50, "the listing did not end: {listed:?}");
+        let more = cursor
+            .as_ref()
+            .map(|c| {
+                format!(
+                    "&cursor={}",
+                    form_urlencoded::byte_serialize(c.as_bytes()).collect::<String>()
+                )
+            })
+            .unwrap_or_default();
+        let page = admin_get(node, &format!("/admin/api/history_channels?limit=3{more}")).await;
+        assert_eq!(page["available"], true, "{page}");
+        let names = page["channels"].as_array().unwrap();
+        listed.extend(names.iter().map(|n| n.as_str().unwrap().to_owned()));
+        match page["cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_owned()),
+            None => break,
+        }
+    }
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed, quiet, "pages: {pages}");
+    // The name search applies to each page.
+    let page = admin_get(node, "/admin/api/history_channels?limit=100&q=quiet3").await;
+    assert_eq!(page["channels"], json!(["quiet3"]), "{page}");
+    // A cursor no page gave, or a bad limit, is refused.
+    let mut bad = vec![
+        "cursor=".to_owned(),
+        "limit=0".to_owned(),
+        "limit=x".to_owned(),
+    ];
+    bad.extend(bad_cursor.map(|c| format!("cursor={c}")));
+    for query in bad {
+        let admin = format!("Bearer {PASSWORD}");
+        let (status, _, r) = request(
+            node,
+            "GET",
+            &format!("/admin/api/history_channels?{query}"),
+            &[("Authorization", &admin)],
+            None,
+        )
+        .await;
+        assert_eq!(status, 400, "{query}: {r}");
+    }
 }

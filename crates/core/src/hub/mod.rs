@@ -232,6 +232,7 @@ impl Channel {
             position,
             publications,
             continuous: true,
+            stored_at_ms: Vec::new(),
         })
     }
 

@@ -1,5 +1,6 @@
-//! The admin JSON API under `/admin/api/`: the cluster overview and charts, channels, one
-//! channel's presence and history, a user's connections, disconnect, publish, broadcast,
+//! The admin JSON API under `/admin/api/`: the cluster overview and charts, channels (with
+//! subscribers, and those with only history), one channel's presence and history (and removing
+//! that history), a user's connections, disconnect, publish, broadcast,
 //! server-side subscribe and unsubscribe, the audit log, the effective configuration with
 //! secrets masked, and a configuration reload. Every action is recorded in the audit log
 //! ([`super::audit`]).
@@ -29,6 +30,11 @@ type ApiResult = Result<Value, ApiError>;
 
 /// Channels listed at most per page.
 const MAX_CHANNELS: usize = 500;
+/// Channels with history asked of the broker per page at most (a Redis page may hold a few
+/// hundred more: see `herald_broker_redis`'s admin module).
+const MAX_HISTORY_CHANNELS: usize = 500;
+/// A history listing cursor is at most this long (the brokers' are far shorter).
+const MAX_CURSOR_BYTES: usize = 1024;
 /// Publications per history page at most.
 const MAX_HISTORY_PAGE: u64 = 200;
 /// Audit entries per answer at most (all that a node keeps).
@@ -56,6 +62,7 @@ pub async fn dispatch(
         (Method::GET, "overview") => Ok(overview(&app, admin)),
         (Method::GET, "channels") => Ok(channels(&app, admin, &query)),
         (Method::GET, "channel") => channel(&app, admin, &query).await,
+        (Method::GET, "history_channels") => history_channels(&app, admin, &query).await,
         (Method::GET, "connections") => connections(&app, admin, &query).await,
         (Method::GET, "config") => Ok(config(&app)),
         (Method::GET, "audit") => Ok(audit(admin, &query)),
@@ -88,6 +95,12 @@ pub async fn dispatch(
             admin.record(actor, method, &target, done.is_ok());
             done
         }
+        (Method::POST, "history_remove") => {
+            let b: ChannelBody = body(&app, req).await?;
+            let done = history_remove(&app, &b.channel).await;
+            admin.record(actor, "history_remove", &cut(b.channel), done.is_ok());
+            done
+        }
         (Method::POST, "reload") => {
             let done = reload(&app).await;
             admin.record(actor, "reload", "", done.is_ok());
@@ -95,8 +108,9 @@ pub async fn dispatch(
         }
         (
             _,
-            "overview" | "channels" | "channel" | "connections" | "config" | "audit" | "publish"
-            | "broadcast" | "disconnect" | "subscribe" | "unsubscribe" | "reload",
+            "overview" | "channels" | "channel" | "history_channels" | "connections" | "config"
+            | "audit" | "publish" | "broadcast" | "disconnect" | "subscribe" | "unsubscribe"
+            | "history_remove" | "reload",
         ) => Err(ApiError::with_status(
             StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::BadRequest,
@@ -246,6 +260,7 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
             tracing::error!(channel = %name, cause = %e, "stored history cannot be encoded");
             ApiError::code(ErrorCode::Internal, "internal error")
         })?;
+        add_times(&mut page, &h.stored_at_ms);
         page["available"] = json!(true);
         page
     };
@@ -255,6 +270,91 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
         "presence": presence,
         "history": history,
     }))
+}
+
+/// Each history row's `time_ms` (when the broker stored it), where the broker told.
+fn add_times(page: &mut Value, stored_at_ms: &[u64]) {
+    if let Some(rows) = page["publications"].as_array_mut() {
+        if rows.len() == stored_at_ms.len() {
+            for (row, at) in rows.iter_mut().zip(stored_at_ms) {
+                row["time_ms"] = json!(at);
+            }
+        }
+    }
+}
+
+/// The body of an action on one channel.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChannelBody {
+    channel: String,
+}
+
+/// Remove the channel's history in the broker (every node's view: it is shared); the stream's
+/// epoch and top offset stay.
+async fn history_remove(app: &App, channel: &str) -> ApiResult {
+    app.ctx.namespaces.resolve(channel)?;
+    if app.ctx.hub.broker().remove_history(channel).await? {
+        Ok(json!({}))
+    } else {
+        Err(ApiError::code(
+            ErrorCode::NotAvailable,
+            "this broker cannot remove a channel's history",
+        ))
+    }
+}
+
+/// One page of the channels whose history holds publications and that have no subscriber the
+/// cluster view knows of (`?cursor=` from the previous page, `?limit=`, `?q=` a substring applied
+/// to the page, so a page may list fewer than it looked at).
+async fn history_channels(app: &App, admin: &Admin, query: &HashMap<String, String>) -> ApiResult {
+    let q = query.get("q").map(String::as_str).unwrap_or("");
+    let limit = match query.get("limit") {
+        None => 50,
+        Some(l) => l.parse::<usize>().ok().filter(|l| *l > 0).ok_or_else(|| {
+            ApiError::code(ErrorCode::BadRequest, "limit must be a positive integer")
+        })?,
+    }
+    .min(MAX_HISTORY_CHANNELS);
+    let cursor = query.get("cursor").map(String::as_str);
+    if cursor.is_some_and(|c| c.is_empty() || c.len() > MAX_CURSOR_BYTES) {
+        return Err(ApiError::code(
+            ErrorCode::BadRequest,
+            "cursor must be one a previous page gave",
+        ));
+    }
+    let page = match app.ctx.hub.broker().history_channels(cursor, limit).await {
+        Ok(Some(page)) => page,
+        Ok(None) => return Ok(json!({ "available": false, "channels": [], "cursor": null })),
+        // A cursor the broker cannot read is the caller's mistake, not the broker's.
+        Err(herald_broker::BrokerError::Internal { message, .. }) if cursor.is_some() => {
+            return Err(ApiError::code(
+                ErrorCode::BadRequest,
+                format!("cursor must be one a previous page gave ({message})"),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let subscribed: std::collections::HashSet<String> = admin
+        .cluster
+        .channels(
+            app.ctx.hub.node_name(),
+            app.ctx.hub.channels(),
+            "",
+            usize::MAX,
+        )
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, _)| name)
+        .collect();
+    let mut names: Vec<String> = page
+        .channels
+        .into_iter()
+        .filter(|c| !subscribed.contains(c) && (q.is_empty() || c.contains(q)))
+        .collect();
+    names.sort();
+    names.dedup();
+    Ok(json!({ "available": true, "channels": names, "cursor": page.cursor }))
 }
 
 /// Which node hosts each of the first [`MAX_PRESENCE_NODES`] presence entries (client id →

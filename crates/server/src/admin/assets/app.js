@@ -2,7 +2,15 @@
 // that the login returned on every state-changing call. Polls the cluster overview once a
 // second. No framework, no build step: this file is served as it is (see docs/admin.md).
 const $ = (sel) => document.querySelector(sel);
-const state = { csrf: null, view: 'overview', channel: null, history: null, user: null, timer: null };
+const state = {
+  csrf: null,
+  view: 'overview',
+  channel: null,
+  history: null,
+  historyCursor: null,
+  user: null,
+  timer: null,
+};
 
 async function call(method, path, body) {
   const headers = {};
@@ -104,7 +112,10 @@ function show(view) {
   state.view = view;
   for (const b of document.querySelectorAll('#tabs button')) b.classList.toggle('active', b.dataset.view === view);
   for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${view}`;
-  if (view === 'channels') loadChannels();
+  if (view === 'channels') {
+    loadChannels();
+    loadHistoryChannels(null);
+  }
   if (view === 'config') loadConfig();
   if (view === 'audit') loadAudit();
   if (view === 'channel' && state.channel) loadChannel(state.channel, null);
@@ -269,9 +280,46 @@ async function loadChannels() {
   }
 }
 
+// Channels that hold history but have no subscriber: a page of the broker's listing at a time
+// (each page scans the broker, so it is loaded on demand, not polled).
+async function loadHistoryChannels(cursor) {
+  const body = $('#history-channels tbody');
+  const note = $('#history-channels-note');
+  try {
+    const q = encodeURIComponent($('#channels-q').value.trim());
+    const more = cursor ? `&cursor=${encodeURIComponent(cursor)}` : '';
+    const r = await call('GET', `/admin/api/history_channels?limit=100&q=${q}${more}`);
+    if (!cursor) body.replaceChildren();
+    for (const name of r.channels) {
+      const tr = row([name, el('td', 'history only', 'mark')]);
+      tr.className = 'link';
+      tr.dataset.historyOnly = 'true';
+      tr.addEventListener('click', () => {
+        state.channel = name;
+        $('#channel-name').value = name;
+        show('channel');
+      });
+      body.append(tr);
+    }
+    state.historyCursor = r.cursor;
+    $('#history-channels-more').disabled = !r.cursor;
+    note.textContent = !r.available
+      ? 'this broker cannot list channels by history'
+      : r.cursor
+        ? 'more may follow'
+        : 'end of the list';
+  } catch (e) {
+    note.textContent = `failed: ${e.message}`;
+  }
+}
+
 $('#channels-form').addEventListener('submit', (ev) => {
   ev.preventDefault();
   loadChannels();
+  loadHistoryChannels(null);
+});
+$('#history-channels-more').addEventListener('click', () => {
+  if (state.historyCursor) loadHistoryChannels(state.historyCursor);
 });
 
 async function loadChannel(name, before) {
@@ -289,12 +337,17 @@ async function loadChannel(name, before) {
     const hist = $('#history tbody');
     hist.replaceChildren();
     if (!r.history.available) {
-      hist.append(row(['', '', 'this namespace keeps no history']));
+      hist.append(row(['', '', '', 'this namespace keeps no history']));
       state.history = null;
+      $('#history-remove').disabled = true;
     } else {
       const pubs = r.history.publications.slice().reverse();
-      for (const p of pubs) hist.append(row([p.offset, r.history.epoch, td(JSON.stringify(p.data), 'data')]));
-      if (!pubs.length) hist.append(row(['', r.history.epoch, 'no publications here']));
+      for (const p of pubs) {
+        const at = p.time_ms ? new Date(p.time_ms).toLocaleString() : '?';
+        hist.append(row([p.offset, at, r.history.epoch, td(JSON.stringify(p.data), 'data')]));
+      }
+      if (!pubs.length) hist.append(row(['', '', r.history.epoch, 'no publications here']));
+      $('#history-remove').disabled = false;
       const oldest = pubs.length ? pubs[pubs.length - 1].offset : 0;
       state.history = { epoch: r.history.epoch, oldest };
       $('#history-older').disabled = oldest <= 1;
@@ -315,6 +368,23 @@ $('#history-older').addEventListener('click', () => {
 });
 $('#history-newer').addEventListener('click', () => {
   if (state.channel) loadChannel(state.channel, null);
+});
+$('#history-remove').addEventListener('click', async () => {
+  const channel = state.channel;
+  if (!channel) return;
+  const sure = window.confirm(
+    `Remove every publication kept in the history of "${channel}", on every node? ` +
+      'Clients can no longer recover them. This cannot be undone.',
+  );
+  if (!sure) return;
+  const out = $('#history-remove-result');
+  try {
+    await call('POST', '/admin/api/history_remove', { channel });
+    out.textContent = `removed the history of ${channel} (epoch and offsets kept)`;
+    loadChannel(channel, null);
+  } catch (e) {
+    out.textContent = `failed: ${e.message}`;
+  }
 });
 
 async function lookupUser(user) {
