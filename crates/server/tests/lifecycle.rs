@@ -168,7 +168,11 @@ async fn one_connection_s_events_arrive_in_order_after_the_endpoint_failed() {
 
 #[tokio::test]
 async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
-    const CONNECTIONS: usize = 1000;
+    // LIFECYCLE_CONNECTIONS raises it for the benchmark (docs/benchmarks.md, "Lifecycle stream").
+    let connections: usize = std::env::var("LIFECYCLE_CONNECTIONS")
+        .ok()
+        .map(|v| v.parse().expect("LIFECYCLE_CONNECTIONS is a number"))
+        .unwrap_or(1000);
     let redis = herald_testkit::redis::RedisServer::start();
     let endpoint = Endpoint::start(0).await;
     let (url, redis_url) = (endpoint.url(), redis.url());
@@ -180,29 +184,32 @@ async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
     let a = Node::on_broker_with("lc-a", &redis_url, &env).await;
     let b = Node::on_broker_with("lc-b", &redis_url, &env).await;
     let mut on_b = b.connected(&["elsewhere"]).await;
-    let mut clients = Vec::with_capacity(CONNECTIONS);
-    for _ in 0..CONNECTIONS {
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
         clients.push(a.connected(&["room"]).await);
     }
     endpoint
         .until(
             Duration::from_secs(60),
             "every connect and subscribe",
-            |e| of_kind(e, "subscribe").len() == CONNECTIONS + 1,
+            |e| of_kind(e, "subscribe").len() == connections + 1,
         )
         .await;
 
     a.kill().await;
+    let killed = std::time::Instant::now();
     // The lease (2 s), a reaper's look (every 1 s) and the delivery.
     endpoint
         .until(
             Duration::from_secs(30),
             "a disconnect for each killed connection",
-            |e| of_kind(e, "disconnect").len() >= CONNECTIONS,
+            |e| of_kind(e, "disconnect").len() >= connections,
         )
         .await;
+    let all_disconnects = killed.elapsed();
     // Anything more would show up here: give a duplicate reap or a late sender time to add it.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let raw = endpoint.events();
 
     let events = endpoint.unique();
     let connected: HashSet<&str> = of_kind(&events, "connect")
@@ -210,7 +217,7 @@ async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
         .filter(|e| e["node"] == "lc-a")
         .map(|e| e["client"].as_str().unwrap())
         .collect();
-    assert_eq!(connected.len(), CONNECTIONS);
+    assert_eq!(connected.len(), connections);
     let mut disconnects: HashMap<&str, usize> = HashMap::new();
     for e in of_kind(&events, "disconnect") {
         assert_eq!(
@@ -225,12 +232,12 @@ async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
     }
     assert_eq!(
         disconnects.len(),
-        CONNECTIONS,
+        connections,
         "every killed connection's disconnect"
     );
     assert!(disconnects.values().all(|n| *n == 1), "each exactly once");
     assert!(disconnects.keys().all(|c| connected.contains(c)));
-    assert_eq!(of_kind(&events, "unsubscribe").len(), CONNECTIONS);
+    assert_eq!(of_kind(&events, "unsubscribe").len(), connections);
     // Per connection, in order: connect, subscribe, unsubscribe, disconnect.
     let mut order: HashMap<&str, Vec<&str>> = HashMap::new();
     for e in &events {
@@ -258,5 +265,19 @@ async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
         }
     };
     assert_eq!(publication["data"]["after"], "kill");
+    let raw_disconnects = of_kind(&raw, "disconnect").len();
+    println!(
+        "{}",
+        json!({
+            "connections_killed": connections,
+            "disconnects_unique": disconnects.len(),
+            "disconnects_delivered": raw_disconnects,
+            "disconnects_lost": connections - disconnects.len(),
+            "events_delivered": raw.len(),
+            "events_unique": events.len(),
+            "kill_to_last_disconnect_s": all_disconnects.as_secs_f64(),
+            "lease_ms": 2000,
+        })
+    );
     drop(clients);
 }
