@@ -52,6 +52,8 @@ build() {
       # every other cargo command on the machine for as long.
       dir=$PEERS_DIR/sockudo-$SOCKUDO_VERSION
       mkdir -p "$dir"
+      # Its metrics exporter compiles a .proto file at build time.
+      command -v protoc >/dev/null || { apt-get update -qq && apt-get install -y -qq protobuf-compiler; }
       CARGO_HOME=$PEERS_DIR/cargo-home CARGO_TARGET_DIR=${PEERS_BUILD_DIR:-$PEERS_DIR/build-sockudo} \
         RUSTUP_TOOLCHAIN=${RUSTUP_TOOLCHAIN:-stable} nice -n 19 \
         "$(rustup which cargo 2>/dev/null || command -v cargo)" install sockudo \

@@ -158,6 +158,28 @@ async fn a_centrifugo_outbox_table_is_drained_unchanged() {
     );
     let closed = alice.closed().await;
     assert_eq!(closed.code, Some(4510), "{closed:?}");
+    // history_remove: the channel's stored publications go, its position stays.
+    pg.psql(
+        r#"INSERT INTO centrifugo_outbox (method, payload) VALUES
+           ('history_remove', '{"channel": "room"}');"#,
+    );
+    eventually_ok(DEADLINE, "room's history removed", || async {
+        let (_, h) = node
+            .api("/api/history", Some(json!({"channel": "room"})))
+            .await;
+        match h["publications"].as_array().map(Vec::len) {
+            Some(0) => Ok(h),
+            _ => Err("publications left"),
+        }
+    })
+    .await;
+    let (_, p) = node
+        .api("/api/publish", Some(json!({"channel": "room", "data": 7})))
+        .await;
+    assert_eq!(
+        p["offset"], 4,
+        "the stream continues after history_remove: {p}"
+    );
     let left = pg.psql("SELECT count(*) FROM centrifugo_outbox");
     assert_eq!(left.trim(), "0");
 }

@@ -180,6 +180,9 @@ async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
         ("HERALD_LIFECYCLE__HTTP_URL", url.as_str()),
         ("HERALD_LIFECYCLE__REDIS_URL", redis_url.as_str()),
         ("HERALD_LIFECYCLE__LEASE_MS", "2000"),
+        // The test reads none of its clients until the kill; connecting 1,000 on a loaded
+        // machine can outlast a ping and its pong timeout (4002 would replace the kill's 1006).
+        ("HERALD_PING_INTERVAL_S", "3600"),
     ];
     let a = Node::on_broker_with("lc-a", &redis_url, &env).await;
     let b = Node::on_broker_with("lc-b", &redis_url, &env).await;

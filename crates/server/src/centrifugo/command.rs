@@ -150,6 +150,38 @@ pub fn control(
     }
 }
 
+/// A Centrifugo command that publishes nothing: a message every node acts on, or the removal of a
+/// channel's history (in the shared store, done once).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// `subscribe`, `unsubscribe`, `disconnect` ([`control`]).
+    Control(ControlMessage),
+    /// `history_remove`: the channel whose stored publications go (its epoch and top offset
+    /// stay, so recovery from before answers `recovered: false`).
+    RemoveHistory {
+        /// The channel.
+        channel: String,
+    },
+}
+
+/// [`control`], and `history_remove` (`{"channel"}`): what the compatibility API, the batch and
+/// the consumers run without publishing (`None` for another method); [`crate::publishing::perform`]
+/// runs it.
+pub fn action(
+    method: &str,
+    payload: &[u8],
+    namespaces: &Namespaces,
+) -> Result<Option<Action>, PublishError> {
+    if method == "history_remove" {
+        let mut f = Fields::parse("history_remove", payload)?;
+        let channel: String = f.required("channel")?;
+        f.finish(&[])?;
+        namespaces.resolve(&channel)?;
+        return Ok(Some(Action::RemoveHistory { channel }));
+    }
+    Ok(control(method, payload, namespaces)?.map(Action::Control))
+}
+
 fn disconnect(payload: &[u8]) -> Result<ControlMessage, PublishError> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]

@@ -43,7 +43,6 @@ pub const PREFIX: &str = "/centrifugo/api/";
 /// 404, so that a caller learns the method exists in Centrifugo but not here.
 const NOT_AVAILABLE: &[(&str, &str)] = &[
     ("refresh", "Herald cannot extend a connection's expiry from the server: the client refreshes its token"),
-    ("history_remove", "Herald cannot remove a channel's history: it expires after the namespace's history_ttl_s"),
     ("rpc", "Herald has no server-side RPC handlers"),
     ("connections", "a Centrifugo PRO method"),
     ("update_user_status", "a Centrifugo PRO method"),
@@ -276,6 +275,7 @@ fn is_method(method: &str) -> bool {
             | "subscribe"
             | "unsubscribe"
             | "disconnect"
+            | "history_remove"
             | "presence"
             | "presence_stats"
             | "history"
@@ -313,7 +313,9 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 async fn call(app: &App, method: &str, body: &[u8]) -> CentResult {
     match method {
         "publish" | "broadcast" => publish(app, method, body).await,
-        "subscribe" | "unsubscribe" | "disconnect" => control(app, method, body).await,
+        "subscribe" | "unsubscribe" | "disconnect" | "history_remove" => {
+            control(app, method, body).await
+        }
         "presence" => presence(app, body, false).await,
         "presence_stats" => presence(app, body, true).await,
         "history" => history(app, body).await,
@@ -364,12 +366,13 @@ fn position(p: &StreamPosition) -> Value {
 }
 
 /// `subscribe`, `unsubscribe` (a user's connections) and `disconnect` (a user's connections or
-/// one client) on every node, decoded by [`command::control`] as the consumers decode them:
-/// `{}`.
+/// one client) on every node, and `history_remove` (the channel's stored publications; 108 on a
+/// broker that cannot), decoded by [`command::action`] and run by [`publishing::perform`] as
+/// the consumers run them: `{}`.
 async fn control(app: &App, method: &str, body: &[u8]) -> CentResult {
-    let message = command::control(method, body, &app.ctx.namespaces)?
+    let action = command::action(method, body, &app.ctx.namespaces)?
         .ok_or_else(|| CentError::new(104, format!("not found: no API method {method:?}")))?;
-    app.ctx.hub.broker().publish_control(&message).await?;
+    publishing::perform(&app.ctx, &action).await?;
     Ok(json!({}))
 }
 

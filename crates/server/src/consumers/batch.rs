@@ -12,7 +12,7 @@
 use herald_core::NodeContext;
 
 use crate::batch::{command_key, Batch, BatchCommand};
-use crate::centrifugo::command::{control, decode};
+use crate::centrifugo::command::{action, decode};
 use crate::publishing::{self, Command, PublishError};
 
 /// At most this many commands' errors are written into a dead letter.
@@ -89,8 +89,8 @@ pub async fn run(ctx: &NodeContext, batch: &Batch, key: &str) -> Outcome {
 async fn one(ctx: &NodeContext, command: &BatchCommand, key: &str) -> Result<(), PublishError> {
     let (method, payload) = (command.method.as_str(), command.body());
     publishing::check_body_size(&ctx.config.limits, method, payload.len())?;
-    if let Some(message) = control(method, payload, &ctx.namespaces)? {
-        return Ok(ctx.hub.broker().publish_control(&message).await?);
+    if let Some(action) = action(method, payload, &ctx.namespaces)? {
+        return publishing::perform(ctx, &action).await;
     }
     let cmd = decode(method, payload)?;
     let mut done = publishing::execute(ctx, &cmd, Some(key)).await?;

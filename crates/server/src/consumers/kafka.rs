@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use herald_broker::{Backoff, ControlMessage};
+use herald_broker::Backoff;
 use herald_core::config::{lenient, Limits};
 use herald_protocol::ErrorCode;
 use serde::{Deserialize, Deserializer};
@@ -34,7 +34,7 @@ use herald_core::namespace::Namespaces;
 use herald_protocol::command::json_error_reason;
 
 use crate::batch::Batch;
-use crate::centrifugo::command::{control, decode, Envelope};
+use crate::centrifugo::command::{action, decode, Action, Envelope};
 use crate::publishing::{self, check_idempotency_key, Command, PublishError};
 
 #[cfg(feature = "kafka")]
@@ -416,7 +416,7 @@ pub enum Record {
     /// A publish or broadcast.
     Publish(Command),
     /// Centrifugo's `subscribe`, `unsubscribe` or `disconnect`: a message to every node.
-    Control(ControlMessage),
+    Control(Action),
     /// Many commands (crate::batch), each published under its own key.
     Batch(Batch),
 }
@@ -430,8 +430,8 @@ fn decode_record(
     if method == "batch" {
         return crate::batch::parse(payload, limits).map(Record::Batch);
     }
-    match control(method, payload, namespaces)? {
-        Some(message) => Ok(Record::Control(message)),
+    match action(method, payload, namespaces)? {
+        Some(action) => Ok(Record::Control(action)),
         None => decode(method, payload).map(Record::Publish),
     }
 }

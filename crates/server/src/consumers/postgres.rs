@@ -47,8 +47,8 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::{AsyncMessage, Client, Connection, NoTls, Socket, Statement};
 
 use super::batch;
-use crate::centrifugo::command::{control, decode};
-use crate::publishing::{self, PublishError};
+use crate::centrifugo::command::{action, decode};
+use crate::publishing;
 
 /// The `kind` label of this consumer's metrics.
 const KIND: &str = "postgres";
@@ -899,15 +899,14 @@ async fn publish_row(
             Err(e) => Outcome::Refused(e.to_string()),
         };
     }
-    // Centrifugo's `subscribe`, `unsubscribe` and `disconnect` rows: a message to every node.
-    match control(method, payload.as_bytes(), &shared.ctx.namespaces) {
-        Ok(Some(message)) => {
-            return match shared.ctx.hub.broker().publish_control(&message).await {
+    // Centrifugo's `subscribe`, `unsubscribe` and `disconnect` rows (a message to every node)
+    // and `history_remove`.
+    match action(method, payload.as_bytes(), &shared.ctx.namespaces) {
+        Ok(Some(action)) => {
+            return match publishing::perform(&shared.ctx, &action).await {
                 Ok(()) => Outcome::Published,
-                Err(e) => match PublishError::from(e) {
-                    e if e.is_retryable() => Outcome::Retry(e.to_string()),
-                    e => Outcome::Refused(e.to_string()),
-                },
+                Err(e) if e.is_retryable() => Outcome::Retry(e.to_string()),
+                Err(e) => Outcome::Refused(e.to_string()),
             }
         }
         Ok(None) => {}

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::centrifugo::command::Action;
 use futures_util::FutureExt;
-use herald_broker::ControlMessage;
 use herald_core::metrics::Labels;
 use herald_core::{Metrics, NodeContext};
 use herald_protocol::ErrorCode;
@@ -23,7 +23,7 @@ use super::dead_letter::{DeadLetter, Skipped};
 use super::{parse_message, record_key, KafkaConfig, Record, Secret};
 use crate::batch::Batch;
 use crate::consumers::batch as consumer_batch;
-use crate::publishing::{execute, PublishError};
+use crate::publishing::execute;
 
 impl KafkaConfig {
     /// The librdkafka configuration: offsets are stored by Herald after each publish and
@@ -515,18 +515,18 @@ impl Runner {
 
     /// Send a control record's message (Centrifugo's `subscribe`, `unsubscribe`, `disconnect`)
     /// to every node, retrying while the broker is unavailable.
-    async fn control(&self, m: &OwnedMessage, message: &ControlMessage) -> Handled {
+    async fn control(&self, m: &OwnedMessage, action: &Action) -> Handled {
         let metrics = self.ctx.hub.metrics();
         let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
         let consumer = self.config.name();
         let mut backoff = self.config.backoff();
         loop {
-            let e = match self.ctx.hub.broker().publish_control(message).await {
+            let e = match crate::publishing::perform(&self.ctx, action).await {
                 Ok(()) => {
                     metrics.kafka_published.get_or_create(&self.labels).inc();
                     return Handled::Done;
                 }
-                Err(e) => PublishError::from(e),
+                Err(e) => e,
             };
             if !e.is_retryable() {
                 tracing::warn!(consumer, topic, partition, offset, cause = %e, "kafka: control command refused, skipped");
