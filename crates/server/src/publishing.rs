@@ -399,27 +399,6 @@ impl Executed {
     }
 }
 
-/// Run a Centrifugo command that publishes nothing (`crate::centrifugo::command::action`): the
-/// one place the compatibility API, the batch and both consumers run it. A broker that cannot
-/// remove history answers 108.
-pub async fn perform(
-    ctx: &NodeContext,
-    action: &crate::centrifugo::command::Action,
-) -> Result<(), PublishError> {
-    use crate::centrifugo::command::Action;
-    let broker = ctx.hub.broker();
-    match action {
-        Action::Control(message) => Ok(broker.publish_control(message).await?),
-        Action::RemoveHistory { channel } => match broker.remove_history(channel).await? {
-            true => Ok(()),
-            false => Err(PublishError::refused(
-                ErrorCode::NotAvailable,
-                "this broker cannot remove a channel's history",
-            )),
-        },
-    }
-}
-
 /// Run `cmd`. Each publication carries the command's own idempotency key, or else `key` (a
 /// consumer's row or record id). A broadcast over `limits.max_broadcast_channels` is refused
 /// whole (error 106); otherwise each channel succeeds or fails on its own.

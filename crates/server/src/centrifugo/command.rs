@@ -18,6 +18,7 @@
 use bytes::Bytes;
 use herald_broker::ControlMessage;
 use herald_core::namespace::Namespaces;
+use herald_core::session::NodeContext;
 use herald_protocol::{CloseCode, ErrorCode};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -164,9 +165,26 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Run it: the one place the compatibility API, the batch and both consumers do. A broker
+    /// that cannot remove history answers 108.
+    pub async fn run(&self, ctx: &NodeContext) -> Result<(), PublishError> {
+        let broker = ctx.hub.broker();
+        match self {
+            Action::Control(message) => Ok(broker.publish_control(message).await?),
+            Action::RemoveHistory { channel } => match broker.remove_history(channel).await? {
+                true => Ok(()),
+                false => Err(PublishError::refused(
+                    ErrorCode::NotAvailable,
+                    "this broker cannot remove a channel's history",
+                )),
+            },
+        }
+    }
+}
+
 /// [`control`], and `history_remove` (`{"channel"}`): what the compatibility API, the batch and
-/// the consumers run without publishing (`None` for another method); [`crate::publishing::perform`]
-/// runs it.
+/// the consumers run without publishing (`None` for another method); [`Action::run`] runs it.
 pub fn action(
     method: &str,
     payload: &[u8],

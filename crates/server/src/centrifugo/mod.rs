@@ -367,12 +367,12 @@ fn position(p: &StreamPosition) -> Value {
 
 /// `subscribe`, `unsubscribe` (a user's connections) and `disconnect` (a user's connections or
 /// one client) on every node, and `history_remove` (the channel's stored publications; 108 on a
-/// broker that cannot), decoded by [`command::action`] and run by [`publishing::perform`] as
+/// broker that cannot), decoded by [`command::action`] and run by [`command::Action::run`] as
 /// the consumers run them: `{}`.
 async fn control(app: &App, method: &str, body: &[u8]) -> CentResult {
     let action = command::action(method, body, &app.ctx.namespaces)?
         .ok_or_else(|| CentError::new(104, format!("not found: no API method {method:?}")))?;
-    publishing::perform(&app.ctx, &action).await?;
+    action.run(&app.ctx).await?;
     Ok(json!({}))
 }
 

@@ -90,7 +90,7 @@ async fn one(ctx: &NodeContext, command: &BatchCommand, key: &str) -> Result<(),
     let (method, payload) = (command.method.as_str(), command.body());
     publishing::check_body_size(&ctx.config.limits, method, payload.len())?;
     if let Some(action) = action(method, payload, &ctx.namespaces)? {
-        return publishing::perform(ctx, &action).await;
+        return action.run(ctx).await;
     }
     let cmd = decode(method, payload)?;
     let mut done = publishing::execute(ctx, &cmd, Some(key)).await?;

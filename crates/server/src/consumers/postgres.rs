@@ -903,7 +903,7 @@ async fn publish_row(
     // and `history_remove`.
     match action(method, payload.as_bytes(), &shared.ctx.namespaces) {
         Ok(Some(action)) => {
-            return match publishing::perform(&shared.ctx, &action).await {
+            return match action.run(&shared.ctx).await {
                 Ok(()) => Outcome::Published,
                 Err(e) if e.is_retryable() => Outcome::Retry(e.to_string()),
                 Err(e) => Outcome::Refused(e.to_string()),

@@ -521,7 +521,7 @@ impl Runner {
         let consumer = self.config.name();
         let mut backoff = self.config.backoff();
         loop {
-            let e = match crate::publishing::perform(&self.ctx, action).await {
+            let e = match action.run(&self.ctx).await {
                 Ok(()) => {
                     metrics.kafka_published.get_or_create(&self.labels).inc();
                     return Handled::Done;
