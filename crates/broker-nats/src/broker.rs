@@ -64,6 +64,24 @@ impl Inner {
         }
     }
 
+    /// Return once the server has handled everything this client sent before (a subscription
+    /// above all). `Client::flush` only writes the socket buffer; the server handles one
+    /// connection's operations in order, so the answer to a request sent after them proves
+    /// they are in effect. Nothing listens on the sync subject: the answer is "no responders".
+    pub(crate) async fn round_trip(&self, what: &str) -> Result<(), BrokerError> {
+        let answer = self
+            .timed(
+                what,
+                self.client.request(self.subjects.sync(), Bytes::new()),
+            )
+            .await?;
+        match answer {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == async_nats::RequestErrorKind::NoResponders => Ok(()),
+            Err(e) => Err(BrokerError::unavailable(format!("NATS {what}: {e}")).caused_by(e)),
+        }
+    }
+
     /// Bound any NATS round trip by the request timeout.
     pub(crate) async fn timed<T>(
         &self,
@@ -199,12 +217,7 @@ impl Broker for NatsBroker {
             .map_err(|e| {
                 BrokerError::unavailable(format!("subscribe control: {e}")).caused_by(e)
             })?;
-        inner
-            .timed("flush", inner.client.flush())
-            .await?
-            .map_err(|e| {
-                BrokerError::unavailable(format!("subscribe control: {e}")).caused_by(e)
-            })?;
+        inner.round_trip("subscribe control").await?;
         let shutdown = inner.shutdown.clone();
         tokio::spawn(receive::read_control(
             inner.clone(),
@@ -295,7 +308,7 @@ impl Broker for NatsBroker {
             .map_err(|e| BrokerError::unavailable(format!("presence change: {e}")).caused_by(e))
     }
 
-    /// Core NATS to every node, flushed so that success means the server has it.
+    /// Core NATS to every node; success means the server has it (a round trip, not a flush).
     async fn publish_control(&self, message: &ControlMessage) -> Result<(), BrokerError> {
         let inner = &self.inner;
         inner.ensure_connected()?;
@@ -310,10 +323,7 @@ impl Broker for NatsBroker {
             )
             .await?
             .map_err(|e| BrokerError::unavailable(format!("control: {e}")).caused_by(e))?;
-        inner
-            .timed("flush", inner.client.flush())
-            .await?
-            .map_err(|e| BrokerError::unavailable(format!("control: {e}")).caused_by(e))
+        inner.round_trip("control").await
     }
 
     fn register_metrics(&self, registry: &mut Registry) {

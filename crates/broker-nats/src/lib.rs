@@ -13,10 +13,11 @@
 //!   The stream republishes each stored message to the delivery subject, so nodes receive
 //!   exactly what history holds, in offset order. Channels without history go to a stream that
 //!   keeps only the newest message (their offset counter).
-//! - **Reconnects lose nothing.** After a reconnect the client re-subscribes, the broker flushes
-//!   and calls [`BrokerHandler::on_reconnected`](herald_broker::BrokerHandler::on_reconnected);
-//!   the hub then catches up every hosted channel from JetStream. Publishing while disconnected
-//!   fails at once with [`BrokerError::Unavailable`]. A slow-consumer event (the client dropped
+//! - **Reconnects lose nothing.** After a reconnect the client re-subscribes, the broker waits
+//!   for one server round trip (the subscriptions are then in effect) and calls
+//!   [`BrokerHandler::on_reconnected`](herald_broker::BrokerHandler::on_reconnected); the hub
+//!   then catches up every hosted channel from JetStream. Publishing while disconnected fails at
+//!   once with [`BrokerError::Unavailable`]. A slow-consumer event (the client dropped
 //!   messages) also triggers a catch-up; none is ignored, several within a second share one.
 //! - **A NATS that comes back behind is noticed.** Each node remembers the newest position it saw
 //!   per channel ([`herald_broker::Watermarks`]); a channel whose last stored message is below it

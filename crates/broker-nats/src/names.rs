@@ -100,6 +100,12 @@ impl Subjects {
         format!("{}.control", self.prefix)
     }
 
+    /// A subject nothing subscribes to or stores: a request to it comes back as "no responders"
+    /// after one server round trip (see `Inner::round_trip`).
+    pub fn sync(&self) -> String {
+        format!("{}.sync", self.prefix)
+    }
+
     /// The subject of the boot id (see the `boot` module), in its own memory stream.
     pub fn boot(&self) -> String {
         format!("{}.boot", self.prefix)

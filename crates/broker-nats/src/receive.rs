@@ -34,7 +34,8 @@ pub(crate) struct ChannelTask {
 }
 
 /// `Broker::subscribe`: subscribe the delivery subject and return once the server has it
-/// (a flush round trip), so that a history read made afterwards misses nothing.
+/// (a request round trip, not a flush), so that a history read made afterwards misses nothing
+/// and a presence change another node sends afterwards arrives.
 pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &str) -> Result<(), BrokerError> {
     inner.ensure_connected()?;
     let subject = inner.subjects.delivery(channel);
@@ -43,10 +44,7 @@ pub(crate) async fn subscribe(inner: &Arc<Inner>, channel: &str) -> Result<(), B
         .await?
         .map_err(|e| BrokerError::unavailable(format!("subscribe {channel}: {e}")).caused_by(e))?;
     // On failure `subscriber` drops here, which unsubscribes.
-    inner
-        .timed("flush", inner.client.flush())
-        .await?
-        .map_err(|e| BrokerError::unavailable(format!("subscribe {channel}: {e}")).caused_by(e))?;
+    inner.round_trip(&format!("subscribe {channel}")).await?;
     let (stop, stopped) = oneshot::channel();
     let task = tokio::spawn(read_channel(
         inner.clone(),
@@ -310,10 +308,7 @@ async fn recover(inner: Arc<Inner>, shutdown: watch::Receiver<bool>) {
         }
         let ready = async {
             inner.streams.ensure().await?;
-            inner
-                .timed("flush", inner.client.flush())
-                .await?
-                .map_err(|e| BrokerError::unavailable(e.to_string()).caused_by(e))
+            inner.round_trip("resubscribe").await
         };
         match ready.await {
             Ok(()) => break,

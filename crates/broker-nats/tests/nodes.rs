@@ -838,3 +838,42 @@ async fn a_restart_starts_new_epochs_unless_persistence_is_declared_synchronous(
     );
     assert_eq!(next.offset, 1);
 }
+
+/// `subscribe` returns once the server has the subscription: a core NATS message another node
+/// sends right after is delivered (a flush alone only writes the SUB to the socket, and the
+/// server may handle the other connection's message first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscription_is_in_effect_on_the_server_when_subscribe_returns() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _ra) = node(&cfg, "a").await;
+    let (b, rb) = node(&cfg, "b").await;
+    const CHANNELS: usize = 300;
+    let mut channels = BTreeSet::new();
+    for i in 0..CHANNELS {
+        let ch = unique(&format!("sync{i}"));
+        b.subscribe(&ch).await.unwrap();
+        a.publish_presence_change(&ch, true, &who("x"))
+            .await
+            .unwrap();
+        channels.insert(ch);
+    }
+    let seen = || {
+        rb.presence_changes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(c, _, _)| c.clone())
+            .collect::<BTreeSet<_>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while seen().len() < CHANNELS && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let missed: Vec<_> = channels.difference(&seen()).cloned().collect();
+    assert!(
+        missed.is_empty(),
+        "b missed joins on {} channels: {missed:?}",
+        missed.len()
+    );
+}
