@@ -75,6 +75,22 @@ async fn coordinate(cli: Cli) -> Result<()> {
             "--centrifugo: idle, broadcast, jitter and storm over WebSocket only"
         );
     }
+    for (flag, json) in [
+        ("--tags", &cli.params.tags),
+        ("--tags-filter", &cli.params.tags_filter),
+    ] {
+        if let Some(json) = json {
+            let v: serde_json::Value =
+                serde_json::from_str(json).map_err(|e| anyhow::anyhow!("{flag}: not JSON: {e}"))?;
+            anyhow::ensure!(v.is_object(), "{flag}: a JSON object");
+        }
+    }
+    if cli.params.tags_filter.is_some() {
+        anyhow::ensure!(
+            cli.params.transport == Transport::Ws,
+            "--tags-filter: WebSocket only"
+        );
+    }
     cli.params.plain_pusher().map_err(anyhow::Error::msg)?;
     if cli.params.pusher_app.is_some() {
         anyhow::ensure!(

@@ -170,6 +170,17 @@ pub struct Params {
     #[arg(long)]
     #[serde(default)]
     pub compression: bool,
+    /// Tags on every publication, a JSON object of strings (`{"k":"v"}`; docs/protocol.md, "Tags
+    /// and tag filters"). Herald's protocol only.
+    #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
+    #[serde(default)]
+    pub tags: Option<String>,
+    /// Every client subscribes with this tag filter (`subscribe` param `tf`, JSON), in a
+    /// `subscribe` command after `connect` (whose `subs` take no filter). The namespace must set
+    /// `allow_tags_filter`. Herald's protocol over WebSocket only.
+    #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
+    #[serde(default)]
+    pub tags_filter: Option<String>,
     /// PEM CA certificate to trust for `wss://` and `https://` URLs (a node started with
     /// `--tls-cert`/`--tls-key`; scripts/bench-tls-cert.sh makes a test CA and certificate).
     #[arg(long)]

@@ -135,6 +135,7 @@ pub async fn run(
         let plain_pusher = p.plain_pusher().expect("validated before the run");
         let pusher = p.pusher && plain_pusher.is_none();
         let centrifugo = p.centrifugo;
+        let p_tags = p.tags.clone();
         lanes.push(tokio::spawn(async move {
             loop {
                 let job = { rx.lock().await.recv().await };
@@ -193,7 +194,12 @@ pub async fn run(
                             clients[lane].request("POST", &path, Some(&body)).await
                         }
                         None => {
-                            let body = format!("{{\"channel\":\"{channel}\",\"data\":{data}}}");
+                            let body = match &p_tags {
+                                Some(tags) => format!(
+                                    "{{\"channel\":\"{channel}\",\"data\":{data},\"tags\":{tags}}}"
+                                ),
+                                None => format!("{{\"channel\":\"{channel}\",\"data\":{data}}}"),
+                            };
                             clients[lane]
                                 .request("POST", "/api/publish", Some(&body))
                                 .await

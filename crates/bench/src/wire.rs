@@ -273,6 +273,28 @@ pub fn connect_cmd(subs: &[(&str, Option<&Since>)]) -> String {
     serde_json::json!({"id": 1, "connect": {"name": "herald-bench", "subs": m}}).to_string()
 }
 
+/// `--tags-filter`: `connect` without subscriptions, then one `subscribe` with the filter
+/// (`connect.subs` takes no `tf`), as two frames sent back to back.
+///
+/// ```text
+/// {"id":1,"connect":{"name":"herald-bench"}}
+/// {"id":2,"subscribe":{"channel":"bench0","tf":{"key":"k","cmp":"eq","val":"v"}}}
+/// ```
+pub fn filtered_connect_subscribe(
+    channel: &str,
+    since: Option<&Since>,
+    tf: &serde_json::Value,
+) -> [String; 2] {
+    let mut sub = serde_json::json!({"channel": channel, "tf": tf});
+    if let Some(s) = since {
+        sub["since"] = serde_json::json!({"epoch": s.epoch, "offset": s.offset});
+    }
+    [
+        serde_json::json!({"id": 1, "connect": {"name": "herald-bench"}}).to_string(),
+        serde_json::json!({"id": 2, "subscribe": sub}).to_string(),
+    ]
+}
+
 /// Our payload, read back from a publication's `data`.
 #[derive(Debug, Default, Deserialize)]
 pub struct Data {
@@ -337,6 +359,9 @@ pub struct Incoming<'a> {
     /// A `connect` reply.
     #[serde(borrow, default)]
     pub connect: Option<ConnectResult<'a>>,
+    /// A `subscribe` reply (`--tags-filter`), or the server's `subscribe` push.
+    #[serde(borrow, default)]
+    pub subscribe: Option<SubResult<'a>>,
     /// An error reply.
     #[serde(default)]
     pub error: Option<Box<RawValue>>,
@@ -362,6 +387,7 @@ impl Incoming<'_> {
     pub fn is_ping(&self) -> bool {
         self.id.is_none()
             && self.connect.is_none()
+            && self.subscribe.is_none()
             && self.error.is_none()
             && self.publication.is_none()
             && self.unsub.is_none()
@@ -521,6 +547,25 @@ mod tests {
             "a publication whose data is not our payload object"
         );
         assert!(parse_centrifugo("{\"push\":").is_err());
+    }
+
+    #[test]
+    fn filtered_subscribe_is_a_second_command_and_its_reply_parses() {
+        let tf = serde_json::json!({"key": "k", "cmp": "eq", "val": "v"});
+        let since = Since {
+            epoch: "e".into(),
+            offset: 7,
+        };
+        let [c, s] = filtered_connect_subscribe("bench0", Some(&since), &tf);
+        assert_eq!(c, r#"{"connect":{"name":"herald-bench"},"id":1}"#);
+        let s: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(s["id"], 2);
+        assert_eq!(s["subscribe"]["tf"], tf);
+        assert_eq!(s["subscribe"]["since"]["offset"], 7);
+        let reply = r#"{"id":2,"subscribe":{"epoch":"e","offset":9,"recoverable":true}}"#;
+        let inc = parse(reply).unwrap();
+        assert_eq!(inc.subscribe.map(|r| r.offset), Some(9));
+        assert!(!parse(reply).unwrap().is_ping());
     }
 
     #[test]

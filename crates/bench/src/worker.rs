@@ -750,31 +750,50 @@ async fn connect_once(
         reply.compressed = compressed;
         return Ok((Conn::Ws(ws), reply));
     }
-    ws.send(Message::text(wire::connect_cmd(&[(channel, since)])))
-        .await
-        .map_err(|e| format!("send connect: {e}"))?;
+    // With a tag filter the subscription is the reply to a second command (id 2).
+    let filter = p
+        .tags_filter
+        .as_deref()
+        .map(serde_json::from_str::<serde_json::Value>)
+        .transpose()
+        .map_err(|e| format!("--tags-filter: {e}"))?;
+    let frames = match &filter {
+        Some(tf) => wire::filtered_connect_subscribe(channel, since, tf).to_vec(),
+        None => vec![wire::connect_cmd(&[(channel, since)])],
+    };
+    let reply_id = frames.len() as u64;
+    for frame in frames {
+        ws.send(Message::text(frame))
+            .await
+            .map_err(|e| format!("send connect: {e}"))?;
+    }
     loop {
         let text = next_text(&mut ws, "connect reply").await?;
         for (line, end) in lines(&text) {
             let inc = wire::parse(line).map_err(|e| format!("bad reply: {e}"))?;
-            if inc.id != Some(1) {
+            let Some(id @ 1..) = inc.id else { continue };
+            if inc.error.is_some() {
+                let what = if id == 1 { "connect" } else { "subscribe" };
+                return Err(format!(
+                    "{what} error reply: {}",
+                    inc.error.map(|e| e.get().to_string()).unwrap_or_default()
+                ));
+            }
+            if id != reply_id {
                 continue;
             }
             let rest = text
                 .get(end + 1..)
                 .filter(|r| !r.trim().is_empty())
                 .map(str::to_owned);
-            if inc.error.is_some() {
-                return Err(format!(
-                    "connect error reply: {}",
-                    inc.error.map(|e| e.get().to_string()).unwrap_or_default()
-                ));
-            }
-            let mut c = inc.connect.ok_or("connect reply without result")?;
-            let sub = c
-                .subs
-                .remove(channel)
-                .ok_or("connect reply without our subscription")?;
+            let sub = match (inc.subscribe, inc.connect) {
+                (Some(sub), _) => sub,
+                (None, Some(mut c)) => c
+                    .subs
+                    .remove(channel)
+                    .ok_or("connect reply without our subscription")?,
+                (None, None) => return Err("reply without a result".into()),
+            };
             if let Some(e) = sub.error {
                 return Err(format!("subscribe error: {}", e.get()));
             }
