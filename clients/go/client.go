@@ -942,7 +942,7 @@ func (c *Client) serverPublication(channel string, p *Publication) {
 			pos.Offset = p.Offset
 		}
 	}
-	ev := PublicationEvent{Channel: channel, Offset: p.Offset, Epoch: epoch, Data: p.Data, Info: p.Info}
+	ev := PublicationEvent{Channel: channel, Offset: p.Offset, Epoch: epoch, Data: p.Data, Info: p.Info, Tags: p.Tags}
 	c.emit(func(h *Handlers) {
 		if h.OnPublication != nil {
 			h.OnPublication(ev)

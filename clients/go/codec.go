@@ -23,9 +23,12 @@ type ClientInfo struct {
 
 // Publication as it arrives in history replies and pushes.
 type Publication struct {
+	// Offset is 0 for a publication kept out of history (skip_history): it has none.
 	Offset uint64          `json:"offset"`
 	Data   json.RawMessage `json:"data"`
 	Info   *ClientInfo     `json:"info,omitempty"`
+	// Tags are the publisher's tags, when it set some (docs/protocol.md, "Tags and tag filters").
+	Tags map[string]string `json:"tags,omitempty"`
 }
 
 // ReplyErrorBody is the {"code", "message"} of an error reply.

@@ -81,14 +81,16 @@ type ServerSubscribedEvent struct {
 	Recovered bool
 }
 
-// PublicationEvent is one publication handed to the app: exactly once, in offset order.
+// PublicationEvent is one publication handed to the app: exactly once, in offset order. Offset is
+// 0 for one kept out of history (skip_history): delivered live only, it moves no position.
 type PublicationEvent struct {
 	Channel string
 	Offset  uint64
 	// Epoch of the stream the offset belongs to ("" for channels without history).
 	Epoch string
 	Data  json.RawMessage
-	Info  *ClientInfo // the publisher, when a client published
+	Info  *ClientInfo       // the publisher, when a client published
+	Tags  map[string]string // the publisher's tags, when it set some
 }
 
 // PresenceEvent is passed to OnJoin / OnLeave.

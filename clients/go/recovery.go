@@ -25,10 +25,13 @@ type streamTracker struct {
 	known       bool
 	offset      uint64
 	recoverable bool
+	// filtered: the subscription has a tag filter, so the server leaves out what it does not
+	// match and offsets have holes that are no gaps (continuity is the server's: unsub 4003).
+	filtered bool
 }
 
-func newStreamTracker(since *StreamPosition) *streamTracker {
-	t := &streamTracker{}
+func newStreamTracker(since *StreamPosition, filtered bool) *streamTracker {
+	t := &streamTracker{filtered: filtered}
 	if since != nil {
 		t.epoch, t.offset, t.known, t.recoverable = since.Epoch, since.Offset, true, true
 	}
@@ -72,12 +75,16 @@ func (t *streamTracker) applySubscribe(r *SubscribeResult, asked *StreamPosition
 		if p.Offset <= t.offset {
 			continue // already delivered
 		}
-		if p.Offset != t.offset+1 {
+		if p.Offset != t.offset+1 && !t.filtered {
 			gap = true // a hole inside the batch: stop before it, resubscribe from here
 			break
 		}
 		out = append(out, p)
 		t.offset = p.Offset
+	}
+	// A filtered recovery ends at its last match; the stream's newest is our position after it.
+	if t.filtered && r.Offset > t.offset {
+		t.offset = r.Offset
 	}
 	if !gap && r.Offset > t.offset {
 		gap = true
@@ -90,10 +97,13 @@ func (t *streamTracker) applyPublication(p *Publication) pubVerdict {
 	if !t.recoverable || !t.known {
 		return verdictDeliver // channels without history have no usable offsets
 	}
+	if p.Offset == 0 {
+		return verdictDeliver // kept out of history (skip_history): live only, the position stays
+	}
 	if p.Offset <= t.offset {
 		return verdictDuplicate
 	}
-	if p.Offset != t.offset+1 {
+	if p.Offset != t.offset+1 && !t.filtered {
 		return verdictGap
 	}
 	t.offset = p.Offset

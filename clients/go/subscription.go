@@ -44,6 +44,11 @@ type SubscribeOptions struct {
 	TokenFunc func(ctx context.Context, channel string) (string, error)
 	// Data is sent with every subscribe of this channel, for the subscribe proxy.
 	Data any
+	// TagsFilter delivers only the publications whose tags match it, live and in recovery (sent
+	// as tf; docs/protocol.md, "Tags and tag filters"). The namespace must set allow_tags_filter
+	// (else the subscribe fails with 108; a malformed filter with 107). Offsets then have holes
+	// where the filter left publications out, which the subscription does not take for gaps.
+	TagsFilter *TagFilter
 
 	// OnSubscribed: every subscribe reply (the first, after each reconnect, after a resync).
 	OnSubscribed func(SubscribedEvent)
@@ -97,7 +102,7 @@ func (c *Client) Subscribe(channel string, opts SubscribeOptions) (*Subscription
 	}
 	s := &Subscription{
 		c: c, channel: channel, opts: opts, changed: make(chan struct{}),
-		tracker: newStreamTracker(opts.Since),
+		tracker: newStreamTracker(opts.Since, opts.TagsFilter != nil),
 		backoff: NewBackoff(200*time.Millisecond, 10*time.Second),
 		token:   opts.Token, needToken: opts.Token == "" && opts.TokenFunc != nil,
 	}
@@ -189,9 +194,10 @@ func (s *Subscription) Presence(ctx context.Context) (PresenceResult, error) {
 
 // --- internal, lock held ---
 
-// sentAlone: subscriptions with a token or data are sent one by one, never in connect.subs.
+// sentAlone: subscriptions with a token, data or a tag filter are sent one by one, never in
+// connect.subs.
 func (s *Subscription) sentAlone() bool {
-	return s.opts.Token != "" || s.opts.TokenFunc != nil || s.opts.Data != nil
+	return s.opts.Token != "" || s.opts.TokenFunc != nil || s.opts.Data != nil || s.opts.TagsFilter != nil
 }
 
 func (s *Subscription) needsSubscribe() bool {
@@ -287,7 +293,7 @@ func (s *Subscription) deliver(p *Publication) {
 	if s.tracker.recoverable {
 		epoch = pos.Epoch
 	}
-	ev := PublicationEvent{Channel: s.channel, Offset: p.Offset, Epoch: epoch, Data: p.Data, Info: p.Info}
+	ev := PublicationEvent{Channel: s.channel, Offset: p.Offset, Epoch: epoch, Data: p.Data, Info: p.Info, Tags: p.Tags}
 	s.emit(func(o *SubscribeOptions) {
 		if o.OnPublication != nil {
 			o.OnPublication(ev)
@@ -368,6 +374,9 @@ func (c *Client) sendSubscribe(s *Subscription) {
 	}
 	if s.opts.Data != nil {
 		p["data"] = s.opts.Data
+	}
+	if s.opts.TagsFilter != nil {
+		p["tf"] = s.opts.TagsFilter
 	}
 	c.request("subscribe", p, func(raw json.RawMessage, err error) {
 		s.busy = false

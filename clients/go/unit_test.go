@@ -145,7 +145,7 @@ func pubs(offsets ...uint64) []Publication {
 }
 
 func TestTrackerFreshThenLive(t *testing.T) {
-	tr := newStreamTracker(nil)
+	tr := newStreamTracker(nil, false)
 	if tr.since() != nil {
 		t.Fatal("no position yet")
 	}
@@ -168,33 +168,91 @@ func TestTrackerFreshThenLive(t *testing.T) {
 }
 
 func TestTrackerRecovery(t *testing.T) {
-	tr := newStreamTracker(&StreamPosition{"e1", 2})
+	tr := newStreamTracker(&StreamPosition{"e1", 2}, false)
 	out := tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 5, Recovered: ptr(true), Publications: pubs(4, 2, 3, 5)}, &StreamPosition{"e1", 2})
 	if !out.recovered || out.gap || len(out.publications) != 3 || out.publications[0].Offset != 3 || out.publications[2].Offset != 5 {
 		t.Fatalf("recovered 3..5 in order without the duplicate 2: %+v", out)
 	}
 	// A hole inside the batch: deliver up to it, then resync.
-	tr = newStreamTracker(&StreamPosition{"e1", 2})
+	tr = newStreamTracker(&StreamPosition{"e1", 2}, false)
 	out = tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 6, Recovered: ptr(true), Publications: pubs(3, 5, 6)}, &StreamPosition{"e1", 2})
 	if !out.gap || len(out.publications) != 1 {
 		t.Fatalf("hole: %+v", out)
 	}
 	// Failed recovery: nothing delivered, position moves to the server's.
-	tr = newStreamTracker(&StreamPosition{"e1", 2})
+	tr = newStreamTracker(&StreamPosition{"e1", 2}, false)
 	out = tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 9, Recovered: ptr(false)}, &StreamPosition{"e1", 2})
 	if !out.recoveryFailed || len(out.publications) != 0 || *tr.since() != (StreamPosition{"e1", 9}) {
 		t.Fatalf("failed recovery: %+v since %+v", out, tr.since())
 	}
 	// "Recovered" across an epoch change is a failure.
-	tr = newStreamTracker(&StreamPosition{"e1", 2})
+	tr = newStreamTracker(&StreamPosition{"e1", 2}, false)
 	out = tr.applySubscribe(&SubscribeResult{Epoch: "e2", Offset: 1, Recovered: ptr(true), Publications: pubs(1)}, &StreamPosition{"e1", 2})
 	if !out.recoveryFailed || len(out.publications) != 0 {
 		t.Fatalf("epoch change: %+v", out)
 	}
 	// Not recoverable (no history): no since, everything delivered.
-	tr = newStreamTracker(nil)
+	tr = newStreamTracker(nil, false)
 	tr.applySubscribe(&SubscribeResult{Epoch: "", Offset: 0, Recoverable: ptr(false)}, nil)
 	if tr.since() != nil || tr.applyPublication(&Publication{Offset: 0}) != verdictDeliver {
 		t.Fatal("no history: no recovery, pass through")
+	}
+}
+
+func TestTrackerPublicationWithoutOffsetMovesNothing(t *testing.T) {
+	tr := newStreamTracker(nil, false)
+	tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 4}, nil)
+	// skip_history: no offset (0), delivered live, the position stays at 4.
+	if v := tr.applyPublication(&Publication{Offset: 0}); v != verdictDeliver {
+		t.Fatalf("no offset: %v", v)
+	}
+	if s := tr.since(); *s != (StreamPosition{"e1", 4}) {
+		t.Fatalf("since %+v after a publication without offset", s)
+	}
+	if v := tr.applyPublication(&Publication{Offset: 5}); v != verdictDeliver {
+		t.Fatalf("5 after it: %v", v)
+	}
+}
+
+func TestTrackerFilteredHolesAreNoGaps(t *testing.T) {
+	tr := newStreamTracker(nil, true)
+	tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 4}, nil)
+	if v := tr.applyPublication(&Publication{Offset: 7}); v != verdictDeliver {
+		t.Fatalf("7 after 4, filtered: %v", v)
+	}
+	if v := tr.applyPublication(&Publication{Offset: 6}); v != verdictDuplicate {
+		t.Fatalf("6 after 7: %v", v)
+	}
+	// Recovery returns the matches only; the position then is the stream's newest.
+	out := tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 12, Recovered: ptr(true), Publications: pubs(9, 11)}, &StreamPosition{"e1", 7})
+	if out.gap || len(out.publications) != 2 || *tr.since() != (StreamPosition{"e1", 12}) {
+		t.Fatalf("filtered recovery: %+v since %+v", out, tr.since())
+	}
+}
+
+func TestTagFilterJSON(t *testing.T) {
+	f := TagFilter{Op: "and", Nodes: []TagFilter{
+		{Key: "kind", Cmp: "eq", Val: ""},
+		{Key: "lang", Cmp: "in", Vals: []string{"en", "de"}},
+		{Key: "draft", Cmp: "nex"},
+		{Op: "not", Nodes: []TagFilter{{Key: "n", Cmp: "gt", Val: "3"}}},
+	}}
+	b, err := json.Marshal(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"nodes":[{"cmp":"eq","key":"kind","val":""},{"cmp":"in","key":"lang","vals":["en","de"]},` +
+		`{"cmp":"nex","key":"draft"},{"nodes":[{"cmp":"gt","key":"n","val":"3"}],"op":"not"}],"op":"and"}`
+	if string(b) != want {
+		t.Fatalf("got  %s\nwant %s", b, want)
+	}
+	// A node mixing both shapes is sent as it is, for the server to refuse (107).
+	b, _ = json.Marshal(TagFilter{Op: "or", Key: "k"})
+	if string(b) != `{"key":"k","nodes":[],"op":"or"}` {
+		t.Fatalf("mixed: %s", b)
+	}
+	var back TagFilter
+	if err := json.Unmarshal([]byte(`{"key":"k","cmp":"in","vals":["a"]}`), &back); err != nil || back.Cmp != "in" || len(back.Vals) != 1 {
+		t.Fatalf("unmarshal: %+v %v", back, err)
 	}
 }

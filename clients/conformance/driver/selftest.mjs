@@ -47,6 +47,10 @@ const mutants = [
     (sc) => (sc.steps[0].args.ping_grace_ms = 20000)],
   ['11-server-side-recovery-fails.json', 'history big enough: the server-side channel recovers',
     (sc) => (sc.server.env.HERALD_DEFAULT_NAMESPACE__HISTORY_SIZE = '100')],
+  ['12-tags-and-skip-history.json', 'the subscription without its tag filter: the publications it leaves out come',
+    (sc) => delete sc.steps.find((s) => s.cmd === 'subscribe' && s.args.tf).args.tf],
+  ['12-tags-and-skip-history.json', 'the typing publication stored (no skip_history): it has an offset',
+    (sc) => (sc.steps.find((s) => s.body?.skip_history).body.skip_history = false)],
 ];
 
 const dir = mkdtempSync(join(tmpdir(), 'herald-conformance-selftest-'));

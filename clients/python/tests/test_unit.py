@@ -97,6 +97,33 @@ def test_tracker_fresh_recover_and_fail() -> None:
     assert out.gap and [p["offset"] for p in out.publications] == [4]
 
 
+def test_tracker_publication_without_offset_moves_nothing() -> None:
+    t = StreamTracker()
+    t.apply_subscribe({"epoch": "e", "offset": 4}, None)
+    # skip_history: the pub push has no offset (decoded as 0): delivered, the position stays.
+    (msg,) = decode_frame('{"pub":{"channel":"c","data":1}}')
+    assert msg.pub is not None and msg.pub["offset"] == 0
+    assert t.apply_publication(msg.pub) == "deliver"
+    assert t.since() == StreamPosition("e", 4)
+    assert t.apply_publication({"offset": 5}) == "deliver"
+
+
+def test_tracker_filtered_holes_are_no_gaps_and_tags_decoded() -> None:
+    t = StreamTracker(filtered=True)
+    t.apply_subscribe({"epoch": "e", "offset": 4}, None)
+    (msg,) = decode_frame('{"pub":{"channel":"c","offset":7,"data":1,"tags":{"k":"v"}}}')
+    assert msg.pub is not None and msg.pub["tags"] == {"k": "v"}
+    assert t.apply_publication(msg.pub) == "deliver"
+    assert t.apply_publication({"offset": 6}) == "duplicate"
+    # Recovery returns the matches only; the position then is the stream's newest.
+    out = t.apply_subscribe(
+        {"epoch": "e", "offset": 12, "recovered": True, "publications": [{"offset": 9}, {"offset": 11}]},
+        StreamPosition("e", 7),
+    )
+    assert not out.gap and [p["offset"] for p in out.publications] == [9, 11]
+    assert t.since() == StreamPosition("e", 12)
+
+
 def test_close_code_rules() -> None:
     for code in (4000, 4001, 4002, 4003, 4004, 4005, 4499, 1000, 1006):
         assert herald.should_reconnect(code), code

@@ -38,13 +38,14 @@ function errorBody(e) {
 function subscribeChannel(channel, args) {
   const opts = {};
   if (args.since) opts.since = args.since;
+  if (args.tf) opts.tagsFilter = args.tf;
   const sub = client.subscribe(channel, opts);
   subs.set(channel, sub);
   sub.on('subscribed', (ctx) =>
     out({ event: 'subscribed', channel, server_side: false, epoch: ctx.epoch, offset: ctx.offset, recovered: ctx.recovered === true, resubscribed: ctx.resubscribed }),
   );
   sub.on('publication', (p) =>
-    out({ event: 'publication', channel, offset: p.offset, epoch: sub.position?.epoch, data: p.data }),
+    out({ event: 'publication', channel, offset: p.offset, epoch: sub.position?.epoch, data: p.data, tags: p.tags }),
   );
   sub.on('recoveryFailed', (ctx) => out({ event: 'recovery_failed', channel, since: ctx.since }));
   sub.on('unsubscribed', (ctx) => {
@@ -89,7 +90,7 @@ function makeClient(args) {
     if (ctx.recovered === false) out({ event: 'recovery_failed', channel: ctx.channel });
     out({ event: 'subscribed', channel: ctx.channel, server_side: true, epoch: ctx.epoch, offset: ctx.offset, recovered: ctx.recovered === true });
   });
-  c.on('publication', (p) => out({ event: 'publication', channel: p.channel, offset: p.offset, data: p.data }));
+  c.on('publication', (p) => out({ event: 'publication', channel: p.channel, offset: p.offset, data: p.data, tags: p.tags }));
   c.on('unsubscribed', (ctx) => out({ event: 'unsubscribed', channel: ctx.channel, code: ctx.code }));
   return c;
 }

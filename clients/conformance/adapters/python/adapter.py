@@ -17,6 +17,13 @@ import herald
 T0 = time.monotonic()
 
 
+def publication_event(channel, ev):
+    e = {"event": "publication", "channel": channel, "offset": ev.offset, "epoch": ev.epoch, "data": ev.data}
+    if ev.tags is not None:
+        e["tags"] = ev.tags
+    return e
+
+
 def out(event):
     line = json.dumps({"t": int((time.monotonic() - T0) * 1000), **event}, separators=(",", ":"))
     sys.stdout.write(line + "\n")
@@ -107,7 +114,7 @@ class Adapter:
         )
         c.on(
             "publication",
-            lambda ev: out({"event": "publication", "channel": ev.channel, "offset": ev.offset, "epoch": ev.epoch, "data": ev.data}),
+            lambda ev: out(publication_event(ev.channel, ev)),
         )
         c.on("unsubscribed", lambda ev: out({"event": "unsubscribed", "channel": ev.channel, "code": ev.code}))
         c.on("join", lambda ev: out({"event": "join", "channel": ev.channel, "user": ev.info.get("user")}))
@@ -117,7 +124,9 @@ class Adapter:
     def subscribe(self, a):
         channel = a["channel"]
         since = a.get("since")
-        sub = self.client.subscribe(channel, since=herald.StreamPosition(since["epoch"], since["offset"]) if since else None)
+        sub = self.client.subscribe(
+            channel, since=herald.StreamPosition(since["epoch"], since["offset"]) if since else None, tags_filter=a.get("tf")
+        )
         self.subs[channel] = sub
         sub.on(
             "subscribed",
@@ -135,7 +144,7 @@ class Adapter:
         )
         sub.on(
             "publication",
-            lambda ev: out({"event": "publication", "channel": channel, "offset": ev.offset, "epoch": ev.epoch, "data": ev.data}),
+            lambda ev: out(publication_event(channel, ev)),
         )
         sub.on("recovery_failed", lambda ev: out({"event": "recovery_failed", "channel": channel, "since": ev.since.to_json()}))
 

@@ -38,6 +38,7 @@ type channelArgs struct {
 	Limit   int                    `json:"limit"`
 	Data    json.RawMessage        `json:"data"`
 	Method  string                 `json:"method"`
+	TF      *herald.TagFilter      `json:"tf"`
 }
 
 type adapter struct {
@@ -130,13 +131,17 @@ func (a *adapter) publication(p herald.PublicationEvent) {
 	if p.Epoch != "" {
 		ev["epoch"] = p.Epoch
 	}
+	if p.Tags != nil {
+		ev["tags"] = p.Tags
+	}
 	a.out(ev)
 }
 
 func (a *adapter) subscribe(c *herald.Client, args channelArgs) error {
 	ch := args.Channel
 	sub, err := c.Subscribe(ch, herald.SubscribeOptions{
-		Since: args.Since,
+		Since:      args.Since,
+		TagsFilter: args.TF,
 		OnSubscribed: func(e herald.SubscribedEvent) {
 			a.out(map[string]any{"event": "subscribed", "channel": ch, "server_side": false, "epoch": e.Epoch,
 				"offset": e.Offset, "recovered": e.Recovered, "resubscribed": e.Resubscribed})

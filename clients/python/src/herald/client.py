@@ -263,6 +263,7 @@ class Client(Emitter):
         token: Optional[str] = None,
         get_token: Optional[SubTokenGetter] = None,
         data: Any = None,
+        tags_filter: Optional[Dict[str, Any]] = None,
         on_publication: Optional[Callable[[Publication], Any]] = None,
     ) -> Subscription:
         """Subscribe to a channel. Returns at once; the subscribe is sent when connected (in the
@@ -272,6 +273,11 @@ class Client(Emitter):
         :param token: a subscription token; ``get_token(channel)`` fetches one (and fresh ones
             before it expires, sent with ``sub_refresh``).
         :param data: sent with every ``subscribe`` of this channel (for the subscribe proxy).
+        :param tags_filter: deliver only publications whose tags match this filter, live and in
+            recovery (sent as ``tf``; docs/protocol.md, "Tags and tag filters"), e.g.
+            ``{"key": "kind", "cmp": "eq", "val": "a"}``. The namespace must set
+            ``allow_tags_filter`` (else the subscribe fails with 108; a malformed filter with 107).
+            Offsets then have holes where the filter left publications out, which are no gaps.
         :param on_publication: shorthand for ``sub.on("publication", ...)``.
         """
         if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
@@ -280,7 +286,11 @@ class Client(Emitter):
             raise UsageError(ClientCode.ALREADY_SUBSCRIBED, f"already subscribed to {channel}")
         if since is not None and not isinstance(since, StreamPosition):
             since = StreamPosition(str(since["epoch"]), int(since["offset"]))
-        sub = Subscription(self, channel, since=since, token=token, get_token=get_token, data=data)
+        if tags_filter is not None and not isinstance(tags_filter, dict):
+            raise UsageError(ErrorCode.BAD_REQUEST, "tags_filter must be a dict (a filter node)")
+        sub = Subscription(
+            self, channel, since=since, token=token, get_token=get_token, data=data, tags_filter=tags_filter
+        )
         if on_publication is not None:
             sub.on("publication", on_publication)
         self._subs[channel] = sub
@@ -758,6 +768,7 @@ class Client(Emitter):
                 data=pub.get("data"),
                 info=pub.get("info"),
                 epoch=pos.epoch if pos is not None else None,
+                tags=pub.get("tags"),
             )
         )
 
@@ -778,6 +789,8 @@ class Client(Emitter):
             params["token"] = sub._token
         if sub._data is not None:
             params["data"] = sub._data
+        if sub._tags_filter is not None:
+            params["tf"] = sub._tags_filter
 
         def on_reply(err: Optional[HeraldError], result: Any) -> None:
             sub._busy = False

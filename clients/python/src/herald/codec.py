@@ -84,6 +84,8 @@ def classify(value: Any) -> ServerMessage:
         pub: Dict[str, Any] = {"offset": p["offset"] if _is_int(p.get("offset")) else 0, "data": p.get("data")}
         if isinstance(p.get("info"), dict):
             pub["info"] = p["info"]
+        if isinstance(p.get("tags"), dict):
+            pub["tags"] = p["tags"]
         return ServerMessage("pub", channel=p["channel"], pub=pub)
     for kind in ("join", "leave"):
         body = value.get(kind)

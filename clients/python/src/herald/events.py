@@ -99,7 +99,9 @@ class RecoveryFailed:
 
 @dataclass
 class Publication:
-    """A publication, exactly once, in offset order. ``epoch``: the stream's epoch when known."""
+    """A publication, exactly once, in offset order. ``epoch``: the stream's epoch when known.
+    ``offset`` is 0 for a publication kept out of history (``skip_history``): live only, it moves
+    no position."""
 
     kind: ClassVar[str] = "publication"
     channel: str
@@ -107,6 +109,8 @@ class Publication:
     data: Any
     info: Optional[Dict[str, Any]] = None
     epoch: Optional[str] = None
+    #: The publisher's tags, when it set some (docs/protocol.md, "Tags and tag filters").
+    tags: Optional[Dict[str, str]] = None
 
 
 @dataclass

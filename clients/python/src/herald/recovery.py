@@ -26,10 +26,13 @@ class SubscribeOutcome:
 
 
 class StreamTracker:
-    def __init__(self, since: Optional[StreamPosition] = None) -> None:
+    def __init__(self, since: Optional[StreamPosition] = None, filtered: bool = False) -> None:
         self.epoch: Optional[str] = None
         self.offset = 0
         self.recoverable = False
+        # A tag filter: the server leaves out what it does not match, so offsets have holes that
+        # are no gaps (continuity is the server's: it sends ``unsub`` 4003 when lost).
+        self.filtered = filtered
         if since is not None:
             self.epoch = str(since.epoch)
             self.offset = int(since.offset)
@@ -72,11 +75,14 @@ class StreamTracker:
         for p in pubs:
             if p["offset"] <= self.offset:
                 continue
-            if p["offset"] != self.offset + 1:
+            if p["offset"] != self.offset + 1 and not self.filtered:
                 gap = True
                 break
             out.append(p)
             self.offset = p["offset"]
+        # A filtered recovery ends at its last match; the stream's newest is our position after it.
+        if self.filtered and newest > self.offset:
+            self.offset = newest
         if not gap and newest > self.offset:
             gap = True
         return SubscribeOutcome(publications=out, gap=gap, recovered=True)
@@ -86,11 +92,12 @@ class StreamTracker:
         if not self.recoverable or self.epoch is None:
             return "deliver"
         off = pub.get("offset")
-        if not isinstance(off, int) or isinstance(off, bool):
+        # No offset (0): kept out of history (``skip_history``), live only; the position stays.
+        if not isinstance(off, int) or isinstance(off, bool) or off == 0:
             return "deliver"
         if off <= self.offset:
             return "duplicate"
-        if off != self.offset + 1:
+        if off != self.offset + 1 and not self.filtered:
             return "gap"
         self.offset = off
         return "deliver"

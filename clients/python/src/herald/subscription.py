@@ -44,12 +44,14 @@ class Subscription(Emitter):
         token: Optional[str] = None,
         get_token: Optional[SubTokenGetter] = None,
         data: Any = None,
+        tags_filter: Optional[Dict[str, Any]] = None,
     ) -> None:
         super().__init__()
         self._client = client
         self.channel = channel
         self._state = "subscribing"
-        self._tracker = StreamTracker(since)
+        self._tracker = StreamTracker(since, filtered=tags_filter is not None)
+        self._tags_filter = tags_filter
         self._sent_since: Optional[StreamPosition] = None
         self._busy = False
         self._backoff = Backoff(0.2, 10.0)
@@ -116,8 +118,13 @@ class Subscription(Emitter):
 
     @property
     def _sent_alone(self) -> bool:
-        """Subscribed one by one (own token or data), never in ``connect.subs``."""
-        return self._token is not None or self._get_token is not None or self._data is not None
+        """Subscribed one by one (own token, data or tag filter), never in ``connect.subs``."""
+        return (
+            self._token is not None
+            or self._get_token is not None
+            or self._data is not None
+            or self._tags_filter is not None
+        )
 
     @property
     def _needs_subscribe(self) -> bool:
@@ -270,6 +277,7 @@ class Subscription(Emitter):
                 data=pub.get("data"),
                 info=pub.get("info"),
                 epoch=pos.epoch if pos else None,
+                tags=pub.get("tags"),
             )
         )
 

@@ -4,6 +4,7 @@ import org.junit.jupiter.api.Assertions.assertEquals
 import org.junit.jupiter.api.Assertions.assertFalse
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
+import org.json.JSONObject
 
 class TrackerTest {
     private fun reply(epoch: String, offset: Long, recovered: Boolean?, vararg pubs: Long) =
@@ -38,5 +39,38 @@ class TrackerTest {
         val out = t.applySubscribe(reply("e", 5, true, 2, 4, 5), StreamPosition("e", 1))
         assertTrue(out.gap)
         assertEquals(listOf(2L), out.publications.map { it.offset })
+    }
+
+    @Test
+    fun publicationWithoutOffsetMovesNothing() {
+        val t = StreamTracker(null)
+        t.applySubscribe(reply("e", 4, null), null)
+        // skip_history: no offset (0), delivered live, the position stays at 4.
+        assertEquals(Verdict.DELIVER, t.applyPublication(Publication(0, null, null)))
+        assertEquals(StreamPosition("e", 4), t.since())
+        assertEquals(Verdict.DELIVER, t.applyPublication(Publication(5, null, null)))
+    }
+
+    @Test
+    fun filteredHolesAreNoGaps() {
+        val t = StreamTracker(null, filtered = true)
+        t.applySubscribe(reply("e", 4, null), null)
+        assertEquals(Verdict.DELIVER, t.applyPublication(Publication(7, null, null)))
+        assertEquals(Verdict.DUPLICATE, t.applyPublication(Publication(6, null, null)))
+        // Recovery returns the matches only; the position then is the stream's newest.
+        val out = t.applySubscribe(reply("e", 12, true, 9, 11), StreamPosition("e", 7))
+        assertFalse(out.gap)
+        assertEquals(listOf(9L, 11L), out.publications.map { it.offset })
+        assertEquals(StreamPosition("e", 12), t.since())
+    }
+
+    @Test
+    fun tagFilterJson() {
+        val f = TagFilter.Node(
+            "and",
+            listOf(TagFilter.Leaf("kind", "eq", ""), TagFilter.Leaf("lang", "in", values = listOf("en")), TagFilter.Leaf("d", "nex")),
+        )
+        val want = """{"op":"and","nodes":[{"key":"kind","cmp":"eq","val":""},{"key":"lang","cmp":"in","vals":["en"]},{"key":"d","cmp":"nex"}]}"""
+        assertTrue(JSONObject(want).similar(f.toJson()), f.toJson().toString())
     }
 }

@@ -53,6 +53,13 @@ class SubscribeOptions @JvmOverloads constructor(
      * expiry (the client then sends `sub_refresh`), and after `unsub` 4004 / error 109.
      */
     val tokenProvider: SubscriptionTokenProvider? = null,
+    /**
+     * Only publications whose tags match this filter are delivered, live and in recovery (sent as
+     * `tf`; docs/protocol.md, "Tags and tag filters"). The namespace must set `allow_tags_filter`
+     * (else the subscribe fails with 108; a malformed filter with 107). Offsets then have holes
+     * where the filter left publications out, which the subscription does not take for gaps.
+     */
+    val tagsFilter: TagFilter? = null,
 )
 
 /** The client's state. */

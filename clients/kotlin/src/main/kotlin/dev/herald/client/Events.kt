@@ -21,8 +21,15 @@ data class ServerSubscribedEvent(
     val recovering: Boolean, val recovered: Boolean,
 )
 
-/** A publication handed to the app, exactly once and in order. [epoch] is "" on channels without history. */
-data class PublicationEvent(val channel: String, val offset: Long, val epoch: String, val data: Any?, val info: ClientInfo?)
+/**
+ * A publication handed to the app, exactly once and in order. [epoch] is "" on channels without
+ * history. [offset] is 0 for one kept out of history (`skip_history`): live only, it moves no
+ * position. [tags]: the publisher's tags, when it set some.
+ */
+data class PublicationEvent @JvmOverloads constructor(
+    val channel: String, val offset: Long, val epoch: String, val data: Any?, val info: ClientInfo?,
+    val tags: Map<String, String>? = null,
+)
 
 /** A presence change (`join`/`leave` push). */
 data class PresenceEvent(val channel: String, val info: ClientInfo)

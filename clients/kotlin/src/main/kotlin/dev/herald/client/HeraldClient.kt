@@ -630,7 +630,7 @@ class HeraldClient @JvmOverloads constructor(
                 serverPositions[channel] = pos.copy(offset = p.offset)
             }
         }
-        val ev = PublicationEvent(channel, p.offset, epoch, p.data, p.info)
+        val ev = PublicationEvent(channel, p.offset, epoch, p.data, p.info, p.tags)
         emit { it.onServerPublication(ev) }
     }
 
@@ -648,6 +648,7 @@ class HeraldClient @JvmOverloads constructor(
         since?.let { p.put("since", it.toJson()) }
         s.token?.let { p.put("token", it) }
         s.options.data?.let { p.put("data", Json.value(it)) }
+        s.options.tagsFilter?.let { p.put("tf", it.toJson()) }
         request("subscribe", p) { r, e ->
             s.busy = false
             if (subs[s.channel] !== s) return@request // unsubscribed meanwhile

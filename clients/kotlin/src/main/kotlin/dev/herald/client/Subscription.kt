@@ -14,7 +14,7 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     private val listeners = CopyOnWriteArrayList<SubscriptionListener>()
 
     // Loop thread only.
-    internal val tracker = StreamTracker(options.since)
+    internal val tracker = StreamTracker(options.since, filtered = options.tagsFilter != null)
     private var sentSince: StreamPosition? = null
     internal var busy = false
     private val backoff = Backoff(200, 10_000)
@@ -78,7 +78,8 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
         client.dispatch { for (f in fs) if (err == null) f.complete(this) else f.completeExceptionally(err) }
     }
 
-    internal fun sentAlone() = options.token != null || options.tokenProvider != null || options.data != null
+    internal fun sentAlone() =
+        options.token != null || options.tokenProvider != null || options.data != null || options.tagsFilter != null
 
     internal fun needsSubscribe() = state == SubscriptionState.SUBSCRIBING && !busy && !fetching && retryTimer == null
 
@@ -126,7 +127,7 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
 
     private fun deliver(p: Publication) {
         val epoch = if (tracker.recoverable) tracker.epoch else ""
-        val ev = PublicationEvent(channel, p.offset, epoch, p.data, p.info)
+        val ev = PublicationEvent(channel, p.offset, epoch, p.data, p.info, p.tags)
         emit { it.onPublication(ev) }
     }
 

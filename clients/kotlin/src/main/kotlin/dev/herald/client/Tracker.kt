@@ -26,8 +26,12 @@ internal class SubscribeOutcome(
 
 internal enum class Verdict { DELIVER, DUPLICATE, GAP }
 
-/** The recovery bookkeeping of one subscription: the (epoch, offset) handed to the app. No I/O, no locking. */
-internal class StreamTracker(since: StreamPosition?) {
+/**
+ * The recovery bookkeeping of one subscription: the (epoch, offset) handed to the app. No I/O, no
+ * locking. [filtered]: the subscription has a tag filter, so the server leaves out what it does not
+ * match and offsets have holes that are no gaps (continuity is the server's: `unsub` 4003).
+ */
+internal class StreamTracker(since: StreamPosition?, private val filtered: Boolean = false) {
     var epoch = since?.epoch ?: ""
     var known = since != null
     var offset = since?.offset ?: 0L
@@ -56,21 +60,25 @@ internal class StreamTracker(since: StreamPosition?) {
         var gap = false
         for (p in r.publications.sortedBy { it.offset }) {
             if (p.offset <= offset) continue // already delivered
-            if (p.offset != offset + 1) {
+            if (p.offset != offset + 1 && !filtered) {
                 gap = true
                 break
             }
             out.add(p)
             offset = p.offset
         }
+        // A filtered recovery ends at its last match; the stream's newest is our position after it.
+        if (filtered && r.offset > offset) offset = r.offset
         if (!gap && r.offset > offset) gap = true
         return SubscribeOutcome(out, gap = gap, recovered = true)
     }
 
     fun applyPublication(p: Publication): Verdict {
         if (!recoverable || !known) return Verdict.DELIVER
+        // No offset (0): kept out of history (`skip_history`), live only; the position stays.
+        if (p.offset == 0L) return Verdict.DELIVER
         if (p.offset <= offset) return Verdict.DUPLICATE
-        if (p.offset != offset + 1) return Verdict.GAP
+        if (p.offset != offset + 1 && !filtered) return Verdict.GAP
         offset = p.offset
         return Verdict.DELIVER
     }

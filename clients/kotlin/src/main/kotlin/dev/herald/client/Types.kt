@@ -30,11 +30,19 @@ data class ClientInfo(val user: String, val client: String, val info: Any?) {
     }
 }
 
-/** A publication: its [offset] in the stream (0 on channels without history), [data] and the publisher's [info]. */
-data class Publication(val offset: Long, val data: Any?, val info: ClientInfo?) {
+/**
+ * A publication: its [offset] in the stream (0 on channels without history, and for one kept out
+ * of history with `skip_history`), [data], the publisher's [info] and [tags] (when it set some).
+ */
+data class Publication @JvmOverloads constructor(
+    val offset: Long, val data: Any?, val info: ClientInfo?, val tags: Map<String, String>? = null,
+) {
     companion object {
         internal fun fromJson(o: JSONObject): Publication =
-            Publication(o.optLong("offset", 0), o.opt("data"), ClientInfo.fromJson(o.optJSONObject("info")))
+            Publication(o.optLong("offset", 0), o.opt("data"), ClientInfo.fromJson(o.optJSONObject("info")), tags(o.optJSONObject("tags")))
+
+        private fun tags(o: JSONObject?): Map<String, String>? =
+            o?.let { t -> t.keySet().associateWith { t.optString(it, "") } }
 
         internal fun list(a: JSONArray?): List<Publication> =
             if (a == null) emptyList() else (0 until a.length()).mapNotNull { a.optJSONObject(it)?.let(::fromJson) }

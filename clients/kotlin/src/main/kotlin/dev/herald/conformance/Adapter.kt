@@ -22,6 +22,7 @@ import dev.herald.client.SubscribedEvent
 import dev.herald.client.Subscription
 import dev.herald.client.SubscriptionErrorEvent
 import dev.herald.client.SubscriptionListener
+import dev.herald.client.TagFilter
 import dev.herald.client.TokenProvider
 import dev.herald.client.UnsubscribedEvent
 import org.json.JSONArray
@@ -59,6 +60,19 @@ private fun errorBody(t: Throwable): JSONObject {
 }
 
 private fun since(o: JSONObject?): StreamPosition? = o?.let { StreamPosition(it.getString("epoch"), it.getLong("offset")) }
+
+/** The scenario's `tf` (the protocol's JSON shape) as the SDK's [TagFilter]. */
+private fun tagFilter(o: JSONObject): TagFilter =
+    if (o.has("op")) {
+        val nodes = o.optJSONArray("nodes")
+        TagFilter.Node(o.getString("op"), (0 until (nodes?.length() ?: 0)).map { tagFilter(nodes!!.getJSONObject(it)) })
+    } else {
+        val vals = o.optJSONArray("vals")
+        TagFilter.Leaf(
+            o.getString("key"), o.getString("cmp"), if (o.has("val")) o.getString("val") else null,
+            vals?.let { v -> (0 until v.length()).map { v.getString(it) } },
+        )
+    }
 
 private fun presence(name: String, e: PresenceEvent) = out(ev(name, "channel" to e.channel, "user" to e.info.user))
 
@@ -110,13 +124,14 @@ private class Adapter {
     }
 
     fun publication(e: PublicationEvent) = out(
-        ev("publication", "channel" to e.channel, "offset" to e.offset, "epoch" to e.epoch, "data" to (e.data ?: JSONObject.NULL)),
+        ev("publication", "channel" to e.channel, "offset" to e.offset, "epoch" to e.epoch, "data" to (e.data ?: JSONObject.NULL))
+            .also { o -> e.tags?.let { o.put("tags", JSONObject(it)) } },
     )
 
     fun subscribe(a: JSONObject) {
         val channel = a.getString("channel")
         val c = client ?: throw HeraldException(9, "connect first")
-        val sub = c.subscribe(channel, SubscribeOptions(since(a.optJSONObject("since"))), object : SubscriptionListener {
+        val sub = c.subscribe(channel, SubscribeOptions(since(a.optJSONObject("since")), tagsFilter = a.optJSONObject("tf")?.let(::tagFilter)), object : SubscriptionListener {
             override fun onSubscribed(event: SubscribedEvent) = out(
                 ev(
                     "subscribed", "channel" to channel, "server_side" to false, "epoch" to event.epoch,
