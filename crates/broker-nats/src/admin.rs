@@ -17,8 +17,9 @@
 //! sees and is not listed. That takes one read per subject looked at, so a page looks at
 //! `limit` subjects at most (their reads [`READS_AT_ONCE`] at a time). The page's cursor is
 //! `<server page offset>:<last subject token looked at>`: the next page asks the server for the
-//! same subject page and goes on after that token in token order (the server's page is sorted
-//! here), then moves to the server's next page. A name may repeat, or one added meanwhile be
+//! same subject page and goes on after that token in token order (sorted here too), then moves
+//! to the server's next page (nats-server sorts the subjects it pages: checked on 2.9.10 with
+//! 100,010 subjects, the second page held the 10 greatest). A name may repeat, or one added meanwhile be
 //! missed, when the server's pages shift between two calls (subjects added or gone).
 
 use std::collections::HashMap;
