@@ -10,8 +10,8 @@ use async_nats::{jetstream, Client, Event};
 use async_trait::async_trait;
 use bytes::Bytes;
 use herald_broker::{
-    Broker, BrokerError, BrokerHandler, ControlMessage, HistoryQuery, HistoryResult,
-    PublishOptions, StreamOptions, Watermarks,
+    Broker, BrokerError, BrokerHandler, ControlMessage, HistoryChannels, HistoryQuery,
+    HistoryResult, PublishOptions, StreamOptions, Watermarks,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
 use prometheus_client::registry::Registry;
@@ -273,6 +273,16 @@ impl Broker for NatsBroker {
         crate::admin::remove_history(&self.inner, channel)
             .await
             .map(|()| true)
+    }
+
+    async fn history_channels(
+        &self,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<Option<HistoryChannels>, BrokerError> {
+        crate::admin::history_channels(&self.inner, cursor, limit)
+            .await
+            .map(Some)
     }
 
     async fn add_presence(&self, channel: &str, who: &ClientInfo) -> Result<(), BrokerError> {

@@ -75,6 +75,19 @@ impl Subjects {
         format!("{}.h.{}", self.prefix, escape(channel))
     }
 
+    /// The subject prefix (no trailing dot).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The channel token of a history subject (`<p>.h.<token>`); `None` for another subject.
+    pub(crate) fn history_token<'a>(&self, subject: &'a str) -> Option<&'a str> {
+        subject
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix(".h.")
+            .filter(|token| !token.is_empty() && !token.contains('.'))
+    }
+
     /// Where publications of a channel without history are stored (one kept).
     pub fn live(&self, channel: &str) -> String {
         format!("{}.l.{}", self.prefix, escape(channel))
@@ -184,5 +197,9 @@ mod tests {
         assert_eq!(s.presence("a:b", "c.1"), "herald.p.a=3Ab.c=2E1");
         assert_eq!(s.presence_of("a:b"), "herald.p.a=3Ab.*");
         assert_eq!(s.control(), "herald.control");
+        assert_eq!(s.history_token("herald.h.a=3Ab"), Some("a=3Ab"));
+        assert_eq!(s.history_token("herald.l.a"), None);
+        assert_eq!(s.history_token("heraldx.h.a"), None);
+        assert_eq!(s.history_token("herald.h.a.b"), None);
     }
 }

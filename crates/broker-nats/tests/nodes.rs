@@ -877,3 +877,72 @@ async fn a_subscription_is_in_effect_on_the_server_when_subscribe_returns() {
         missed.len()
     );
 }
+
+/// The channels with history, page by page: every page together gives exactly the channels whose
+/// newest message holds publications (names with escaped characters come back as published),
+/// with no subscriber anywhere; a channel whose history was removed (its `Herald-Count: 0`
+/// position marker is all the subject holds) or that only has an epoch marker (read, never
+/// published to) is not listed, one published to again after its removal is; a cursor no page
+/// gave is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_history_channels_page_by_page() {
+    let nats = NatsServer::start();
+    let cfg = NatsConfig::with_url(&nats.url());
+    let (a, _) = node(&cfg, "a").await;
+    let channels: Vec<String> = (0..40)
+        .map(|i| unique(&format!("chat:room.{i} é")))
+        .collect();
+    let data = Bytes::from_static(b"{}");
+    for ch in &channels {
+        a.publish(ch, data.clone(), None, &opts(5)).await.unwrap();
+    }
+    a.publish(&channels[1], data.clone(), None, &opts(5))
+        .await
+        .unwrap();
+    // Removed: not listed. Removed, then published to again: listed.
+    assert!(a.remove_history(&channels[0]).await.unwrap());
+    assert!(a.remove_history(&channels[1]).await.unwrap());
+    a.publish(&channels[1], data.clone(), None, &opts(5))
+        .await
+        .unwrap();
+    // Read but never published to (an epoch marker), and a channel without history: not listed.
+    let read_only = unique("read_only");
+    let empty = a
+        .history(&read_only, &HistoryQuery::default(), &opts(5).stream)
+        .await
+        .unwrap();
+    assert!(empty.publications.is_empty());
+    a.publish(&unique("live"), data.clone(), None, &opts(0))
+        .await
+        .unwrap();
+
+    let mut listed = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        pages += 1;
+        assert!(pages <= 100, "the listing did not end within 100 pages");
+        let page = a
+            .history_channels(cursor.as_deref(), 7)
+            .await
+            .expect("a page")
+            .expect("the NATS broker lists channels with history");
+        assert!(page.channels.len() <= 7, "{} names", page.channels.len());
+        listed.extend(page.channels);
+        match page.cursor {
+            None => break,
+            next => cursor = next,
+        }
+    }
+    let expected: BTreeSet<String> = channels[1..].iter().cloned().collect();
+    assert_eq!(listed, expected, "exactly the channels with history");
+    assert!(pages >= 6, "{pages} pages of at most 7 for 40 subjects");
+
+    for bad in ["x", "1", "x:abc", "0:a.b", "0:a=4", "-1:"] {
+        let err = a.history_channels(Some(bad), 7).await.unwrap_err();
+        assert!(
+            err.to_string().contains("not a history listing cursor"),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -3,8 +3,15 @@
 //!
 //! The listing walks the history keys with `SCAN … MATCH <prefix>:{*}:h TYPE stream`, a bounded
 //! number of `SCAN` calls per page (each `COUNT` [`SCAN_COUNT`]), so a page never blocks Redis
-//! for long, whatever the key count; the page's cursor is `<shard>:<scan cursor>`. A Cluster is
-//! not listed: a `SCAN` there reaches one node only.
+//! for long, whatever the key count; the page's cursor is `<shard>:<scan cursor>`.
+//!
+//! On a Cluster a `SCAN` reaches one node only, so each master is scanned in turn, on this node's
+//! connection to it (the masters and connections of the broadcast pipeline, `masters.rs`); the
+//! cursor is `<master index>:<scan cursor>`, the index into the master list of `CLUSTER SLOTS`.
+//! Replicas are not scanned (they hold copies). The master list is read again when a master
+//! fails; a list that changed between two pages (a failover, a resharding), or a slot that is
+//! migrating (its keys on two masters for a while), may make the listing skip or repeat names,
+//! as a `SCAN` itself may repeat them: callers tolerate repeats.
 
 use herald_broker::{BrokerError, HistoryChannels};
 use redis::Value;
@@ -30,39 +37,41 @@ impl Inner {
         .await
     }
 
-    /// One page of the channels with a history stream (see the module docs). `None` on a
-    /// Cluster.
+    /// One page of the channels with a history stream (see the module docs).
     pub(crate) async fn history_channels(
         &self,
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<Option<HistoryChannels>, BrokerError> {
-        let shards = match &self.commands {
-            Commands::Shards(links) => links.len(),
-            Commands::Cluster(_) => return Ok(None),
+        // Standalone: the shards, scanned on their links. Cluster: the masters.
+        let masters = match &self.commands {
+            Commands::Shards(_) => None,
+            Commands::Cluster(_) => Some(self.slot_map().await.ok_or_else(|| {
+                BrokerError::unavailable("redis cluster: CLUSTER SLOTS gave no master list")
+            })?),
+        };
+        let nodes = match (&self.commands, &masters) {
+            (_, Some(map)) => map.masters().len(),
+            (Commands::Shards(links), None) => links.len(),
+            (Commands::Cluster(_), None) => unreachable!("a cluster has a master list"),
         };
         let (mut shard, mut scan) = match cursor {
             None => (0, 0u64),
-            Some(c) => parse_cursor(c, shards)?,
+            Some(c) => parse_cursor(c, nodes)?,
         };
         let pattern = format!("{}:{{*}}:h", glob_escape(self.names.prefix()));
         let mut channels = Vec::new();
         for _ in 0..SCAN_CALLS {
-            let pattern = pattern.clone();
-            let (next, keys) = self
-                .run(shard, |mut c| async move {
-                    redis::cmd("SCAN")
-                        .arg(scan)
-                        .arg("MATCH")
-                        .arg(&pattern)
-                        .arg("COUNT")
-                        .arg(SCAN_COUNT)
-                        .arg("TYPE")
-                        .arg("stream")
-                        .query_async::<(u64, Vec<Value>)>(&mut c)
-                        .await
-                })
-                .await?;
+            let command = scan_command(scan, &pattern);
+            let (next, keys) = match &masters {
+                None => {
+                    self.run(shard, |mut c| async move {
+                        command.query_async::<(u64, Vec<Value>)>(&mut c).await
+                    })
+                    .await?
+                }
+                Some(map) => self.on_master(&map.masters()[shard], command).await?,
+            };
             channels.extend(keys.iter().filter_map(|k| {
                 match k {
                     Value::BulkString(b) => std::str::from_utf8(b)
@@ -75,7 +84,7 @@ impl Inner {
             scan = next;
             if scan == 0 {
                 shard += 1;
-                if shard == shards {
+                if shard == nodes {
                     return Ok(Some(HistoryChannels {
                         channels,
                         cursor: None,
@@ -93,7 +102,20 @@ impl Inner {
     }
 }
 
-/// `<shard>:<scan cursor>`, checked against the shard count.
+/// One `SCAN` call for history streams from `scan`.
+fn scan_command(scan: u64, pattern: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCAN");
+    cmd.arg(scan)
+        .arg("MATCH")
+        .arg(pattern)
+        .arg("COUNT")
+        .arg(SCAN_COUNT)
+        .arg("TYPE")
+        .arg("stream");
+    cmd
+}
+
+/// `<shard or master index>:<scan cursor>`, checked against the shard (or master) count.
 fn parse_cursor(c: &str, shards: usize) -> Result<(usize, u64), BrokerError> {
     let bad = || BrokerError::internal(format!("redis: not a history listing cursor: {c:?}"));
     let (shard, scan) = c.split_once(':').ok_or_else(bad)?;

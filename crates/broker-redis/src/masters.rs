@@ -102,6 +102,12 @@ impl SlotMap {
         Some(map)
     }
 
+    /// Master addresses, in the order `CLUSTER SLOTS` first names them (by slot, so a page
+    /// cursor's master index stays meaningful while the map does not change).
+    pub(crate) fn masters(&self) -> &[String] {
+        &self.masters
+    }
+
     /// The address of the master that owns `slot`, if any.
     pub(crate) fn master_of(&self, slot: usize) -> Option<&str> {
         let index = (*self.owner.get(slot)?)?;
@@ -194,7 +200,7 @@ impl Inner {
     }
 
     /// The slot map, read with `CLUSTER SLOTS` when not known; `None` when it cannot be read.
-    async fn slot_map(&self) -> Option<Arc<SlotMap>> {
+    pub(crate) async fn slot_map(&self) -> Option<Arc<SlotMap>> {
         if let Some(map) = self.masters.map.lock().expect("slot map lock").clone() {
             return Some(map);
         }
@@ -275,6 +281,35 @@ impl Inner {
             .await
             .insert(addr.to_owned(), conn.clone());
         Ok(conn)
+    }
+
+    /// Run one command on the master at `addr` (a command for that node only, such as `SCAN`),
+    /// on this node's connection to it. A failure drops the connection and the slot map, as a
+    /// failed pipeline does.
+    pub(crate) async fn on_master<T: redis::FromRedisValue>(
+        &self,
+        addr: &str,
+        cmd: redis::Cmd,
+    ) -> Result<T, BrokerError> {
+        let (mut conn, _) = match self.master_conn(addr).await {
+            Ok(c) => c,
+            Err(e) => {
+                self.masters.forget_map();
+                return Err(e);
+            }
+        };
+        let started = Instant::now();
+        let reply =
+            tokio::time::timeout(self.cfg.command_timeout(), cmd.query_async::<T>(&mut conn)).await;
+        self.metrics.observe_rtt(started.elapsed());
+        let err = match reply {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => link::broker_error(e),
+            Err(_) => BrokerError::unavailable(format!("redis master {addr}: timed out")),
+        };
+        self.masters.conns.lock().await.remove(addr);
+        self.masters.forget_map();
+        Err(err)
     }
 
     /// Send `calls` to the master at `addr` as one pipeline of `EVALSHA`s: what became of each.

@@ -693,3 +693,66 @@ async fn cluster_subscription_blip_resubscribes() {
     assert_eq!(sum_over(&servers, &["PUBSUB", "SHARDNUMSUB", &pubsub]), 1);
     assert!(metric(&a, "herald_broker_resubscriptions_total") >= 1.0);
 }
+
+/// Every page of `history_channels` from the first, `limit` names a page: the set of names (a
+/// name may repeat across pages) and the page count. Fails past 1000 pages.
+async fn list_history_channels(
+    broker: &SharedBroker,
+    limit: usize,
+) -> (std::collections::BTreeSet<String>, usize) {
+    let mut names = std::collections::BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    for pages in 1..=1000 {
+        let page = broker
+            .history_channels(cursor.as_deref(), limit)
+            .await
+            .expect("a page")
+            .expect("this broker lists channels with history");
+        names.extend(page.channels);
+        match page.cursor {
+            None => return (names, pages),
+            next => cursor = next,
+        }
+    }
+    panic!("the listing did not end within 1000 pages");
+}
+
+/// On a Cluster the channels with history are listed master by master (a `SCAN` reaches one
+/// node): every page together gives exactly the channels whose history holds publications,
+/// across pages and masters, without subscribers; a removed history is not listed (its stream
+/// is deleted); a cursor no page gave is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_lists_history_channels_on_every_master() {
+    let cluster = RedisCluster::start();
+    let cfg = RedisConfig::from_url(&cluster.url());
+    let (a, _) = node(&cfg, "a").await;
+    let channels: Vec<String> = (0..60).map(|i| unique(&format!("hl{i}"))).collect();
+    let data = Bytes::from_static(b"{}");
+    for ch in &channels {
+        a.publish(ch, data.clone(), None, &opts(5)).await.unwrap();
+    }
+    // No history kept: not listed.
+    let live = unique("live");
+    a.publish(&live, data.clone(), None, &opts(0))
+        .await
+        .unwrap();
+    assert!(a.remove_history(&channels[0]).await.unwrap());
+    let owners: std::collections::BTreeSet<usize> = channels
+        .iter()
+        .map(|ch| cluster.owner_of(cluster.slot_of(ch)))
+        .collect();
+    assert_eq!(owners.len(), 3, "the channels live on every master");
+
+    let (listed, pages) = list_history_channels(&a, 5).await;
+    let expected: std::collections::BTreeSet<String> = channels[1..].iter().cloned().collect();
+    assert_eq!(listed, expected, "exactly the channels with history");
+    assert!(pages >= 3, "{pages} pages: one per master at least");
+
+    for bad in ["3:0", "x", "1", "0:x", "-1:0"] {
+        let err = a.history_channels(Some(bad), 5).await.unwrap_err();
+        assert!(
+            err.to_string().contains("not a history listing cursor"),
+            "{bad}: {err}"
+        );
+    }
+}

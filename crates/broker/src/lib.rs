@@ -159,7 +159,8 @@ pub struct HistoryResult {
 /// One page of the channels that hold history ([`Broker::history_channels`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HistoryChannels {
-    /// Channel names; a name may repeat across pages (a Redis `SCAN` may return a key twice).
+    /// Channel names; a name may repeat across pages (a Redis `SCAN` may return a key twice; a
+    /// Redis Cluster's masters or a NATS stream's subjects may change between pages).
     pub channels: Vec<String>,
     /// Where the next page starts; `None` when the listing is complete.
     pub cursor: Option<String>,

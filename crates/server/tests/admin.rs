@@ -1101,12 +1101,6 @@ async fn history_rows_have_a_time_and_history_can_be_removed_on_nats() {
     let nats = herald_testkit::nats::NatsServer::start();
     let node = admin_node(&[("HERALD_BROKER_URL", &nats.url())]).await;
     history_rows_have_a_time_and_history_can_be_removed(&node).await;
-    // NATS cannot list channels by history: said so, not an empty list passed off as complete.
-    let page = admin_get(&node, "/admin/api/history_channels").await;
-    assert_eq!(
-        page,
-        json!({"available": false, "channels": [], "cursor": null})
-    );
 }
 
 async fn history_rows_have_a_time_and_history_can_be_removed(node: &Node) {
@@ -1217,6 +1211,24 @@ async fn channels_with_only_history_are_listed_in_pages_on_redis() {
     let node = admin_node(&[("HERALD_BROKER_URL", &redis.url())]).await;
     // Redis's cursor is `<shard>:<SCAN cursor>`: one with a shard it does not have is refused.
     channels_with_only_history_are_listed_in_pages(&node, Some("9:0")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channels_with_only_history_are_listed_in_pages_on_redis_cluster() {
+    let cluster = tokio::task::spawn_blocking(herald_testkit::redis::RedisCluster::start)
+        .await
+        .expect("start the Redis Cluster");
+    let node = admin_node(&[("HERALD_BROKER_URL", &cluster.url())]).await;
+    // The cursor is `<master index>:<SCAN cursor>`: one with a master it does not have is refused.
+    channels_with_only_history_are_listed_in_pages(&node, Some("9:0")).await;
+}
+
+#[tokio::test]
+async fn channels_with_only_history_are_listed_in_pages_on_nats() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    let node = admin_node(&[("HERALD_BROKER_URL", &nats.url())]).await;
+    // The cursor is `<server page offset>:<subject token>`: a token with a dot is none.
+    channels_with_only_history_are_listed_in_pages(&node, Some("0:a.b")).await;
 }
 
 /// `bad_cursor`: a cursor the broker must refuse (the memory broker's cursor is a channel name,

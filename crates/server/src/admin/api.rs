@@ -33,7 +33,8 @@ const MAX_CHANNELS: usize = 500;
 /// Channels with history asked of the broker per page at most (a Redis page may hold a few
 /// hundred more: see `herald_broker_redis`'s admin module).
 const MAX_HISTORY_CHANNELS: usize = 500;
-/// A history listing cursor is at most this long (the brokers' are far shorter).
+/// A history listing cursor is at most this long (the brokers' are shorter: the longest, NATS's,
+/// is an offset and an escaped channel name, at most 3 × 255 bytes).
 const MAX_CURSOR_BYTES: usize = 1024;
 /// Publications per history page at most.
 const MAX_HISTORY_PAGE: u64 = 200;

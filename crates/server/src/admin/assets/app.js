@@ -8,6 +8,8 @@ const state = {
   channel: null,
   history: null,
   historyCursor: null,
+  // Names already shown in the history-only list: a broker may list a name again on a later page.
+  historyShown: new Set(),
   user: null,
   timer: null,
 };
@@ -289,8 +291,13 @@ async function loadHistoryChannels(cursor) {
     const q = encodeURIComponent($('#channels-q').value.trim());
     const more = cursor ? `&cursor=${encodeURIComponent(cursor)}` : '';
     const r = await call('GET', `/admin/api/history_channels?limit=100&q=${q}${more}`);
-    if (!cursor) body.replaceChildren();
+    if (!cursor) {
+      body.replaceChildren();
+      state.historyShown = new Set();
+    }
     for (const name of r.channels) {
+      if (state.historyShown.has(name)) continue;
+      state.historyShown.add(name);
       const tr = row([name, el('td', 'history only', 'mark')]);
       tr.className = 'link';
       tr.dataset.historyOnly = 'true';
