@@ -71,11 +71,16 @@ build() {
 # does. `client.insecure` stays off: the bench does not need it.
 # PEERS_CENTRIFUGO_WRITE_BUFFER_POOL=1 adds `websocket.use_write_buffer_pool` (Centrifugo's own knob
 # for many mostly idle connections: a shared write buffer instead of one per connection); off by
-# default, as Centrifugo ships.
+# default, as Centrifugo ships. PEERS_CENTRIFUGO_REDIS=redis://host:port puts the node on Centrifugo's
+# Redis engine (broker and history in that Redis, as Herald's HERALD_BROKER_URL does), so that
+# several nodes share channels.
 centrifugo_config() {
   local port=$1 ws=""
   if [ "${PEERS_CENTRIFUGO_WRITE_BUFFER_POOL:-0}" = 1 ]; then
     ws=$'\n  "websocket": { "use_write_buffer_pool": true },'
+  fi
+  if [ -n "${PEERS_CENTRIFUGO_REDIS:-}" ]; then
+    ws+=$'\n  "engine": { "type": "redis", "redis": { "address": ["'"$PEERS_CENTRIFUGO_REDIS"$'"] } },'
   fi
   cat <<EOF
 {
