@@ -16,6 +16,9 @@ ROUNDS=${ROUNDS:-"1 2"}
 # named …-r10-…).
 RATE=${RATE:-5}
 [ "$RATE" = 5 ] && SUF="" || SUF="-r$RATE"
+# The chat-like fan-in: N=50000 CHANNELS=10000 (5 subscribers each) RATE=2000 NAME=fanin10k-3n-r2000
+N=${N:-10000} CHANNELS=${CHANNELS:-1}
+NAME=${NAME:-bcast10k-3n$SUF}
 RPORT=18850
 redis_up() {
   redis-server --port $RPORT --save '' --appendonly no --daemonize yes \
@@ -33,7 +36,7 @@ run() { # name source-base ws-path servers...
   redis_up
   local rpid r0; rpid=$(cat /tmp/herald-3n-redis.pid); r0=$(ps -o cputimes= -p "$rpid")
   { echo "# $name"; echo "# load: $(uptime)"; } > "$OUT/$name.txt"
-  timeout 300 docs/bench/prio.sh $B broadcast -n 10000 -r "$RATE" -d 20 --source-base "$src" \
+  timeout 300 docs/bench/prio.sh $B broadcast -n "$N" -c "$CHANNELS" -r "$RATE" -d 20 --source-base "$src" \
     "${args[@]}" "$@" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
   echo "redis CPU over the run: $(( $(ps -o cputimes= -p "$rpid") - r0 )) s" >> "$OUT/$name.txt"
   gzip -f "$OUT/$name.json"
@@ -43,9 +46,9 @@ run() { # name source-base ws-path servers...
 H="$HERALD serve --config docs/bench/bench.toml --port"
 C="scripts/peers.sh start centrifugo --port"
 for i in $ROUNDS; do
-  HERALD_BROKER_URL=redis://127.0.0.1:$RPORT run "bcast10k-3n$SUF-herald-$i" 127.0.161.2 /ws \
+  HERALD_BROKER_URL=redis://127.0.0.1:$RPORT run "$NAME-herald-$i" 127.0.161.2 /ws \
     --server-cmd "$H 18851" --server-cmd "$H 18852" --server-cmd "$H 18853"
-  PEERS_CENTRIFUGO_REDIS=redis://127.0.0.1:$RPORT run "bcast10k-3n$SUF-centrifugo-$i" 127.0.162.2 \
+  PEERS_CENTRIFUGO_REDIS=redis://127.0.0.1:$RPORT run "$NAME-centrifugo-$i" 127.0.162.2 \
     /connection/websocket --centrifugo \
     --server-cmd "$C 18851" --server-cmd "$C 18852" --server-cmd "$C 18853"
 done
