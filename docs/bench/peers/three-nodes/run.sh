@@ -19,6 +19,8 @@ RATE=${RATE:-5}
 # The chat-like fan-in: N=50000 CHANNELS=10000 (5 subscribers each) RATE=2000 NAME=fanin10k-3n-r2000
 N=${N:-10000} CHANNELS=${CHANNELS:-1}
 NAME=${NAME:-bcast10k-3n$SUF}
+# The reconnect storm: SCENARIO=storm N=19000 RATE=2 NAME=storm19k-3n
+SCENARIO=${SCENARIO:-broadcast}
 RPORT=18850
 redis_up() {
   redis-server --port $RPORT --save '' --appendonly no --daemonize yes \
@@ -36,7 +38,7 @@ run() { # name source-base ws-path servers...
   redis_up
   local rpid r0; rpid=$(cat /tmp/herald-3n-redis.pid); r0=$(ps -o cputimes= -p "$rpid")
   { echo "# $name"; echo "# load: $(uptime)"; } > "$OUT/$name.txt"
-  timeout 300 docs/bench/prio.sh $B broadcast -n "$N" -c "$CHANNELS" -r "$RATE" -d 20 --source-base "$src" \
+  timeout 300 docs/bench/prio.sh $B "$SCENARIO" -n "$N" -c "$CHANNELS" -r "$RATE" -d 20 --source-base "$src" \
     "${args[@]}" "$@" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
   echo "redis CPU over the run: $(( $(ps -o cputimes= -p "$rpid") - r0 )) s" >> "$OUT/$name.txt"
   gzip -f "$OUT/$name.json"
