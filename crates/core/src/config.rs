@@ -680,6 +680,11 @@ impl ProxyConfig {
 /// key and never repeats the URL, which may carry credentials.
 fn hook_url(key: &'static str, value: &str) -> Result<(), ConfigError> {
     let parsed = url::Url::parse(value).map_err(|source| ConfigError::HookUrl { key, source })?;
+    // Centrifugo's configs may carry `grpc://` proxy endpoints: say plainly that Herald has no
+    // gRPC proxy (it would need tonic/prost), rather than only "not http".
+    if matches!(parsed.scheme(), "grpc" | "grpcs") {
+        return Err(ConfigError::HookGrpc { key });
+    }
     if !matches!(parsed.scheme(), "http" | "https") {
         return Err(ConfigError::HookScheme {
             key,
@@ -738,6 +743,14 @@ pub enum ConfigError {
         key: &'static str,
         /// The scheme it has.
         scheme: String,
+    },
+    /// A `grpc://` hook URL (Centrifugo's gRPC proxy).
+    #[error(
+        "{key}: gRPC proxy endpoints are not supported; use an http:// or https:// URL (docs/proxy.md)"
+    )]
+    HookGrpc {
+        /// The hook's key.
+        key: &'static str,
     },
     /// A hook URL without a host.
     #[error("{key} has no host")]
@@ -969,6 +982,20 @@ mod tests {
         twice.proxy.namespaces.push(c.proxy.namespaces[0].clone());
         let e = twice.validate().unwrap_err().to_string();
         assert!(e.contains("another entry"), "{e}");
+    }
+
+    #[test]
+    fn grpc_hook_urls_are_refused_as_unsupported() {
+        for bad in ["grpc://user:s3cret@app:10000", "grpcs://app:10000"] {
+            let mut c = Config::default();
+            c.proxy.connect_url = bad.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(
+                e.starts_with("proxy.connect_url: gRPC proxy endpoints are not supported"),
+                "{bad}: {e}"
+            );
+            assert!(!e.contains("s3cret") && !e.contains("10000"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -59,6 +59,11 @@ async fn a_malformed_hook_url_stops_the_node_naming_the_key() {
             "ftp://herald:s3cret@127.0.0.1/connect",
             "proxy.connect_url must be an http:// or https:// URL, not ftp://",
         ),
+        // A Centrifugo gRPC proxy endpoint, carried over as is.
+        (
+            "grpc://herald:s3cret@127.0.0.1:10000",
+            "proxy.connect_url: gRPC proxy endpoints are not supported; use an http:// or https:// URL",
+        ),
     ] {
         let (listening, stderr) = start_up(&format!("[proxy]\nconnect_url = {url:?}\n")).await;
         assert!(!listening, "{url} accepted");

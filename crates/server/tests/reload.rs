@@ -345,6 +345,27 @@ async fn an_invalid_file_is_refused_and_the_old_configuration_stays() {
     );
 }
 
+/// A Centrifugo `grpc://` proxy endpoint brought in by a reload is refused as unsupported, not
+/// accepted to fail at each call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_proxy_endpoint_is_refused_at_reload() {
+    let node = Reloadable::start(&config(false, FIRST_SECRET, "")).await;
+    node.rewrite(&config(
+        false,
+        FIRST_SECRET,
+        "[proxy]\nrpc_url = \"grpc://user:s3cret@127.0.0.1:10000\"\n",
+    ));
+    let (status, answer) = node.admin("POST", "/admin/api/reload").await;
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("proxy.rpc_url: gRPC proxy endpoints are not supported"),
+        "{answer}"
+    );
+    assert!(!message.contains("s3cret"), "{answer}");
+    assert_eq!(node.version().await["number"], 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_call_answers_what_was_applied_and_what_waits_for_a_restart() {
     let node = Reloadable::start(&config(false, FIRST_SECRET, "")).await;

@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 use super::cluster::{EVERY, FRESH, LOST_KEPT};
 use super::{Actor, Admin};
 use crate::api::{body, raw_body, ApiError, UserChannelBody};
+use crate::centrifugo::command::Action;
 use crate::publishing::{self, Command};
 use crate::state::App;
 
@@ -98,8 +99,9 @@ pub async fn dispatch(
         }
         (Method::POST, "history_remove") => {
             let b: ChannelBody = body(&app, req).await?;
-            let done = history_remove(&app, &b.channel).await;
-            admin.record(actor, "history_remove", &cut(b.channel), done.is_ok());
+            let target = cut(b.channel.clone());
+            let done = history_remove(&app, b.channel).await;
+            admin.record(actor, "history_remove", &target, done.is_ok());
             done
         }
         (Method::POST, "reload") => {
@@ -190,6 +192,17 @@ fn channels(app: &App, admin: &Admin, query: &HashMap<String, String>) -> Value 
     json!({ "channels": channels })
 }
 
+/// Every channel the cluster view knows of (this node's own and the other nodes' last reports),
+/// with its subscriber count: unfiltered and uncapped.
+fn every_channel(app: &App, admin: &Admin) -> Vec<(String, u64)> {
+    admin.cluster.channels(
+        app.ctx.hub.node_name(),
+        app.ctx.hub.channels(),
+        "",
+        usize::MAX,
+    )
+}
+
 fn required<'a>(query: &'a HashMap<String, String>, key: &str) -> Result<&'a str, ApiError> {
     query
         .get(key)
@@ -204,14 +217,7 @@ async fn channel(app: &App, admin: &Admin, query: &HashMap<String, String>) -> A
     let name = required(query, "name")?;
     let ns = app.ctx.namespaces.resolve(name)?;
     let broker = app.ctx.hub.broker();
-    let subscribers: u64 = admin
-        .cluster
-        .channels(
-            app.ctx.hub.node_name(),
-            app.ctx.hub.channels(),
-            "",
-            usize::MAX,
-        )
+    let subscribers: u64 = every_channel(app, admin)
         .into_iter()
         .filter(|(n, _)| n == name)
         .map(|(_, s)| s)
@@ -292,17 +298,12 @@ struct ChannelBody {
 }
 
 /// Remove the channel's history in the broker (every node's view: it is shared); the stream's
-/// epoch and top offset stay.
-async fn history_remove(app: &App, channel: &str) -> ApiResult {
-    app.ctx.namespaces.resolve(channel)?;
-    if app.ctx.hub.broker().remove_history(channel).await? {
-        Ok(json!({}))
-    } else {
-        Err(ApiError::code(
-            ErrorCode::NotAvailable,
-            "this broker cannot remove a channel's history",
-        ))
-    }
+/// epoch and top offset stay. Centrifugo's `history_remove` runs the same [`Action`], so both
+/// answer 108 alike where the broker cannot remove history.
+async fn history_remove(app: &App, channel: String) -> ApiResult {
+    app.ctx.namespaces.resolve(&channel)?;
+    Action::RemoveHistory { channel }.run(&app.ctx).await?;
+    Ok(json!({}))
 }
 
 /// One page of the channels whose history holds publications and that have no subscriber the
@@ -336,14 +337,7 @@ async fn history_channels(app: &App, admin: &Admin, query: &HashMap<String, Stri
         }
         Err(e) => return Err(e.into()),
     };
-    let subscribed: std::collections::HashSet<String> = admin
-        .cluster
-        .channels(
-            app.ctx.hub.node_name(),
-            app.ctx.hub.channels(),
-            "",
-            usize::MAX,
-        )
+    let subscribed: std::collections::HashSet<String> = every_channel(app, admin)
         .into_iter()
         .filter(|(_, n)| *n > 0)
         .map(|(name, _)| name)
