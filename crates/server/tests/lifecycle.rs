@@ -1,6 +1,6 @@
 //! The lifecycle stream (docs/lifecycle.md) against a real HTTP endpoint: events in order per
-//! connection, retried until the endpoint takes them, and, on Redis, the disconnects of a node
-//! killed with SIGKILL emitted once by another node.
+//! connection, retried until the endpoint takes them, and, on Redis and on NATS JetStream, the
+//! disconnects of a node killed with SIGKILL emitted once by another node, one node delivering.
 mod common;
 
 use std::collections::{HashMap, HashSet};
@@ -112,6 +112,24 @@ async fn one_connection_s_events_arrive_in_order_after_the_endpoint_failed() {
     let endpoint = Endpoint::start(2).await;
     let url = endpoint.url();
     let node = Node::start(&["--dev"], &[("HERALD_LIFECYCLE__HTTP_URL", &url)]).await;
+    events_arrive_in_order(&endpoint, &node).await;
+}
+
+#[tokio::test]
+async fn on_nats_one_connection_s_events_arrive_in_order_after_the_endpoint_failed() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    let endpoint = Endpoint::start(2).await;
+    let (url, nats_url) = (endpoint.url(), nats.url());
+    let env = [
+        ("HERALD_LIFECYCLE__HTTP_URL", url.as_str()),
+        ("HERALD_LIFECYCLE__NATS_URL", nats_url.as_str()),
+    ];
+    let node = Node::on_broker_with("lc-n", &nats_url, &env).await;
+    events_arrive_in_order(&endpoint, &node).await;
+}
+
+/// One connection's events, through `node`, arrive in order at `endpoint` (which fails twice).
+async fn events_arrive_in_order(endpoint: &Endpoint, node: &Node) {
     let mut c = node.client().await;
     let reply = c
         .call("connect", json!({"token": token(json!({"sub": "alice"}))}))
@@ -168,24 +186,38 @@ async fn one_connection_s_events_arrive_in_order_after_the_endpoint_failed() {
 
 #[tokio::test]
 async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
+    let redis = herald_testkit::redis::RedisServer::start();
+    let redis_url = redis.url();
+    kill_a_node(&redis_url, ("HERALD_LIFECYCLE__REDIS_URL", &redis_url)).await;
+}
+
+#[tokio::test]
+async fn on_nats_a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
+    let nats = herald_testkit::nats::NatsServer::start();
+    let nats_url = nats.url();
+    kill_a_node(&nats_url, ("HERALD_LIFECYCLE__NATS_URL", &nats_url)).await;
+}
+
+/// Two nodes on `broker_url` sharing the log `log` (its variable and URL): one delivers (no
+/// event twice), and the disconnects of the one killed with SIGKILL are each emitted once.
+async fn kill_a_node(broker_url: &str, log: (&str, &str)) {
     // LIFECYCLE_CONNECTIONS raises it for the benchmark (docs/benchmarks.md, "Lifecycle stream").
     let connections: usize = std::env::var("LIFECYCLE_CONNECTIONS")
         .ok()
         .map(|v| v.parse().expect("LIFECYCLE_CONNECTIONS is a number"))
         .unwrap_or(1000);
-    let redis = herald_testkit::redis::RedisServer::start();
     let endpoint = Endpoint::start(0).await;
-    let (url, redis_url) = (endpoint.url(), redis.url());
+    let url = endpoint.url();
     let env = [
         ("HERALD_LIFECYCLE__HTTP_URL", url.as_str()),
-        ("HERALD_LIFECYCLE__REDIS_URL", redis_url.as_str()),
+        log,
         ("HERALD_LIFECYCLE__LEASE_MS", "2000"),
         // The test reads none of its clients until the kill; connecting 1,000 on a loaded
         // machine can outlast a ping and its pong timeout (4002 would replace the kill's 1006).
         ("HERALD_PING_INTERVAL_S", "3600"),
     ];
-    let a = Node::on_broker_with("lc-a", &redis_url, &env).await;
-    let b = Node::on_broker_with("lc-b", &redis_url, &env).await;
+    let a = Node::on_broker_with("lc-a", broker_url, &env).await;
+    let b = Node::on_broker_with("lc-b", broker_url, &env).await;
     let mut on_b = b.connected(&["elsewhere"]).await;
     let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections {
@@ -198,6 +230,10 @@ async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
             |e| of_kind(e, "subscribe").len() == connections + 1,
         )
         .await;
+    // One sender: with two, every event would arrive twice.
+    let before = endpoint.events().len();
+    assert_eq!(before, endpoint.unique().len(), "no event delivered twice");
+    assert!(before > connections, "{before}");
 
     a.kill().await;
     let killed = std::time::Instant::now();

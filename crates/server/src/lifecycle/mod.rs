@@ -9,7 +9,8 @@
 //! it, so each is emitted once. One node at a time delivers the log to the endpoint ([`deliver`]).
 //!
 //! - [`recorder`]: the hub's sink: per-connection state, events in order, queued for the log.
-//! - [`log`]: the durable log (Redis) or a node-local one (memory, a single node).
+//! - [`log`]: the durable log (Redis or NATS JetStream) or a node-local one (memory, a single
+//!   node).
 //! - [`deliver`]: the log to the HTTP endpoint, in order, with retries.
 
 mod deliver;
@@ -43,6 +44,10 @@ pub struct LifecycleConfig {
     /// node's memory: nothing survives the node, so use it only for a single node.
     #[serde(default)]
     pub redis_url: Option<String>,
+    /// Or: the durable log on NATS JetStream (a stream and a KV bucket named after `prefix`),
+    /// for a cluster without Redis. Not with `redis_url`.
+    #[serde(default)]
+    pub nats_url: Option<String>,
     /// A node that has not renewed its lease for this long is lost: another node emits its
     /// connections' `unsubscribe` and `disconnect` events.
     #[serde(default = "default_lease_ms")]
@@ -101,6 +106,19 @@ impl LifecycleConfig {
             _ => anyhow::bail!(
                 "invalid [lifecycle]: set http_url, or kafka_brokers and kafka_topic (one sink)"
             ),
+        }
+        anyhow::ensure!(
+            config.redis_url.is_none() || config.nats_url.is_none(),
+            "invalid [lifecycle]: set redis_url or nats_url, not both (one durable log)"
+        );
+        if config.nats_url.is_some() {
+            anyhow::ensure!(
+                config
+                    .prefix
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+                "invalid [lifecycle] prefix: with nats_url, only letters, digits, '-' and '_' (it names a JetStream stream and KV bucket)"
+            );
         }
         anyhow::ensure!(
             (1_000..=600_000).contains(&config.lease_ms),

@@ -1,10 +1,13 @@
 //! The log the events go through: Redis (a stream every node appends to, each node's connection
-//! set, leases) or, for a single node, memory.
+//! set, leases), NATS JetStream (the same, as a stream and a KV bucket: [`nats`]) or, for a
+//! single node, memory.
 //!
 //! Keys (one hash slot: `{prefix}`): `{p}:events` the stream; `{p}:conns:<node>` a node's
 //! connections (`c:<client>` → user, `s:<client>\n<channel>` for each live subscription);
 //! `{p}:lease:<node>`; `{p}:nodes` the nodes with a connection set; `{p}:sender` which node
 //! delivers; `{p}:acked` the last event the endpoint took.
+
+mod nats;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -26,6 +29,7 @@ pub(super) enum Log {
     Memory(MemoryLog),
     // Boxed: the Redis client is large, and there is one log per node.
     Redis(Box<RedisLog>),
+    Nats(Box<nats::NatsLog>),
 }
 
 /// A single node's log: nothing survives the node.
@@ -158,6 +162,11 @@ impl RedisLog {
 
 impl Log {
     pub(super) async fn connect(config: &LifecycleConfig, node: &str) -> anyhow::Result<Self> {
+        if let Some(url) = &config.nats_url {
+            return Ok(Log::Nats(Box::new(
+                nats::NatsLog::connect(url, config, node).await?,
+            )));
+        }
         let Some(url) = &config.redis_url else {
             return Ok(Log::Memory(MemoryLog::default()));
         };
@@ -179,6 +188,7 @@ impl Log {
         match self {
             Log::Memory(_) => 10_000,
             Log::Redis(r) => r.lease_ms,
+            Log::Nats(n) => n.lease_ms,
         }
     }
 
@@ -194,6 +204,7 @@ impl Log {
                 }
                 Ok(())
             }
+            Log::Nats(n) => n.append(entries).await,
             Log::Redis(r) => {
                 let keys = [
                     r.key("events"),
@@ -232,6 +243,9 @@ impl Log {
     /// Turn `node`'s connection set into events, if its lease lapsed (or `force`: this node's
     /// own set, left by an earlier run). The number of events emitted.
     pub(super) async fn reap(&self, node: &str, force: bool) -> anyhow::Result<u64> {
+        if let Log::Nats(n) = self {
+            return n.reap(node, force).await;
+        }
         let Log::Redis(r) = self else { return Ok(0) };
         let keys = [
             r.key("events"),
@@ -257,6 +271,9 @@ impl Log {
 
     /// Renew this node's lease (and say it has a connection set).
     pub(super) async fn renew_lease(&self) -> anyhow::Result<()> {
+        if let Log::Nats(n) = self {
+            return n.renew_lease().await;
+        }
         let Log::Redis(r) = self else { return Ok(()) };
         let (lease, nodes) = (r.key(&format!("lease:{}", r.node)), r.key("nodes"));
         r.call(async |mut c| {
@@ -280,6 +297,9 @@ impl Log {
 
     /// The node stopped with nothing left: its lease and its place in the node set go.
     pub(super) async fn release(&self, node: &str) -> anyhow::Result<()> {
+        if let Log::Nats(n) = self {
+            return n.release(node).await;
+        }
         let Log::Redis(r) = self else { return Ok(()) };
         let (lease, nodes, conns) = (
             r.key(&format!("lease:{node}")),
@@ -301,6 +321,9 @@ impl Log {
 
     /// Nodes listed with a connection set whose lease lapsed.
     async fn lost_nodes(&self) -> anyhow::Result<Vec<String>> {
+        if let Log::Nats(n) = self {
+            return n.lost_nodes().await;
+        }
         let Log::Redis(r) = self else {
             return Ok(Vec::new());
         };
@@ -327,6 +350,9 @@ impl Log {
 
     /// Take or keep the right to deliver (one node at a time).
     pub(super) async fn lead(&self) -> anyhow::Result<bool> {
+        if let Log::Nats(n) = self {
+            return n.lead().await;
+        }
         let Log::Redis(r) = self else { return Ok(true) };
         let key = r.key("sender");
         let args = (r.node.clone(), r.lease_ms);
@@ -355,6 +381,7 @@ impl Log {
                     .map(|(id, e)| (id.to_string(), e.clone()))
                     .collect())
             }
+            Log::Nats(n) => n.unacked(max).await,
             Log::Redis(r) => {
                 let (events, acked) = (r.key("events"), r.key("acked"));
                 let from: Option<String> = r
@@ -396,6 +423,7 @@ impl Log {
                 }
                 Ok(())
             }
+            Log::Nats(n) => n.ack(cursor).await,
             Log::Redis(r) => {
                 let keys = [r.key("sender"), r.key("acked"), r.key("events")];
                 let args = [r.node.clone(), cursor.to_owned()];
