@@ -230,10 +230,14 @@ async fn kill_a_node(broker_url: &str, log: (&str, &str)) {
             |e| of_kind(e, "subscribe").len() == connections + 1,
         )
         .await;
-    // One sender: with two, every event would arrive twice.
-    let before = endpoint.events().len();
-    assert_eq!(before, endpoint.unique().len(), "no event delivered twice");
-    assert!(before > connections, "{before}");
+    // One sender: with two, every event would arrive twice. Delivery is at least once, so a
+    // POST retried after a timeout on a loaded machine may repeat a few; not half of them.
+    let (before, unique) = (endpoint.events().len(), endpoint.unique().len());
+    assert!(
+        before * 2 < unique * 3,
+        "{before} deliveries of {unique} events: more than one sender?"
+    );
+    assert!(unique > connections, "{unique}");
 
     a.kill().await;
     let killed = std::time::Instant::now();
