@@ -188,24 +188,32 @@ async fn events_arrive_in_order(endpoint: &Endpoint, node: &Node) {
 async fn a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
     let redis = herald_testkit::redis::RedisServer::start();
     let redis_url = redis.url();
-    kill_a_node(&redis_url, ("HERALD_LIFECYCLE__REDIS_URL", &redis_url)).await;
+    kill_a_node(
+        &redis_url,
+        ("HERALD_LIFECYCLE__REDIS_URL", &redis_url),
+        1000,
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn on_nats_a_node_killed_with_its_connections_has_each_disconnect_emitted_once() {
     let nats = herald_testkit::nats::NatsServer::start();
     let nats_url = nats.url();
-    kill_a_node(&nats_url, ("HERALD_LIFECYCLE__NATS_URL", &nats_url)).await;
+    // 200, not 1,000: the NATS log's sender reads one event per round trip, so 2,000 events
+    // before the kill and 2,000 after it outlast the limits on a loaded machine (CI failed so;
+    // docs/lifecycle.md, "On NATS"). The property tested is the same.
+    kill_a_node(&nats_url, ("HERALD_LIFECYCLE__NATS_URL", &nats_url), 200).await;
 }
 
 /// Two nodes on `broker_url` sharing the log `log` (its variable and URL): one delivers (no
 /// event twice), and the disconnects of the one killed with SIGKILL are each emitted once.
-async fn kill_a_node(broker_url: &str, log: (&str, &str)) {
+async fn kill_a_node(broker_url: &str, log: (&str, &str), default_connections: usize) {
     // LIFECYCLE_CONNECTIONS raises it for the benchmark (docs/benchmarks.md, "Lifecycle stream").
     let connections: usize = std::env::var("LIFECYCLE_CONNECTIONS")
         .ok()
         .map(|v| v.parse().expect("LIFECYCLE_CONNECTIONS is a number"))
-        .unwrap_or(1000);
+        .unwrap_or(default_connections);
     let endpoint = Endpoint::start(0).await;
     let url = endpoint.url();
     let env = [
@@ -244,7 +252,7 @@ async fn kill_a_node(broker_url: &str, log: (&str, &str)) {
     // The lease (2 s), a reaper's look (every 1 s) and the delivery.
     endpoint
         .until(
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             "a disconnect for each killed connection",
             |e| of_kind(e, "disconnect").len() >= connections,
         )
