@@ -86,7 +86,7 @@ function jwt(claims, secret) {
 async function until(fn, what, ms) {
   const deadline = Date.now() + ms;
   for (;;) {
-    const v = fn();
+    const v = await fn();
     if (v) return v;
     if (Date.now() > deadline) throw new Error(`timed out after ${ms} ms waiting for ${what}`);
     await sleep(10);
@@ -259,6 +259,19 @@ class Nodes {
   async api(path, body) {
     const up = this.live();
     return up[this.nextApi++ % up.length].api(path, body);
+  }
+  /** A counter's value summed over the live nodes' `/metrics` (0 where a node lacks it). */
+  async metric(name) {
+    let sum = 0;
+    for (const node of this.live()) {
+      const r = await fetch(`http://127.0.0.1:${node.port}/metrics`, { signal: AbortSignal.timeout(5000) });
+      if (!r.ok) throw new Error(`GET /metrics on port ${node.port} → HTTP ${r.status}`);
+      for (const line of (await r.text()).split('\n')) {
+        const m = line.match(/^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})? ([0-9.eE+-]+)/);
+        if (m && m[1] === name) sum += Number(m[3]);
+      }
+    }
+    return sum;
   }
   async stop(signal = 'SIGTERM', ms = 15_000, clientPort = undefined) {
     if (signal === 'SIGKILL') {
@@ -522,6 +535,19 @@ async function runScenario(sc, opts) {
         else if (s.action === 'start') await server.start();
         else throw new Error(`unknown server action ${s.action}`);
         return;
+      case 'metric': {
+        // A server-side effect the client cannot show (e.g. deltas sent): the counter, summed over
+        // the live nodes, reaches `at_least` within `timeout_ms`.
+        let last = 0;
+        await until(
+          async () => (last = await server.metric(s.name)) >= s.at_least,
+          `${s.name} ≥ ${s.at_least} over the nodes' /metrics`,
+          s.timeout_ms ?? 5_000,
+        ).catch((e) => {
+          throw new Error(`${e.message} (last value ${last})`);
+        });
+        return;
+      }
       case 'sleep':
         await sleep(s.ms);
         return;

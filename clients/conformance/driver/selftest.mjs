@@ -51,6 +51,10 @@ const mutants = [
     (sc) => delete sc.steps.find((s) => s.cmd === 'subscribe' && s.args.tf).args.tf],
   ['12-tags-and-skip-history.json', 'the typing publication stored (no skip_history): it has an offset',
     (sc) => (sc.steps.find((s) => s.body?.skip_history).body.skip_history = false)],
+  ['13-delta-compression.json', 'the subscription without delta: the node computes no delta',
+    (sc) => delete sc.steps.find((s) => s.cmd === 'subscribe').args.delta],
+  ['13-delta-compression.json', 'the namespace without allow_delta: the subscribe is refused (108)',
+    (sc) => delete sc.server.env.HERALD_DEFAULT_NAMESPACE__ALLOW_DELTA],
 ];
 
 const dir = mkdtempSync(join(tmpdir(), 'herald-conformance-selftest-'));

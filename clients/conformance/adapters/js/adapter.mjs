@@ -39,6 +39,7 @@ function subscribeChannel(channel, args) {
   const opts = {};
   if (args.since) opts.since = args.since;
   if (args.tf) opts.tagsFilter = args.tf;
+  if (args.delta) opts.delta = args.delta;
   const sub = client.subscribe(channel, opts);
   subs.set(channel, sub);
   sub.on('subscribed', (ctx) =>
