@@ -125,7 +125,10 @@ class Adapter:
         channel = a["channel"]
         since = a.get("since")
         sub = self.client.subscribe(
-            channel, since=herald.StreamPosition(since["epoch"], since["offset"]) if since else None, tags_filter=a.get("tf")
+            channel,
+            since=herald.StreamPosition(since["epoch"], since["offset"]) if since else None,
+            tags_filter=a.get("tf"),
+            delta=a.get("delta"),
         )
         self.subs[channel] = sub
         sub.on(

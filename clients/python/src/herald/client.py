@@ -264,6 +264,7 @@ class Client(Emitter):
         get_token: Optional[SubTokenGetter] = None,
         data: Any = None,
         tags_filter: Optional[Dict[str, Any]] = None,
+        delta: Optional[str] = None,
         on_publication: Optional[Callable[[Publication], Any]] = None,
     ) -> Subscription:
         """Subscribe to a channel. Returns at once; the subscribe is sent when connected (in the
@@ -278,6 +279,10 @@ class Client(Emitter):
             ``{"key": "kind", "cmp": "eq", "val": "a"}``. The namespace must set
             ``allow_tags_filter`` (else the subscribe fails with 108; a malformed filter with 107).
             Offsets then have holes where the filter left publications out, which are no gaps.
+        :param delta: ``"fossil"`` asks for delta compression: after the first live publication,
+            each one comes as a Fossil delta against the previous one and the SDK rebuilds it
+            (docs/protocol.md, "Delta compression"). The namespace must set ``allow_delta`` (else
+            the subscribe fails with 108). Recovered publications and history come in full.
         :param on_publication: shorthand for ``sub.on("publication", ...)``.
         """
         if not isinstance(channel, str) or not CHANNEL_RE.match(channel):
@@ -288,8 +293,17 @@ class Client(Emitter):
             since = StreamPosition(str(since["epoch"]), int(since["offset"]))
         if tags_filter is not None and not isinstance(tags_filter, dict):
             raise UsageError(ErrorCode.BAD_REQUEST, "tags_filter must be a dict (a filter node)")
+        if delta is not None and delta != "fossil":
+            raise UsageError(ErrorCode.BAD_REQUEST, f'delta must be "fossil" (the only type), not {delta!r}')
         sub = Subscription(
-            self, channel, since=since, token=token, get_token=get_token, data=data, tags_filter=tags_filter
+            self,
+            channel,
+            since=since,
+            token=token,
+            get_token=get_token,
+            data=data,
+            tags_filter=tags_filter,
+            delta=delta,
         )
         if on_publication is not None:
             sub.on("publication", on_publication)
@@ -791,6 +805,8 @@ class Client(Emitter):
             params["data"] = sub._data
         if sub._tags_filter is not None:
             params["tf"] = sub._tags_filter
+        if sub._delta is not None:
+            params["delta"] = sub._delta
 
         def on_reply(err: Optional[HeraldError], result: Any) -> None:
             sub._busy = False

@@ -86,6 +86,10 @@ def classify(value: Any) -> ServerMessage:
             pub["info"] = p["info"]
         if isinstance(p.get("tags"), dict):
             pub["tags"] = p["tags"]
+        # Delta compression: ``data`` is then text, the publication's JSON (False) or a Fossil delta
+        # from the previous one's (True); the subscription makes it whole.
+        if isinstance(p.get("delta"), bool):
+            pub["delta"] = p["delta"]
         return ServerMessage("pub", channel=p["channel"], pub=pub)
     for kind in ("join", "leave"):
         body = value.get(kind)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set
+import json
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from .backoff import Backoff
 from .codes import ClientCode
@@ -24,6 +25,7 @@ from .events import (
     Unsubscribed,
     as_int,
 )
+from .fossil import DeltaError, apply_delta_text
 from .recovery import StreamTracker
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ class Subscription(Emitter):
         get_token: Optional[SubTokenGetter] = None,
         data: Any = None,
         tags_filter: Optional[Dict[str, Any]] = None,
+        delta: Optional[str] = None,
     ) -> None:
         super().__init__()
         self._client = client
@@ -52,6 +55,9 @@ class Subscription(Emitter):
         self._state = "subscribing"
         self._tracker = StreamTracker(since, filtered=tags_filter is not None)
         self._tags_filter = tags_filter
+        self._delta = delta
+        # The last live publication in text form, (offset, text): the base of the next delta.
+        self._delta_base: Optional[Tuple[int, str]] = None
         self._sent_since: Optional[StreamPosition] = None
         self._busy = False
         self._backoff = Backoff(0.2, 10.0)
@@ -118,12 +124,13 @@ class Subscription(Emitter):
 
     @property
     def _sent_alone(self) -> bool:
-        """Subscribed one by one (own token, data or tag filter), never in ``connect.subs``."""
+        """Subscribed one by one (own token, data, tag filter or delta), never in ``connect.subs``."""
         return (
             self._token is not None
             or self._get_token is not None
             or self._data is not None
             or self._tags_filter is not None
+            or self._delta is not None
         )
 
     @property
@@ -141,6 +148,8 @@ class Subscription(Emitter):
         """A subscribe reply arrived. Delivers recovered publications; True when a hole was found."""
         asked = self._sent_since
         self._sent_since = None
+        # A new server-side subscription: its first live publication comes in full.
+        self._delta_base = None
         outcome = self._tracker.apply_subscribe(result, asked)
         self._state = "subscribed"
         resubscribed = self._subscribed_once
@@ -173,6 +182,13 @@ class Subscription(Emitter):
     def _apply_publication(self, pub: Dict[str, Any]) -> bool:
         if self._state != "subscribed":
             return False
+        if "delta" in pub:
+            whole = self._undelta(pub)
+            if whole is None:
+                return True  # resync: the subscribe with ``since`` recovers it in full
+            pub = whole
+        else:
+            self._delta_base = None  # a plain one (queued with the reply) is no base
         verdict = self._tracker.apply_publication(pub)
         if verdict == "gap":
             return True
@@ -267,6 +283,32 @@ class Subscription(Emitter):
 
     def _listener_error(self, kind: str, error: BaseException) -> None:
         self._client._report_listener_error(error, self.channel)
+
+    def _undelta(self, pub: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+        """A publication in text form made whole: its data parsed, after applying its delta to the
+        base held. None when that cannot be done (no base for it, or the delta does not fit): the
+        channel must be resynced, which recovers the publication in full."""
+        base = self._delta_base
+        self._delta_base = None
+        text = pub.get("data")
+        if not isinstance(text, str):
+            return None
+        offset = as_int(pub.get("offset"))
+        if pub["delta"]:
+            if base is None or base[0] + 1 != offset:
+                return None
+            try:
+                text = apply_delta_text(base[1], text)
+            except DeltaError:
+                return None
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        self._delta_base = (offset, text)
+        whole = {k: v for k, v in pub.items() if k != "delta"}
+        whole["data"] = data
+        return whole
 
     def _deliver(self, pub: Dict[str, Any]) -> None:
         pos = self._tracker.position()
