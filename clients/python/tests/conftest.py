@@ -28,6 +28,11 @@ name = "chat"
 subscribe = "authenticated"
 publish = true
 presence = true
+
+[[namespaces]]
+name = "deltas"
+subscribe = "anonymous"
+allow_delta = true
 """
 
 
