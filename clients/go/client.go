@@ -865,7 +865,7 @@ func (c *Client) onMessage(m serverMsg) {
 			}
 			return
 		}
-		if s.applyPublication(&m.pub) {
+		if s.applyPublication(&m.pub, m.delta) {
 			c.resync(s, true)
 		}
 	case msgJoin, msgLeave:

@@ -109,6 +109,7 @@ type serverMsg struct {
 	err     *ReplyErrorBody
 	channel string
 	pub     Publication
+	delta   *bool // a pub's "delta" (delta compression): data is then text, nil when absent
 	info    ClientInfo
 	code    int
 	reason  string
@@ -164,12 +165,13 @@ func classify(line []byte) serverMsg {
 	if raw, ok := obj["pub"]; ok {
 		var p struct {
 			Channel *string `json:"channel"`
+			Delta   *bool   `json:"delta"`
 			Publication
 		}
 		if err := json.Unmarshal(raw, &p); err != nil || p.Channel == nil {
 			return serverMsg{kind: msgInvalid, bad: "bad pub"}
 		}
-		return serverMsg{kind: msgPub, channel: *p.Channel, pub: p.Publication}
+		return serverMsg{kind: msgPub, channel: *p.Channel, pub: p.Publication, delta: p.Delta}
 	}
 	for _, k := range []struct {
 		name string

@@ -1,5 +1,8 @@
 module github.com/herald-rt/herald/clients/go
 
-go 1.23
+go 1.26
 
-require github.com/coder/websocket v1.8.15
+require (
+	github.com/centrifugal/fdelta v0.0.3
+	github.com/coder/websocket v1.8.15
+)

@@ -9,11 +9,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -266,4 +269,101 @@ func TestRealNodeConnectProxy(t *testing.T) {
 	if r.stop != 1403 || n != 1 {
 		t.Fatalf("refused connect: stopped with %d after %d hook calls (want 1403, 1)", r.stop, n)
 	}
+}
+
+// Delta compression against the real node: with allow_delta the publications of one document
+// arrive whole and in order while the node computes deltas for them (its
+// herald_deltas_computed_total counter rises); without it the subscribe is refused with 108.
+func TestRealNodeDelta(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	node := heraldtest.Start(t, "", "HERALD_DEFAULT_NAMESPACE__ALLOW_DELTA=true")
+	pubs := make(chan herald.PublicationEvent, 16)
+	c, err := herald.New(node.WS(), herald.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Connect()
+	sub, err := c.Subscribe("book", herald.SubscribeOptions{
+		Delta:         herald.DeltaFossil,
+		OnPublication: func(p herald.PublicationEvent) { pubs <- p },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Ready(ctx); err != nil {
+		t.Fatal(err)
+	}
+	levels := strings.Repeat("101.5x20 101.4x35 101.3x12 101.2x80 101.1x44 ", 8)
+	for i := 1; i <= 4; i++ {
+		want := map[string]any{"seq": float64(i), "last": 101 + float64(i)/10, "book": levels, "note": "é日本"}
+		if _, err := c.Publish(ctx, "book", want); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case p := <-pubs:
+			var got map[string]any
+			if err := json.Unmarshal(p.Data, &got); err != nil || p.Offset != uint64(i) || !reflect.DeepEqual(got, want) {
+				t.Fatalf("publication %d: offset %d, data %s (%v)", i, p.Offset, p.Data, err)
+			}
+		case <-ctx.Done():
+			t.Fatalf("publication %d not received", i)
+		}
+	}
+	// The first comes in full, the three after it as deltas (all smaller than the full text).
+	if n := metric(t, node.HTTP(), "herald_deltas_computed_total"); n < 3 {
+		t.Fatalf("herald_deltas_computed_total = %v, want at least 3", n)
+	}
+	if sub.State() != herald.SubSubscribed {
+		t.Fatalf("subscription state %v", sub.State())
+	}
+
+	plain := heraldtest.Start(t, "")
+	ended := make(chan herald.UnsubscribedEvent, 1)
+	c2, err := herald.New(plain.WS(), herald.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.Connect()
+	c2.Subscribe("book", herald.SubscribeOptions{
+		Delta:          herald.DeltaFossil,
+		OnUnsubscribed: func(e herald.UnsubscribedEvent) { ended <- e },
+	})
+	select {
+	case e := <-ended:
+		if e.Code != herald.ErrNotAvailable {
+			t.Fatalf("without allow_delta: unsubscribed with %d, want 108", e.Code)
+		}
+	case <-ctx.Done():
+		t.Fatal("without allow_delta: the subscription did not end")
+	}
+}
+
+// metric reads a counter from a node's /metrics (0 when absent).
+func metric(t *testing.T, base, name string) float64 {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second}
+	r, err := hc.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	body, err := io.ReadAll(r.Body)
+	if err != nil || r.StatusCode != 200 {
+		t.Fatalf("GET /metrics: %d %v", r.StatusCode, err)
+	}
+	sum := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				t.Fatalf("metric line %q: %v", line, err)
+			}
+			sum += v
+		}
+	}
+	return sum
 }

@@ -49,6 +49,13 @@ type SubscribeOptions struct {
 	// (else the subscribe fails with 108; a malformed filter with 107). Offsets then have holes
 	// where the filter left publications out, which the subscription does not take for gaps.
 	TagsFilter *TagFilter
+	// Delta asks for delta compression (DeltaFossil; docs/protocol.md, "Delta compression"): after
+	// the first live publication each one comes as a delta against the previous one, which the
+	// subscription applies, so OnPublication still gets every publication whole. For channels
+	// whose publications are successive versions of one document. The namespace must set
+	// allow_delta (else the subscribe fails with 108). A delta that does not apply makes the
+	// subscription resubscribe with since, which recovers the publication in full.
+	Delta DeltaType
 
 	// OnSubscribed: every subscribe reply (the first, after each reconnect, after a resync).
 	OnSubscribed func(SubscribedEvent)
@@ -83,14 +90,19 @@ type Subscription struct {
 	needToken      bool        // the next subscribe must ask TokenFunc first
 	fetching       bool        // a TokenFunc call for the next subscribe is under way
 	refreshTimer   *time.Timer // sends sub_refresh ahead of the token's expiry
+	deltaBase      *deltaBase  // with Delta: the last live publication's text
 }
 
 // Subscribe subscribes to a channel. It returns at once; the subscribe is sent when connected
 // (inside the connect command when connecting) and restored, with recovery, after every
-// reconnect. It fails for an invalid channel name or a channel already subscribed.
+// reconnect. It fails for an invalid channel name, an unknown Delta type or a channel already
+// subscribed.
 func (c *Client) Subscribe(channel string, opts SubscribeOptions) (*Subscription, error) {
 	if !ValidChannel(channel) {
 		return nil, &UsageError{Code: ErrBadRequest, Message: "invalid channel name"}
+	}
+	if opts.Delta != "" && opts.Delta != DeltaFossil {
+		return nil, &UsageError{Code: ErrBadRequest, Message: "unknown delta type " + string(opts.Delta)}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -194,10 +206,11 @@ func (s *Subscription) Presence(ctx context.Context) (PresenceResult, error) {
 
 // --- internal, lock held ---
 
-// sentAlone: subscriptions with a token, data or a tag filter are sent one by one, never in
-// connect.subs.
+// sentAlone: subscriptions with a token, data, a tag filter or delta compression are sent one by
+// one, never in connect.subs (which takes none of them).
 func (s *Subscription) sentAlone() bool {
-	return s.opts.Token != "" || s.opts.TokenFunc != nil || s.opts.Data != nil || s.opts.TagsFilter != nil
+	return s.opts.Token != "" || s.opts.TokenFunc != nil || s.opts.Data != nil || s.opts.TagsFilter != nil ||
+		s.opts.Delta != ""
 }
 
 func (s *Subscription) needsSubscribe() bool {
@@ -230,6 +243,8 @@ func (s *Subscription) subscribeSent() *StreamPosition {
 func (s *Subscription) applySubscribe(r *SubscribeResult) bool {
 	asked := s.sentSince
 	s.sentSince = nil
+	// A new server-side subscription: its first live publication comes in full.
+	s.deltaBase = nil
 	out := s.tracker.applySubscribe(r, asked)
 	resubscribed := s.subscribedOnce
 	s.subscribedOnce = true
@@ -258,11 +273,21 @@ func (s *Subscription) applySubscribe(r *SubscribeResult) bool {
 	return out.gap
 }
 
-// applyPublication handles a live publication; returns true when it revealed a hole. Pushes that
-// arrive while (re)subscribing are dropped: the subscribe reply's recovery covers them.
-func (s *Subscription) applyPublication(p *Publication) bool {
+// applyPublication handles a live publication (delta: its "delta" field, nil when absent); returns
+// true when it revealed a hole, or came as a delta that could not be applied. Pushes that arrive
+// while (re)subscribing are dropped: the subscribe reply's recovery covers them.
+func (s *Subscription) applyPublication(p *Publication, delta *bool) bool {
 	if s.state != SubSubscribed {
 		return false
+	}
+	if delta != nil {
+		whole, ok := s.undelta(p, *delta)
+		if !ok {
+			return true
+		}
+		p = &whole
+	} else {
+		s.deltaBase = nil // plain data: no delta is made against it
 	}
 	switch s.tracker.applyPublication(p) {
 	case verdictGap:
@@ -303,6 +328,7 @@ func (s *Subscription) deliver(p *Publication) {
 
 func (s *Subscription) connectionLost() {
 	s.busy = false
+	s.deltaBase = nil
 	s.cancelRetry()
 	s.c.stopTimer(&s.refreshTimer)
 	if s.state == SubSubscribed {
@@ -377,6 +403,9 @@ func (c *Client) sendSubscribe(s *Subscription) {
 	}
 	if s.opts.TagsFilter != nil {
 		p["tf"] = s.opts.TagsFilter
+	}
+	if s.opts.Delta != "" {
+		p["delta"] = s.opts.Delta
 	}
 	c.request("subscribe", p, func(raw json.RawMessage, err error) {
 		s.busy = false

@@ -3,10 +3,11 @@
 # then the whole cross-SDK conformance suite with the Go adapter. Exits non-zero on any failure.
 #   bash clients/go/test.sh
 # HERALD_BIN: the server binary (default target/debug/herald at the repository root; a relative
-# path is taken from the repository root). Needs a Go toolchain (1.21 or newer: an older-than-1.23
-# one fetches go.mod's version itself from the Go module proxy), a C compiler for -race, and
-# Node 18+ for the conformance driver. The one module dependency (github.com/coder/websocket)
-# comes from the Go module proxy on first use and is cached after.
+# path is taken from the repository root). Needs a Go toolchain (1.21 or newer: an older-than-1.26
+# one fetches go.mod's version itself from the Go module proxy, unless GOTOOLCHAIN=local), a C
+# compiler for -race, and Node 18+ for the conformance driver. The two module dependencies
+# (github.com/coder/websocket, github.com/centrifugal/fdelta) come from the Go module proxy on
+# first use, checked against go.sum, and are cached after.
 set -euo pipefail
 cd "$(dirname "$0")"
 repo=$(cd ../.. && pwd)

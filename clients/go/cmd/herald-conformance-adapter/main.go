@@ -39,6 +39,7 @@ type channelArgs struct {
 	Data    json.RawMessage        `json:"data"`
 	Method  string                 `json:"method"`
 	TF      *herald.TagFilter      `json:"tf"`
+	Delta   string                 `json:"delta"`
 }
 
 type adapter struct {
@@ -142,6 +143,7 @@ func (a *adapter) subscribe(c *herald.Client, args channelArgs) error {
 	sub, err := c.Subscribe(ch, herald.SubscribeOptions{
 		Since:      args.Since,
 		TagsFilter: args.TF,
+		Delta:      herald.DeltaType(args.Delta),
 		OnSubscribed: func(e herald.SubscribedEvent) {
 			a.out(map[string]any{"event": "subscribed", "channel": ch, "server_side": false, "epoch": e.Epoch,
 				"offset": e.Offset, "recovered": e.Recovered, "resubscribed": e.Resubscribed})
