@@ -103,10 +103,10 @@ class DeltaTest {
         }
     }
 
-    private fun subscribed(): Sub {
+    private fun subscribed(tagsFilter: TagFilter? = null): Sub {
         val client = HeraldClient("ws://127.0.0.1:9/ws")
         val got = LinkedBlockingQueue<PublicationEvent>()
-        val sub = Subscription(client, "book", SubscribeOptions(delta = DeltaType.FOSSIL))
+        val sub = Subscription(client, "book", SubscribeOptions(tagsFilter = tagsFilter, delta = DeltaType.FOSSIL))
         sub.addListener(object : SubscriptionListener {
             override fun onPublication(event: PublicationEvent) { got.add(event) }
         })
@@ -181,20 +181,30 @@ class DeltaTest {
                 assertJson(other, s.delivered(1).single().second)
             }
         }
-        // The base is of another offset than the one before the delta.
-        subscribed().let { s ->
+        // The base is of another offset than the one before the delta (with a tag filter, where
+        // holes in the offsets are no gaps, so only the base's offset tells).
+        subscribed(TagFilter.Leaf("k", "ex")).let { s ->
             s.client.use {
                 assertFalse(s.sub.applyPublication(Publication(5, BOOK1, null), false))
                 assertTrue(s.sub.applyPublication(Publication(7, DELTA_1_2, null), true))
                 s.delivered(1)
             }
         }
-        // A plain publication (queued with the reply) leaves no base behind it.
+        // A plain publication (without `delta`) leaves no base behind it.
         subscribed().let { s ->
             s.client.use {
                 assertFalse(s.sub.applyPublication(Publication(5, JSONObject(BOOK1), null), null))
                 assertTrue(s.sub.applyPublication(Publication(6, DELTA_1_2, null), true))
                 s.delivered(1)
+            }
+        }
+        subscribed().let { s ->
+            s.client.use {
+                assertFalse(s.sub.applyPublication(Publication(5, BOOK1, null), false))
+                // Without an offset (skip_history), so only the rule, not the offsets, drops the base.
+                assertFalse(s.sub.applyPublication(Publication(0, JSONObject("{}"), null), null))
+                assertTrue(s.sub.applyPublication(Publication(6, DELTA_1_2, null), true))
+                s.delivered(2)
             }
         }
         // A new subscribe reply forgets the base: its first live publication comes in full.
