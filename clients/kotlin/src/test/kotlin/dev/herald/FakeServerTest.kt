@@ -3,7 +3,11 @@ package dev.herald
 import dev.herald.client.ClientOptions
 import dev.herald.client.ConnectedEvent
 import dev.herald.client.ConnectingEvent
+import dev.herald.client.DeltaTest
+import dev.herald.client.DeltaType
 import dev.herald.client.HeraldClient
+import dev.herald.client.PublicationEvent
+import dev.herald.client.SubscribeOptions
 import dev.herald.client.TokenProvider
 import mockwebserver3.MockResponse
 import mockwebserver3.MockWebServer
@@ -11,6 +15,7 @@ import okhttp3.WebSocket
 import okhttp3.WebSocketListener
 import org.json.JSONObject
 import org.junit.jupiter.api.Assertions.assertEquals
+import org.junit.jupiter.api.Assertions.assertFalse
 import org.junit.jupiter.api.Assertions.assertTrue
 import org.junit.jupiter.api.Test
 import org.junit.jupiter.api.Timeout
@@ -90,6 +95,76 @@ class FakeServerTest {
                 val second = take(connects, "second connect")
                 val waited = TimeUnit.NANOSECONDS.toMillis(second.atNs - pushedAt.poll(1, TimeUnit.SECONDS)!!)
                 assertTrue(waited >= 800, "reconnected $waited ms after a push with after_ms 800")
+            }
+        }
+    }
+
+    @Test
+    fun aDeltaThatDoesNotApplyResubscribesWithSince() {
+        val other = DeltaTest.BOOK1.replace("HRLD", "XXXX")
+        MockWebServer().use { server ->
+            server.start()
+            val frames = LinkedBlockingQueue<JSONObject>()
+            var subscribes = 0
+            server.enqueue(MockResponse.Builder().webSocketUpgrade(object : WebSocketListener() {
+                override fun onMessage(webSocket: WebSocket, text: String) {
+                    val m = JSONObject(text)
+                    frames.add(m)
+                    val id = m.optLong("id")
+                    when {
+                        m.has("connect") -> webSocket.send("""{"id":$id,"connect":{"client":"c1","ping_interval":25}}""")
+                        m.has("unsubscribe") -> webSocket.send("""{"id":$id,"unsubscribe":{}}""")
+                        m.has("subscribe") && ++subscribes == 1 -> {
+                            webSocket.send("""{"id":$id,"subscribe":{"epoch":"e","offset":4,"recoverable":true,"delta":true}}""")
+                            // 5 in full, 6 a delta against it, 7 in full, 8 a delta made from 5's text, not 7's (its checksum fails).
+                            for ((offset, data, delta) in listOf(
+                                Triple(5, DeltaTest.BOOK1, false), Triple(6, DeltaTest.DELTA_1_2, true),
+                                Triple(7, other, false), Triple(8, DeltaTest.DELTA_1_2, true),
+                            )) {
+                                val pub = JSONObject().put("channel", "book").put("offset", offset).put("data", data).put("delta", delta)
+                                webSocket.send(JSONObject().put("pub", pub).toString())
+                            }
+                        }
+                        m.has("subscribe") -> webSocket.send(
+                            """{"id":$id,"subscribe":{"epoch":"e","offset":8,"recoverable":true,"recovered":true,"delta":true,""" +
+                                """"publications":[{"offset":8,"data":{"seq":8}}]}}""",
+                        )
+                    }
+                }
+
+                override fun onClosing(webSocket: WebSocket, code: Int, reason: String) {
+                    webSocket.close(1000, null)
+                }
+            }).build())
+            val rec = Recorder()
+            HeraldClient(server.url("/ws").toString(), ClientOptions().withReconnectDelays(10, 50), rec).use { c ->
+                c.subscribe("book", SubscribeOptions(delta = DeltaType.FOSSIL), rec)
+                c.connect()
+                fun frame(what: String, pred: (JSONObject) -> Boolean): JSONObject {
+                    val deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10)
+                    while (true) {
+                        val left = deadline - System.nanoTime()
+                        val m = (if (left > 0) frames.poll(left, TimeUnit.NANOSECONDS) else null)
+                            ?: throw AssertionError("no $what within 10 s (client events: ${rec.events})")
+                        if (pred(m)) return m
+                    }
+                }
+                val connect = frame("connect") { it.has("connect") }.getJSONObject("connect")
+                assertFalse(connect.has("subs"), "a delta subscription is sent alone, not in connect.subs: $connect")
+                val first = frame("subscribe") { it.has("subscribe") }.getJSONObject("subscribe")
+                assertEquals("fossil", first.getString("delta"))
+                assertFalse(first.has("since"))
+                // The delta at 8 does not apply: unsubscribe, then subscribe with since the last delivered (7).
+                frame("unsubscribe") { it.has("unsubscribe") }
+                val again = frame("second subscribe") { it.has("subscribe") }.getJSONObject("subscribe")
+                assertEquals("fossil", again.getString("delta"))
+                assertTrue(JSONObject("""{"epoch":"e","offset":7}""").similar(again.getJSONObject("since")), again.toString())
+                val got = (1..4).map { rec.next<PublicationEvent>("publication $it") }
+                assertEquals(listOf(5L, 6L, 7L, 8L), got.map { it.offset })
+                assertTrue(JSONObject(DeltaTest.BOOK1).similar(got[0].data))
+                assertTrue(JSONObject(DeltaTest.BOOK2).similar(got[1].data))
+                assertTrue(JSONObject(other).similar(got[2].data))
+                assertTrue(JSONObject("""{"seq":8}""").similar(got[3].data), "8 recovered in full: ${got[3].data}")
             }
         }
     }

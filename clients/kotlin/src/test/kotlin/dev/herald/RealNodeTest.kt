@@ -5,12 +5,14 @@ import dev.herald.client.ClientOptions
 import dev.herald.client.Codes
 import dev.herald.client.ConnectedEvent
 import dev.herald.client.ConnectingEvent
+import dev.herald.client.DeltaType
 import dev.herald.client.DisconnectedEvent
 import dev.herald.client.HeraldClient
 import dev.herald.client.HistoryOptions
 import dev.herald.client.PublicationEvent
 import dev.herald.client.ReplyException
 import dev.herald.client.ServerSubscribedEvent
+import dev.herald.client.SubscribeOptions
 import dev.herald.client.SubscriptionListener
 import dev.herald.client.UnsubscribedEvent
 import dev.herald.client.history
@@ -188,6 +190,20 @@ class RealNodeTest {
             val e = assertThrows(Exception::class.java) { c.publishAsync("room", 1).get(5, TimeUnit.SECONDS) }
             assertEquals(Codes.NOT_CONNECTED, (e.cause as dev.herald.client.HeraldException).code)
             assertNull(c.clientId)
+        }
+    }
+
+    @Test
+    fun deltaWhereTheNamespaceDoesNotAllowItEndsWith108() {
+        // This node's namespace does not set allow_delta (the conformance suite runs deltas on one that does).
+        val ended = LinkedBlockingQueue<UnsubscribedEvent>()
+        HeraldClient(node.ws).use { c ->
+            c.connect()
+            c.subscribe("book", SubscribeOptions(delta = DeltaType.FOSSIL), object : SubscriptionListener {
+                override fun onUnsubscribed(event: UnsubscribedEvent) { ended.add(event) }
+            })
+            val e = ended.poll(10, TimeUnit.SECONDS) ?: fail("the subscription did not end within 10 s")
+            assertEquals(108, e.code)
         }
     }
 }

@@ -60,7 +60,19 @@ class SubscribeOptions @JvmOverloads constructor(
      * where the filter left publications out, which the subscription does not take for gaps.
      */
     val tagsFilter: TagFilter? = null,
+    /**
+     * Delta compression ([DeltaType.FOSSIL], sent as `delta`; docs/protocol.md, "Delta
+     * compression"): after the first live publication in full, each one comes as a Fossil delta
+     * against the previous one and the SDK rebuilds it, so listeners see whole publications as
+     * ever. The namespace must set `allow_delta` (else the subscribe fails with 108). Recovered
+     * publications and history stay in full. Such a subscription is sent alone, never in
+     * `connect.subs`.
+     */
+    val delta: DeltaType? = null,
 )
+
+/** The delta formats of [SubscribeOptions.delta]; [wire] is the protocol's name. */
+enum class DeltaType(val wire: String) { FOSSIL("fossil") }
 
 /** The client's state. */
 enum class ClientState { DISCONNECTED, CONNECTING, CONNECTED }

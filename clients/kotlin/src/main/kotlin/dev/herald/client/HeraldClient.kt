@@ -558,7 +558,7 @@ class HeraldClient @JvmOverloads constructor(
             val s = subs[ch]
             if (s == null) {
                 if (ch in serverSubs) serverPublication(ch, pub)
-            } else if (s.applyPublication(pub)) {
+            } else if (s.applyPublication(pub, if (o.has("delta")) o.optBoolean("delta") else null)) {
                 resync(s, true)
             }
             return
@@ -649,6 +649,7 @@ class HeraldClient @JvmOverloads constructor(
         s.token?.let { p.put("token", it) }
         s.options.data?.let { p.put("data", Json.value(it)) }
         s.options.tagsFilter?.let { p.put("tf", it.toJson()) }
+        s.options.delta?.let { p.put("delta", it.wire) }
         request("subscribe", p) { r, e ->
             s.busy = false
             if (subs[s.channel] !== s) return@request // unsubscribed meanwhile

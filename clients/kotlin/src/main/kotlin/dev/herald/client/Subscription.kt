@@ -25,6 +25,8 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     internal var fetching = false
     internal var refreshTimer: ScheduledFuture<*>? = null
     private var readyFutures = ArrayList<CompletableFuture<Subscription>>()
+    /** With [SubscribeOptions.delta]: the last live publication in text form, the next delta's base. */
+    private var deltaBase: DeltaBase? = null
     @Volatile private var publicState = SubscriptionState.SUBSCRIBING
     internal var state: SubscriptionState = SubscriptionState.SUBSCRIBING
         set(v) {
@@ -79,7 +81,8 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     }
 
     internal fun sentAlone() =
-        options.token != null || options.tokenProvider != null || options.data != null || options.tagsFilter != null
+        options.token != null || options.tokenProvider != null || options.data != null || options.tagsFilter != null ||
+            options.delta != null
 
     internal fun needsSubscribe() = state == SubscriptionState.SUBSCRIBING && !busy && !fetching && retryTimer == null
 
@@ -95,6 +98,8 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
     internal fun applySubscribe(r: SubscribeReply): Boolean {
         val asked = sentSince
         sentSince = null
+        // A new server-side subscription: its first live publication comes in full.
+        deltaBase = null
         val out = tracker.applySubscribe(r, asked)
         val resubscribed = subscribedOnce
         subscribedOnce = true
@@ -109,9 +114,18 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
         return out.gap
     }
 
-    /** A live publication; true when a gap was seen (resubscribe). */
-    internal fun applyPublication(p: Publication): Boolean {
+    /**
+     * A live publication; true when a gap was seen, or a delta could not be applied (resubscribe:
+     * `since` recovers it in full). [delta]: the push's `delta` field (null when absent, plain data).
+     */
+    internal fun applyPublication(p0: Publication, delta: Boolean? = null): Boolean {
         if (state != SubscriptionState.SUBSCRIBED) return false
+        val p = if (delta != null) {
+            undelta(p0, delta) ?: return true
+        } else {
+            deltaBase = null // plain data (queued with the subscribe reply): no base after it
+            p0
+        }
         when (tracker.applyPublication(p)) {
             Verdict.GAP -> return true
             Verdict.DELIVER -> { backoff.reset(); deliver(p) }
@@ -124,6 +138,25 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
         if (state != SubscriptionState.SUBSCRIBED) return
         emit { if (join) it.onJoin(ev) else it.onLeave(ev) }
     }
+
+    /**
+     * A publication in text form made whole: its data parsed, after applying its delta to the base
+     * held. Null when that cannot be done (no base for it, or the delta does not fit).
+     */
+    private fun undelta(p: Publication, delta: Boolean): Publication? {
+        val base = deltaBase
+        deltaBase = null
+        var text = p.data as? String ?: return null
+        if (delta) {
+            if (base == null || base.offset + 1 != p.offset) return null
+            text = try { Fossil.applyText(base.text, text) } catch (_: DeltaException) { return null }
+        }
+        val data = try { Json.parse(text) } catch (_: org.json.JSONException) { return null }
+        deltaBase = DeltaBase(p.offset, text)
+        return p.copy(data = data)
+    }
+
+    private class DeltaBase(val offset: Long, val text: String)
 
     private fun deliver(p: Publication) {
         val epoch = if (tracker.recoverable) tracker.epoch else ""

@@ -7,6 +7,7 @@ import dev.herald.client.ClientListener
 import dev.herald.client.ClientOptions
 import dev.herald.client.ConnectedEvent
 import dev.herald.client.ConnectingEvent
+import dev.herald.client.DeltaType
 import dev.herald.client.DisconnectedEvent
 import dev.herald.client.ErrorEvent
 import dev.herald.client.HeraldClient
@@ -131,7 +132,13 @@ private class Adapter {
     fun subscribe(a: JSONObject) {
         val channel = a.getString("channel")
         val c = client ?: throw HeraldException(9, "connect first")
-        val sub = c.subscribe(channel, SubscribeOptions(since(a.optJSONObject("since")), tagsFilter = a.optJSONObject("tf")?.let(::tagFilter)), object : SubscriptionListener {
+        val delta = when (val d = a.optString("delta", "")) {
+            "" -> null
+            "fossil" -> DeltaType.FOSSIL
+            else -> throw HeraldException(-2, "unknown delta type $d")
+        }
+        val opts = SubscribeOptions(since(a.optJSONObject("since")), tagsFilter = a.optJSONObject("tf")?.let(::tagFilter), delta = delta)
+        val sub = c.subscribe(channel, opts, object : SubscriptionListener {
             override fun onSubscribed(event: SubscribedEvent) = out(
                 ev(
                     "subscribed", "channel" to channel, "server_side" to false, "epoch" to event.epoch,
