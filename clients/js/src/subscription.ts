@@ -528,6 +528,7 @@ export class Subscription<T = unknown> extends Emitter<SubscriptionEvents<T>> {
     this.deltaBase = { offset: pub.offset, text };
     const whole: Publication = { offset: pub.offset, data };
     if (pub.info) whole.info = pub.info;
+    if (pub.tags) whole.tags = pub.tags;
     return whole;
   }
 

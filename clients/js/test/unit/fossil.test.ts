@@ -73,6 +73,18 @@ describe('a subscription with delta compression', () => {
     ]);
   });
 
+  it('keeps the tags of publications it rebuilds', () => {
+    const sub = new Subscription<unknown>(new Host(), 'book', { delta: 'fossil' });
+    const tags: Array<Record<string, string> | undefined> = [];
+    sub.on('publication', (p) => tags.push(p.tags));
+    sub._subscribeSent();
+    sub._replyArrived();
+    sub._applySubscribe({ epoch: 'e', offset: 4, recoverable: true, delta: true });
+    sub._applyPublication({ offset: 5, data: BOOK1, delta: false, tags: { side: 'bid' } });
+    sub._applyPublication({ offset: 6, data: DELTA_1_2, delta: true, tags: { side: 'ask' } });
+    expect(tags).toEqual([{ side: 'bid' }, { side: 'ask' }]);
+  });
+
   it('resyncs on a delta it has no base for, or one that does not apply', () => {
     const first = subscribed();
     expect(first.sub._applyPublication({ offset: 5, data: DELTA_1_2, delta: true })).toBe(true);
