@@ -47,10 +47,16 @@ run() { # name source-base ws-path servers...
 }
 H="$HERALD serve --config docs/bench/bench.toml --port"
 C="scripts/peers.sh start centrifugo --port"
+# SERVERS="herald" (or "centrifugo") runs one of the two, e.g. for a rate search.
+SERVERS=${SERVERS:-"herald centrifugo"}
 for i in $ROUNDS; do
+  case " $SERVERS " in *" herald "*)
   HERALD_BROKER_URL=redis://127.0.0.1:$RPORT run "$NAME-herald-$i" 127.0.161.2 /ws \
-    --server-cmd "$H 18851" --server-cmd "$H 18852" --server-cmd "$H 18853"
+    --server-cmd "$H 18851" --server-cmd "$H 18852" --server-cmd "$H 18853" ;;
+  esac
+  case " $SERVERS " in *" centrifugo "*)
   PEERS_CENTRIFUGO_REDIS=redis://127.0.0.1:$RPORT run "$NAME-centrifugo-$i" 127.0.162.2 \
     /connection/websocket --centrifugo \
-    --server-cmd "$C 18851" --server-cmd "$C 18852" --server-cmd "$C 18853"
+    --server-cmd "$C 18851" --server-cmd "$C 18852" --server-cmd "$C 18853" ;;
+  esac
 done
