@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 from websockets.asyncio.server import serve
@@ -20,6 +19,7 @@ from herald.codec import decode_frame
 from herald.fossil import DeltaError, apply_delta, apply_delta_text
 from herald.server import HeraldAPI
 from herald.subscription import Subscription
+from waits import run, until
 
 BOOK1 = (
     '{"symbol":"HRLD-USD","seq":1,"bids":[{"price":"100.00","size":10},{"price":"99.50","size":20},'
@@ -30,19 +30,6 @@ BOOK2 = BOOK1.replace('"seq":1', '"seq":2').replace('"size":10', '"size":11')
 # them (the vectors of clients/js/test/unit/fossil.test.ts).
 DELTA_1_2 = "2D\nR@0,1:2Z@S,1:11D@10,25Lx3M;"
 DELTA_SHORT = "7\n7:[1,2,3]27P8_n;"
-
-
-def run(coro: Awaitable[Any], timeout: float = 20) -> Any:
-    """Every async test is bounded: it fails with a TimeoutError instead of hanging."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def until(pred: Callable[[], Any], what: str, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,18 +12,7 @@ from typing import Any, Awaitable, Callable, List
 from websockets.asyncio.server import serve
 
 import herald
-
-
-def run(coro: Awaitable[Any], timeout: float = 15) -> Any:
-    return asyncio.run(asyncio.wait_for(coro, timeout))
-
-
-async def until(pred: Callable[[], Any], what: str, timeout: float = 5) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
+from waits import run, until
 
 
 class FakeNode:
