@@ -41,6 +41,7 @@ from .events import (
     Leave,
     Publication,
     RecoveryFailed,
+    Skipped,
     StateChanged,
     StreamPosition,
     Subscribed,
@@ -729,6 +730,19 @@ class Client(Emitter):
                 sub._apply_presence(t, info)
             elif msg.channel in self._server_subs:
                 self._emit(Join(msg.channel, info) if t == "join" else Leave(msg.channel, info))
+        elif t == "skip":
+            sub = self._subs.get(msg.channel)
+            if sub is not None:
+                if sub._apply_skip(msg.skip_from, msg.skip_to):
+                    self._resync(sub, True)
+                return
+            pos = self._server_positions.get(msg.channel)
+            if msg.channel not in self._server_subs or (pos is not None and msg.skip_to <= pos.offset):
+                return
+            if pos is not None:
+                # A later reconnect recovers from past the skip, not the publications it left out.
+                self._server_positions[msg.channel] = StreamPosition(pos.epoch, msg.skip_to)
+            self._emit(Skipped(msg.channel, msg.skip_from, msg.skip_to))
         elif t == "subscribed":
             if msg.channel in self._subs:
                 return

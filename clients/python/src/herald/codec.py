@@ -17,7 +17,7 @@ PONG = "{}"
 @dataclass
 class ServerMessage:
     """One message from the server, classified by ``type``: reply, ping, pub, join, leave, unsub,
-    disconnect, subscribed (the server's ``subscribe`` push), unknown, invalid."""
+    skip, disconnect, subscribed (the server's ``subscribe`` push), unknown, invalid."""
 
     type: str
     id: int = 0
@@ -30,6 +30,9 @@ class ServerMessage:
     reason: str = ""
     reconnect: bool = True
     after_ms: Optional[int] = None
+    #: A ``skip`` push: the offsets ``skip_from`` to ``skip_to`` were left out.
+    skip_from: int = 0
+    skip_to: int = 0
     raw: Any = None
     extra: Dict[str, Any] = field(default_factory=dict)
 
@@ -108,6 +111,11 @@ def classify(value: Any) -> ServerMessage:
             code=u["code"] if _is_int(u.get("code")) else 0,
             reason=u["reason"] if isinstance(u.get("reason"), str) else "",
         )
+    k = value.get("skip")
+    if isinstance(k, dict):
+        if not (isinstance(k.get("channel"), str) and _is_int(k.get("from")) and _is_int(k.get("to"))):
+            return ServerMessage("invalid", reason="skip without channel, from or to", raw=value)
+        return ServerMessage("skip", channel=k["channel"], skip_from=k["from"], skip_to=k["to"])
     b = value.get("subscribe")
     if isinstance(b, dict):
         if not isinstance(b.get("channel"), str):

@@ -114,6 +114,19 @@ class Publication:
 
 
 @dataclass
+class Skipped:
+    """The server left publications ``from_`` to ``to`` of ``channel`` out for this connection, by
+    its namespace's ``backpressure`` policy (``conflate`` or ``drop_oldest``): the client read more
+    slowly than they came. They are not recovered: the position is now ``to`` and the next
+    publication is ``to + 1``. Reload what they would have changed if the app needs it."""
+
+    kind: ClassVar[str] = "skipped"
+    channel: str
+    from_: int
+    to: int
+
+
+@dataclass
 class Join:
     kind: ClassVar[str] = "join"
     channel: str

@@ -87,6 +87,19 @@ class StreamTracker:
             gap = True
         return SubscribeOutcome(publications=out, gap=gap, recovered=True)
 
+    def apply_skip(self, from_: int, to: int) -> str:
+        """The server left ``from_``..``to`` out (backpressure): 'deliver' when the position moves
+        to ``to``, 'gap' when ``from_`` is past the next offset (a hole before the skip: recover),
+        'duplicate' when it is all behind us."""
+        if not self.recoverable or self.epoch is None:
+            return "deliver"
+        if to <= self.offset:
+            return "duplicate"
+        if from_ > self.offset + 1 and not self.filtered:
+            return "gap"
+        self.offset = to
+        return "deliver"
+
     def apply_publication(self, pub: Dict[str, Any]) -> str:
         """'deliver', 'duplicate' or 'gap' for one live publication."""
         if not self.recoverable or self.epoch is None:

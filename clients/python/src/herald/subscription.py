@@ -20,6 +20,7 @@ from .events import (
     Leave,
     Publication,
     RecoveryFailed,
+    Skipped,
     StreamPosition,
     Subscribed,
     Unsubscribed,
@@ -195,6 +196,20 @@ class Subscription(Emitter):
         if verdict == "deliver":
             self._backoff.reset()
             self._deliver(pub)
+        return False
+
+    def _apply_skip(self, from_: int, to: int) -> bool:
+        """The server left ``from_``..``to`` out (backpressure policy): the position moves past them
+        and ``skipped`` says so. True when it revealed a hole before them (resync needed)."""
+        if self._state != "subscribed":
+            return False
+        verdict = self._tracker.apply_skip(from_, to)
+        if verdict == "gap":
+            return True
+        if verdict == "deliver":
+            # The publication after a skip comes in full: the base held is no longer the one before it.
+            self._delta_base = None
+            self._emit(Skipped(self.channel, from_, to))
         return False
 
     def _apply_presence(self, kind: str, info: Dict[str, Any]) -> None:
