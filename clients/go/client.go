@@ -868,6 +868,14 @@ func (c *Client) onMessage(m serverMsg) {
 		if s.applyPublication(&m.pub, m.delta) {
 			c.resync(s, true)
 		}
+	case msgSkip:
+		if s := c.subs[m.channel]; s != nil {
+			if s.applySkip(m.from, m.to) {
+				c.resync(s, true)
+			}
+		} else if c.serverSubs[m.channel] {
+			c.serverSkip(m.channel, m.from, m.to)
+		}
 	case msgJoin, msgLeave:
 		ev := PresenceEvent{Channel: m.channel, Info: m.info}
 		join := m.kind == msgJoin
@@ -946,6 +954,25 @@ func (c *Client) serverPublication(channel string, p *Publication) {
 	c.emit(func(h *Handlers) {
 		if h.OnPublication != nil {
 			h.OnPublication(ev)
+		}
+	})
+}
+
+// serverSkip handles a skip push of a server-side subscription: its position moves to to (the
+// next connect recovers from there) and OnSkipped says so; a stale skip is ignored. As for its
+// publications (serverPublication), a hole before the skip is not recovered live: the client
+// cannot resubscribe a server-side subscription on its own.
+func (c *Client) serverSkip(channel string, from, to uint64) {
+	if pos := c.serverPositions[channel]; pos != nil && !c.serverNoHistory[channel] {
+		if to <= pos.Offset {
+			return // stale: already past it
+		}
+		pos.Offset = to
+	}
+	ev := SkippedEvent{Channel: channel, From: from, To: to}
+	c.emit(func(h *Handlers) {
+		if h.OnSkipped != nil {
+			h.OnSkipped(ev)
 		}
 	})
 }

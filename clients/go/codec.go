@@ -99,6 +99,7 @@ const (
 	msgUnsub
 	msgDisconnect
 	msgSubscribed
+	msgSkip
 	msgUnknown
 )
 
@@ -117,7 +118,9 @@ type serverMsg struct {
 	reconnect bool
 	afterMs   int64 // -1 when absent
 	sub       SubscribeResult
-	bad       string
+	// skip: the offsets left out
+	from, to uint64
+	bad      string
 }
 
 // decodeFrame splits a text frame on "\n" into messages; a bad line becomes msgInvalid and does
@@ -208,6 +211,17 @@ func classify(line []byte) serverMsg {
 			return serverMsg{kind: msgInvalid, bad: "bad subscribe push"}
 		}
 		return serverMsg{kind: msgSubscribed, channel: *s.Channel, sub: s.SubscribeResult}
+	}
+	if raw, ok := obj["skip"]; ok {
+		var k struct {
+			Channel *string `json:"channel"`
+			From    *uint64 `json:"from"`
+			To      *uint64 `json:"to"`
+		}
+		if err := json.Unmarshal(raw, &k); err != nil || k.Channel == nil || k.From == nil || k.To == nil || *k.From > *k.To {
+			return serverMsg{kind: msgInvalid, bad: "bad skip"}
+		}
+		return serverMsg{kind: msgSkip, channel: *k.Channel, from: *k.From, to: *k.To}
 	}
 	if raw, ok := obj["disconnect"]; ok {
 		var d struct {

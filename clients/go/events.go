@@ -37,6 +37,10 @@ type Handlers struct {
 	// OnUnsubscribed: the server ended a server-side subscription for good (code 2000 for the
 	// API's unsubscribe).
 	OnUnsubscribed func(UnsubscribedEvent)
+	// OnSkipped: the server left publications of a server-side subscription out (its namespace's
+	// backpressure policy); they are not recovered (the app's own subscriptions have
+	// SubscribeOptions.OnSkipped).
+	OnSkipped func(SkippedEvent)
 }
 
 // ConnectingEvent is passed to OnConnecting.
@@ -97,6 +101,15 @@ type PublicationEvent struct {
 type PresenceEvent struct {
 	Channel string
 	Info    ClientInfo
+}
+
+// SkippedEvent: publications From..To (offsets) of Channel were left out for this connection by
+// the namespace's backpressure policy (conflate or drop_oldest: it read more slowly than they
+// came). They are not recovered: the position moves to To and the next publication follows it.
+type SkippedEvent struct {
+	Channel string
+	From    uint64
+	To      uint64
 }
 
 // UnsubscribedEvent: a subscription ended for good.

@@ -109,3 +109,20 @@ func (t *streamTracker) applyPublication(p *Publication) pubVerdict {
 	t.offset = p.Offset
 	return verdictDeliver
 }
+
+// applySkip: the server left from..to out (backpressure) and will not send them; the position
+// moves past them. verdictGap when from is past the next offset (a hole before the skip: recover
+// it), verdictDuplicate when the skip is all at or behind the position (stale: ignore it).
+func (t *streamTracker) applySkip(from, to uint64) pubVerdict {
+	if !t.recoverable || !t.known {
+		return verdictDeliver
+	}
+	if to <= t.offset {
+		return verdictDuplicate
+	}
+	if from > t.offset+1 && !t.filtered {
+		return verdictGap
+	}
+	t.offset = to
+	return verdictDeliver
+}

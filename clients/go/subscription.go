@@ -68,6 +68,9 @@ type SubscribeOptions struct {
 	OnRecoveryFailed func(RecoveryFailedEvent)
 	// OnUnsubscribed: the subscription ended for good (server unsub, a refusal, Unsubscribe).
 	OnUnsubscribed func(UnsubscribedEvent)
+	// OnSkipped: the server left publications out (the namespace's backpressure policy); the
+	// subscription moves past them without recovering them.
+	OnSkipped func(SkippedEvent)
 	// OnError: a non-fatal error (a subscribe that will be retried).
 	OnError func(SubscriptionErrorEvent)
 }
@@ -296,6 +299,31 @@ func (s *Subscription) applyPublication(p *Publication, delta *bool) bool {
 		s.backoff.Reset()
 		s.deliver(p)
 	}
+	return false
+}
+
+// applySkip handles a skip push (the namespace's backpressure policy left from..to out): the
+// position moves past them without recovering them, and OnSkipped says so. Returns true when
+// from is past the next offset (a hole before the skip: resync to recover it).
+func (s *Subscription) applySkip(from, to uint64) bool {
+	if s.state != SubSubscribed {
+		return false // the subscribe reply's recovery covers it
+	}
+	switch s.tracker.applySkip(from, to) {
+	case verdictGap:
+		return true
+	case verdictDuplicate:
+		return false
+	}
+	// The publication after a skip comes in full; a delta against the held base would skip the
+	// left-out ones, so it must not be used.
+	s.deltaBase = nil
+	ev := SkippedEvent{Channel: s.channel, From: from, To: to}
+	s.emit(func(o *SubscribeOptions) {
+		if o.OnSkipped != nil {
+			o.OnSkipped(ev)
+		}
+	})
 	return false
 }
 

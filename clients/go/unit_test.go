@@ -214,6 +214,50 @@ func TestTrackerPublicationWithoutOffsetMovesNothing(t *testing.T) {
 	}
 }
 
+func TestDecodeSkip(t *testing.T) {
+	ms := decodeFrame([]byte(`{"skip":{"channel":"c","from":3,"to":8}}` + "\n" +
+		`{"skip":{"channel":"c","from":9,"to":8}}` + "\n" + `{"skip":{"from":1,"to":2}}` + "\n" +
+		`{"skip":{"channel":"c","from":1}}` + "\n" + `{"skip":{"channel":"c","from":-1,"to":2}}`))
+	if len(ms) != 5 {
+		t.Fatalf("got %d messages, want 5", len(ms))
+	}
+	if k := ms[0]; k.kind != msgSkip || k.channel != "c" || k.from != 3 || k.to != 8 {
+		t.Errorf("skip: %+v", k)
+	}
+	for i, k := range ms[1:] {
+		if k.kind != msgInvalid {
+			t.Errorf("malformed skip %d: kind %d, want invalid", i+1, k.kind)
+		}
+	}
+}
+
+func TestTrackerSkip(t *testing.T) {
+	tr := newStreamTracker(nil, false)
+	tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 4}, nil)
+	if v := tr.applySkip(5, 9); v != verdictDeliver || *tr.since() != (StreamPosition{"e1", 9}) {
+		t.Fatalf("skip 5..9 after 4: %v, since %+v", v, tr.since())
+	}
+	if v := tr.applyPublication(&Publication{Offset: 10}); v != verdictDeliver {
+		t.Fatalf("10 after the skip: %v", v)
+	}
+	// Overlapping the position (from behind it, to past it) moves it too.
+	if v := tr.applySkip(8, 12); v != verdictDeliver || tr.offset != 12 {
+		t.Fatalf("skip 8..12 at 10: %v, offset %d", v, tr.offset)
+	}
+	if v := tr.applySkip(3, 12); v != verdictDuplicate || tr.offset != 12 {
+		t.Fatalf("stale skip 3..12 at 12: %v, offset %d", v, tr.offset)
+	}
+	if v := tr.applySkip(14, 16); v != verdictGap || tr.offset != 12 {
+		t.Fatalf("skip 14..16 at 12 (13 missing): %v, offset %d", v, tr.offset)
+	}
+	// Filtered: holes are no gaps.
+	f := newStreamTracker(nil, true)
+	f.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 4}, nil)
+	if v := f.applySkip(7, 9); v != verdictDeliver || f.offset != 9 {
+		t.Fatalf("filtered skip 7..9 at 4: %v, offset %d", v, f.offset)
+	}
+}
+
 func TestTrackerFilteredHolesAreNoGaps(t *testing.T) {
 	tr := newStreamTracker(nil, true)
 	tr.applySubscribe(&SubscribeResult{Epoch: "e1", Offset: 4}, nil)
