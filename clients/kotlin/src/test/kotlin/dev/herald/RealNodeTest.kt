@@ -12,6 +12,7 @@ import dev.herald.client.HistoryOptions
 import dev.herald.client.PublicationEvent
 import dev.herald.client.ReplyException
 import dev.herald.client.ServerSubscribedEvent
+import dev.herald.client.SkippedEvent
 import dev.herald.client.SubscribeOptions
 import dev.herald.client.SubscriptionListener
 import dev.herald.client.UnsubscribedEvent
@@ -48,6 +49,8 @@ class Recorder : ClientListener, SubscriptionListener {
     override fun onServerPublication(event: PublicationEvent) { events.add(event) }
     override fun onServerUnsubscribed(event: UnsubscribedEvent) { events.add(event) }
     override fun onPublication(event: PublicationEvent) { events.add(event) }
+    override fun onSkipped(event: SkippedEvent) { events.add(event) }
+    override fun onServerSkipped(event: SkippedEvent) { events.add(event) }
 
     inline fun <reified T> next(what: String, timeoutMs: Long = 10_000, pred: (T) -> Boolean = { true }): T {
         val deadline = System.currentTimeMillis() + timeoutMs

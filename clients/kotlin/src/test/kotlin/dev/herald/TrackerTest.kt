@@ -25,6 +25,22 @@ class TrackerTest {
     }
 
     @Test
+    fun skipMovesThePositionIgnoresStaleOnesAndRevealsHoles() {
+        val t = StreamTracker(null)
+        t.applySubscribe(reply("e", 3, null), null)
+        assertEquals(Verdict.DELIVER, t.applySkip(4, 7))
+        assertEquals(StreamPosition("e", 7), t.since())
+        assertEquals(Verdict.DUPLICATE, t.applySkip(5, 7))
+        assertEquals(Verdict.DELIVER, t.applyPublication(Publication(8, null, null)))
+        assertEquals(Verdict.GAP, t.applySkip(10, 12))
+        assertEquals(StreamPosition("e", 8), t.since())
+        // With a tag filter, offsets have holes that are no gaps: the skip just moves the position.
+        val f = StreamTracker(StreamPosition("e", 3), filtered = true)
+        assertEquals(Verdict.DELIVER, f.applySkip(10, 12))
+        assertEquals(StreamPosition("e", 12), f.since())
+    }
+
+    @Test
     fun epochChangeIsAFailedRecovery() {
         val t = StreamTracker(StreamPosition("old", 9))
         val out = t.applySubscribe(reply("new", 2, true, 1, 2), StreamPosition("old", 9))

@@ -31,6 +31,13 @@ data class PublicationEvent @JvmOverloads constructor(
     val tags: Map<String, String>? = null,
 )
 
+/**
+ * The server left publications [from]..[to] of [channel] out for this connection: the namespace's
+ * `backpressure` is `conflate` or `drop_oldest` and the client read too slowly. They are not
+ * recovered; the position moves to [to] and the next publication is [to] + 1 (sent in full).
+ */
+data class SkippedEvent(val channel: String, val from: Long, val to: Long)
+
 /** A presence change (`join`/`leave` push). */
 data class PresenceEvent(val channel: String, val info: ClientInfo)
 
@@ -63,6 +70,8 @@ interface ClientListener {
     /** Server-side subscriptions: the SDK asked to recover the channel and the server could not (once per failure, just before [onServerSubscribed]). */
     fun onServerRecoveryFailed(event: RecoveryFailedEvent) {}
     fun onServerPublication(event: PublicationEvent) {}
+    /** Server-side subscriptions: publications left out by the namespace's backpressure policy (see [SkippedEvent]). */
+    fun onServerSkipped(event: SkippedEvent) {}
     fun onServerJoin(event: PresenceEvent) {}
     fun onServerLeave(event: PresenceEvent) {}
     fun onServerUnsubscribed(event: UnsubscribedEvent) {}
@@ -73,6 +82,8 @@ interface SubscriptionListener {
     fun onSubscribed(event: SubscribedEvent) {}
     fun onPublication(event: PublicationEvent) {}
     fun onRecoveryFailed(event: RecoveryFailedEvent) {}
+    /** Publications left out by the namespace's backpressure policy, not recovered (see [SkippedEvent]). */
+    fun onSkipped(event: SkippedEvent) {}
     fun onJoin(event: PresenceEvent) {}
     fun onLeave(event: PresenceEvent) {}
     fun onUnsubscribed(event: UnsubscribedEvent) {}

@@ -563,6 +563,22 @@ class HeraldClient @JvmOverloads constructor(
             }
             return
         }
+        m.optJSONObject("skip")?.let { o ->
+            val ch = o.optString("channel")
+            val from = o.optLong("from", -1)
+            val to = o.optLong("to", -1)
+            if (from < 0 || to < from) {
+                reportError("protocol", ConnectionException(Codes.BAD_FRAME, "skip without channel, from or to"), ch)
+                return
+            }
+            val s = subs[ch]
+            if (s == null) {
+                if (ch in serverSubs) serverSkip(ch, from, to)
+            } else if (s.applySkip(from, to)) {
+                resync(s, true)
+            }
+            return
+        }
         val join = m.optJSONObject("join")
         val leave = m.optJSONObject("leave")
         if (join != null || leave != null) {
@@ -632,6 +648,21 @@ class HeraldClient @JvmOverloads constructor(
         }
         val ev = PublicationEvent(channel, p.offset, epoch, p.data, p.info, p.tags)
         emit { it.onServerPublication(ev) }
+    }
+
+    /**
+     * A server-side subscription's `skip`: move its position to [to] (a reconnect recovers from there)
+     * and tell the app; a stale one is ignored. As for its publications ([serverPublication]), a hole
+     * before it is not looked for: the client does not resubscribe the server's subscriptions.
+     */
+    private fun serverSkip(channel: String, from: Long, to: Long) {
+        val pos = serverPositions[channel]
+        if (pos != null && serverNoHistory[channel] != true) {
+            if (to <= pos.offset) return
+            serverPositions[channel] = pos.copy(offset = to)
+        }
+        val ev = SkippedEvent(channel, from, to)
+        emit { it.onServerSkipped(ev) }
     }
 
     // ------------------------------------------------------------------------------------------

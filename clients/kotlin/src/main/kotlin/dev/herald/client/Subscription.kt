@@ -134,6 +134,22 @@ class Subscription internal constructor(private val client: HeraldClient, val ch
         return false
     }
 
+    /** A `skip` push; true when it reveals a hole before it (resubscribe with since). */
+    internal fun applySkip(from: Long, to: Long): Boolean {
+        if (state != SubscriptionState.SUBSCRIBED) return false
+        return when (tracker.applySkip(from, to)) {
+            Verdict.GAP -> true
+            Verdict.DUPLICATE -> false
+            Verdict.DELIVER -> {
+                // The skipped run held the next delta's base; the publication after it comes in full.
+                deltaBase = null
+                val ev = SkippedEvent(channel, from, to)
+                emit { it.onSkipped(ev) }
+                false
+            }
+        }
+    }
+
     internal fun applyPresence(join: Boolean, ev: PresenceEvent) {
         if (state != SubscriptionState.SUBSCRIBED) return
         emit { if (join) it.onJoin(ev) else it.onLeave(ev) }

@@ -73,6 +73,19 @@ internal class StreamTracker(since: StreamPosition?, private val filtered: Boole
         return SubscribeOutcome(out, gap = gap, recovered = true)
     }
 
+    /**
+     * A `skip` push: [from]..[to] were left out by the backpressure policy and are not recovered.
+     * DELIVER: the position moves to [to]; DUPLICATE: all at or behind it (stale); GAP: [from] is
+     * past the next offset (a hole before the skip: recover it).
+     */
+    fun applySkip(from: Long, to: Long): Verdict {
+        if (!recoverable || !known) return Verdict.DELIVER
+        if (to <= offset) return Verdict.DUPLICATE
+        if (from > offset + 1 && !filtered) return Verdict.GAP
+        offset = to
+        return Verdict.DELIVER
+    }
+
     fun applyPublication(p: Publication): Verdict {
         if (!recoverable || !known) return Verdict.DELIVER
         // No offset (0): kept out of history (`skip_history`), live only; the position stays.
