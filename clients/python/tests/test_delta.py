@@ -19,7 +19,7 @@ from herald.codec import decode_frame
 from herald.fossil import DeltaError, apply_delta, apply_delta_text
 from herald.server import HeraldAPI
 from herald.subscription import Subscription
-from waits import run, until
+from support import Recorder, connect_reply, run, until
 
 BOOK1 = (
     '{"symbol":"HRLD-USD","seq":1,"bids":[{"price":"100.00","size":10},{"price":"99.50","size":20},'
@@ -180,17 +180,12 @@ def _pub(offset: int, data: Any, delta: Optional[bool]) -> str:
 @pytest.mark.parametrize("case", ["no base", "bad checksum"])
 def test_client_resubscribes_with_since_when_a_delta_does_not_apply(case: str) -> None:
     async def main() -> None:
-        received: List[dict] = []
-
-        async def recv(ws: Any) -> dict:
-            msg = json.loads(await ws.recv())
-            received.append(msg)
-            return msg
+        recv = Recorder().recv
 
         async def handler(ws: Any) -> None:
             connect = await recv(ws)
             assert "subs" not in connect["connect"], "a delta subscription is never in connect.subs"
-            await ws.send(json.dumps({"id": connect["id"], "connect": {"client": "c1", "node": "n", "ping_interval": 25}}))
+            await ws.send(connect_reply(connect))
             sub = await recv(ws)
             assert sub["subscribe"] == {"channel": "book", "delta": "fossil"}
             await ws.send(json.dumps({"id": sub["id"], "subscribe": {"epoch": "e", "offset": 4, "recoverable": True, "delta": True}}))

@@ -12,32 +12,22 @@ from typing import Any, Awaitable, Callable, List
 from websockets.asyncio.server import serve
 
 import herald
-from waits import run, until
+from support import Recorder, connect_reply, run, until
 
 
-class FakeNode:
+class FakeNode(Recorder):
     """Accepts connections; ``script(ws, connect_cmd, n)`` runs each one (n counts from 0)."""
 
     def __init__(self, script: Callable[[Any, dict, int], Awaitable[None]]) -> None:
+        super().__init__()
         self.script = script
         self.accepts: List[float] = []
-        self.received: List[dict] = []
 
     async def handler(self, ws: Any) -> None:
         n = len(self.accepts)
         self.accepts.append(time.monotonic())
-        first = json.loads(await ws.recv())
-        self.received.append(first)
+        first = await self.recv(ws)
         await self.script(ws, first, n)
-
-    async def recv(self, ws: Any) -> dict:
-        msg = json.loads(await ws.recv())
-        self.received.append(msg)
-        return msg
-
-
-def connect_reply(cmd: dict, client: str = "c1", ping_interval: int = 25, **extra: Any) -> str:
-    return json.dumps({"id": cmd["id"], "connect": {"client": client, "node": "n", "ping_interval": ping_interval, **extra}})
 
 
 def test_pong_and_dead_connection_detection() -> None:

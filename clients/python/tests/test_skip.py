@@ -15,7 +15,7 @@ import herald
 from herald.codec import decode_frame
 from herald.recovery import StreamTracker
 from herald.subscription import Subscription
-from waits import run, until
+from support import Recorder, connect_reply, run, until
 
 
 def _pub(offset: int, channel: str = "c") -> str:
@@ -59,23 +59,19 @@ def test_skip_drops_the_delta_base() -> None:
 async def _serve_one(steps: Any) -> Tuple[Any, List[dict]]:
     """A node whose single connection subscribes ``c`` (fresh, epoch e, offset 0), then runs
     ``steps(ws, recv)``; every command the client sends is kept."""
-    received: List[dict] = []
-
-    async def recv(ws: Any) -> dict:
-        msg = json.loads(await ws.recv())
-        received.append(msg)
-        return msg
+    rec = Recorder()
+    recv = rec.recv
 
     async def handler(ws: Any) -> None:
         connect = await recv(ws)
-        await ws.send(json.dumps({"id": connect["id"], "connect": {"client": "c1", "node": "n", "ping_interval": 25}}))
+        await ws.send(connect_reply(connect))
         sub = await recv(ws)
         assert sub["subscribe"] == {"channel": "c"}
         await ws.send(json.dumps({"id": sub["id"], "subscribe": {"epoch": "e", "offset": 0, "recoverable": True}}))
         await steps(ws, recv)
         await ws.wait_closed()
 
-    return handler, received
+    return handler, rec.received
 
 
 def _client_run(steps: Any, check: Any) -> None:
@@ -160,12 +156,12 @@ def test_skip_past_the_next_offset_is_a_hole_recovered_with_since() -> None:
 
 def test_server_side_skip_moves_the_position_a_reconnect_recovers_from() -> None:
     async def main() -> None:
-        connects: List[dict] = []
+        rec = Recorder()
+        connects = rec.received
 
         async def handler(ws: Any) -> None:
-            connect = json.loads(await ws.recv())
-            connects.append(connect)
-            await ws.send(json.dumps({"id": connect["id"], "connect": {"client": "c1", "node": "n", "ping_interval": 25}}))
+            connect = await rec.recv(ws)
+            await ws.send(connect_reply(connect))
             if len(connects) == 1:
                 await ws.send(json.dumps({"subscribe": {"channel": "s", "epoch": "e", "offset": 2, "recoverable": True}}))
                 await ws.send(_pub(3, "s"))
