@@ -73,14 +73,23 @@ build() {
 # for many mostly idle connections: a shared write buffer instead of one per connection); off by
 # default, as Centrifugo ships. PEERS_CENTRIFUGO_REDIS=redis://host:port puts the node on Centrifugo's
 # Redis engine (broker and history in that Redis, as Herald's HERALD_BROKER_URL does), so that
-# several nodes share channels.
+# several nodes share channels; PEERS_CENTRIFUGO_REDIS_CLUSTER=host:port,host:port,... on a Redis
+# Cluster; PEERS_CENTRIFUGO_NATS=nats://host:port on its NATS broker (no history there, see below).
 centrifugo_config() {
   local port=$1 ws=""
   if [ "${PEERS_CENTRIFUGO_WRITE_BUFFER_POOL:-0}" = 1 ]; then
     ws=$'\n  "websocket": { "use_write_buffer_pool": true },'
   fi
+  local history=$'"history_size": 1000,\n      "history_ttl": "300s",\n      "force_recovery": true,'
   if [ -n "${PEERS_CENTRIFUGO_REDIS:-}" ]; then
     ws+=$'\n  "engine": { "type": "redis", "redis": { "address": ["'"$PEERS_CENTRIFUGO_REDIS"$'"] } },'
+  elif [ -n "${PEERS_CENTRIFUGO_REDIS_CLUSTER:-}" ]; then
+    ws+=$'\n  "engine": { "type": "redis", "redis": { "cluster_address": ["'"$PEERS_CENTRIFUGO_REDIS_CLUSTER"$'"] } },'
+  elif [ -n "${PEERS_CENTRIFUGO_NATS:-}" ]; then
+    # Centrifugo's NATS broker carries publications only ("does not support history, recovery or
+    # cache"), so the namespace keeps none: a weaker guarantee than Herald's JetStream history.
+    ws+=$'\n  "broker": { "enabled": true, "type": "nats", "nats": { "url": "'"$PEERS_CENTRIFUGO_NATS"$'" } },'
+    history=""
   fi
   cat <<EOF
 {
@@ -97,9 +106,7 @@ centrifugo_config() {
     "without_namespace": {
       "allow_subscribe_for_client": true,
       "allow_subscribe_for_anonymous": true,
-      "history_size": 1000,
-      "history_ttl": "300s",
-      "force_recovery": true,
+      $history
       "presence": false,
       "join_leave": false
     }

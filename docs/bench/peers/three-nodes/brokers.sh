@@ -4,7 +4,12 @@
 # fresh per run. 10,000 channels × 5 subscribers (50,000 connections, 16,667 per node),
 # publications round-robin over the channels and the three APIs, RATE per second for 20 s. The
 # brokers' own CPU time over the run (connect included) is appended to each .txt.
-# Needs target/release/herald, target/release/herald-bench, redis-server, nats-server.
+# SERVERS="herald centrifugo" runs Centrifugo beside Herald on the same broker, fresh per run:
+# its Redis engine on the single Redis and on the Cluster (`cluster_address`), its NATS broker on
+# NATS, which keeps no history (Centrifugo: "NATS broker does not support history, recovery or
+# cache"), so there Centrifugo carries less than Herald, whose history lives in JetStream.
+# Needs target/release/herald, target/release/herald-bench, redis-server, nats-server, and for
+# Centrifugo scripts/peers.sh build centrifugo.
 set -u
 cd "$(dirname "$0")/../../../.."
 export HERALD_API_KEY=benchkey
@@ -14,6 +19,8 @@ HERALD=${HERALD:-target/release/herald}
 ROUNDS=${ROUNDS:-1}
 RATE=${RATE:-2000}
 BROKERS=${BROKERS:-"redis cluster nats"}
+SERVERS=${SERVERS:-herald}
+export PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
 NAME=${NAME:-fanin10k-3n-r$RATE}
 CPORTS="18861 18862 18863" NPORT=18864 RPORT=18860
 WORK=$(mktemp -d /tmp/herald-3n-brokers.XXXXXX)
@@ -45,24 +52,39 @@ up() { # broker → prints the URL; sets PIDS
   esac
 }
 H="$HERALD serve --config docs/bench/bench.toml --port"
+C="scripts/peers.sh start centrifugo --port"
 for i in $ROUNDS; do
   for broker in $BROKERS; do
+  for server in $SERVERS; do
     up "$broker" > "$WORK/url"
     url=$(cat "$WORK/url")
-    name="$NAME-$broker-herald-$i"
+    name="$NAME-$broker-$server-$i"
     c0=$(cpu_s "${PIDS[@]}")
     { echo "# $name ($url)"; echo "# load: $(uptime)"; } > "$OUT/$name.txt"
     args=()
-    for p in 18851 18852 18853; do args+=(--ws "ws://127.0.0.1:$p/ws" --api "http://127.0.0.1:$p"); done
+    if [ "$server" = herald ]; then
+      for p in 18851 18852 18853; do args+=(--ws "ws://127.0.0.1:$p/ws" --api "http://127.0.0.1:$p"); done
+      args+=(--source-base 127.0.163.2 --server-cmd "$H 18851" --server-cmd "$H 18852" --server-cmd "$H 18853")
+    else
+      for p in 18851 18852 18853; do
+        args+=(--ws "ws://127.0.0.1:$p/connection/websocket" --api "http://127.0.0.1:$p")
+      done
+      args+=(--centrifugo --source-base 127.0.164.2 --server-cmd "$C 18851" --server-cmd "$C 18852" --server-cmd "$C 18853")
+    fi
+    case $broker in
+      redis) export PEERS_CENTRIFUGO_REDIS=$url ;;
+      cluster) export PEERS_CENTRIFUGO_REDIS_CLUSTER=127.0.0.1:18861,127.0.0.1:18862,127.0.0.1:18863 ;;
+      nats) export PEERS_CENTRIFUGO_NATS=$url ;;
+    esac
     HERALD_BROKER_URL=$url timeout 300 docs/bench/prio.sh $B broadcast -n 50000 -c 10000 -r "$RATE" -d 20 \
-      --source-base 127.0.163.2 "${args[@]}" \
-      --server-cmd "$H 18851" --server-cmd "$H 18852" --server-cmd "$H 18853" \
-      --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
+      "${args[@]}" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
+    unset PEERS_CENTRIFUGO_REDIS PEERS_CENTRIFUGO_REDIS_CLUSTER PEERS_CENTRIFUGO_NATS
     echo "$broker CPU over the run (all its processes): $(( $(cpu_s "${PIDS[@]}") - c0 )) s" >> "$OUT/$name.txt"
     gzip -f "$OUT/$name.json"
     kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
     rm -rf "${WORK:?}"/1886* "$WORK/js"
     sleep 3
+  done
   done
 done
 rm -rf "$WORK"
