@@ -43,7 +43,8 @@ one() { # name port source-base ws-path bench-flags... -- server command...
 # PEER=centrifugo (Herald's own protocol beside Centrifugo's) or PEER=sockudo (both as Pusher
 # servers: Herald's Pusher endpoint with docs/bench/pusher.toml, the signed trigger API), or
 # PEER=socketio (Herald's own protocol beside Socket.IO 4.8.4 behind scripts/peers/socketio-server.mjs,
-# herald-bench --socketio; scripts/peers.sh build socketio; the runs' --json beside their .txt).
+# herald-bench --socketio; scripts/peers.sh build socketio; the runs' --json beside their .txt),
+# or PEER=anycable (both as plain Pusher servers, as for Sockudo: AnyCable v1.6.16's Pusher mode).
 PEER=${PEER:-centrifugo}
 P="--pusher --pusher-app bench-app:bench-key:bench-secret --prefix bench"
 for i in $ROUNDS; do
@@ -52,6 +53,15 @@ for i in $ROUNDS; do
       target/release/herald serve --config docs/bench/bench.toml --port 18905
     one "socketio$SFX-$i" 18906 127.0.187.2 "/socket.io/?EIO=4&transport=websocket" --socketio \
       --json "$OUT/socketio$SFX-$i.json" -- scripts/peers.sh start socketio --port 18906
+  elif [ "$PEER" = anycable ]; then
+    # Both as plain Pusher servers, as for Sockudo: AnyCable v1.6.16 in its Pusher mode.
+    # shellcheck disable=SC2086
+    one "pusher-herald$SFX-$i" 18907 127.0.188.2 "/app/bench-key?protocol=7" $P \
+      --json "$OUT/pusher-herald$SFX-$i.json" -- \
+      target/release/herald serve --config docs/bench/pusher.toml --port 18907
+    # shellcheck disable=SC2086
+    one "anycable$SFX-$i" 18908 127.0.189.2 "/app/bench-key?protocol=7" $P \
+      --json "$OUT/anycable$SFX-$i.json" -- scripts/peers.sh start anycable --port 18908
   elif [ "$PEER" = sockudo ]; then
     # shellcheck disable=SC2086
     one "pusher-herald-$i" 18903 127.0.183.2 "/app/bench-key?protocol=7" $P -- \
