@@ -80,6 +80,9 @@ build() {
       mkdir -p "$dir"
       # Without the mruby tag (`mrb`, optional upstream) and without cgo: a static binary.
       (cd "$ANYCABLE_SRC" && CGO_ENABLED=0 nice -n 19 go build -trimpath -o "$dir/anycable-go" ./cmd/anycable-go)
+      # Not `anycable-go version`: that starts a server.
+      "$dir/anycable-go" --version
+      return
       ;;
     socketio)
       # The npm package at a pinned version, with its own lock of what npm resolved (recorded in
