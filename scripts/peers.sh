@@ -5,23 +5,33 @@
 #
 #   scripts/peers.sh build centrifugo            # go install from the Go module proxy
 #   scripts/peers.sh build sockudo               # cargo install from crates.io (a long build)
+#   scripts/peers.sh build socketio              # npm install socket.io (pinned) from npm
+#   ANYCABLE_SRC=DIR scripts/peers.sh build anycable  # go build from a checkout of v1.6.16
 #   scripts/peers.sh start centrifugo --port N   # execs the server (herald-bench --server-cmd)
 #   scripts/peers.sh config centrifugo --port N  # print the configuration only
 #   scripts/peers.sh path centrifugo             # the binary's path
 #
 # Centrifugo (Centrifugo's own protocol: herald-bench --centrifugo) and Sockudo (the Pusher
 # protocol: herald-bench --pusher --pusher-app bench-app:bench-key:bench-secret --health-path /up).
+# Socket.IO: socket.io from npm behind our own small server, scripts/peers/socketio-server.mjs
+# (herald-bench --socketio --ws 'ws://HOST:N/socket.io/?EIO=4&transport=websocket').
+# AnyCable (anycable-go in its Pusher mode: herald-bench --pusher --pusher-app
+# bench-app:bench-key:bench-secret): the Go module proxy does not serve it, so the source is a
+# checkout of github.com/anycable/anycable at v1.6.16 that you provide (ANYCABLE_SRC); its
+# dependencies come from the module proxy.
 # Environment: PEERS_DIR (default ~/.cache/herald/peers), HERALD_API_KEY (default benchkey: the
 # same key herald-bench sends).
 set -euo pipefail
 
 CENTRIFUGO_VERSION=v6.9.1
 SOCKUDO_VERSION=5.2.0
+SOCKETIO_VERSION=4.8.4
+ANYCABLE_VERSION=v1.6.16
 PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
 API_KEY=${HERALD_API_KEY:-benchkey}
 
 usage() {
-  sed -n '2,13p' "$0" >&2
+  sed -n '2,21p' "$0" >&2
   exit 2
 }
 
@@ -29,6 +39,8 @@ bin_path() {
   case $1 in
     centrifugo) echo "$PEERS_DIR/centrifugo-$CENTRIFUGO_VERSION/centrifugo" ;;
     sockudo) echo "$PEERS_DIR/sockudo-$SOCKUDO_VERSION/bin/sockudo" ;;
+    socketio) command -v node ;;
+    anycable) echo "$PEERS_DIR/anycable-$ANYCABLE_VERSION/anycable-go" ;;
     *) usage ;;
   esac
 }
@@ -58,6 +70,30 @@ build() {
         RUSTUP_TOOLCHAIN=${RUSTUP_TOOLCHAIN:-stable} nice -n 19 \
         "$(rustup which cargo 2>/dev/null || command -v cargo)" install sockudo \
         --version "$SOCKUDO_VERSION" --locked --root "$dir"
+      ;;
+    anycable)
+      [ -f "${ANYCABLE_SRC:-}/cmd/anycable-go/main.go" ] || {
+        echo "peers.sh: set ANYCABLE_SRC to a checkout of github.com/anycable/anycable at $ANYCABLE_VERSION" >&2
+        exit 1
+      }
+      dir=$PEERS_DIR/anycable-$ANYCABLE_VERSION
+      mkdir -p "$dir"
+      # Without the mruby tag (`mrb`, optional upstream) and without cgo: a static binary.
+      (cd "$ANYCABLE_SRC" && CGO_ENABLED=0 nice -n 19 go build -trimpath -o "$dir/anycable-go" ./cmd/anycable-go)
+      # Not `anycable-go version`: that starts a server.
+      "$dir/anycable-go" --version
+      return
+      ;;
+    socketio)
+      # The npm package at a pinned version, with its own lock of what npm resolved (recorded in
+      # docs/bench/peers/socketio/README.md). No optional native add-ons (bufferutil,
+      # utf-8-validate): what `npm install socket.io` gives.
+      command -v npm >/dev/null || { echo "peers.sh: npm missing" >&2; exit 1; }
+      dir=$PEERS_DIR/socketio-$SOCKETIO_VERSION
+      mkdir -p "$dir"
+      nice -n 19 npm install --prefix "$dir" --save-exact --no-audit --no-fund "socket.io@$SOCKETIO_VERSION"
+      echo "node $(node --version), socket.io $(node -p "require('$dir/node_modules/socket.io/package.json').version")"
+      return
       ;;
     *) usage ;;
   esac
@@ -161,6 +197,24 @@ start() {
       *) usage ;;
     esac
   done
+  if [ "$peer" = socketio ]; then
+    local dir=$PEERS_DIR/socketio-$SOCKETIO_VERSION
+    [ -d "$dir/node_modules/socket.io" ] ||
+      { echo "peers.sh: $dir missing; run: scripts/peers.sh build socketio" >&2; exit 1; }
+    # One Node process (single-threaded), Socket.IO's defaults: scripts/peers/socketio-server.mjs.
+    HERALD_API_KEY=$API_KEY PEERS_SOCKETIO_DIR=$dir \
+      exec node "$(dirname "$0")/peers/socketio-server.mjs" --port "$port"
+  fi
+  if [ "$peer" = anycable ]; then
+    bin=$(bin_path anycable)
+    [ -x "$bin" ] || { echo "peers.sh: $bin missing; run: ANYCABLE_SRC=DIR scripts/peers.sh build anycable" >&2; exit 1; }
+    # Pusher mode with docs/bench/pusher.toml's app; `--public`: every connection and stream
+    # allowed without an RPC backend (Herald's bench runs anonymous too); no broker (no history,
+    # as plain Pusher); broadcasts only through the Pusher trigger API (`http` adapter, not Redis).
+    exec "$bin" --public --host 127.0.0.1 --port "$port" --log_level warn \
+      --pusher_app_id bench-app --pusher_app_key bench-key --pusher_secret bench-secret \
+      --broadcast_adapter http
+  fi
   bin=$(bin_path "$peer")
   [ -x "$bin" ] || { echo "peers.sh: $bin missing; run: scripts/peers.sh build $peer" >&2; exit 1; }
   # One file per peer and port, rewritten at every start.

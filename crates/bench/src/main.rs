@@ -91,6 +91,13 @@ async fn coordinate(cli: Cli) -> Result<()> {
             "--tags-filter: WebSocket only"
         );
     }
+    if cli.params.socketio {
+        anyhow::ensure!(
+            matches!(cli.scenario, Scenario::Idle | Scenario::Broadcast)
+                && cli.params.transport == Transport::Ws,
+            "--socketio: idle and broadcast over WebSocket only (Socket.IO cannot recover)"
+        );
+    }
     cli.params.plain_pusher().map_err(anyhow::Error::msg)?;
     if cli.params.pusher_app.is_some() {
         anyhow::ensure!(

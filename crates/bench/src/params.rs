@@ -160,6 +160,17 @@ pub struct Params {
     #[arg(long, conflicts_with = "pusher")]
     #[serde(default)]
     pub centrifugo: bool,
+    /// Speak Socket.IO (Engine.IO v4, Socket.IO protocol v5) over WebSocket, for a side-by-side
+    /// run against a Socket.IO server (scripts/peers/socketio-server.mjs via scripts/peers.sh):
+    /// `--ws` URLs are `/socket.io/?EIO=4&transport=websocket`; a client connects to the main
+    /// namespace (`40`), emits `subscribe` with its channel and an ack id, and waits for the ack;
+    /// it answers the server's `2` pings with `3`; publications arrive as
+    /// `42["publication",channel,data]`. Publications go to the server's `POST /api/publish`
+    /// (Herald's body, `Authorization: Bearer`). Socket.IO has no offsets: the k-th publication
+    /// of a channel counts as offset k, as for `--pusher-app`. `idle` and `broadcast` only.
+    #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
+    #[serde(default)]
+    pub socketio: bool,
     /// Transport the clients use: `ws` (WebSocket) or `sse` (Server-Sent Events, the same
     /// node's `/connection/sse`; `idle` and `broadcast` only).
     #[arg(long, value_enum, default_value_t = Transport::Ws)]
@@ -172,13 +183,13 @@ pub struct Params {
     pub compression: bool,
     /// Tags on every publication, a JSON object of strings (`{"k":"v"}`; docs/protocol.md, "Tags
     /// and tag filters"). Herald's protocol only.
-    #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
+    #[arg(long, conflicts_with_all = ["pusher", "centrifugo", "socketio"])]
     #[serde(default)]
     pub tags: Option<String>,
     /// Every client subscribes with this tag filter (`subscribe` param `tf`, JSON), in a
     /// `subscribe` command after `connect` (whose `subs` take no filter). The namespace must set
     /// `allow_tags_filter`. Herald's protocol over WebSocket only.
-    #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
+    #[arg(long, conflicts_with_all = ["pusher", "centrifugo", "socketio"])]
     #[serde(default)]
     pub tags_filter: Option<String>,
     /// PEM CA certificate to trust for `wss://` and `https://` URLs (a node started with
@@ -196,6 +207,12 @@ pub struct Params {
 }
 
 impl Params {
+    /// Whether the server sends no offsets (`--pusher-app`, `--socketio`): the k-th publication
+    /// of a channel stands for offset k ([`crate::wire::plain_offset`]).
+    pub fn plain_offsets(&self) -> bool {
+        self.pusher_app.is_some() || self.socketio
+    }
+
     /// `--pusher-app` split into its parts, or an error naming what is wrong.
     pub fn plain_pusher(&self) -> Result<Option<PusherApp>, String> {
         let Some(spec) = &self.pusher_app else {

@@ -135,6 +135,7 @@ pub async fn run(
         let plain_pusher = p.plain_pusher().expect("validated before the run");
         let pusher = p.pusher && plain_pusher.is_none();
         let centrifugo = p.centrifugo;
+        let plain_offsets = p.plain_offsets();
         let p_tags = p.tags.clone();
         lanes.push(tokio::spawn(async move {
             loop {
@@ -214,9 +215,9 @@ pub async fn run(
                             s.ok += 1;
                             let v: serde_json::Value =
                                 serde_json::from_slice(&r.body).unwrap_or_default();
-                            if plain_pusher.is_some() {
-                                // A Pusher trigger answers `{}`: the offset is the
-                                // publication's number in its channel.
+                            if plain_offsets {
+                                // A Pusher trigger (and our Socket.IO server) answers `{}`:
+                                // the offset is the publication's number in its channel.
                                 let n = crate::wire::plain_offset(job.seq, channels.len());
                                 s.got(channel, &serde_json::json!({"epoch": "", "offset": n}));
                             } else if !centrifugo {

@@ -62,6 +62,7 @@ pub fn table(r: &RunResult) -> String {
                 (true, _) if p.pusher_app.is_some() => " protocol=pusher-plain",
                 (true, _) => " protocol=pusher",
                 (_, true) => " protocol=centrifugo",
+                _ if p.socketio => " protocol=socketio",
                 _ => "",
             }
         );

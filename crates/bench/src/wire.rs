@@ -1,7 +1,8 @@
 //! The slice of the Herald wire protocol (docs/protocol.md) the load generator speaks: the
 //! `connect` command with `subs`, its reply, pushes, and the publication payload that carries the
 //! send time; and the same slice of the Pusher protocol (`--pusher`) and of Centrifugo's JSON
-//! client protocol and HTTP API (`--centrifugo`, for side-by-side runs: docs/bench/peers/).
+//! client protocol and HTTP API (`--centrifugo`, for side-by-side runs: docs/bench/peers/), and
+//! of Socket.IO over WebSocket (`--socketio`: Engine.IO v4 packets carrying Socket.IO v5 ones).
 
 use std::collections::BTreeMap;
 
@@ -245,6 +246,110 @@ pub fn centrifugo_api_result(v: &serde_json::Value) -> Result<&serde_json::Value
     }
     v.get("result")
         .ok_or_else(|| format!("API answer without result: {v}"))
+}
+
+/// `--socketio`: the Socket.IO event our server script emits publications as
+/// (`io.to(channel).emit("publication", channel, data)`).
+pub const SOCKETIO_EVENT: &str = "publication";
+
+/// `--socketio`: Socket.IO `CONNECT` to the main namespace, in an Engine.IO `message` packet.
+pub const SOCKETIO_CONNECT: &str = "40";
+
+/// `--socketio`: the Engine.IO `pong` that answers the server's `ping` (`2`).
+pub const SOCKETIO_PONG: &str = "3";
+
+/// `--socketio`: the ack id of the `subscribe` event.
+pub const SOCKETIO_SUBSCRIBE_ACK: u64 = 1;
+
+/// `--socketio`: `socket.emit("subscribe", channel, ack)` as a client library sends it: an
+/// Engine.IO message (`4`) holding a Socket.IO `EVENT` (`2`) with ack id
+/// [`SOCKETIO_SUBSCRIBE_ACK`].
+pub fn socketio_subscribe(channel: &str) -> String {
+    format!(
+        "42{SOCKETIO_SUBSCRIBE_ACK}{}",
+        serde_json::json!(["subscribe", channel])
+    )
+}
+
+/// `--socketio`: one WebSocket message, an Engine.IO packet (WebSocket carries one packet per
+/// message), and for a `message` packet the Socket.IO packet in it (main namespace only).
+#[derive(Debug, PartialEq, Eq)]
+pub enum SocketIo<'a> {
+    /// Engine.IO `open` (`0{"sid":…,"pingInterval":…}`), with its JSON.
+    Open(&'a str),
+    /// Engine.IO `close` (`1`) or Socket.IO `DISCONNECT` (`41`).
+    Close,
+    /// Engine.IO `ping` (`2`): answer [`SOCKETIO_PONG`].
+    Ping,
+    /// Socket.IO `CONNECT` answer (`40{"sid":…}`).
+    Connected,
+    /// Socket.IO `CONNECT_ERROR` (`44{…}`), with its JSON.
+    ConnectError(&'a str),
+    /// Socket.IO `EVENT` (`42[name,…args]`): the JSON array.
+    Event(&'a str),
+    /// Socket.IO `ACK` (`43<id>[…args]`): its id and JSON array.
+    Ack(u64, &'a str),
+    /// Anything else (Engine.IO `noop`, binary packets, other namespaces).
+    Other,
+}
+
+/// `--socketio`: parses one WebSocket text message.
+///
+/// # Errors
+/// An empty message, or an `ACK` without an id.
+pub fn parse_socketio(text: &str) -> Result<SocketIo<'_>, String> {
+    let mut chars = text.chars();
+    let Some(eio) = chars.next() else {
+        return Err("empty Engine.IO packet".into());
+    };
+    let rest = &text[1..];
+    Ok(match eio {
+        '0' => SocketIo::Open(rest),
+        '1' => SocketIo::Close,
+        '2' => SocketIo::Ping,
+        '4' => {
+            let Some(kind) = rest.chars().next() else {
+                return Err("empty Socket.IO packet".into());
+            };
+            let body = &rest[1..];
+            // A namespace other than the main one starts with `/`.
+            if body.starts_with('/') {
+                return Ok(SocketIo::Other);
+            }
+            match kind {
+                '0' => SocketIo::Connected,
+                '1' => SocketIo::Close,
+                '2' => SocketIo::Event(body.trim_start_matches(|c: char| c.is_ascii_digit())),
+                '3' => {
+                    let digits =
+                        body.len() - body.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+                    let id = body[..digits]
+                        .parse()
+                        .map_err(|_| format!("ACK without an id: {text:?}"))?;
+                    SocketIo::Ack(id, &body[digits..])
+                }
+                '4' => SocketIo::ConnectError(body),
+                _ => SocketIo::Other,
+            }
+        }
+        _ => SocketIo::Other,
+    })
+}
+
+/// `--socketio`: the channel and payload of an `EVENT` array if it is a publication
+/// (`["publication",channel,data]`), `None` for other events or other shapes.
+pub fn socketio_publication(array: &str) -> Option<(std::borrow::Cow<'_, str>, Data)> {
+    let args: Vec<&RawValue> = serde_json::from_str(array).ok()?;
+    let [name, channel, data] = args.as_slice() else {
+        return None;
+    };
+    let name: std::borrow::Cow<'_, str> = serde_json::from_str(name.get()).ok()?;
+    if name != SOCKETIO_EVENT {
+        return None;
+    }
+    let channel: std::borrow::Cow<'_, str> = serde_json::from_str(channel.get()).ok()?;
+    let data: Data = serde_json::from_str(data.get()).ok()?;
+    Some((channel, data))
 }
 
 /// Where a subscription resumes from (`since`).
@@ -615,5 +720,65 @@ mod tests {
         assert_eq!(reconnect_after_ms(&d.disconnect.unwrap()), Some(0));
         let d = parse(r#"{"disconnect":{"code":4501,"reason":"x","reconnect":false}}"#).unwrap();
         assert_eq!(reconnect_after_ms(&d.disconnect.unwrap()), None);
+    }
+
+    #[test]
+    fn socketio_handshake_packets() {
+        let open = r#"0{"sid":"AbC","upgrades":[],"pingInterval":25000,"pingTimeout":20000,"maxPayload":1000000}"#;
+        assert_eq!(parse_socketio(open).unwrap(), SocketIo::Open(&open[1..]));
+        assert_eq!(
+            parse_socketio(r#"40{"sid":"xyz"}"#).unwrap(),
+            SocketIo::Connected
+        );
+        assert_eq!(
+            parse_socketio(r#"44{"message":"Not authorized"}"#).unwrap(),
+            SocketIo::ConnectError(r#"{"message":"Not authorized"}"#)
+        );
+        assert_eq!(parse_socketio("2").unwrap(), SocketIo::Ping);
+        assert_eq!(parse_socketio("1").unwrap(), SocketIo::Close);
+        assert_eq!(parse_socketio("41").unwrap(), SocketIo::Close);
+        assert_eq!(parse_socketio("6").unwrap(), SocketIo::Other);
+        assert_eq!(
+            parse_socketio(r#"42/admin,["publication","a",{}]"#).unwrap(),
+            SocketIo::Other
+        );
+        assert!(parse_socketio("").is_err());
+        assert!(parse_socketio("4").is_err());
+        assert!(parse_socketio("43[]").is_err());
+        // The acknowledgement of `subscribe`: empty on success, an error object otherwise.
+        assert_eq!(parse_socketio("431[]").unwrap(), SocketIo::Ack(1, "[]"));
+        assert_eq!(
+            parse_socketio(r#"4312[{"error":"x"}]"#).unwrap(),
+            SocketIo::Ack(12, r#"[{"error":"x"}]"#)
+        );
+        // What the client sends.
+        assert_eq!(SOCKETIO_CONNECT, "40");
+        assert_eq!(SOCKETIO_PONG, "3");
+        assert_eq!(socketio_subscribe("bench0"), r#"421["subscribe","bench0"]"#);
+        assert_eq!(
+            socketio_subscribe("a\"b"),
+            r#"421["subscribe","a\"b"]"#,
+            "the channel is JSON-escaped"
+        );
+    }
+
+    #[test]
+    fn socketio_publications() {
+        let data = make_data(1_763_712_000_123_456_789, 7, 64);
+        let msg = format!(r#"42["publication","bench0",{data}]"#);
+        let SocketIo::Event(array) = parse_socketio(&msg).unwrap() else {
+            panic!("not an event: {msg}");
+        };
+        let (channel, d) = socketio_publication(array).unwrap();
+        assert_eq!(channel, "bench0");
+        assert_eq!((d.t, d.s), (1_763_712_000_123_456_789, 7));
+        // An event with an ack id carries the id before the array.
+        let with_id = format!(r#"4217["publication","bench0",{data}]"#);
+        assert_eq!(parse_socketio(&with_id).unwrap(), SocketIo::Event(array));
+        // Other events and shapes are not publications.
+        assert!(socketio_publication(r#"["other","bench0",{"t":1,"s":1}]"#).is_none());
+        assert!(socketio_publication(r#"["publication",{"t":1,"s":1}]"#).is_none());
+        assert!(socketio_publication(r#"["publication","bench0",{"t":1},4]"#).is_none());
+        assert!(socketio_publication("not json").is_none());
     }
 }

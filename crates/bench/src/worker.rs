@@ -750,6 +750,11 @@ async fn connect_once(
         reply.compressed = compressed;
         return Ok((Conn::Ws(ws), reply));
     }
+    if p.socketio {
+        let (ws, mut reply) = socketio_subscribe(ws, channel).await?;
+        reply.compressed = compressed;
+        return Ok((Conn::Ws(ws), reply));
+    }
     // With a tag filter the subscription is the reply to a second command (id 2).
     let filter = p
         .tags_filter
@@ -1007,6 +1012,45 @@ async fn centrifugo_subscribe(
     }
 }
 
+/// `--socketio`: after Engine.IO's `open`, connect to the main namespace, then emit `subscribe`
+/// with an ack id and wait for the ack (the server has joined the room). Socket.IO has no
+/// positions: the reply carries none, and a reconnect cannot ask for what it missed.
+async fn socketio_subscribe(mut ws: Ws, channel: &str) -> Result<(Ws, Reply), String> {
+    use wire::SocketIo;
+    loop {
+        let text = next_text(&mut ws, "subscribe ack").await?;
+        let send = match wire::parse_socketio(&text)? {
+            SocketIo::Open(_) => wire::SOCKETIO_CONNECT.to_string(),
+            SocketIo::Connected => wire::socketio_subscribe(channel),
+            SocketIo::Ping => wire::SOCKETIO_PONG.to_string(),
+            SocketIo::Ack(wire::SOCKETIO_SUBSCRIBE_ACK, args) => {
+                let args: Vec<serde_json::Value> =
+                    serde_json::from_str(args).map_err(|e| format!("bad subscribe ack: {e}"))?;
+                if let Some(e) = args.first() {
+                    return Err(format!("subscribe error: {e}"));
+                }
+                return Ok((
+                    ws,
+                    Reply {
+                        epoch: String::new(),
+                        offset: 0,
+                        recovered: None,
+                        publications: Vec::new(),
+                        rest: None,
+                        compressed: false,
+                    },
+                ));
+            }
+            SocketIo::ConnectError(e) => return Err(format!("connect error: {e}")),
+            SocketIo::Close => return Err("closed by the server before the subscribe ack".into()),
+            SocketIo::Ack(..) | SocketIo::Event(_) | SocketIo::Other => continue,
+        };
+        ws.send(Message::text(send))
+            .await
+            .map_err(|e| format!("send: {e}"))?;
+    }
+}
+
 /// Receives until the connection ends; returns why to reconnect, or `None` to stop.
 async fn receive(
     ctx: &Ctx,
@@ -1019,6 +1063,8 @@ async fn receive(
 ) -> Option<Why> {
     let pong = if ctx.p.pusher {
         wire::PUSHER_PONG
+    } else if ctx.p.socketio {
+        wire::SOCKETIO_PONG
     } else {
         "{}"
     };
@@ -1143,6 +1189,9 @@ fn on_frame(
     if ctx.p.centrifugo {
         return on_centrifugo_frame(ctx, text, channel, acct, live_from);
     }
+    if ctx.p.socketio {
+        return on_socketio_message(ctx, text, channel, acct, live_from);
+    }
     let now = now_ns();
     let mut ping = false;
     let mut s = ctx.shared();
@@ -1215,7 +1264,7 @@ fn on_pusher_message(
             let data = inc.payload();
             // A plain Pusher server (`--pusher-app`) sends no offsets: the payload's
             // sequence number stands for one.
-            let offset = match (inc.herald_offset, ctx.p.pusher_app.is_some()) {
+            let offset = match (inc.herald_offset, ctx.p.plain_offsets()) {
                 (Some(o), _) => o,
                 (None, true) if data.t > 0 => wire::plain_offset(data.s, ctx.p.channels),
                 _ => {
@@ -1233,6 +1282,48 @@ fn on_pusher_message(
             }
         }
         _ => {}
+    }
+    false
+}
+
+/// `--socketio`: one message (one Engine.IO packet); true if it was a ping. Offsets are the
+/// payload's sequence numbers ([`wire::plain_offset`]): Socket.IO numbers nothing.
+fn on_socketio_message(
+    ctx: &Ctx,
+    text: &str,
+    channel: &str,
+    acct: &mut SubAccount,
+    live_from: u64,
+) -> bool {
+    use wire::SocketIo;
+    let now = now_ns();
+    let mut s = ctx.shared();
+    match wire::parse_socketio(text) {
+        Ok(SocketIo::Ping) => {
+            s.counters.pings += 1;
+            return true;
+        }
+        Ok(SocketIo::Event(array)) => {
+            let Some((ch, data)) = wire::socketio_publication(array) else {
+                s.counters.parse_errors += 1;
+                return false;
+            };
+            if ch != channel || data.t == 0 {
+                return false;
+            }
+            ctx.deliveries.fetch_add(1, Relaxed);
+            match acct.on_pub(wire::plain_offset(data.s, ctx.p.channels)) {
+                Seen::Duplicate | Seen::Stale => {}
+                _ => {
+                    ctx.unique.fetch_add(1, Relaxed);
+                    count_delivery(ctx, &mut s, now, data.t, data.s, data.t >= live_from);
+                }
+            }
+        }
+        Ok(SocketIo::ConnectError(_)) => s.counters.error_replies += 1,
+        Ok(SocketIo::Close) => s.counters.disconnect_pushes += 1,
+        Ok(_) => {}
+        Err(_) => s.counters.parse_errors += 1,
     }
     false
 }

@@ -9,6 +9,10 @@ cd "$(dirname "$0")/../../../.."
 export PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers} HERALD_API_KEY=benchkey
 OUT=${OUT:-docs/bench/peers/kernel}
 ROUNDS=${ROUNDS:-"1 2"}
+# Publications/s to the one channel (RATE=1: 10,000 deliveries/s); a RATE other than 5 suffixes the
+# file names with -r$RATE.
+RATE=${RATE:-5}
+SFX=$([ "$RATE" = 5 ] || echo "-r$RATE")
 TCK=$(getconf CLK_TCK)
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 one() { # name port source-base ws-path bench-flags... -- server command...
@@ -21,7 +25,7 @@ one() { # name port source-base ws-path bench-flags... -- server command...
     curl -sf "http://127.0.0.1:$port/up" >/dev/null 2>&1 && break
     sleep 0.1
   done
-  timeout 120 target/release/herald-bench broadcast -n 10000 -r 5 -d 40 --source-base "$src" \
+  timeout 120 target/release/herald-bench broadcast -n 10000 -r "$RATE" -d 40 --source-base "$src" \
     --ws "ws://127.0.0.1:$port$path" --api "http://127.0.0.1:$port" "${flags[@]}" \
     > "$OUT/$name.txt" 2>&1 &
   local bench=$!
@@ -37,11 +41,28 @@ one() { # name port source-base ws-path bench-flags... -- server command...
   sleep 3
 }
 # PEER=centrifugo (Herald's own protocol beside Centrifugo's) or PEER=sockudo (both as Pusher
-# servers: Herald's Pusher endpoint with docs/bench/pusher.toml, the signed trigger API).
+# servers: Herald's Pusher endpoint with docs/bench/pusher.toml, the signed trigger API), or
+# PEER=socketio (Herald's own protocol beside Socket.IO 4.8.4 behind scripts/peers/socketio-server.mjs,
+# herald-bench --socketio; scripts/peers.sh build socketio; the runs' --json beside their .txt),
+# or PEER=anycable (both as plain Pusher servers, as for Sockudo: AnyCable v1.6.16's Pusher mode).
 PEER=${PEER:-centrifugo}
 P="--pusher --pusher-app bench-app:bench-key:bench-secret --prefix bench"
 for i in $ROUNDS; do
-  if [ "$PEER" = sockudo ]; then
+  if [ "$PEER" = socketio ]; then
+    one "herald$SFX-$i" 18905 127.0.186.2 /ws --json "$OUT/herald$SFX-$i.json" -- \
+      target/release/herald serve --config docs/bench/bench.toml --port 18905
+    one "socketio$SFX-$i" 18906 127.0.187.2 "/socket.io/?EIO=4&transport=websocket" --socketio \
+      --json "$OUT/socketio$SFX-$i.json" -- scripts/peers.sh start socketio --port 18906
+  elif [ "$PEER" = anycable ]; then
+    # Both as plain Pusher servers, as for Sockudo: AnyCable v1.6.16 in its Pusher mode.
+    # shellcheck disable=SC2086
+    one "pusher-herald$SFX-$i" 18907 127.0.188.2 "/app/bench-key?protocol=7" $P \
+      --json "$OUT/pusher-herald$SFX-$i.json" -- \
+      target/release/herald serve --config docs/bench/pusher.toml --port 18907
+    # shellcheck disable=SC2086
+    one "anycable$SFX-$i" 18908 127.0.189.2 "/app/bench-key?protocol=7" $P \
+      --json "$OUT/anycable$SFX-$i.json" -- scripts/peers.sh start anycable --port 18908
+  elif [ "$PEER" = sockudo ]; then
     # shellcheck disable=SC2086
     one "pusher-herald-$i" 18903 127.0.183.2 "/app/bench-key?protocol=7" $P -- \
       target/release/herald serve --config docs/bench/pusher.toml --port 18903
