@@ -98,6 +98,12 @@ async fn coordinate(cli: Cli) -> Result<()> {
             "--socketio: idle and broadcast over WebSocket only (Socket.IO cannot recover)"
         );
     }
+    if cli.params.no_history {
+        anyhow::ensure!(
+            matches!(cli.scenario, Scenario::Idle | Scenario::Broadcast),
+            "--no-history: idle and broadcast only (a server without history cannot recover)"
+        );
+    }
     cli.params.plain_pusher().map_err(anyhow::Error::msg)?;
     if cli.params.pusher_app.is_some() {
         anyhow::ensure!(

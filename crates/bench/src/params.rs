@@ -171,6 +171,12 @@ pub struct Params {
     #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
     #[serde(default)]
     pub socketio: bool,
+    /// `--centrifugo` against a server that keeps no history and so sends no offsets
+    /// (Centrifugo on its NATS broker): the k-th publication of a channel counts as offset k, as
+    /// for `--pusher-app`. No recovery: for `idle` and `broadcast` without drops.
+    #[arg(long, requires = "centrifugo")]
+    #[serde(default)]
+    pub no_history: bool,
     /// Transport the clients use: `ws` (WebSocket) or `sse` (Server-Sent Events, the same
     /// node's `/connection/sse`; `idle` and `broadcast` only).
     #[arg(long, value_enum, default_value_t = Transport::Ws)]
@@ -207,10 +213,10 @@ pub struct Params {
 }
 
 impl Params {
-    /// Whether the server sends no offsets (`--pusher-app`, `--socketio`): the k-th publication
-    /// of a channel stands for offset k ([`crate::wire::plain_offset`]).
+    /// Whether the server sends no offsets (`--pusher-app`, `--socketio`, `--no-history`): the
+    /// k-th publication of a channel stands for offset k ([`crate::wire::plain_offset`]).
     pub fn plain_offsets(&self) -> bool {
-        self.pusher_app.is_some() || self.socketio
+        self.pusher_app.is_some() || self.socketio || self.no_history
     }
 
     /// `--pusher-app` split into its parts, or an error naming what is wrong.

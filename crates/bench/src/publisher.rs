@@ -215,9 +215,19 @@ pub async fn run(
                             s.ok += 1;
                             let v: serde_json::Value =
                                 serde_json::from_slice(&r.body).unwrap_or_default();
-                            if plain_offsets {
-                                // A Pusher trigger (and our Socket.IO server) answers `{}`:
-                                // the offset is the publication's number in its channel.
+                            let refused = if centrifugo {
+                                crate::wire::centrifugo_api_result(&v).err()
+                            } else {
+                                None
+                            };
+                            if let Some(e) = refused {
+                                // Centrifugo answers its errors with HTTP 200 too.
+                                s.ok -= 1;
+                                s.error(e.chars().take(160).collect());
+                            } else if plain_offsets {
+                                // A Pusher trigger (and our Socket.IO server, and Centrifugo
+                                // without history) answers without an offset: the offset is the
+                                // publication's number in its channel.
                                 let n = crate::wire::plain_offset(job.seq, channels.len());
                                 s.got(channel, &serde_json::json!({"epoch": "", "offset": n}));
                             } else if !centrifugo {

@@ -210,8 +210,8 @@ pub struct CentrifugoPush<'a> {
     #[serde(borrow, default)]
     pub channel: Option<std::borrow::Cow<'a, str>>,
     /// A publication.
-    #[serde(borrow, default, rename = "pub")]
-    pub publication: Option<Publication<'a>>,
+    #[serde(default, rename = "pub")]
+    pub publication: Option<CentrifugoPublication>,
     /// The server ended the subscription.
     #[serde(default)]
     pub unsub: Option<Box<RawValue>>,
@@ -224,6 +224,18 @@ pub struct CentrifugoPush<'a> {
     /// The server is about to close the connection.
     #[serde(default)]
     pub disconnect: Option<Box<RawValue>>,
+}
+
+/// `--centrifugo`: a pushed publication. Its offset is absent (zero, `omitempty`) when the
+/// channel keeps no history (`--no-history`), where Herald's always carries one.
+#[derive(Debug, Deserialize)]
+pub struct CentrifugoPublication {
+    /// Offset in the stream; 0 without history.
+    #[serde(default)]
+    pub offset: u64,
+    /// Our payload.
+    #[serde(default)]
+    pub data: Data,
 }
 
 /// `--centrifugo`: parses one line of a frame.
@@ -652,6 +664,12 @@ mod tests {
             "a publication whose data is not our payload object"
         );
         assert!(parse_centrifugo("{\"push\":").is_err());
+        // Without history (the NATS broker) a publication has no offset (`omitempty`).
+        let plain =
+            parse_centrifugo(r#"{"push":{"channel":"bench0","pub":{"data":{"t":5,"s":9}}}}"#)
+                .unwrap();
+        let p = plain.push.unwrap().publication.unwrap();
+        assert_eq!((p.offset, p.data.s), (0, 9));
     }
 
     #[test]

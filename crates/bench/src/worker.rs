@@ -1352,8 +1352,14 @@ fn on_centrifugo_frame(
                 continue;
             }
             if let Some(p) = push.publication {
+                // Without history (`--no-history`) Centrifugo sends no offsets.
+                let offset = if ctx.p.no_history {
+                    wire::plain_offset(p.data.s, ctx.p.channels)
+                } else {
+                    p.offset
+                };
                 ctx.deliveries.fetch_add(1, Relaxed);
-                match acct.on_pub(p.offset) {
+                match acct.on_pub(offset) {
                     Seen::Duplicate | Seen::Stale => {}
                     _ => {
                         ctx.unique.fetch_add(1, Relaxed);

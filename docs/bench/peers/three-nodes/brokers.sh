@@ -74,7 +74,7 @@ for i in $ROUNDS; do
     case $broker in
       redis) export PEERS_CENTRIFUGO_REDIS=$url ;;
       cluster) export PEERS_CENTRIFUGO_REDIS_CLUSTER=127.0.0.1:18861,127.0.0.1:18862,127.0.0.1:18863 ;;
-      nats) export PEERS_CENTRIFUGO_NATS=$url ;;
+      nats) export PEERS_CENTRIFUGO_NATS=$url; [ "$server" = centrifugo ] && args+=(--no-history) ;;
     esac
     HERALD_BROKER_URL=$url timeout 300 docs/bench/prio.sh $B broadcast -n 50000 -c 10000 -r "$RATE" -d 20 \
       "${args[@]}" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
