@@ -121,7 +121,10 @@ step "herald-server without Kafka and Pusher" 600 bash -c \
 # Each test binary runs through scripts/test-binary.sh (cargo's runner for the host target).
 host=$(rustc -vV | sed -n 's/^host: //p')
 runner_var="CARGO_TARGET_$(echo "$host" | tr 'a-z-' 'A-Z_')_RUNNER"
-step "cargo test" 1800 env "$runner_var=$PWD/scripts/test-binary.sh" cargo test --workspace --locked
+# Socket.IO from npm (a few seconds) for herald-bench's test against it (crates/bench/tests/socketio.rs).
+step "Socket.IO peer for herald-bench's test (npm)" 300 bash scripts/peers.sh build socketio
+step "cargo test" 1800 env "$runner_var=$PWD/scripts/test-binary.sh" HERALD_TEST_REQUIRE_SOCKETIO=1 \
+  cargo test --workspace --locked
 
 # The deterministic simulation (crates/sim): a fixed budget of seeds in the debug build as CI
 # builds it (about 6 s of one core per seed: 12 seeds about 70 s on 2 cores; most of it is
