@@ -79,6 +79,11 @@ pub struct NatsConfig {
     pub presence_ttl_s: u64,
     /// Bound on every request to NATS (publish ack, history read), in milliseconds.
     pub request_timeout_ms: u64,
+    /// JetStream requests (reads, stores) one node keeps in flight at most; more wait in the
+    /// node for their turn, before their `request_timeout_ms` starts. Without a bound, a storm of
+    /// first subscribes queues thousands of requests at the server and those at the back time
+    /// out. Raise it with many NATS servers or a slow link; lower it with many nodes.
+    pub max_requests_in_flight: usize,
     /// Bound on establishing the first connection, in milliseconds.
     pub connect_timeout_ms: u64,
     /// Longest pause between reconnect attempts, in milliseconds.
@@ -125,6 +130,7 @@ impl Default for NatsConfig {
             duplicate_window_s: 300,
             presence_ttl_s: 60,
             request_timeout_ms: 3000,
+            max_requests_in_flight: 256,
             connect_timeout_ms: 5000,
             reconnect_max_delay_ms: 2000,
             ping_interval_s: 10,
@@ -166,6 +172,14 @@ impl NatsConfig {
         Duration::from_millis(self.request_timeout_ms.max(1))
     }
 
+    /// How long a JetStream request may wait for one of the node's slots (`max_requests_in_flight`)
+    /// before it is sent: ten request timeouts (30 s by default). A server that answers nothing
+    /// frees a slot per request timeout, so without a bound the end of a long queue would wait
+    /// far longer than a client does.
+    pub(crate) fn queue_timeout(&self) -> Duration {
+        self.request_timeout() * 10
+    }
+
     pub(crate) fn presence_ttl(&self) -> Duration {
         Duration::from_secs(self.presence_ttl_s.max(1))
     }
@@ -198,6 +212,7 @@ impl fmt::Debug for NatsConfig {
             .field("duplicate_window_s", &self.duplicate_window_s)
             .field("presence_ttl_s", &self.presence_ttl_s)
             .field("request_timeout_ms", &self.request_timeout_ms)
+            .field("max_requests_in_flight", &self.max_requests_in_flight)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("reconnect_max_delay_ms", &self.reconnect_max_delay_ms)
             .field("ping_interval_s", &self.ping_interval_s)

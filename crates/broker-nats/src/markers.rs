@@ -33,9 +33,13 @@ use crate::broker::Inner;
 use crate::codec::{encode_publications, Stored};
 use crate::metrics::inc;
 use crate::publish::{
-    back_off, read_last, read_last_checked, try_store, Found, Outcome, MAX_ATTEMPTS,
+    back_off, read_last, read_last_checked, store_once, Found, NoAnswer, Outcome, MAX_ATTEMPTS,
 };
 use crate::streams::Kind;
+
+/// Times a marker store that got no answer in time is made again (after reading the subject
+/// afresh: the store is a compare-and-set, so one that did land is found, never doubled).
+const STORE_RETRIES: u32 = 2;
 
 /// Pending deletions kept per node; past this the oldest are dropped (those markers then live
 /// the stream's `max_age`), so a flood of fresh names cannot grow the node's memory either.
@@ -106,9 +110,28 @@ pub(crate) async fn last_or_marker(
     subject: &str,
     empty_ttl: Duration,
 ) -> Result<Found, BrokerError> {
+    // A marker (or fresh copy) this node stored without hearing back: (epoch, when, the copy it
+    // replaces). Found on the next read, it is deleted in time like any other.
+    let mut unanswered: Option<(String, Instant, Option<u64>)> = None;
+    let mut timeouts = 0;
     for attempt in 0..MAX_ATTEMPTS {
         let checked = read_last_checked(inner, kind, channel, subject).await?;
         let boot = checked.boot;
+        if let (Some((epoch, at, old)), Some(last)) = (unanswered.take(), &checked.last) {
+            let ours = is_marker(last)
+                && last.stored.prev == 0
+                && last.stored.epoch == epoch
+                && Some(last.seq) != old;
+            if ours {
+                inner
+                    .markers
+                    .schedule(at + empty_ttl, kind, subject, last.seq);
+                inc(&inner.metrics.markers_stored);
+                if let Some(old) = old {
+                    delete(inner, kind, old).await;
+                }
+            }
+        }
         // (epoch to store, the subject's last sequence it must still be, the copy it replaces)
         let (epoch, expected, replaces) = match checked.last {
             Some(last) if checked.start_over => (new_epoch(), last.seq, None),
@@ -131,8 +154,18 @@ pub(crate) async fn last_or_marker(
             crate::codec::EXPECTED_LAST_SUBJECT_SEQ,
             expected.to_string(),
         );
-        match try_store(inner, subject, headers, payload).await? {
-            Outcome::Stored(seq) | Outcome::Duplicate(seq) => {
+        match store_once(inner, subject, headers, payload).await? {
+            Err(NoAnswer) if timeouts < STORE_RETRIES => {
+                inner.ensure_connected()?;
+                timeouts += 1;
+                if prev == 0 {
+                    unanswered = Some((epoch, Instant::now(), replaces));
+                }
+            }
+            Err(NoAnswer) => {
+                return Err(BrokerError::unavailable("NATS publish timed out"));
+            }
+            Ok(Outcome::Stored(seq) | Outcome::Duplicate(seq)) => {
                 if prev == 0 {
                     inner
                         .markers
@@ -148,8 +181,8 @@ pub(crate) async fn last_or_marker(
                     stored: Stored::marker(epoch, boot.id.to_string()),
                 });
             }
-            Outcome::Conflict => back_off(attempt).await,
-            Outcome::StreamMissing => {
+            Ok(Outcome::Conflict) => back_off(attempt).await,
+            Ok(Outcome::StreamMissing) => {
                 inner.tails.clear();
                 inner.streams.ensure().await?;
             }

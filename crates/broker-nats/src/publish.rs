@@ -256,6 +256,22 @@ enum Read {
     Nothing,
     /// The stream itself is gone.
     NoStream,
+    /// No answer within the request timeout.
+    NoAnswer,
+}
+
+/// Times a read that got no answer in time is sent again (reads change nothing, so this is
+/// safe): a server that stalled for a moment, or a node that was short of CPU when the answer
+/// came, costs a subscriber a wait, not error 111.
+const READ_RETRIES: u32 = 2;
+
+/// Whether a failed `STREAM.MSG.GET` is the client library's own request timeout (the same
+/// length as [`Inner::jetstream`]'s, so either may fire first).
+fn raw_get_timed_out(err: &async_nats::jetstream::stream::RawMessageError) -> bool {
+    use std::error::Error as _;
+    err.source()
+        .and_then(|s| s.downcast_ref::<async_nats::jetstream::context::RequestError>())
+        .is_some_and(|e| e.kind() == async_nats::jetstream::context::RequestErrorKind::TimedOut)
 }
 
 /// One read, from the stream leader (`STREAM.MSG.GET`) unless `direct_reads` is set: on a NATS
@@ -276,10 +292,14 @@ async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, 
                 Which::Seq(seq) => stream.direct_get(seq).await,
             }
         };
-        match inner.timed("read", get).await? {
+        let Some(answer) = inner.jetstream("read", get).await? else {
+            return Ok(Read::NoAnswer);
+        };
+        match answer {
             Ok(message) => Ok(Read::Found(message)),
             Err(err) => match err.kind() {
                 DirectGetErrorKind::NotFound => Ok(Read::Nothing),
+                DirectGetErrorKind::TimedOut => Ok(Read::NoAnswer),
                 DirectGetErrorKind::ErrorResponse(status, _)
                     if status == async_nats::StatusCode::NO_RESPONDERS =>
                 {
@@ -295,8 +315,12 @@ async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, 
                 Which::Seq(seq) => stream.get_raw_message(seq).await,
             }
         };
-        match inner.timed("read", get).await? {
+        let Some(answer) = inner.jetstream("read", get).await? else {
+            return Ok(Read::NoAnswer);
+        };
+        match answer {
             Ok(message) => Ok(Read::Found(message)),
+            Err(err) if raw_get_timed_out(&err) => Ok(Read::NoAnswer),
             Err(err) => match err.kind() {
                 RawMessageErrorKind::NoMessageFound => Ok(Read::Nothing),
                 RawMessageErrorKind::JetStream(e)
@@ -310,9 +334,20 @@ async fn read_once(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Read, 
     }
 }
 
-/// Read a message; a missing stream is recreated (empty: the read finds nothing).
+/// Read a message; a missing stream is recreated (empty: the read finds nothing). A read that
+/// gets no answer in time is sent again, [`READ_RETRIES`] times at most.
 async fn read(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Option<Found>, BrokerError> {
-    match read_once(inner, kind, which).await? {
+    for _ in 0..READ_RETRIES {
+        match read_once(inner, kind, which).await? {
+            Read::NoAnswer => inner.ensure_connected()?,
+            other => return settle(inner, other).await,
+        }
+    }
+    settle(inner, read_once(inner, kind, which).await?).await
+}
+
+async fn settle(inner: &Inner, read: Read) -> Result<Option<Found>, BrokerError> {
+    match read {
         Read::Found(message) => found(message).map(Some),
         Read::Nothing => Ok(None),
         Read::NoStream => {
@@ -320,6 +355,7 @@ async fn read(inner: &Inner, kind: Kind, which: Which<'_>) -> Result<Option<Foun
             inner.streams.ensure().await?;
             Ok(None)
         }
+        Read::NoAnswer => Err(BrokerError::unavailable("NATS read timed out")),
     }
 }
 
@@ -352,12 +388,30 @@ pub(crate) enum Outcome {
     StreamMissing,
 }
 
+/// One store. No answer within the request timeout is an error (111): whether the message was
+/// stored is unknown, and a publication is never sent again (it could be stored twice).
 pub(crate) async fn try_store(
     inner: &Inner,
     subject: &str,
     headers: HeaderMap,
     payload: Bytes,
 ) -> Result<Outcome, BrokerError> {
+    store_once(inner, subject, headers, payload)
+        .await?
+        .map_err(|NoAnswer| BrokerError::unavailable("NATS publish timed out"))
+}
+
+/// A store that got no answer in time: whether it was stored is unknown.
+pub(crate) struct NoAnswer;
+
+/// [`try_store`], telling a store that got no answer in time apart, for callers whose store
+/// is a compare-and-set they can safely make again after reading (epoch markers).
+pub(crate) async fn store_once(
+    inner: &Inner,
+    subject: &str,
+    headers: HeaderMap,
+    payload: Bytes,
+) -> Result<Result<Outcome, NoAnswer>, BrokerError> {
     let js = &inner.js;
     let store = async move {
         let ack = js
@@ -365,12 +419,16 @@ pub(crate) async fn try_store(
             .await?;
         ack.await
     };
-    match inner.timed("publish", store).await? {
-        Ok(ack) if ack.duplicate => Ok(Outcome::Duplicate(ack.sequence)),
-        Ok(ack) => Ok(Outcome::Stored(ack.sequence)),
+    let Some(answer) = inner.jetstream("publish", store).await? else {
+        return Ok(Err(NoAnswer));
+    };
+    match answer {
+        Ok(ack) if ack.duplicate => Ok(Ok(Outcome::Duplicate(ack.sequence))),
+        Ok(ack) => Ok(Ok(Outcome::Stored(ack.sequence))),
         Err(err) => match err.kind() {
-            PublishErrorKind::WrongLastSequence => Ok(Outcome::Conflict),
-            PublishErrorKind::StreamNotFound => Ok(Outcome::StreamMissing),
+            PublishErrorKind::WrongLastSequence => Ok(Ok(Outcome::Conflict)),
+            PublishErrorKind::StreamNotFound => Ok(Ok(Outcome::StreamMissing)),
+            PublishErrorKind::TimedOut => Ok(Err(NoAnswer)),
             PublishErrorKind::MaxPayloadExceeded => Err(BrokerError::internal(format!(
                 "publication too large for NATS: {err}"
             ))
