@@ -212,6 +212,9 @@ pub struct RunResult {
     pub servers: Vec<ServerFigures>,
     /// Measured window (hold or publish), seconds.
     pub window_s: f64,
+    /// The broker's processes (`--broker-pid`): CPU over the window, % of one core, summed.
+    #[serde(default)]
+    pub broker_cpu_pct: Option<f64>,
     /// The whole machine's CPU over the window (other tenants' builds show up as `nice`).
     pub machine: sysstat::MachineCpu,
     /// Load generator CPU over the window, % of one core: coordinator (publisher) and workers.
@@ -518,6 +521,7 @@ pub async fn run_once(
     // Phase 2: the measured window.
     let worker_pids: Vec<u32> = procs.iter().map(|w| w.pid).collect();
     let w_start = Instant::now();
+    let broker_a = sample_all(&p.broker_pids);
     let (srv_a, rig_a, me_a) = (
         sample_all(&servers.pids),
         sample_all(&worker_pids),
@@ -603,6 +607,7 @@ pub async fn run_once(
     }
     // The window closes when the last publication is due; stragglers are counted in the drain.
     let window = w_start.elapsed().as_secs_f64();
+    let broker_b = sample_all(&p.broker_pids);
     let (srv_b, rig_b, me_b) = (
         sample_all(&servers.pids),
         sample_all(&worker_pids),
@@ -719,6 +724,15 @@ pub async fn run_once(
             .map(|s| s.rss_connected as f64 - s.rss_before as f64)
             .sum();
         res.rss_per_connection = grow / res.connected as f64;
+    }
+    if !p.broker_pids.is_empty() {
+        res.broker_cpu_pct = Some(
+            broker_a
+                .iter()
+                .zip(&broker_b)
+                .map(|(a, b)| sysstat::cpu_pct(a, b, window))
+                .sum(),
+        );
     }
     res.rig_cpu_pct = RigCpu {
         coordinator: sysstat::cpu_pct(&me_a, &me_b, window),

@@ -171,6 +171,12 @@ pub struct Params {
     #[arg(long, conflicts_with_all = ["pusher", "centrifugo"])]
     #[serde(default)]
     pub socketio: bool,
+    /// Pid of a broker process (redis-server, nats-server, each master of a Redis Cluster;
+    /// repeat): its CPU is sampled over the same window as the servers', reported apart, and
+    /// added to theirs for the CPU per 1,000 deliveries of nodes and broker together.
+    #[arg(long = "broker-pid")]
+    #[serde(default)]
+    pub broker_pids: Vec<u32>,
     /// `--centrifugo` against a server that keeps no history and so sends no offsets
     /// (Centrifugo on its NATS broker): the k-th publication of a channel counts as offset k, as
     /// for `--pusher-app`. No recovery: for `idle` and `broadcast` without drops.

@@ -86,6 +86,18 @@ pub fn table(r: &RunResult) -> String {
             s.connect_cpu_pct
         );
     }
+    if let Some(b) = r.broker_cpu_pct {
+        let nodes: f64 = r.servers.iter().map(|s| s.cpu_pct).sum();
+        let _ = writeln!(
+            o,
+            "{:<26} {:.0}% window (pids {:?}); nodes + broker {:.0}%{}",
+            "broker CPU",
+            b,
+            r.params.as_ref().map(|p| p.broker_pids.clone()).unwrap_or_default(),
+            nodes + b,
+            per_thousand(nodes + b, r.deliveries_per_s)
+        );
+    }
     for (i, m) in r.metrics_connected_delta.iter().enumerate() {
         // Herald's gauges, or a Centrifugo node's (`--centrifugo`).
         let g = |keys: &[&str]| {
@@ -471,4 +483,49 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
+}
+
+/// `, X% of a core per 1,000 deliveries/s` for a CPU share over the window, when anything was
+/// delivered.
+fn per_thousand(cpu_pct: f64, deliveries_per_s: f64) -> String {
+    if deliveries_per_s > 0.0 {
+        format!(
+            ", {:.2}% of a core per 1,000 deliveries/s",
+            cpu_pct / (deliveries_per_s / 1000.0)
+        )
+    } else {
+        String::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coordinator::ServerFigures;
+
+    #[test]
+    fn cpu_per_thousand_deliveries() {
+        // 90% of a core for 10,000 deliveries/s: 9% per 1,000/s.
+        assert_eq!(
+            per_thousand(90.0, 10_000.0),
+            ", 9.00% of a core per 1,000 deliveries/s"
+        );
+        assert_eq!(per_thousand(90.0, 0.0), "");
+    }
+
+    #[test]
+    fn broker_cpu_is_reported_apart_and_summed_with_the_nodes() {
+        let mut r = RunResult {
+            broker_cpu_pct: Some(30.0),
+            deliveries_per_s: 10_000.0,
+            ..Default::default()
+        };
+        r.servers.push(ServerFigures {
+            cpu_pct: 60.0,
+            ..Default::default()
+        });
+        let t = table(&r);
+        assert!(t.contains("broker CPU"), "{t}");
+        assert!(t.contains("nodes + broker 90%, 9.00% of a core"), "{t}");
+    }
 }

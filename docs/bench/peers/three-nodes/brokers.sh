@@ -2,8 +2,10 @@
 # Herald's chat-like fan-in on three nodes through each broker: one redis-server, a Redis Cluster
 # of three masters (no replicas) and one nats-server -js, alternated in one series, each broker
 # fresh per run. 10,000 channels × 5 subscribers (50,000 connections, 16,667 per node),
-# publications round-robin over the channels and the three APIs, RATE per second for 20 s. The
-# brokers' own CPU time over the run (connect included) is appended to each .txt.
+# publications round-robin over the channels and the three APIs, RATE per second for 20 s.
+# herald-bench samples the broker's processes over the same window as the nodes (`--broker-pid`:
+# the "broker CPU" line, nodes and broker together per 1,000 deliveries/s); the brokers' CPU time
+# over the whole run (connect included) is appended to each .txt too.
 # SERVERS="herald centrifugo" runs Centrifugo beside Herald on the same broker, fresh per run:
 # its Redis engine on the single Redis and on the Cluster (`cluster_address`), its NATS broker on
 # NATS, which keeps no history (Centrifugo: "NATS broker does not support history, recovery or
@@ -76,6 +78,7 @@ for i in $ROUNDS; do
       cluster) export PEERS_CENTRIFUGO_REDIS_CLUSTER=127.0.0.1:18861,127.0.0.1:18862,127.0.0.1:18863 ;;
       nats) export PEERS_CENTRIFUGO_NATS=$url; [ "$server" = centrifugo ] && args+=(--no-history) ;;
     esac
+    for pid in "${PIDS[@]}"; do args+=(--broker-pid "$pid"); done
     HERALD_BROKER_URL=$url timeout 300 docs/bench/prio.sh $B broadcast -n 50000 -c 10000 -r "$RATE" -d 20 \
       "${args[@]}" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
     unset PEERS_CENTRIFUGO_REDIS PEERS_CENTRIFUGO_REDIS_CLUSTER PEERS_CENTRIFUGO_NATS

@@ -38,7 +38,7 @@ run() { # name source-base ws-path servers...
   redis_up
   local rpid r0; rpid=$(cat /tmp/herald-3n-redis.pid); r0=$(ps -o cputimes= -p "$rpid")
   { echo "# $name"; echo "# load: $(uptime)"; } > "$OUT/$name.txt"
-  timeout 300 docs/bench/prio.sh $B "$SCENARIO" -n "$N" -c "$CHANNELS" -r "$RATE" -d 20 --source-base "$src" \
+  timeout 300 docs/bench/prio.sh $B "$SCENARIO" --broker-pid "$rpid" -n "$N" -c "$CHANNELS" -r "$RATE" -d 20 --source-base "$src" \
     "${args[@]}" "$@" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
   echo "redis CPU over the run: $(( $(ps -o cputimes= -p "$rpid") - r0 )) s" >> "$OUT/$name.txt"
   gzip -f "$OUT/$name.json"
