@@ -93,7 +93,10 @@ pub fn table(r: &RunResult) -> String {
             "{:<26} {:.0}% window (pids {:?}); nodes + broker {:.0}%{}",
             "broker CPU",
             b,
-            r.params.as_ref().map(|p| p.broker_pids.clone()).unwrap_or_default(),
+            r.params
+                .as_ref()
+                .map(|p| p.broker_pids.clone())
+                .unwrap_or_default(),
             nodes + b,
             per_thousand(nodes + b, r.deliveries_per_s)
         );

@@ -603,6 +603,27 @@ fn on_subscribed(
 
 /// Timeline and per-publication bookkeeping for one delivery; `live` ones also go into the latency
 /// histogram (recovered ones are late by design and would only measure the offline window).
+/// A publication a subscriber received at `now`: counted, and unless it repeats one already seen
+/// (by `offset`), counted as unique with its latency recorded.
+fn on_delivery(
+    ctx: &Ctx,
+    s: &mut Shared,
+    acct: &mut SubAccount,
+    offset: u64,
+    now: u64,
+    data: &wire::Data,
+    live_from: u64,
+) {
+    ctx.deliveries.fetch_add(1, Relaxed);
+    match acct.on_pub(offset) {
+        Seen::Duplicate | Seen::Stale => {}
+        _ => {
+            ctx.unique.fetch_add(1, Relaxed);
+            count_delivery(ctx, s, now, data.t, data.s, data.t >= live_from);
+        }
+    }
+}
+
 fn count_delivery(ctx: &Ctx, s: &mut Shared, now: u64, sent: u64, seq: u64, live: bool) {
     let sec = (now.saturating_sub(ctx.shard.t0_ns) / 1_000_000_000) as usize;
     if sec < MAX_TIMELINE_S {
@@ -1207,15 +1228,7 @@ fn on_frame(
             if p.channel.as_deref().is_some_and(|c| c != channel) {
                 continue;
             }
-            ctx.deliveries.fetch_add(1, Relaxed);
-            match acct.on_pub(p.offset) {
-                Seen::Duplicate | Seen::Stale => {}
-                _ => {
-                    ctx.unique.fetch_add(1, Relaxed);
-                    let live = p.data.t >= live_from;
-                    count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
-                }
-            }
+            on_delivery(ctx, &mut s, acct, p.offset, now, &p.data, live_from);
         } else if let Some(d) = &inc.disconnect {
             s.counters.disconnect_pushes += 1;
             *after_ms = wire::reconnect_after_ms(d);
@@ -1272,14 +1285,7 @@ fn on_pusher_message(
                     return false;
                 }
             };
-            ctx.deliveries.fetch_add(1, Relaxed);
-            match acct.on_pub(offset) {
-                Seen::Duplicate | Seen::Stale => {}
-                _ => {
-                    ctx.unique.fetch_add(1, Relaxed);
-                    count_delivery(ctx, &mut s, now, data.t, data.s, data.t >= live_from);
-                }
-            }
+            on_delivery(ctx, &mut s, acct, offset, now, &data, live_from);
         }
         _ => {}
     }
@@ -1311,14 +1317,8 @@ fn on_socketio_message(
             if ch != channel || data.t == 0 {
                 return false;
             }
-            ctx.deliveries.fetch_add(1, Relaxed);
-            match acct.on_pub(wire::plain_offset(data.s, ctx.p.channels)) {
-                Seen::Duplicate | Seen::Stale => {}
-                _ => {
-                    ctx.unique.fetch_add(1, Relaxed);
-                    count_delivery(ctx, &mut s, now, data.t, data.s, data.t >= live_from);
-                }
-            }
+            let offset = wire::plain_offset(data.s, ctx.p.channels);
+            on_delivery(ctx, &mut s, acct, offset, now, &data, live_from);
         }
         Ok(SocketIo::ConnectError(_)) => s.counters.error_replies += 1,
         Ok(SocketIo::Close) => s.counters.disconnect_pushes += 1,
@@ -1358,15 +1358,7 @@ fn on_centrifugo_frame(
                 } else {
                     p.offset
                 };
-                ctx.deliveries.fetch_add(1, Relaxed);
-                match acct.on_pub(offset) {
-                    Seen::Duplicate | Seen::Stale => {}
-                    _ => {
-                        ctx.unique.fetch_add(1, Relaxed);
-                        let live = p.data.t >= live_from;
-                        count_delivery(ctx, &mut s, now, p.data.t, p.data.s, live);
-                    }
-                }
+                on_delivery(ctx, &mut s, acct, offset, now, &p.data, live_from);
             } else if push.unsub.is_some() {
                 s.counters.unsub_pushes += 1;
             } else if push.disconnect.is_some() {
