@@ -177,6 +177,9 @@ pub struct ServerFigures {
     pub rss_end: u64,
     /// CPU over the measured window, % of one core.
     pub cpu_pct: f64,
+    /// Of which system (kernel) time: writes, reads, polling.
+    #[serde(default)]
+    pub system_pct: f64,
     /// CPU over the connect phase, % of one core.
     pub connect_cpu_pct: f64,
 }
@@ -714,6 +717,7 @@ pub async fn run_once(
             rss_connected: g(&srv_connected).rss_bytes,
             rss_end: g(&srv_b).rss_bytes,
             cpu_pct: sysstat::cpu_pct(&g(&srv_a), &g(&srv_b), window),
+            system_pct: sysstat::system_pct(&g(&srv_a), &g(&srv_b), window),
             connect_cpu_pct: sysstat::cpu_pct(&g(&srv_before), &g(&srv_connected), connect_wall),
         });
     }

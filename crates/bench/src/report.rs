@@ -76,13 +76,14 @@ pub fn table(r: &RunResult) -> String {
     for s in &r.servers {
         let _ = writeln!(
             o,
-            "{:<26} pid {}: RSS {} → {} (connected) → {} (end); CPU {:.0}% window, {:.0}% connect",
+            "{:<26} pid {}: RSS {} → {} (connected) → {} (end); CPU {:.0}% window (kernel {:.0}%), {:.0}% connect",
             "server",
             s.pid,
             mb(s.rss_before),
             mb(s.rss_connected),
             mb(s.rss_end),
             s.cpu_pct,
+            s.system_pct,
             s.connect_cpu_pct
         );
     }

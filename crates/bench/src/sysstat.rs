@@ -12,6 +12,9 @@ pub struct ProcSample {
     pub rss_bytes: u64,
     /// User + system CPU time, seconds.
     pub cpu_s: f64,
+    /// Of which system (kernel) time, seconds.
+    #[serde(default)]
+    pub system_s: f64,
 }
 
 /// Clock ticks per second for `/proc/<pid>/stat` (`getconf CLK_TCK`, 100 on Linux x86-64).
@@ -51,6 +54,7 @@ pub fn sample(pid: u32) -> Option<ProcSample> {
     Some(ProcSample {
         rss_bytes: rss_kb * 1024,
         cpu_s: (utime + stime) / clk_tck(),
+        system_s: stime / clk_tck(),
     })
 }
 
@@ -60,6 +64,15 @@ pub fn cpu_pct(a: &ProcSample, b: &ProcSample, wall_s: f64) -> f64 {
         0.0
     } else {
         100.0 * (b.cpu_s - a.cpu_s) / wall_s
+    }
+}
+
+/// Kernel CPU use between two samples over `wall_s` seconds, in percent of one core.
+pub fn system_pct(a: &ProcSample, b: &ProcSample, wall_s: f64) -> f64 {
+    if wall_s <= 0.0 {
+        0.0
+    } else {
+        100.0 * (b.system_s - a.system_s) / wall_s
     }
 }
 
@@ -220,7 +233,17 @@ mod tests {
 
     #[test]
     fn samples_this_process() {
+        // Some kernel time first: a file written and read back a few hundred times.
+        let path = std::env::temp_dir().join(format!("herald-bench-sys-{}", std::process::id()));
+        for _ in 0..300 {
+            std::fs::write(&path, [0u8; 4096]).unwrap();
+            let _ = std::fs::read(&path).unwrap();
+        }
+        let _ = std::fs::remove_file(&path);
         let s = sample(0).unwrap();
         assert!(s.rss_bytes > 0);
+        assert!(s.system_s <= s.cpu_s, "{s:?}");
+        let none = ProcSample::default();
+        assert!(system_pct(&none, &s, 1.0) <= cpu_pct(&none, &s, 1.0));
     }
 }
