@@ -423,7 +423,18 @@ async fn pusher_clients_get_publications_from_the_fanout_directly() {
         ("HERALD_PUSHER_APP_KEY", "app-key"),
         ("HERALD_PUSHER_APP_SECRET", "app-secret"),
     ];
-    let node = Node::on_broker_with("p", &redis.url(), &env).await;
+    // The `pusher` namespace lets Herald's API publish to the app's channels (docs/pusher.md).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        "[[namespaces]]\nname = \"pusher\"\nsubscribe = \"anonymous\"\n",
+    )
+    .expect("write config");
+    let mut env = env.to_vec();
+    let url = redis.url();
+    env.extend([("HERALD_BROKER_URL", url.as_str()), ("HERALD_NODE_NAME", "p")]);
+    let node = Node::start(&["--dev", "--config", config.to_str().unwrap()], &env).await;
     let mut clients = Vec::new();
     for _ in 0..2 {
         let tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
@@ -460,7 +471,8 @@ async fn pusher_clients_get_publications_from_the_fanout_directly() {
         .send()
         .await
         .expect("publish");
-    assert_eq!(res.status().as_u16(), 200);
+    let status = res.status().as_u16();
+    assert_eq!(status, 200, "{}", res.text().await.unwrap_or_default());
     let got = clients[1].0.next().await;
     assert_eq!(
         got,
