@@ -433,7 +433,10 @@ async fn pusher_clients_get_publications_from_the_fanout_directly() {
     .expect("write config");
     let mut env = env.to_vec();
     let url = redis.url();
-    env.extend([("HERALD_BROKER_URL", url.as_str()), ("HERALD_NODE_NAME", "p")]);
+    env.extend([
+        ("HERALD_BROKER_URL", url.as_str()),
+        ("HERALD_NODE_NAME", "p"),
+    ]);
     let node = Node::start(&["--dev", "--config", config.to_str().unwrap()], &env).await;
     let mut clients = Vec::new();
     for _ in 0..2 {
