@@ -23,7 +23,7 @@ use crate::response::{error, HttpResponse};
 use crate::state::App;
 
 mod connection;
-mod shared;
+pub(crate) mod shared;
 
 /// Answer the upgrade request and spawn the connection's task.
 pub fn upgrade(app: Arc<App>, mut req: Request<Incoming>) -> HttpResponse {

@@ -2,7 +2,9 @@
 //! nothing else changes; handshake refusals close with the protocol's codes; a Herald-protocol
 //! client and a Pusher client share an app's channel through the `pusher` namespace; two nodes on
 //! Redis or NATS deliver events and presence across nodes, report occupancy and members once per
-//! cluster and answer the HTTP API's channel queries for the cluster; a refused webhook is retried.
+//! cluster and answer the HTTP API's channel queries for the cluster; a refused webhook is retried;
+//! a catch-up client beside a stock one (whose events the fan-out writes directly) gets every
+//! event once, in order, with `herald_offset`, across reconnects.
 
 mod common;
 
@@ -1142,5 +1144,92 @@ async fn health_on(tcp: &mut TcpStream) -> String {
             .unwrap();
         assert!(n > 0, "closed early: {text}");
         seen.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// The pusher-js catch-up scenario (clients/js test/integration/pusher.test.ts, "a client that
+/// reconnects gets what it missed"), many times over: a client with positions beside a stock one
+/// on the same channel (whose deliveries the fan-out writes directly), away while two events are
+/// triggered, back with `herald_since`. Each time it gets what it missed and the next event, each
+/// once, in order, with `herald_offset`; the stock client gets every event, plain.
+#[tokio::test]
+async fn catch_up_beside_direct_writes_gets_every_event_once_in_order() {
+    let node = Node::start(&["--dev"], &APP).await;
+    let trigger = |channel: &str, n: u64| json!({"name": "item", "channel": channel, "data": format!("{{\"n\":{n}}}")});
+    let publish = |channel: String, n: u64| {
+        let node = &node;
+        async move {
+            let (status, body) =
+                signed(node, "POST", "/apps/7/events", Some(trigger(&channel, n))).await;
+            assert_eq!(status, 200, "{body}");
+        }
+    };
+    // Every message up to (and including) the one with `herald_offset` == `last`, then checks
+    // that nothing more comes.
+    async fn items(c: &mut Client, last: u64) -> Vec<(u64, Value)> {
+        let mut got = Vec::new();
+        while got.last().map(|(o, _)| *o) != Some(last) {
+            let m = c
+                .next_within(Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| panic!("no item up to offset {last}; got {got:?}"));
+            assert_eq!(m["event"], "item", "{m}");
+            let offset = m["herald_offset"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no herald_offset: {m}"));
+            got.push((offset, m["data"].clone()));
+            assert!(got.len() <= 4, "more than expected: {got:?}");
+        }
+        got
+    }
+    for round in 0..20 {
+        let channel = format!("feed-{round}");
+        let (mut stock, _) = connected(&node).await;
+        send(&mut stock, "pusher:subscribe", json!({"channel": channel})).await;
+        expect(&mut stock, "pusher_internal:subscription_succeeded").await;
+
+        let (mut c, _) = connected(&node).await;
+        send(
+            &mut c,
+            "pusher:subscribe",
+            json!({"channel": channel, "herald_positions": true}),
+        )
+        .await;
+        let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+        let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+        let epoch = data["herald"]["epoch"].as_str().unwrap().to_owned();
+        publish(channel.clone(), 1).await;
+        let got = items(&mut c, 1).await;
+        assert_eq!(got, vec![(1, json!("{\"n\":1}"))], "round {round}");
+        drop(c);
+
+        publish(channel.clone(), 2).await;
+        publish(channel.clone(), 3).await;
+        let (mut c, _) = connected(&node).await;
+        let since = json!({"epoch": epoch, "offset": 1});
+        send(
+            &mut c,
+            "pusher:subscribe",
+            json!({"channel": channel, "herald_since": since}),
+        )
+        .await;
+        let ok = expect(&mut c, "pusher_internal:subscription_succeeded").await;
+        let data: Value = serde_json::from_str(ok["data"].as_str().unwrap()).unwrap();
+        assert_eq!(data["herald"]["recovered"], true, "round {round}: {data}");
+        publish(channel.clone(), 4).await;
+        let got = items(&mut c, 4).await;
+        let want: Vec<(u64, Value)> = (2..=4)
+            .map(|n| (n, json!(format!("{{\"n\":{n}}}"))))
+            .collect();
+        assert_eq!(got, want, "round {round}");
+        assert!(
+            c.next_within(Duration::from_millis(50)).await.is_none(),
+            "round {round}: a duplicate"
+        );
+        for n in 1..=4 {
+            let m = expect(&mut stock, "item").await;
+            assert_eq!(m["data"], format!("{{\"n\":{n}}}"), "round {round}");
+            assert!(m.get("herald_offset").is_none(), "{m}");
+        }
     }
 }

@@ -405,3 +405,123 @@ async fn tracing_off_exports_nothing_and_adds_nothing_to_the_broker_message() {
     tokio::time::sleep(Duration::from_secs(6)).await;
     assert!(receiver.spans().is_empty(), "{:?}", receiver.spans());
 }
+
+/// Pusher clients get publications from the fan-out's direct writes (crate::pusher::direct):
+/// the sampled `write` spans of a traced publication to a Pusher channel say `direct` (they said
+/// `task` while every delivery woke the connection's task). The socket the publication excludes
+/// (`socket_id`) still gets nothing, and the other one the event as the task would send it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pusher_clients_get_publications_from_the_fanout_directly() {
+    let redis = RedisServer::start();
+    let receiver = Receiver::start().await;
+    let endpoint = receiver.endpoint();
+    let env = [
+        ("HERALD_TRACING__OTLP_ENDPOINT", endpoint.as_str()),
+        ("HERALD_TRACING__WRITE_SPANS", "2"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ("HERALD_PUSHER_APP_ID", "7"),
+        ("HERALD_PUSHER_APP_KEY", "app-key"),
+        ("HERALD_PUSHER_APP_SECRET", "app-secret"),
+    ];
+    // The `pusher` namespace lets Herald's API publish to the app's channels (docs/pusher.md).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("herald.toml");
+    std::fs::write(
+        &config,
+        "[[namespaces]]\nname = \"pusher\"\nsubscribe = \"anonymous\"\n",
+    )
+    .expect("write config");
+    let mut env = env.to_vec();
+    let url = redis.url();
+    env.extend([
+        ("HERALD_BROKER_URL", url.as_str()),
+        ("HERALD_NODE_NAME", "p"),
+    ]);
+    let node = Node::start(&["--dev", "--config", config.to_str().unwrap()], &env).await;
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let tcp = TcpStream::connect(node.addr).await.expect("tcp connect");
+        let url = format!("ws://{}/app/app-key?protocol=7", node.addr);
+        let mut c = Client::open_on(Box::new(tcp), &url, &[])
+            .await
+            .expect("ws handshake");
+        let hello = c.next().await;
+        assert_eq!(hello["event"], "pusher:connection_established", "{hello}");
+        let data: serde_json::Value =
+            serde_json::from_str(hello["data"].as_str().expect("a string")).unwrap();
+        let socket_id = data["socket_id"].as_str().unwrap().to_owned();
+        c.send_raw(&json!({"event": "pusher:subscribe", "data": {"channel": "news"}}).to_string())
+            .await;
+        let ok = c.next().await;
+        assert_eq!(
+            ok["event"], "pusher_internal:subscription_succeeded",
+            "{ok}"
+        );
+        clients.push((c, socket_id));
+    }
+
+    // Through Herald's API, in the envelope the Pusher API stores (docs/pusher.md), excluding
+    // the first client, as a trigger with its `socket_id` does.
+    let excluded = clients[0].1.clone();
+    let traceparent = format!("00-{TRACE_ID}-{CALLER_SPAN}-01");
+    let res = reqwest::Client::new()
+        .post(format!("http://{}/api/publish", node.addr))
+        .bearer_auth(API_KEY)
+        .timeout(WAIT)
+        .header("traceparent", &traceparent)
+        .json(&json!({"channel": "pusher:7:news",
+            "data": {"event": "e", "data": "x", "exclude": excluded}}))
+        .send()
+        .await
+        .expect("publish");
+    let status = res.status().as_u16();
+    assert_eq!(status, 200, "{}", res.text().await.unwrap_or_default());
+    let got = clients[1].0.next().await;
+    assert_eq!(
+        got,
+        json!({"event": "e", "channel": "news", "data": "x"}),
+        "the event as before, no herald_offset"
+    );
+    assert!(
+        clients[0]
+            .0
+            .next_within(Duration::from_millis(300))
+            .await
+            .is_none(),
+        "the excluded socket gets nothing"
+    );
+
+    let writes = eventually_some(WAIT, "the write spans of both subscribers", || async {
+        let writes: Vec<Exported> = receiver
+            .spans()
+            .into_iter()
+            .filter(|s| s.trace_id == TRACE_ID && s.name == "write")
+            .collect();
+        (writes.len() == 2).then_some(writes)
+    })
+    .await;
+    let by: Vec<&str> = writes
+        .iter()
+        .map(|w| w.attributes["herald.write.by"].as_str())
+        .collect();
+    // Both idle: the fan-out writes each itself (`task` only when a socket is busy, which two
+    // idle clients almost never are at once).
+    assert!(by.contains(&"direct"), "write spans by {by:?}");
+
+    // The excluded client is still subscribed: the next publication reaches it.
+    let res = reqwest::Client::new()
+        .post(format!("http://{}/api/publish", node.addr))
+        .bearer_auth(API_KEY)
+        .timeout(WAIT)
+        .json(&json!({"channel": "pusher:7:news", "data": {"event": "f", "data": {"n": 2}}}))
+        .send()
+        .await
+        .expect("publish");
+    assert_eq!(res.status().as_u16(), 200);
+    for (c, _) in &mut clients {
+        assert_eq!(
+            c.next().await,
+            json!({"event": "f", "channel": "news", "data": {"n": 2}})
+        );
+    }
+}

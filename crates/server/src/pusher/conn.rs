@@ -27,6 +27,7 @@ use super::auth::{channel_authorized, user_authenticated};
 use super::census::Census;
 use super::codes;
 use super::counting::Counting;
+use super::direct::PusherDirect;
 use super::limits;
 use super::shared::SharedFrames;
 use super::watchlist::{self, Watched};
@@ -36,6 +37,7 @@ use super::wire::{
     UserData,
 };
 use super::Node;
+use crate::ws::shared::Locked;
 
 /// What the connection shares with the node: two handles, read through accessors (every idle
 /// connection keeps this, so it holds no copies of settings).
@@ -171,6 +173,8 @@ pub struct PusherConn {
     /// reads nothing but this connection's task state. Cleared whenever `channels` changes.
     recent: Option<(Arc<str>, bool)>,
     client_events: TokenBucket,
+    /// The fan-out's writer for this connection, once the transport made one (super::direct).
+    direct: Option<Arc<PusherDirect>>,
     /// The user this connection signed in as (`pusher:signin`).
     user: Option<String>,
     /// Watchlist events, once signed in to an app that enables them.
@@ -207,6 +211,7 @@ impl PusherConn {
             channels: HashMap::new(),
             recent: None,
             client_events: TokenBucket::new(rate, rate.saturating_mul(2)),
+            direct: None,
             user: None,
             watch: None,
         }
@@ -554,6 +559,14 @@ impl PusherConn {
             false => None,
         };
         let since = data.herald_since.as_ref().or(from_last.as_ref());
+        if positions {
+            // Events with `herald_offset` are this connection's own translation (the fan-out's
+            // direct writes send the plain event): from now on its task translates every
+            // publication. Before the hub delivers this channel, and for good.
+            if let Some(direct) = &self.direct {
+                direct.leave();
+            }
+        }
         let prepared = self
             .ctx
             .hub()
@@ -932,10 +945,10 @@ impl PusherConn {
             return Some(frame);
         }
         if frame.starts_with(b"{\"pub\":") {
-            let event = self.ctx.frames().publication(&frame, &self.ctx.app)?;
-            if event.exclude.as_deref() == Some(&*self.socket_id) {
-                return None;
-            }
+            let event = self
+                .ctx
+                .frames()
+                .event_for(&frame, &self.ctx.app, &self.socket_id)?;
             let positions = match &self.recent {
                 Some((name, positions)) if Arc::ptr_eq(name, &event.channel) => *positions,
                 _ => {
@@ -1069,6 +1082,20 @@ impl PusherConn {
     /// The connection's socket id (its client id in the hub's registry).
     pub fn socket_id(&self) -> &str {
         &self.socket_id
+    }
+
+    /// The writer through which the fan-out writes this connection's publications to `ws`
+    /// (super::direct): it translates them as [`Self::translate`] does for a connection
+    /// without positions.
+    pub(crate) fn direct_writer(&mut self, ws: Arc<Locked>) -> Arc<PusherDirect> {
+        let writer = Arc::new(PusherDirect::new(
+            ws,
+            self.ctx.node.apps.frames.clone(),
+            self.ctx.app.clone(),
+            self.socket_id.clone(),
+        ));
+        self.direct = Some(writer.clone());
+        writer
     }
 
     /// The connection is gone: leave every channel and forget it.

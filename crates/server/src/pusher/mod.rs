@@ -12,6 +12,8 @@
 //! - [`limits`]: Pusher's size limits (event names, presence `user_info`).
 //! - [`conn`]: one connection's subscriptions, presence and client events.
 //! - [`shared`]: each publication translated into a Pusher event once for all its subscribers.
+//! - `direct`: the fan-out writes those events to the sockets itself, without waking each
+//!   connection's task.
 //! - [`ws`]: the WebSocket endpoint `/app/{key}`.
 //! - [`api`]: the HTTP API `/apps/{id}/…`.
 //! - [`census`]: subscriptions per channel counted for the cluster, for the API's channel queries.
@@ -35,6 +37,7 @@ pub mod census;
 pub mod codes;
 pub mod conn;
 pub mod counting;
+mod direct;
 pub mod limits;
 pub mod shared;
 pub mod watchlist;

@@ -80,6 +80,21 @@ impl SharedFrames {
         Some(translated)
     }
 
+    /// The event socket `socket_id` of `app` receives for a hub publication frame: `None` when
+    /// the frame is not one of the app's publications or the publication excludes the socket
+    /// (the HTTP API's `socket_id`, a client event's sender). The one place that decides it, for
+    /// the connection's task (`PusherConn::translate`) and the fan-out's direct writes alike
+    /// (super::direct).
+    pub fn event_for(
+        &self,
+        frame: &Bytes,
+        app: &PusherApp,
+        socket_id: &str,
+    ) -> Option<Arc<Translated>> {
+        let event = self.publication(frame, app)?;
+        (event.exclude.as_deref() != Some(socket_id)).then_some(event)
+    }
+
     /// The shared allocation of a channel name (once per publication, not per delivery).
     fn name(&self, channel: &str) -> Arc<str> {
         let slot = &self.names[(self.hasher.hash_one(channel) as usize) % NAME_SLOTS];

@@ -17,18 +17,20 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::Either;
 use futures_util::{FutureExt, SinkExt, StreamExt};
-use herald_core::outbound::{CloseRequest, Control};
+use herald_core::outbound::{CloseRequest, Control, DirectWrite};
 use herald_core::Outbound;
 use herald_protocol::CloseCode;
 use hyper::body::Incoming;
 use hyper::upgrade::OnUpgrade;
 use hyper::Request;
+use tokio::io::ReadBuf;
 use tokio::time::{timeout, Instant};
 use tokio_websockets::Message;
 
 use super::apps::PusherApp;
 use super::codes;
 use super::conn::{ConnContext, PusherConn};
+use super::direct::PusherDirect;
 use super::wire;
 use super::Node;
 use crate::compression;
@@ -38,6 +40,7 @@ use crate::engine::{Closing, End, Parts, Protocol, Serve, Step, Transport, Writt
 use crate::guard::IpSlot;
 use crate::response::HttpResponse;
 use crate::state::App;
+use crate::ws::shared::{DirectGuard, SharedWs};
 
 use crate::handshake::{self, Ws};
 
@@ -230,7 +233,7 @@ fn run(
         node,
         app: pusher_app,
     };
-    let conn = PusherConn::open(ctx, out.clone(), activity_timeout_s);
+    let mut conn = PusherConn::open(ctx, out.clone(), activity_timeout_s);
     // The node-wide limit counts Herald and Pusher connections alike.
     let max_connections = app.ctx.config.limits.max_connections;
     if max_connections > 0 && app.ctx.hub.connection_count() > max_connections {
@@ -245,24 +248,31 @@ fn run(
             drop((counted, ip_slot));
         }));
     }
+    let ws = SharedWs::new(ws);
+    let direct = conn.direct_writer(ws.locked());
     let pong_timeout = Duration::from_secs(app.ctx.config.pong_timeout_s.max(1));
     let protocol = PusherProtocol {
         conn,
         pings: AfterSilence::after_silence(activity_timeout, pong_timeout),
     };
     let transport = PusherWs {
+        direct,
         ws,
         _counted: counted,
+        _direct: DirectGuard(out.clone()),
         _ip_slot: ip_slot,
     };
     Either::Right(Driver::new(app, transport, protocol, out).run())
 }
 
-/// Pusher's WebSocket: one message per frame, Pusher's close, no direct writes from the fan-out
-/// (each connection translates the hub's frames into its own events).
+/// Pusher's WebSocket: one message per frame, Pusher's close, and the fan-out's direct writes of
+/// publications as Pusher events (super::direct), through the same codec (crate::ws::shared).
 pub(crate) struct PusherWs {
-    ws: Ws,
+    ws: SharedWs,
+    /// The fan-out's writer (the driver registers it with the queue).
+    direct: Arc<PusherDirect>,
     _counted: Counted,
+    _direct: DirectGuard,
     /// The connection's place in `limits.max_connections_per_ip`, while it lives.
     _ip_slot: Option<Arc<IpSlot>>,
 }
@@ -277,10 +287,19 @@ impl Transport for PusherWs {
 
     async fn write(&mut self, frames: Vec<Bytes>, limit: Duration) -> Written {
         // Not boxed: the driver boxes the whole outbound step.
-        match write_frames(&mut self.ws, frames, limit).await {
+        let compress = self.ws.compression();
+        match write_frames(&mut self.ws, compress, frames, limit).await {
             Ok(()) => Written::Done,
             Err(()) => Written::Failed,
         }
+    }
+
+    async fn flush(&mut self, limit: Duration) -> bool {
+        timed(limit, self.ws.flush()).await
+    }
+
+    fn direct(&self) -> Option<Arc<dyn DirectWrite>> {
+        Some(self.direct.clone())
     }
 
     /// Pusher's drain close (4200) carries no reconnect delay.
@@ -292,7 +311,11 @@ impl Transport for PusherWs {
     /// code; wait briefly for the peer's close.
     async fn close(&mut self, mut frames: Vec<Bytes>, closing: Closing<'_>, limit: Duration) {
         frames.push(closing.words);
-        if write_frames(&mut self.ws, frames, limit).await.is_ok() {
+        let compress = self.ws.compression();
+        if write_frames(&mut self.ws, compress, frames, limit)
+            .await
+            .is_ok()
+        {
             handshake::close_and_wait(&mut self.ws, closing.code, closing.reason, limit).await;
         }
     }
@@ -302,11 +325,17 @@ impl Transport for PusherWs {
     /// frame) goes straight to the socket ahead of the close frame; then what the client still
     /// uploads is read off for up to a second, so that it reads the close instead of a reset.
     async fn linger(&mut self, first: Option<Bytes>, limit: Duration) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        use std::future::poll_fn;
         let ws = &mut self.ws;
         let sent = timeout(limit, async {
-            if let Some(first) = first {
-                ws.get_mut().write_all(&first).await?;
+            // Below the codec. The fan-out's writer was taken back from the queue before
+            // (`Driver::end`), as for Herald's WebSocket.
+            let mut rest = first.unwrap_or_default();
+            while !rest.is_empty() {
+                match poll_fn(|cx| ws.poll_write(cx, &rest)).await? {
+                    0 => return Err(std::io::ErrorKind::WriteZero.into()),
+                    n => rest = rest.slice(n..),
+                }
             }
             ws.flush().await.map_err(std::io::Error::other)
         })
@@ -315,11 +344,16 @@ impl Transport for PusherWs {
             return;
         }
         let _ = timeout(Duration::from_secs(1), async {
-            let io = ws.get_mut();
-            let _ = io.shutdown().await;
+            let _ = poll_fn(|cx| ws.poll_shutdown(cx)).await;
             // On the heap: an array here would live in every connection's task state.
             let mut buf = vec![0u8; 8192];
-            while matches!(io.read(&mut buf).await, Ok(n) if n > 0) {}
+            loop {
+                let mut read = ReadBuf::new(&mut buf);
+                match poll_fn(|cx| ws.poll_read(cx, &mut read)).await {
+                    Ok(()) if !read.filled().is_empty() => {}
+                    _ => break,
+                }
+            }
         })
         .await;
     }
@@ -432,11 +466,18 @@ impl Serve<PusherWs> for PusherProtocol {
 
 /// Write frames, one WebSocket message each, then one flush. With compression, a frame shared
 /// by a fan-out is compressed once per worker thread (crate::compression).
-async fn write_frames(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Result<(), ()> {
+async fn write_frames<S>(
+    ws: &mut S,
+    compress: bool,
+    frames: Vec<Bytes>,
+    limit: Duration,
+) -> Result<(), ()>
+where
+    S: futures_util::Sink<Message, Error = tokio_websockets::Error> + Unpin,
+{
     if frames.is_empty() {
         return Ok(());
     }
-    let compress = ws.compression();
     let write = async {
         for frame in frames {
             ws.feed(compression::text(frame, compress, true)).await?;
@@ -453,7 +494,8 @@ async fn write_frames(ws: &mut Ws, frames: Vec<Bytes>, limit: Duration) -> Resul
 /// wait briefly for the peer's close.
 async fn finish(ws: &mut Ws, mut frames: Vec<Bytes>, why: &Close, limit: Duration) {
     frames.push(wire::error(Some(why.code), &why.message));
-    if write_frames(ws, frames, limit).await.is_err() {
+    let compress = ws.compression();
+    if write_frames(ws, compress, frames, limit).await.is_err() {
         return;
     }
     handshake::close_and_wait(ws, why.code, &why.message, limit).await;

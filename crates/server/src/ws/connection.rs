@@ -26,7 +26,7 @@ use tokio::io::ReadBuf;
 use tokio::time::timeout;
 use tokio_websockets::Message;
 
-use super::shared::{messages, SharedWs};
+use super::shared::{messages, DirectGuard, SharedWs};
 use crate::engine::driver::Driver;
 use crate::engine::herald::{close, Herald};
 use crate::engine::liveness::Liveness;
@@ -140,16 +140,6 @@ impl Serve<WsTransport> for Herald {
             );
         };
         self.on_text(parts, text).await
-    }
-}
-
-/// Takes the direct writer back from the queue however the task ends (cancelled with the runtime,
-/// too): the hub may hold the queue a while longer, and must not keep the socket open through it.
-struct DirectGuard(Arc<Outbound>);
-
-impl Drop for DirectGuard {
-    fn drop(&mut self) {
-        self.0.set_direct(None);
     }
 }
 

@@ -21,7 +21,7 @@ use crate::compression;
 use crate::handshake::Ws;
 
 /// Largest batch of newline-joined frames in one WebSocket message.
-pub(super) const BATCH_BYTES: usize = 64 * 1024;
+pub(crate) const BATCH_BYTES: usize = 64 * 1024;
 
 /// The WebSocket behind its lock: what the fan-out writes through.
 pub(crate) struct Locked(Mutex<Ws>);
@@ -44,6 +44,12 @@ impl SharedWs {
         self.0.clone()
     }
 
+    /// The locked socket, for a direct writer that speaks another wire (crate::pusher::direct).
+    #[cfg(feature = "pusher")]
+    pub(crate) fn locked(&self) -> Arc<Locked> {
+        self.0.clone()
+    }
+
     /// Whether the client negotiated permessage-deflate.
     pub(crate) fn compression(&self) -> bool {
         self.lock().compression()
@@ -52,6 +58,12 @@ impl SharedWs {
     /// Shut down the socket's write side, below the codec.
     pub(crate) fn poll_shutdown(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(self.lock().get_mut()).poll_shutdown(cx)
+    }
+
+    /// Write raw bytes to the socket, below the codec.
+    #[cfg(feature = "pusher")]
+    pub(crate) fn poll_write(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(self.lock().get_mut()).poll_write(cx, buf)
     }
 
     /// Read raw bytes from the socket, below the codec.
@@ -92,14 +104,20 @@ impl Sink<Message> for SharedWs {
     }
 }
 
-impl DirectWrite for Locked {
-    /// One poll with a waker that does nothing: whatever the socket does not take stays in the
-    /// codec's buffer, and the task (woken by the queue) flushes it with its own waker.
-    fn try_write(&self, frames: Vec<Bytes>) -> Result<Flushed, Vec<Bytes>> {
-        // More than one message would need a ready check before each: leave those to the task.
-        if frames.iter().map(|f| f.len() + 1).sum::<usize>() > BATCH_BYTES {
-            return Err(frames);
-        }
+impl Locked {
+    /// One poll with a waker that does nothing: if the codec is free and ready, hand it the
+    /// messages `to_messages` makes of `frames` (told whether the client negotiated compression)
+    /// and try to flush. Whatever the socket does not take stays in the codec's buffer, and the
+    /// task (woken by the queue) flushes it with its own waker. `Err(frames)`: not taken at all.
+    ///
+    /// Callers keep a batch within [`BATCH_BYTES`]: it is handed over after one ready check
+    /// (tokio-websockets' `start_send` queues without a limit; `poll_ready` is only its flush
+    /// threshold).
+    pub(crate) fn try_write_with(
+        &self,
+        frames: Vec<Bytes>,
+        to_messages: impl FnOnce(Vec<Bytes>, bool) -> Vec<Message>,
+    ) -> Result<Flushed, Vec<Bytes>> {
         let Ok(mut ws) = self.0.try_lock() else {
             return Err(frames);
         };
@@ -111,7 +129,7 @@ impl DirectWrite for Locked {
             Poll::Pending => return Err(frames),
         }
         let compress = ws.compression();
-        for message in messages(frames, compress) {
+        for message in to_messages(frames, compress) {
             if ws.start_send_unpin(message).is_err() {
                 return Ok(Flushed::Partly);
             }
@@ -120,6 +138,27 @@ impl DirectWrite for Locked {
             Poll::Ready(Ok(())) => Ok(Flushed::All),
             _ => Ok(Flushed::Partly),
         }
+    }
+}
+
+impl DirectWrite for Locked {
+    /// Herald's frames, as [`messages`] joins them.
+    fn try_write(&self, frames: Vec<Bytes>) -> Result<Flushed, Vec<Bytes>> {
+        // More than one message would need a ready check before each: leave those to the task.
+        if frames.iter().map(|f| f.len() + 1).sum::<usize>() > BATCH_BYTES {
+            return Err(frames);
+        }
+        self.try_write_with(frames, messages)
+    }
+}
+
+/// Takes the direct writer back from the queue however the task ends (cancelled with the runtime,
+/// too): the hub may hold the queue a while longer, and must not keep the socket open through it.
+pub(crate) struct DirectGuard(pub(crate) Arc<herald_core::Outbound>);
+
+impl Drop for DirectGuard {
+    fn drop(&mut self) {
+        self.0.set_direct(None);
     }
 }
 
