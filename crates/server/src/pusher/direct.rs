@@ -116,28 +116,8 @@ fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pusher::apps::AppConfig;
-    use herald_protocol::encode::push_publication;
-    use herald_protocol::{ClientInfo, Publication};
-
-    fn app() -> PusherApp {
-        PusherApp::new(AppConfig {
-            id: "7".into(),
-            key: "k".into(),
-            secret: "s".into(),
-            ..AppConfig::default()
-        })
-    }
-
-    fn publication(channel: &str, offset: u64, data: &str) -> Bytes {
-        let p = Publication {
-            offset,
-            data: Bytes::copy_from_slice(data.as_bytes()),
-            info: None,
-            tags: Default::default(),
-        };
-        push_publication(channel, &p)
-    }
+    use crate::pusher::shared::tests::{app, frame as publication};
+    use herald_protocol::ClientInfo;
 
     fn text(b: &Bytes) -> &str {
         std::str::from_utf8(b).unwrap()

@@ -132,14 +132,15 @@ fn translate(
     })
 }
 
+/// Also the fixtures of `super::direct`'s tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::pusher::apps::{AppConfig, PusherApp};
     use herald_protocol::encode::push_publication;
     use herald_protocol::Publication;
 
-    fn app() -> PusherApp {
+    pub(crate) fn app() -> PusherApp {
         PusherApp::new(AppConfig {
             id: "7".into(),
             key: "k".into(),
@@ -148,7 +149,7 @@ mod tests {
         })
     }
 
-    fn frame(channel: &str, offset: u64, data: &str) -> Bytes {
+    pub(crate) fn frame(channel: &str, offset: u64, data: &str) -> Bytes {
         let p = Publication {
             offset,
             data: Bytes::copy_from_slice(data.as_bytes()),
