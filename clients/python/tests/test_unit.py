@@ -37,8 +37,11 @@ def test_backoff_grows_is_jittered_and_capped() -> None:
 
 def test_backoff_jitter_spreads() -> None:
     b = Backoff(1.0, 1.0)
-    values = {round(b.next(), 3) for _ in range(50)}
-    assert len(values) > 10 and all(0 <= v < 1.0 for v in values)
+    raw = [b.next() for _ in range(50)]
+    # The bound is checked on the raw delays: rounding 0.9996 up to 1.0 made
+    # this test fail about once in 40 runs.
+    assert all(0 <= v < 1.0 for v in raw)
+    assert len({round(v, 3) for v in raw}) > 10
 
 
 def test_decode_batched_frame() -> None:
