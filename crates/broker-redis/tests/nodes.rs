@@ -191,6 +191,63 @@ async fn a_channel_only_read_keeps_its_epoch_for_the_empty_ttl() {
     );
 }
 
+/// Entries older than the history TTL leave Redis's memory, not only the reads: the publish
+/// script trims them by age every 16th offset (crate::scripts::PUBLISH). The stream itself lives
+/// the TTL after its last publication, so a publication in between keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_older_than_its_ttl_is_trimmed_from_redis() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
+    let ch = unique("aged");
+    let mut o = opts(100);
+    o.stream.history_ttl = Duration::from_secs(2);
+    let xlen = |r: &RedisServer| -> i64 {
+        r.cli(&["XLEN", &format!("herald:{{{ch}}}:h")])
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let publish = |n: u64| {
+        let (a, ch, o) = (a.clone(), ch.clone(), o.clone());
+        async move {
+            let p = a
+                .publish(&ch, Bytes::from(n.to_string()), None, &o)
+                .await
+                .unwrap();
+            assert_eq!(p.offset, n);
+        }
+    };
+    // Offsets 1-5 at 0 s, 6 at 1.2 s (the stream would expire at 2 s), 7-16 at 2.4 s, when 1-5
+    // are past the 2 s TTL and 6 is not.
+    for n in 1..=5 {
+        publish(n).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    publish(6).await;
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for n in 7..=16 {
+        publish(n).await;
+    }
+    assert_eq!(
+        xlen(&redis),
+        11,
+        "offsets 1-5, older than the 2 s TTL, are trimmed on offset 16"
+    );
+    let kept = a
+        .history(
+            &ch,
+            &HistoryQuery {
+                since: None,
+                limit: None,
+            },
+            &o.stream,
+        )
+        .await
+        .unwrap();
+    let offsets: Vec<u64> = kept.publications.iter().map(|p| p.offset).collect();
+    assert_eq!(offsets, (6..=16).collect::<Vec<_>>());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_subscribes_are_batched() {
     let redis = RedisServer::start();
