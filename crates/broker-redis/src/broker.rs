@@ -166,6 +166,13 @@ impl Broker for RedisBroker {
         self.inner.history(channel, query, opts).await
     }
 
+    async fn positions(
+        &self,
+        channels: &[(Arc<str>, StreamOptions)],
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        self.inner.positions(channels).await
+    }
+
     async fn remove_history(&self, channel: &str) -> Result<bool, BrokerError> {
         self.inner.remove_history(channel).await.map(|()| true)
     }

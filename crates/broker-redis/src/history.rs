@@ -1,6 +1,9 @@
 //! History: the history script (read from a position, with the epoch check and the rollback
 //! floor) and the parsing of its reply.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use herald_broker::{new_epoch, BrokerError, HistoryQuery, HistoryResult, StreamOptions};
 use herald_protocol::{Publication, StreamPosition};
@@ -52,6 +55,95 @@ impl Inner {
             .watermarks
             .observe(channel, &top.epoch, top.offset);
         Ok(result)
+    }
+}
+
+/// One channel's meta hash as `HMGET meta e o r` returns it: epoch, top offset, server identity.
+type Meta = (Option<String>, Option<u64>, Option<String>);
+
+impl Inner {
+    /// The newest position of each channel, for the hub's tail check (up to hundreds a second).
+    ///
+    /// On standalone shards, one pipeline of `HMGET`s per shard reads the meta hashes: a script
+    /// call per channel cost Redis about as much as a publication, so in a chat-like fan-in the
+    /// tail check made Redis run nearly as many scripts as the publications did. A channel whose
+    /// meta is not plainly current goes through the history script instead, which starts it over
+    /// or extends it as a read does:
+    /// - no meta (expired) or top offset 0 (a read-created stream, whose TTL each read extends);
+    /// - bound to another server identity (Redis restarted or failed over);
+    /// - below this node's watermark in the same epoch (Redis rolled back).
+    ///
+    /// On a Cluster each channel takes the history script (a pipeline would cross slots).
+    pub(crate) async fn positions(
+        &self,
+        channels: &[(Arc<str>, StreamOptions)],
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        let mut out: Vec<Option<Result<StreamPosition, BrokerError>>> =
+            channels.iter().map(|_| None).collect();
+        if !self.cluster {
+            let mut by_shard: HashMap<usize, Vec<usize>> = HashMap::new();
+            for (i, (channel, _)) in channels.iter().enumerate() {
+                by_shard.entry(self.shard(channel)).or_default().push(i);
+            }
+            let reads = by_shard.into_iter().map(|(shard, idx)| async move {
+                let mut pipe = redis::pipe();
+                for &i in &idx {
+                    let meta = self.names.channel(&channels[i].0).meta;
+                    pipe.cmd("HMGET").arg(meta).arg("e").arg("o").arg("r");
+                }
+                let read = self
+                    .run(shard, |mut c| async move {
+                        let identity = self.identity(&c);
+                        let metas: Vec<Meta> = pipe.query_async(&mut c).await?;
+                        Ok((identity, metas))
+                    })
+                    .await;
+                (idx, read)
+            });
+            for (idx, read) in futures_util::future::join_all(reads).await {
+                match read {
+                    Ok((identity, metas)) => {
+                        for (i, meta) in idx.into_iter().zip(metas) {
+                            out[i] = self.current(&channels[i].0, &identity, meta).map(Ok);
+                        }
+                    }
+                    Err(e) => {
+                        for i in idx {
+                            out[i] = Some(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        }
+        let top = HistoryQuery {
+            since: None,
+            limit: Some(0),
+        };
+        let mut positions = Vec::with_capacity(channels.len());
+        for ((channel, opts), known) in channels.iter().zip(out) {
+            positions.push(match known {
+                Some(known) => known,
+                None => self.history(channel, &top, opts).await.map(|h| h.position),
+            });
+        }
+        positions
+    }
+
+    /// The position a meta hash read plainly gives, or `None` when the history script must
+    /// decide (see [`Inner::positions`]).
+    fn current(&self, channel: &str, identity: &str, meta: Meta) -> Option<StreamPosition> {
+        let (Some(epoch), Some(offset), bound) = meta else {
+            return None;
+        };
+        if offset == 0 || (!identity.is_empty() && bound.as_deref() != Some(identity)) {
+            return None;
+        }
+        let (floor_epoch, floor_offset) = self.dispatch.watermarks.floor(channel);
+        if floor_epoch == epoch && offset < floor_offset {
+            return None;
+        }
+        self.dispatch.watermarks.observe(channel, &epoch, offset);
+        Some(StreamPosition { epoch, offset })
     }
 }
 

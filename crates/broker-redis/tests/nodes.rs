@@ -248,6 +248,85 @@ async fn history_older_than_its_ttl_is_trimmed_from_redis() {
     assert_eq!(offsets, (6..=16).collect::<Vec<_>>());
 }
 
+/// The hub's tail check reads positions in bulk: streams that are plainly current come from one
+/// `HMGET` pipeline, with no script call each; a stream never published and one bound to another
+/// Redis process take the history script, which starts the latter over. Every answer is the one
+/// `history` with `limit: 0` gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_read_current_streams_without_a_script_each() {
+    let redis = RedisServer::start();
+    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
+    let o = opts(10);
+    let top = HistoryQuery {
+        since: None,
+        limit: Some(0),
+    };
+    let published: Vec<String> = (0..20).map(|i| unique(&format!("pos{i}"))).collect();
+    for (i, ch) in published.iter().enumerate() {
+        for _ in 0..=i {
+            a.publish(ch, Bytes::from_static(b"x"), None, &o)
+                .await
+                .unwrap();
+        }
+    }
+    let fresh = unique("posfresh");
+    let rebound = unique("posrebound");
+    for _ in 0..3 {
+        a.publish(&rebound, Bytes::from_static(b"x"), None, &o)
+            .await
+            .unwrap();
+    }
+    let old_epoch = a.history(&rebound, &top, &o.stream).await.unwrap().position;
+    assert_eq!(old_epoch.offset, 3);
+    redis.cli(&[
+        "HSET",
+        &format!("herald:{{{rebound}}}:m"),
+        "r",
+        "another-run-id",
+    ]);
+    let channels: Vec<(Arc<str>, herald_broker::StreamOptions)> = published
+        .iter()
+        .chain([&fresh, &rebound])
+        .map(|c| (Arc::from(c.as_str()), o.stream.clone()))
+        .collect();
+
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let got = a.positions(&channels).await;
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let calls = |cmd: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |n| n.parse().unwrap())
+    };
+    assert_eq!(
+        (calls("evalsha") + calls("eval"), calls("hmget")),
+        (2, 22 + 2),
+        "a script for the fresh and the rebound stream only (each also runs an HMGET)\n{stats}"
+    );
+
+    for (i, ((channel, opts), got)) in channels.iter().zip(got).enumerate() {
+        let got = got.unwrap();
+        let read = a.history(channel, &top, opts).await.unwrap().position;
+        assert_eq!(got, read, "{channel}: positions and history agree");
+        if i < published.len() {
+            assert_eq!(got.offset, i as u64 + 1);
+        }
+    }
+    let last = channels.len() - 1;
+    let started_over = a
+        .history(&channels[last].0, &top, &o.stream)
+        .await
+        .unwrap()
+        .position;
+    assert_ne!(
+        started_over.epoch, old_epoch.epoch,
+        "a stream of another Redis starts over"
+    );
+    assert_eq!(started_over.offset, 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_subscribes_are_batched() {
     let redis = RedisServer::start();

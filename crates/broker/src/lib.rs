@@ -295,6 +295,25 @@ pub trait Broker: Send + Sync + 'static {
         opts: &StreamOptions,
     ) -> Result<HistoryResult, BrokerError>;
 
+    /// The newest position of each channel, as [`history`](Broker::history) with `limit: Some(0)`
+    /// reads it (starting a stream over where that would), in `channels`' order. The hub's tail
+    /// check reads hundreds a second per node. The default reads them one by one; a broker that
+    /// can read many in one round trip overrides it.
+    async fn positions(
+        &self,
+        channels: &[(Arc<str>, StreamOptions)],
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        let top = HistoryQuery {
+            since: None,
+            limit: Some(0),
+        };
+        let mut out = Vec::with_capacity(channels.len());
+        for (channel, opts) in channels {
+            out.push(self.history(channel, &top, opts).await.map(|h| h.position));
+        }
+        out
+    }
+
     /// Remove the channel's kept publications, keeping its epoch and top offset (so a client
     /// recovering from an offset before the removal is told `recovered: false`, and the next
     /// publication continues the offsets). `Ok(false)`: this broker cannot (the default).

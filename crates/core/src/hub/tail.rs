@@ -19,15 +19,12 @@ impl Hub {
                 }
             }
         }
-        let query = HistoryQuery {
-            since: None,
-            limit: Some(0),
-        };
-        for (channel, opts) in due {
-            let Ok(h) = self.shared.broker.history(&channel, &query, &opts).await else {
-                continue; // the broker is down: its reconnect triggers a catch-up anyway
-            };
-            self.tail_checked(&channel, h.position);
+        let tops = self.shared.broker.positions(&due).await;
+        for ((channel, _), top) in due.iter().zip(tops) {
+            // A failed read: the broker is down, and its reconnect triggers a catch-up anyway.
+            if let Ok(top) = top {
+                self.tail_checked(channel, top);
+            }
         }
     }
 
