@@ -73,14 +73,36 @@ impl Inner {
     /// - bound to another server identity (Redis restarted or failed over);
     /// - below this node's watermark in the same epoch (Redis rolled back).
     ///
-    /// On a Cluster each channel takes the history script (a pipeline would cross slots).
+    /// On a Cluster the `HMGET`s go as one pipeline per master, on this node's connection to it
+    /// (`crate::masters`); a channel that pipeline does not answer for (a redirect, a master
+    /// unreachable) takes the history script through the cluster connection.
     pub(crate) async fn positions(
         &self,
         channels: &[(Arc<str>, StreamOptions)],
     ) -> Vec<Result<StreamPosition, BrokerError>> {
         let mut out: Vec<Option<Result<StreamPosition, BrokerError>>> =
             channels.iter().map(|_| None).collect();
-        if !self.cluster {
+        if self.cluster {
+            let metas: Vec<String> = channels
+                .iter()
+                .map(|(channel, _)| self.names.channel(channel).meta)
+                .collect();
+            let reads = self
+                .read_by_master(&metas, |meta| {
+                    let mut hmget = redis::cmd("HMGET");
+                    hmget.arg(meta).arg("e").arg("o").arg("r");
+                    hmget
+                })
+                .await;
+            for (i, read) in reads.into_iter().enumerate() {
+                let Some((reply, identity)) = read else {
+                    continue;
+                };
+                if let Ok(meta) = redis::from_redis_value::<Meta>(reply) {
+                    out[i] = self.current(&channels[i].0, &identity, meta).map(Ok);
+                }
+            }
+        } else {
             let mut by_shard: HashMap<usize, Vec<usize>> = HashMap::new();
             for (i, (channel, _)) in channels.iter().enumerate() {
                 by_shard.entry(self.shard(channel)).or_default().push(i);

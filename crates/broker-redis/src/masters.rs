@@ -14,6 +14,9 @@
 //!
 //! Each master connection reads its server's `run_id` when it opens (as standalone links do), so
 //! its calls bind epochs without the script's `INFO server` of the cluster path.
+//!
+//! The hub's tail check reads many channels' positions the same way (`read_by_master`): one
+//! pipeline of reads per master instead of one script call per channel.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -127,6 +130,14 @@ pub(crate) struct Masters {
     map: Mutex<Option<Arc<SlotMap>>>,
     /// Per master address: its connection and the `run_id` of its server.
     conns: tokio::sync::Mutex<HashMap<String, (MultiplexedConnection, Arc<str>)>>,
+}
+
+/// Why a master's pipeline has no replies.
+enum Unanswered {
+    /// No connection to the master: nothing was sent.
+    NotSent,
+    /// Sent, but the replies did not all come back: what ran is unknown.
+    Failed(BrokerError),
 }
 
 /// What became of one call sent in a master's pipeline.
@@ -312,6 +323,100 @@ impl Inner {
         Err(err)
     }
 
+    /// Run one read-only command per key (`read(key)`), grouped into one pipeline per master:
+    /// each key's reply with the identity its master's epochs bind to, or `None` where no
+    /// pipeline answered for it (slot map unknown, master unreachable, a redirect or a failed
+    /// pipeline). A read changes nothing, so the caller may read a `None` again any other way.
+    pub(crate) async fn read_by_master(
+        &self,
+        keys: &[String],
+        read: impl Fn(&str) -> redis::Cmd,
+    ) -> Vec<Option<(Value, Arc<str>)>> {
+        let mut out: Vec<Option<(Value, Arc<str>)>> = keys.iter().map(|_| None).collect();
+        let Some(map) = self.slot_map().await else {
+            return out;
+        };
+        let mut by_master: HashMap<&str, Vec<usize>> = HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(addr) = map.master_of(usize::from(crate::names::slot(key))) {
+                by_master.entry(addr).or_default().push(i);
+            }
+        }
+        let read = &read;
+        let pipelines = by_master.into_iter().map(|(addr, idx)| async move {
+            let replies = self
+                .master_pipeline(addr, idx.len(), |_| {
+                    let mut pipe = redis::pipe();
+                    for &i in &idx {
+                        pipe.add_command(read(&keys[i]));
+                    }
+                    pipe
+                })
+                .await
+                .ok();
+            (idx, replies)
+        });
+        for (idx, replies) in join_all(pipelines).await {
+            let Some((replies, identity)) = replies else {
+                continue;
+            };
+            for (i, reply) in idx.into_iter().zip(replies) {
+                match reply.extract_error() {
+                    Ok(value) => out[i] = Some((value, identity.clone())),
+                    Err(e) => {
+                        if e.code()
+                            .is_some_and(|c| REFUSED_BEFORE_RUNNING.contains(&c))
+                        {
+                            self.masters.forget_map();
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Send a pipeline of `n` commands to the master at `addr`, built by `build` from the
+    /// identity its epochs bind to (its server's `run_id`, `""` with synchronous persistence):
+    /// the replies and that identity. On failure the connection (if any) and the slot map are
+    /// dropped.
+    async fn master_pipeline(
+        &self,
+        addr: &str,
+        n: usize,
+        build: impl FnOnce(&Arc<str>) -> redis::Pipeline,
+    ) -> Result<(Vec<Value>, Arc<str>), Unanswered> {
+        let Ok((mut conn, run_id)) = self.master_conn(addr).await else {
+            self.masters.forget_map();
+            return Err(Unanswered::NotSent);
+        };
+        let identity = if self.cfg.synchronous_persistence {
+            Arc::from("")
+        } else {
+            run_id
+        };
+        let pipe = build(&identity);
+        let started = Instant::now();
+        let replies = tokio::time::timeout(
+            self.cfg.command_timeout(),
+            conn.req_packed_commands(&pipe, 0, n),
+        )
+        .await;
+        self.metrics.observe_rtt(started.elapsed());
+        let err = match replies {
+            Ok(Ok(replies)) if replies.len() == n => return Ok((replies, identity)),
+            Ok(Ok(replies)) => BrokerError::internal(format!(
+                "redis master {addr} answered {} replies to {n} commands",
+                replies.len()
+            )),
+            Ok(Err(e)) => link::broker_error(e),
+            Err(_) => BrokerError::unavailable(format!("redis master {addr}: timed out")),
+        };
+        self.masters.conns.lock().await.remove(addr);
+        self.masters.forget_map();
+        Err(Unanswered::Failed(err))
+    }
+
     /// Send `calls` to the master at `addr` as one pipeline of `EVALSHA`s: what became of each.
     async fn pipeline(
         &self,
@@ -321,58 +426,34 @@ impl Inner {
         data: &Bytes,
         info: Option<&ClientInfo>,
     ) -> Vec<Sent> {
-        let again = || calls.iter().map(|_| Sent::Again).collect();
-        let Ok((mut conn, run_id)) = self.master_conn(addr).await else {
+        let entries: Vec<_> = calls.iter().map(|call| call.entries(targets)).collect();
+        let sent = self
+            .master_pipeline(addr, calls.len(), |identity| {
+                let mut pipe = redis::pipe();
+                for call_entries in &entries {
+                    let mut args = self.publish_args(call_entries, data, info);
+                    args.argv[IDENTITY_ARG] = identity.as_bytes().to_vec();
+                    let cmd = pipe
+                        .cmd("EVALSHA")
+                        .arg(scripts::PUBLISH.get_hash())
+                        .arg(args.keys.len());
+                    for key in &args.keys {
+                        cmd.arg(key);
+                    }
+                    for a in &args.argv {
+                        cmd.arg(&a[..]);
+                    }
+                }
+                pipe
+            })
+            .await;
+        let replies = match sent {
+            Ok((replies, _)) => replies,
             // Nothing was sent: the cluster connection may still reach the slots.
-            self.masters.forget_map();
-            return again();
-        };
-        let identity: &[u8] = if self.cfg.synchronous_persistence {
-            b""
-        } else {
-            run_id.as_bytes()
-        };
-        let mut pipe = redis::pipe();
-        let mut entries = Vec::with_capacity(calls.len());
-        for call in calls {
-            let call_entries = call.entries(targets);
-            let mut args = self.publish_args(&call_entries, data, info);
-            args.argv[IDENTITY_ARG] = identity.to_vec();
-            let cmd = pipe
-                .cmd("EVALSHA")
-                .arg(scripts::PUBLISH.get_hash())
-                .arg(args.keys.len());
-            for key in &args.keys {
-                cmd.arg(key);
-            }
-            for a in &args.argv {
-                cmd.arg(&a[..]);
-            }
-            entries.push(call_entries);
-        }
-        let started = Instant::now();
-        let replies = tokio::time::timeout(
-            self.cfg.command_timeout(),
-            conn.req_packed_commands(&pipe, 0, calls.len()),
-        )
-        .await;
-        self.metrics.observe_rtt(started.elapsed());
-        let replies = match replies {
-            Ok(Ok(replies)) if replies.len() == calls.len() => replies,
-            failed => {
-                // The calls' outcome is unknown (some may have run): they fail, as a call through
-                // the cluster connection that timed out does. The connection is replaced.
-                let err = match failed {
-                    Ok(Ok(replies)) => BrokerError::internal(format!(
-                        "redis master {addr} answered {} replies to {} calls",
-                        replies.len(),
-                        calls.len()
-                    )),
-                    Ok(Err(e)) => link::broker_error(e),
-                    Err(_) => BrokerError::unavailable(format!("redis master {addr}: timed out")),
-                };
-                self.masters.conns.lock().await.remove(addr);
-                self.masters.forget_map();
+            Err(Unanswered::NotSent) => return calls.iter().map(|_| Sent::Again).collect(),
+            // The calls' outcome is unknown (some may have run): they fail, as a call through
+            // the cluster connection that timed out does.
+            Err(Unanswered::Failed(err)) => {
                 return entries
                     .iter()
                     .map(|e| Sent::Done(self.stored_positions(e, Err(err.clone()))))

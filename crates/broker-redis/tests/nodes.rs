@@ -249,13 +249,32 @@ async fn history_older_than_its_ttl_is_trimmed_from_redis() {
 }
 
 /// The hub's tail check reads positions in bulk: streams that are plainly current come from one
-/// `HMGET` pipeline, with no script call each; a stream never published and one bound to another
-/// Redis process take the history script, which starts the latter over. Every answer is the one
-/// `history` with `limit: 0` gives.
+/// `HMGET` pipeline (per shard, or per master of a Cluster), with no script call each; a stream
+/// never published and one bound to another Redis process take the history script, which starts
+/// the latter over. Every answer is the one `history` with `limit: 0` gives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn positions_read_current_streams_without_a_script_each() {
     let redis = RedisServer::start();
-    let (a, _) = node(&RedisConfig::from_url(&redis.url()), "a").await;
+    positions_in_bulk(&RedisConfig::from_url(&redis.url()), &[&redis], |_| 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_positions_read_current_streams_without_a_script_each() {
+    let cluster = RedisCluster::start();
+    let servers: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    positions_in_bulk(&RedisConfig::from_url(&cluster.url()), &servers, |key| {
+        cluster.owner_of(cluster.slot_of(key))
+    })
+    .await;
+}
+
+/// `owner`: the index in `servers` of the server that holds a channel's keys.
+async fn positions_in_bulk(
+    cfg: &RedisConfig,
+    servers: &[&RedisServer],
+    owner: impl Fn(&str) -> usize,
+) {
+    let (a, _) = node(cfg, "a").await;
     let o = opts(10);
     let top = HistoryQuery {
         since: None,
@@ -278,7 +297,7 @@ async fn positions_read_current_streams_without_a_script_each() {
     }
     let old_epoch = a.history(&rebound, &top, &o.stream).await.unwrap().position;
     assert_eq!(old_epoch.offset, 3);
-    redis.cli(&[
+    servers[owner(&rebound)].cli(&[
         "HSET",
         &format!("herald:{{{rebound}}}:m"),
         "r",
@@ -290,15 +309,25 @@ async fn positions_read_current_streams_without_a_script_each() {
         .map(|c| (Arc::from(c.as_str()), o.stream.clone()))
         .collect();
 
-    redis.cli(&["CONFIG", "RESETSTAT"]);
+    for ch in &published {
+        // Loads the history script on every server (a first call to one is not counted below).
+        a.history(ch, &top, &o.stream).await.unwrap();
+    }
+    for server in servers {
+        server.cli(&["CONFIG", "RESETSTAT"]);
+    }
     let got = a.positions(&channels).await;
-    let stats = redis.cli(&["INFO", "commandstats"]);
+    let stats: String = servers
+        .iter()
+        .map(|s| s.cli(&["INFO", "commandstats"]))
+        .collect();
     let calls = |cmd: &str| -> u64 {
         stats
             .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
-            .and_then(|rest| rest.split(',').next())
-            .map_or(0, |n| n.parse().unwrap())
+            .filter_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+            .filter_map(|rest| rest.split(',').next())
+            .map(|n| n.parse::<u64>().unwrap())
+            .sum()
     };
     assert_eq!(
         (calls("evalsha") + calls("eval"), calls("hmget")),
