@@ -921,3 +921,58 @@ async fn cluster_lists_history_channels_on_every_master() {
         );
     }
 }
+
+/// On a Cluster a single publication goes on the node's connection to the channel's master,
+/// which knows its server's `run_id`: the publish script does not run `INFO server` to learn it.
+/// The offsets still count up and the epochs are bound to the master that holds the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_publish_binds_epochs_without_info_in_the_script() {
+    let cluster = RedisCluster::start();
+    let servers: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    let (a, _) = node(&RedisConfig::from_url(&cluster.url()), "a").await;
+    let o = opts(10);
+    let channels: Vec<String> = (0..12).map(|i| unique(&format!("single{i}"))).collect();
+    for ch in &channels {
+        // The first publication per master opens this node's connection to it (one INFO).
+        a.publish(ch, Bytes::from_static(b"x"), None, &o)
+            .await
+            .unwrap();
+    }
+    for server in &servers {
+        server.cli(&["CONFIG", "RESETSTAT"]);
+    }
+    for ch in &channels {
+        let p = a
+            .publish(ch, Bytes::from_static(b"y"), None, &o)
+            .await
+            .unwrap();
+        assert_eq!(p.offset, 2, "{ch}");
+    }
+    let info_calls: u64 = servers
+        .iter()
+        .map(|s| s.cli(&["INFO", "commandstats"]))
+        .flat_map(|stats| {
+            stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("cmdstat_info:calls="))
+                .filter_map(|rest| rest.split(',').next().map(str::to_owned))
+                .collect::<Vec<_>>()
+        })
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(
+        info_calls, 0,
+        "12 publications ran INFO server {info_calls} times"
+    );
+    for ch in &channels {
+        let meta = format!("herald:{{{ch}}}:m");
+        let owner = servers[cluster.owner_of(cluster.slot_of(ch))];
+        let bound = owner.cli(&["HGET", &meta, "r"]);
+        let run_id = owner.cli(&["INFO", "server"]);
+        let run_id = run_id
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("run_id:"))
+            .expect("run_id");
+        assert_eq!(bound.trim(), run_id, "{ch}: bound to its master's run_id");
+    }
+}
