@@ -70,17 +70,6 @@ impl Inner {
                 .publish_unstored(shard, channel, &data, info.as_ref(), opts)
                 .await;
         }
-        if self.cluster {
-            // As a broadcast's calls do (`crate::masters`): on this node's connection to the
-            // channel's master, which knows that server's `run_id`, so the script need not run
-            // `INFO server` to learn it (a tenth of the call's time in Redis), and with no pass
-            // through the cluster client's routing.
-            let target = [PublishTarget {
-                channel: channel.to_owned(),
-                opts: opts.clone(),
-            }];
-            return self.publish_many(&target, data, info).await.remove(0);
-        }
         let mut positions = self
             .publish_call(shard, &[(channel, opts)], &data, info.as_ref())
             .await?;
@@ -90,8 +79,8 @@ impl Inner {
     /// Publish to several channels: one script call per slot (Cluster) or shard (standalone) and
     /// idempotency (with a key or without), of at most [`MAX_CHANNELS_PER_CALL`] channels, the
     /// calls concurrent. On a Cluster the calls for one master go out as one pipeline
-    /// (`crate::masters`), so a broadcast costs a round trip per master, not per slot; a single
-    /// publication takes the same path. Results in `targets`' order.
+    /// (`crate::masters`), so a broadcast costs a round trip per master, not per slot. Results in
+    /// `targets`' order.
     pub(crate) async fn publish_many(
         &self,
         targets: &[PublishTarget],
@@ -129,7 +118,7 @@ impl Inner {
             })
             .collect();
         let (data, info) = (&data, info.as_ref());
-        let done = if self.cluster {
+        let done = if self.cluster && calls.len() > 1 {
             self.publish_by_master(targets, calls, data, info).await
         } else {
             let each = calls.into_iter().map(|call| async move {
