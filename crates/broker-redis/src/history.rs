@@ -61,6 +61,13 @@ impl Inner {
 /// One channel's meta hash as `HMGET meta e o r` returns it: epoch, top offset, server identity.
 type Meta = (Option<String>, Option<u64>, Option<String>);
 
+/// The read of one channel's meta hash that [`Meta`] parses.
+fn read_meta(meta: &str) -> redis::Cmd {
+    let mut hmget = redis::cmd("HMGET");
+    hmget.arg(meta).arg("e").arg("o").arg("r");
+    hmget
+}
+
 impl Inner {
     /// The newest position of each channel, for the hub's tail check (up to hundreds a second).
     ///
@@ -87,13 +94,7 @@ impl Inner {
                 .iter()
                 .map(|(channel, _)| self.names.channel(channel).meta)
                 .collect();
-            let reads = self
-                .read_by_master(&metas, |meta| {
-                    let mut hmget = redis::cmd("HMGET");
-                    hmget.arg(meta).arg("e").arg("o").arg("r");
-                    hmget
-                })
-                .await;
+            let reads = self.read_by_master(&metas, read_meta).await;
             for (i, read) in reads.into_iter().enumerate() {
                 let Some((reply, identity)) = read else {
                     continue;
@@ -110,8 +111,7 @@ impl Inner {
             let reads = by_shard.into_iter().map(|(shard, idx)| async move {
                 let mut pipe = redis::pipe();
                 for &i in &idx {
-                    let meta = self.names.channel(&channels[i].0).meta;
-                    pipe.cmd("HMGET").arg(meta).arg("e").arg("o").arg("r");
+                    pipe.add_command(read_meta(&self.names.channel(&channels[i].0).meta));
                 }
                 let read = self
                     .run(shard, |mut c| async move {
