@@ -23,7 +23,7 @@ use herald_testkit::nats::NatsServer;
 const CHANNELS: usize = 4_000;
 /// The nodes' `request_timeout_ms` (see the module docs).
 const REQUEST_TIMEOUT_MS: u64 = 2_000;
-/// Failures allowed: 5%. On a busy machine (a CI runner, a build beside it) the debug build's
+/// Failures allowed: 10%. On a busy machine (a CI runner, a build beside it) the debug build's
 /// clients are themselves starved past a short timeout for some requests. Measured on
 /// 2026-11-28 on a slow 2-core machine, with the fix: at 1 s, 0–519 of 12,000 quiet (a CI run
 /// failed on 338 when none were allowed); at 2 s, 0 in four quiet runs and 5–618 beside parallel
@@ -31,7 +31,7 @@ const REQUEST_TIMEOUT_MS: u64 = 2_000;
 /// (`max_requests_in_flight` 1,000,000) 3,088 and 0 at 2 s quiet, 3,635 and 4,100 at 2 s busy.
 /// So at 2 s it catches that backlog in most runs, not all; at 1 s it caught it every time but
 /// also failed the fix on a slow machine.
-const FAILURES_ALLOWED: usize = CHANNELS * 3 * 5 / 100;
+const FAILURES_ALLOWED: usize = CHANNELS * 3 / 10;
 /// The whole storm must be over by then (it takes a few seconds).
 const BOUND: Duration = Duration::from_secs(60);
 
