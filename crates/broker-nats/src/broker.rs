@@ -14,6 +14,7 @@ use herald_broker::{
     HistoryResult, PublishOptions, StreamOptions, Watermarks,
 };
 use herald_protocol::{ClientInfo, StreamPosition};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::{mpsc, watch, Semaphore};
 
@@ -124,9 +125,13 @@ impl Inner {
                 ))
             })?
             .map_err(|_| BrokerError::unavailable("shutting down"))?;
+        // Counted apart from the slots, so that the gauge shows what this node has at the server
+        // whatever the slots do (the storm test reads it); a guard, since the caller may be dropped.
+        let counted = InFlight::count(&self.metrics.requests_in_flight);
         let answer = tokio::time::timeout(self.config.request_timeout(), fut)
             .await
             .ok();
+        drop(counted);
         drop(slot);
         Ok(answer)
     }
@@ -378,5 +383,21 @@ impl Broker for NatsBroker {
 
     fn register_metrics(&self, registry: &mut Registry) {
         self.inner.metrics.register(registry);
+    }
+}
+
+/// One request counted in a gauge for as long as it lives.
+struct InFlight<'a>(&'a Gauge);
+
+impl<'a> InFlight<'a> {
+    fn count(gauge: &'a Gauge) -> Self {
+        gauge.inc();
+        InFlight(gauge)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

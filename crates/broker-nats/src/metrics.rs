@@ -35,6 +35,9 @@ pub(crate) struct Metrics {
     pub(crate) received_invalid: Counter,
     /// Channels this node holds a NATS subscription for.
     pub(crate) subscribed_channels: Gauge,
+    /// JetStream requests sent and not yet answered or timed out (at most
+    /// `max_requests_in_flight`; the rest wait in the node, see `Inner::jetstream`).
+    pub(crate) requests_in_flight: Gauge,
     pub(crate) connected: Gauge,
     pub(crate) disconnects: Counter,
     pub(crate) reconnects: Counter,
@@ -67,6 +70,7 @@ impl Default for Metrics {
             received_control: Counter::default(),
             received_invalid: Counter::default(),
             subscribed_channels: Gauge::default(),
+            requests_in_flight: Gauge::default(),
             connected: Gauge::default(),
             disconnects: Counter::default(),
             reconnects: Counter::default(),
@@ -195,6 +199,11 @@ impl Metrics {
             "subscribed_channels",
             "Channels this node is subscribed to in NATS",
             self.subscribed_channels.clone(),
+        );
+        r.register(
+            "nats_requests_in_flight",
+            "JetStream requests sent by this node and not yet answered or timed out",
+            self.requests_in_flight.clone(),
         );
         r.register(
             "connected",

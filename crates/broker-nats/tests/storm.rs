@@ -4,12 +4,16 @@
 //! The benchmark that found it (10,000 channels × 5 subscribers on three nodes, the nats-server
 //! short of CPU beside the nodes) saw about 1% of them fail with "temporarily unavailable"
 //! (JetStream timeouts): every node sent all its requests at once, and those at the back of
-//! the server's queue timed out. Next to none may (`FAILURES_ALLOWED`).
+//! the server's queue timed out.
 //!
-//! Here the server has the CPU and clears 12,000 such subscribes in a few seconds, so the
-//! request timeout is cut from 3 s to 2 s to put the back of an unbounded queue past it (the
-//! same ratio of backlog to timeout as a slower server). Before the fix about 2,000 of the
-//! 12,000 failed with "NATS publish timed out" / "NATS read timed out" (at 1 s).
+//! Two checks. The backlog itself, independent of timing: each node's JetStream requests at the
+//! server (`herald_broker_nats_requests_in_flight`, sampled) never pass its slots. With the slots
+//! disabled (`max_requests_in_flight` 1,000,000) the nodes had 2,133–3,630 in flight at once.
+//! And the outcome: few subscribes fail. Here the server has the CPU and clears 12,000 such
+//! subscribes in a few seconds, so the request timeout is cut from 3 s to 2 s to put the back of
+//! an unbounded queue past it (the same ratio of backlog to timeout as a slower server). Before
+//! the fix about 2,000 of the 12,000 failed with "NATS publish timed out" / "NATS read timed
+//! out" (at 1 s); on a slow or busy machine that count varies too much to be the only check.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,13 +31,39 @@ const REQUEST_TIMEOUT_MS: u64 = 2_000;
 /// clients are themselves starved past a short timeout for some requests. Measured on
 /// 2026-11-28 on a slow 2-core machine, with the fix: at 1 s, 0–519 of 12,000 quiet (a CI run
 /// failed on 338 when none were allowed); at 2 s, 0 in four quiet runs and 5–618 beside parallel
-/// release builds. The backlog this test is about fails far more: with the slots disabled
-/// (`max_requests_in_flight` 1,000,000) 3,088 and 0 at 2 s quiet, 3,635 and 4,100 at 2 s busy.
-/// So at 2 s it catches that backlog in most runs, not all; at 1 s it caught it every time but
-/// also failed the fix on a slow machine.
+/// release builds. With the slots disabled, 694–4,100 at 2 s: this count alone does not always
+/// catch the backlog, which is why the in-flight peak is checked as well.
 const FAILURES_ALLOWED: usize = CHANNELS * 3 / 10;
+/// The nodes' `max_requests_in_flight` (the default).
+const SLOTS: i64 = 256;
 /// The whole storm must be over by then (it takes a few seconds).
 const BOUND: Duration = Duration::from_secs(60);
+
+/// The highest `herald_broker_nats_requests_in_flight` of each node, sampled every 5 ms
+/// until `stop`.
+async fn peak_in_flight(
+    nodes: [SharedBroker; 3],
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> [i64; 3] {
+    let mut peaks = [0; 3];
+    loop {
+        for (peak, node) in peaks.iter_mut().zip(&nodes) {
+            *peak = (*peak).max(in_flight(&node.metrics_text()));
+        }
+        tokio::select! {
+            _ = &mut stop => return peaks,
+            _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+        }
+    }
+}
+
+fn in_flight(metrics: &str) -> i64 {
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("herald_broker_nats_requests_in_flight "))
+        .unwrap_or_else(|| panic!("no in-flight gauge in {metrics}"));
+    line.rsplit(' ').next().unwrap().parse().expect("a number")
+}
 
 async fn node(cfg: &NatsConfig, name: &str) -> SharedBroker {
     let broker = herald_broker_nats::connect_with(cfg.clone(), name)
@@ -47,10 +77,11 @@ async fn node(cfg: &NatsConfig, name: &str) -> SharedBroker {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_storm_of_first_subscribes_to_new_channels_has_no_failures() {
+async fn a_storm_of_first_subscribes_keeps_the_server_queue_short_and_few_fail() {
     let nats = NatsServer::start();
     let mut cfg = NatsConfig::with_url(&nats.url());
     cfg.request_timeout_ms = REQUEST_TIMEOUT_MS;
+    assert_eq!(cfg.max_requests_in_flight as i64, SLOTS);
     let nodes = [
         node(&cfg, "a").await,
         node(&cfg, "b").await,
@@ -77,10 +108,17 @@ async fn a_storm_of_first_subscribes_to_new_channels_has_no_failures() {
             }));
         }
     }
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let watch = tokio::spawn(peak_in_flight(nodes.clone(), stopped));
     let results = tokio::time::timeout(BOUND, futures_util::future::join_all(tasks))
         .await
         .unwrap_or_else(|_| panic!("the storm did not end within {BOUND:?}"));
     let elapsed = started.elapsed();
+    let _ = stop.send(());
+    let peaks = tokio::time::timeout(BOUND, watch)
+        .await
+        .expect("the in-flight watch ends when told")
+        .expect("watch task");
     let mut failures = Vec::new();
     let mut epochs = std::collections::HashMap::new();
     for result in results {
@@ -99,10 +137,19 @@ async fn a_storm_of_first_subscribes_to_new_channels_has_no_failures() {
         }
     }
     eprintln!(
-        "storm: {} subscribes on 3 nodes in {elapsed:?}, {} failed",
+        "storm: {} subscribes on 3 nodes in {elapsed:?}, {} failed; JetStream requests in flight \
+         at most {peaks:?} per node",
         CHANNELS * 3,
         failures.len()
     );
+    // The backlog itself, independent of timing: each node's requests at the server, sampled.
+    for (name, peak) in ["a", "b", "c"].iter().zip(peaks) {
+        assert!(peak > 0, "node {name}: the gauge saw no request in flight");
+        assert!(
+            peak <= SLOTS,
+            "node {name} had {peak} JetStream requests in flight at once; the slots allow {SLOTS}"
+        );
+    }
     assert!(
         failures.len() <= FAILURES_ALLOWED,
         "{} of {} first subscribes failed, e.g. {:?}",
