@@ -57,6 +57,8 @@ pub struct Metrics {
     pub continuity_lost: Counter,
     /// Gaps at a channel's tail found by the periodic tail check.
     pub tail_gaps: Counter,
+    /// Channels due a tail check that the last tick left for later (more than it reads).
+    pub tail_checks_waiting: Gauge,
     /// Seconds a publish took at the broker.
     pub publish_seconds: Histogram,
     /// Calls to the application's backend (proxy hooks).
@@ -222,6 +224,11 @@ impl Metrics {
                 "tail_gaps",
                 "Gaps at a channel's tail found by the periodic tail check",
                 Counter::default()
+            ),
+            tail_checks_waiting: reg!(
+                "tail_checks_waiting",
+                "Channels due a tail check that the last tick left for a later one (it reads at most 512)",
+                Gauge::default()
             ),
             proxy_calls: reg!(
                 "proxy_calls",

@@ -24,8 +24,8 @@
 //!
 //! A lost publication at the tail of a burst leaves no later publication to reveal the gap, so a
 //! periodic *tail check* compares the broker's newest offset with the baseline: every channel that
-//! delivered since the last check is looked at on the next tick, every other channel within one
-//! sweep of all shards (see [`TAIL_CHECK_EVERY`]); a gap seen on two checks in a row is caught up.
+//! delivered since the last check is looked at on the next tick, every other channel about once a
+//! minute (see [`TAIL_CHECK_EVERY`]); a gap seen on two checks in a row is caught up.
 //!
 //! # Locks
 //! Channel maps are sharded `std::sync::Mutex`es, never held across an `.await` and never held
@@ -85,11 +85,15 @@ const NODE_INFO_EXPIRES: Duration = Duration::from_secs(15);
 const CATCHUP_RETRY_FIRST: Duration = Duration::from_millis(100);
 const CATCHUP_RETRY_LAST: Duration = Duration::from_millis(3200);
 /// How often the tail check runs. A gap at the tail of a channel that delivered in the last tick
-/// is caught up within about two ticks; any other channel's within one sweep of the shards
-/// (`SHARDS` ticks, about a minute).
+/// is caught up within about two ticks; any other channel's within [`TAIL_SWEEP_TICKS`] ticks
+/// (about a minute). Both while a node has at most [`TAIL_CHECKS_PER_TICK`] channels due a tick;
+/// past that they take turns (see `Hub::check_tails`).
 pub const TAIL_CHECK_EVERY: Duration = Duration::from_secs(1);
-/// Broker reads the tail check makes at most per tick (the rest wait for the next tick).
+/// Broker reads the tail check makes at most per tick (the rest wait for the next tick): bounds
+/// what a node with many busy channels asks of the broker.
 const TAIL_CHECKS_PER_TICK: usize = 512;
+/// Ticks after which a channel that delivered nothing is checked again.
+const TAIL_SWEEP_TICKS: u32 = 64;
 /// Deliveries held for a channel that has no baseline yet (while its first reply is built).
 const EARLY_MAX: usize = 10_000;
 /// The newest publications a channel keeps on its node, so that a subscriber coming back with
@@ -146,6 +150,8 @@ struct Channel {
     recent_bytes: usize,
     /// Delivered since the last tail check.
     active: bool,
+    /// The tail-check tick that last read this channel's position (0: never).
+    checked_at: u32,
     /// The broker's position when the last tail check found it ahead of the baseline.
     tail_ahead: Option<StreamPosition>,
     /// Moves on with every publication that reaches the channel; unique per incarnation of the
@@ -170,6 +176,7 @@ impl Channel {
             recent: VecDeque::new(),
             recent_bytes: 0,
             active: false,
+            checked_at: 0,
             tail_ahead: None,
             opts,
             delta_base: None,
@@ -298,8 +305,8 @@ struct Shared {
     registry: Mutex<Registry>,
     nodes: Mutex<HashMap<String, (NodeInfo, Instant)>>,
     next_key: AtomicU64,
-    /// The shard the tail check sweeps next.
-    sweep: AtomicU64,
+    /// The tail check's next tick number.
+    tail_tick: AtomicU64,
     /// Channel incarnations created so far; each starts its generation at this << 32.
     incarnations: AtomicU64,
     /// History reads in flight, shared by subscribers asking the same at the same generation.
@@ -375,7 +382,7 @@ impl Hub {
                 registry: Mutex::default(),
                 nodes: Mutex::default(),
                 next_key: AtomicU64::new(1),
-                sweep: AtomicU64::new(0),
+                tail_tick: AtomicU64::new(1),
                 incarnations: AtomicU64::new(0),
                 flights: Flights::default(),
                 presence_batches: Default::default(),

@@ -422,6 +422,86 @@ async fn lost_tail_is_found_by_the_tail_check() {
     assert_eq!(hub.metrics().tail_gaps.get(), 1);
 }
 
+/// More channels due than one tick's reads: the rest wait for the next ticks instead of being
+/// dropped until the sweep comes round (once, a channel past the first 512 of a tick lost its
+/// "delivered since the last check" mark unchecked, and its lost tail waited up to a minute).
+#[tokio::test(start_paused = true)]
+async fn lost_tails_on_more_channels_than_one_tick_reads_are_all_found_within_a_few_ticks() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    let channels = TAIL_CHECKS_PER_TICK + TAIL_CHECKS_PER_TICK / 4;
+    let mut outs = Vec::new();
+    for n in 0..channels {
+        let channel = format!("ch{n}");
+        let (_, out) = subscribed(&hub, &channel, &format!("c{n}")).await;
+        publish(&hub, &channel, 1).await;
+        broker.lose(&[2]);
+        publish(&hub, &channel, 1).await; // the last of its burst, lost
+        assert_eq!(offsets(&out), vec![1], "{channel}");
+        outs.push(out);
+    }
+    // Two checks per channel (a gap seen twice), 512 reads a tick: five ticks are enough.
+    tokio::time::sleep(TAIL_CHECK_EVERY * 6).await;
+    let missed: Vec<usize> = (0..channels)
+        .filter(|n| offsets(&outs[*n]) != vec![2])
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "{} of {channels} lost tails not found after 6 ticks, e.g. ch{:?}",
+        missed.len(),
+        &missed[..missed.len().min(5)]
+    );
+    assert_eq!(hub.metrics().tail_gaps.get(), channels as u64);
+}
+
+/// A quiet channel's lost tail is found within about a minute even while more busy channels
+/// than one tick reads deliver every second (the longest unchecked goes first).
+#[tokio::test(start_paused = true)]
+async fn a_quiet_channels_lost_tail_is_found_while_more_busy_channels_than_a_tick_reads_deliver() {
+    let broker = Arc::new(LossyBroker::new());
+    let hub = Hub::new("test".into(), broker.clone(), Arc::new(Metrics::new()));
+    hub.start().await.unwrap();
+    let busy: Vec<String> = (0..TAIL_CHECKS_PER_TICK + 64)
+        .map(|n| format!("busy{n}"))
+        .collect();
+    let mut outs = Vec::new();
+    for channel in &busy {
+        outs.push(subscribed(&hub, channel, channel).await.1);
+    }
+    // In the last shard: a tick that walked the shards in order, reading the first 512 due,
+    // never reached it.
+    let name = (0..)
+        .map(|n| format!("quiet{n}"))
+        .find(|name| stripe(name, SHARDS) == SHARDS - 1)
+        .unwrap();
+    let (_, quiet) = subscribed(&hub, &name, "q").await;
+    publish(&hub, &name, 1).await;
+    tokio::time::sleep(TAIL_CHECK_EVERY * 3).await; // checked: nothing missing
+    broker.lose(&[2]);
+    publish(&hub, &name, 1).await; // lost, and it delivered nothing since its check
+    assert_eq!(offsets(&quiet), vec![1]);
+    let mut ticks = 0;
+    while offsets(&quiet) != vec![2] {
+        ticks += 1;
+        assert!(
+            ticks <= TAIL_SWEEP_TICKS + 8,
+            "the quiet channel's lost tail not found after {ticks} ticks"
+        );
+        for channel in &busy {
+            publish(&hub, channel, 1).await;
+        }
+        tokio::time::sleep(TAIL_CHECK_EVERY).await;
+    }
+    assert!(
+        hub.metrics().tail_checks_waiting.get() > 0,
+        "busier than a tick reads"
+    );
+    for out in &outs {
+        assert!(!offsets(out).is_empty());
+    }
+}
+
 #[tokio::test]
 async fn changed_epoch_loses_the_channel_and_the_next_reply_sets_a_new_baseline() {
     let hub = hub().await;
