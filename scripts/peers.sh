@@ -8,7 +8,8 @@
 #   scripts/peers.sh build socketio              # npm install socket.io (pinned) from npm
 #   ANYCABLE_SRC=DIR scripts/peers.sh build anycable  # go build from a checkout of v1.6.16
 #   scripts/peers.sh start centrifugo --port N   # execs the server (herald-bench --server-cmd)
-#   scripts/peers.sh config centrifugo --port N  # print the configuration only
+#   scripts/peers.sh config centrifugo --port N  # print the configuration only (for socketio and
+#                                                # anycable: the command line, they have no file)
 #   scripts/peers.sh path centrifugo             # the binary's path
 #
 # Centrifugo (Centrifugo's own protocol: herald-bench --centrifugo) and Sockudo (the Pusher
@@ -31,7 +32,7 @@ PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
 API_KEY=${HERALD_API_KEY:-benchkey}
 
 usage() {
-  sed -n '2,21p' "$0" >&2
+  sed -n '2,22p' "$0" >&2
   exit 2
 }
 
@@ -151,6 +152,13 @@ centrifugo_config() {
 EOF
 }
 
+# AnyCable's settings, all flags (see `start`).
+anycable_args() {
+  echo --public --host 127.0.0.1 --port "$1" --log_level warn \
+    --pusher_app_id bench-app --pusher_app_key bench-key --pusher_secret bench-secret \
+    --broadcast_adapter http
+}
+
 # Sockudo configuration matching docs/bench/pusher.toml's app (bench-app, bench-key,
 # bench-secret): one node, local adapter, in-memory app manager, cache and queue. Its rate limiter
 # is off: by default it admits 20 WebSocket connections a minute per address and 100 API requests
@@ -211,9 +219,7 @@ start() {
     # Pusher mode with docs/bench/pusher.toml's app; `--public`: every connection and stream
     # allowed without an RPC backend (Herald's bench runs anonymous too); no broker (no history,
     # as plain Pusher); broadcasts only through the Pusher trigger API (`http` adapter, not Redis).
-    exec "$bin" --public --host 127.0.0.1 --port "$port" --log_level warn \
-      --pusher_app_id bench-app --pusher_app_key bench-key --pusher_secret bench-secret \
-      --broadcast_adapter http
+    exec "$bin" $(anycable_args "$port")
   fi
   bin=$(bin_path "$peer")
   [ -x "$bin" ] || { echo "peers.sh: $bin missing; run: scripts/peers.sh build $peer" >&2; exit 1; }
@@ -242,7 +248,13 @@ case $cmd in
     peer=$1; shift
     port=8000
     [ "${1:-}" = --port ] && port=$2
-    "${peer}_config" "$port"
+    case $peer in
+      centrifugo|sockudo) "${peer}_config" "$port" ;;
+      # No configuration file: their settings are the command line `start` runs.
+      socketio) echo "node scripts/peers/socketio-server.mjs --port $port  # socket.io $SOCKETIO_VERSION, its defaults; HERALD_API_KEY=$API_KEY" ;;
+      anycable) echo "anycable-go $(anycable_args "$port")  # $ANYCABLE_VERSION" ;;
+      *) usage ;;
+    esac
     ;;
   *) usage ;;
 esac
