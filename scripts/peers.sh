@@ -15,7 +15,8 @@
 # Centrifugo (Centrifugo's own protocol: herald-bench --centrifugo) and Sockudo (the Pusher
 # protocol: herald-bench --pusher --pusher-app bench-app:bench-key:bench-secret --health-path /up).
 # Socket.IO: socket.io from npm behind our own small server, scripts/peers/socketio-server.mjs
-# (herald-bench --socketio --ws 'ws://HOST:N/socket.io/?EIO=4&transport=websocket').
+# (herald-bench --socketio --ws 'ws://HOST:N/socket.io/?EIO=4&transport=websocket');
+# PEERS_SOCKETIO_REDIS=redis://host:port joins several processes with Socket.IO's Redis adapter.
 # AnyCable (anycable-go in its Pusher mode: herald-bench --pusher --pusher-app
 # bench-app:bench-key:bench-secret): the Go module proxy does not serve it, so the source is a
 # checkout of github.com/anycable/anycable at v1.6.16 that you provide (ANYCABLE_SRC); its
@@ -27,12 +28,14 @@ set -euo pipefail
 CENTRIFUGO_VERSION=v6.9.1
 SOCKUDO_VERSION=5.2.0
 SOCKETIO_VERSION=4.8.4
+SOCKETIO_REDIS_ADAPTER_VERSION=8.3.0
+IOREDIS_VERSION=5.8.2
 ANYCABLE_VERSION=v1.6.16
 PEERS_DIR=${PEERS_DIR:-$HOME/.cache/herald/peers}
 API_KEY=${HERALD_API_KEY:-benchkey}
 
 usage() {
-  sed -n '2,22p' "$0" >&2
+  sed -n '2,23p' "$0" >&2
   exit 2
 }
 
@@ -92,7 +95,9 @@ build() {
       command -v npm >/dev/null || { echo "peers.sh: npm missing" >&2; exit 1; }
       dir=$PEERS_DIR/socketio-$SOCKETIO_VERSION
       mkdir -p "$dir"
-      nice -n 19 npm install --prefix "$dir" --save-exact --no-audit --no-fund "socket.io@$SOCKETIO_VERSION"
+      # With Socket.IO's Redis adapter over ioredis, for several processes (start --redis URL).
+      nice -n 19 npm install --prefix "$dir" --save-exact --no-audit --no-fund "socket.io@$SOCKETIO_VERSION" \
+        "@socket.io/redis-adapter@$SOCKETIO_REDIS_ADAPTER_VERSION" "ioredis@$IOREDIS_VERSION"
       echo "node $(node --version), socket.io $(node -p "require('$dir/node_modules/socket.io/package.json').version")"
       return
       ;;
@@ -210,8 +215,15 @@ start() {
     [ -d "$dir/node_modules/socket.io" ] ||
       { echo "peers.sh: $dir missing; run: scripts/peers.sh build socketio" >&2; exit 1; }
     # One Node process (single-threaded), Socket.IO's defaults: scripts/peers/socketio-server.mjs.
+    # PEERS_SOCKETIO_REDIS=URL: one of several processes, joined by Socket.IO's Redis adapter.
+    local redis=()
+    if [ -n "${PEERS_SOCKETIO_REDIS:-}" ]; then
+      [ -d "$dir/node_modules/@socket.io/redis-adapter" ] ||
+        { echo "peers.sh: the Redis adapter is missing from $dir; run: scripts/peers.sh build socketio" >&2; exit 1; }
+      redis=(--redis "$PEERS_SOCKETIO_REDIS")
+    fi
     HERALD_API_KEY=$API_KEY PEERS_SOCKETIO_DIR=$dir \
-      exec node "$(dirname "$0")/peers/socketio-server.mjs" --port "$port"
+      exec node "$(dirname "$0")/peers/socketio-server.mjs" --port "$port" "${redis[@]}"
   fi
   if [ "$peer" = anycable ]; then
     bin=$(bin_path anycable)

@@ -3,7 +3,7 @@
 // `scripts/peers.sh build socketio` installed from npm into PEERS_SOCKETIO_DIR.
 //
 //   PEERS_SOCKETIO_DIR=~/.cache/herald/peers/socketio-4.8.4 \
-//     node scripts/peers/socketio-server.mjs --port N [--host 127.0.0.1]
+//     node scripts/peers/socketio-server.mjs --port N [--host 127.0.0.1] [--redis redis://…]
 //
 // What a Socket.IO user would write for "a room per channel, publish over HTTP":
 // - Socket.IO on the WebSocket transport only (`transports: ["websocket"]`: no HTTP long-polling
@@ -17,6 +17,9 @@
 // - `GET /health` answers 200.
 // Settings are Socket.IO's defaults (pingInterval 25 s, pingTimeout 20 s, maxHttpBufferSize 1 MB,
 // perMessageDeflate off) and the default in-memory adapter: one Node process, single-threaded.
+// With `--redis URL` (several processes, one per port), Socket.IO's Redis adapter
+// (@socket.io/redis-adapter over ioredis, as its documentation sets it up): an emit reaches the
+// room's sockets on this process and is published to Redis for the others.
 import http from "node:http";
 import { createRequire } from "node:module";
 import path from "node:path";
@@ -33,6 +36,7 @@ const arg = (name, dflt) => {
 const port = Number(arg("--port", "8000"));
 const host = arg("--host", "127.0.0.1");
 const apiKey = process.env.HERALD_API_KEY || "benchkey";
+const redisUrl = arg("--redis", "");
 
 const httpServer = http.createServer((req, res) => {
   const path = (req.url || "").split("?")[0];
@@ -76,6 +80,13 @@ const io = new Server(httpServer, {
   transports: ["websocket"],
   serveClient: false,
 });
+if (redisUrl) {
+  const { createAdapter } = require("@socket.io/redis-adapter");
+  const { Redis } = require("ioredis");
+  const pubClient = new Redis(redisUrl);
+  const subClient = pubClient.duplicate();
+  io.adapter(createAdapter(pubClient, subClient));
+}
 
 io.on("connection", (socket) => {
   socket.on("subscribe", (channel, ack) => {

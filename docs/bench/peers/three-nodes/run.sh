@@ -47,12 +47,20 @@ run() { # name source-base ws-path servers...
 }
 H="$HERALD serve --config docs/bench/bench.toml --port"
 C="scripts/peers.sh start centrifugo --port"
+S="scripts/peers.sh start socketio --port"
+SIO_PATH='/socket.io/?EIO=4&transport=websocket'
 # SERVERS="herald" (or "centrifugo") runs one of the two, e.g. for a rate search.
 SERVERS=${SERVERS:-"herald centrifugo"}
 for i in $ROUNDS; do
   case " $SERVERS " in *" herald "*)
   HERALD_BROKER_URL=redis://127.0.0.1:$RPORT run "$NAME-herald-$i" 127.0.161.2 /ws \
     --server-cmd "$H 18851" --server-cmd "$H 18852" --server-cmd "$H 18853" ;;
+  esac
+  # SERVERS="herald socketio": three Node processes joined by Socket.IO's Redis adapter.
+  case " $SERVERS " in *" socketio "*)
+  PEERS_SOCKETIO_REDIS=redis://127.0.0.1:$RPORT run "$NAME-socketio-$i" 127.0.165.2 \
+    "$SIO_PATH" --socketio \
+    --server-cmd "$S 18851" --server-cmd "$S 18852" --server-cmd "$S 18853" ;;
   esac
   case " $SERVERS " in *" centrifugo "*)
   PEERS_CENTRIFUGO_REDIS=redis://127.0.0.1:$RPORT run "$NAME-centrifugo-$i" 127.0.162.2 \
