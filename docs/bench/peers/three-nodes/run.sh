@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Three nodes on one Redis, Herald beside Centrifugo (its Redis engine): 10,000 subscribers of one
+# Three nodes on one Redis, Herald beside Centrifugo (its Redis engine) or Socket.IO (three Node processes, its Redis adapter: SERVERS="herald socketio"): 10,000 subscribers of one
 # channel spread over the three nodes, publications round-robin over the nodes' APIs, 5/s
 # (50,000 deliveries/s), alternated, each server and Redis fresh. Node CPU is summed over the
 # three processes by herald-bench; Redis's own CPU time over the whole run (connect included) is
