@@ -69,11 +69,16 @@ pub(crate) fn accept_key(
             "missing Sec-WebSocket-Key",
         )));
     };
+    Ok(accept_value(key.as_bytes()))
+}
+
+/// The `Sec-WebSocket-Accept` value for a `Sec-WebSocket-Key` (RFC 6455 4.2.2).
+pub(crate) fn accept_value(key: &[u8]) -> String {
     let mut sha = sha1_smol::Sha1::new();
-    sha.update(key.as_bytes());
+    sha.update(key);
     sha.update(WS_GUID.as_bytes());
     use base64::Engine;
-    Ok(base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes()))
+    base64::engine::general_purpose::STANDARD.encode(sha.digest().bytes())
 }
 
 /// The permessage-deflate answer for this upgrade, when `limits.compression` allows it and the

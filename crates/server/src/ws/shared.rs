@@ -188,3 +188,180 @@ pub(super) fn messages(frames: Vec<Bytes>, compress: bool) -> Vec<Message> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    //! The direct write on a real upgraded socket over loopback: what it takes, what it hands
+    //! back, and that bytes it leaves in the codec's buffer (`Flushed::Partly`, polled with a
+    //! waker that does nothing) reach the client complete and in order once the task flushes
+    //! with its own waker.
+
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use hyper::body::Incoming;
+    use hyper::service::service_fn;
+    use hyper::Request;
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::time::timeout;
+    use tokio_websockets::WebSocketStream;
+
+    use super::*;
+    use crate::handshake::{accept_value, serve, switching_protocols};
+
+    const LIMIT: Duration = Duration::from_secs(10);
+
+    /// A server-side `SharedWs` and the client at the other end of its socket.
+    async fn pair() -> (SharedWs, WebSocketStream<TcpStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let tx = Arc::new(Mutex::new(Some(tx)));
+        tokio::spawn(async move {
+            let (stream, _) = listener.accept().await.expect("accept");
+            let service = service_fn(move |mut req: Request<Incoming>| {
+                let key = req.headers()[hyper::header::SEC_WEBSOCKET_KEY].clone();
+                let on_upgrade = hyper::upgrade::on(&mut req);
+                let tx = tx.lock().expect("sender").take();
+                tokio::spawn(async move {
+                    let upgraded = on_upgrade.await.expect("upgrade");
+                    let ws = serve(upgraded, 1 << 20, false);
+                    let _ = tx.expect("one upgrade").send(ws);
+                });
+                let answer = switching_protocols(&accept_value(key.as_bytes()), None, None);
+                async move { Ok::<_, Infallible>(answer) }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .with_upgrades()
+                .await;
+        });
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (client, _) = timeout(
+            LIMIT,
+            tokio_websockets::ClientBuilder::new()
+                .uri(&format!("ws://{addr}/ws"))
+                .expect("uri")
+                .connect_on(stream),
+        )
+        .await
+        .expect("the handshake did not finish within 10 s")
+        .expect("handshake");
+        let ws = timeout(LIMIT, rx)
+            .await
+            .expect("the upgrade did not finish within 10 s")
+            .expect("upgraded");
+        (SharedWs::new(ws), client)
+    }
+
+    /// Batch `n`: 16 frames of ~3 KB (48 KB, within [`BATCH_BYTES`]), each naming its place.
+    fn batch(n: usize) -> Vec<Bytes> {
+        (0..16)
+            .map(|i| Bytes::from(format!("{n}:{i}:{}", "x".repeat(3000))))
+            .collect()
+    }
+
+    /// The frames the client receives, split out of its messages, until `want` have come.
+    async fn receive(client: &mut WebSocketStream<TcpStream>, want: usize) -> Vec<String> {
+        let mut got = Vec::new();
+        while got.len() < want {
+            let message = timeout(LIMIT, client.next())
+                .await
+                .unwrap_or_else(|_| panic!("only {} of {want} frames within 10 s", got.len()))
+                .expect("the socket ended")
+                .expect("a message");
+            let text = message.as_text().expect("a text message");
+            got.extend(text.split('\n').map(str::to_owned));
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_free_socket_takes_the_frames_at_once_as_one_message() {
+        let (ws, mut client) = pair().await;
+        let frames = vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")];
+        assert!(matches!(ws.direct().try_write(frames), Ok(Flushed::All)));
+        let message = timeout(LIMIT, client.next())
+            .await
+            .expect("nothing within 10 s")
+            .expect("the socket ended")
+            .expect("a message");
+        assert_eq!(message.as_text(), Some("a\nb"));
+    }
+
+    #[tokio::test]
+    async fn a_socket_the_task_holds_or_a_batch_past_the_limit_is_handed_back_whole() {
+        let (ws, _client) = pair().await;
+        let frames = batch(0);
+        {
+            let _held = ws.lock();
+            let back = ws.direct().try_write(frames.clone());
+            assert_eq!(
+                back.err(),
+                Some(frames.clone()),
+                "the locked socket took frames"
+            );
+        }
+        let big: Vec<Bytes> = (0..2).flat_map(|_| batch(1)).collect();
+        assert_eq!(ws.direct().try_write(big.clone()).err(), Some(big));
+    }
+
+    /// Fill the socket until a direct write leaves bytes behind, then until one is refused; the
+    /// task's flush (its own waker) must then deliver every frame taken, once, in order.
+    #[tokio::test]
+    async fn what_a_full_socket_leaves_behind_reaches_the_client_in_order_after_the_tasks_flush() {
+        let (mut ws, mut client) = pair().await;
+        let direct = ws.direct();
+        let mut taken = Vec::new();
+        let mut partly = false;
+        let mut refused = None;
+        // Loopback buffers hold a few MB: a GB of batches without a refusal is a defect.
+        for n in 0..20_000 {
+            let frames = batch(n);
+            match direct.try_write(frames.clone()) {
+                Ok(Flushed::All) => {
+                    assert!(!partly, "a write after Flushed::Partly flushed everything");
+                    taken.extend(frames);
+                }
+                Ok(Flushed::Partly) => {
+                    partly = true;
+                    taken.extend(frames);
+                }
+                Err(back) => {
+                    assert!(partly, "refused before the socket was full");
+                    assert_eq!(back, frames, "a refused batch came back changed");
+                    refused = Some(n);
+                    break;
+                }
+            }
+        }
+        let refused = refused.expect("20,000 batches and the socket never filled");
+        let expected: Vec<String> = taken
+            .iter()
+            .map(|f| String::from_utf8(f.to_vec()).expect("text"))
+            .collect();
+        let flush = tokio::spawn(async move {
+            let done = timeout(LIMIT, ws.flush()).await;
+            (ws, done)
+        });
+        let got = receive(&mut client, expected.len()).await;
+        let (ws, done) = flush.await.expect("the flush task");
+        assert!(
+            matches!(done, Ok(Ok(()))),
+            "the task's flush did not finish"
+        );
+        assert_eq!(got.len(), expected.len());
+        if let Some(i) = (0..got.len()).find(|&i| got[i] != expected[i]) {
+            panic!(
+                "frame {i} of {} out of place (batches up to {refused}): got {:.12}, expected {:.12}",
+                got.len(),
+                got[i],
+                expected[i]
+            );
+        }
+        // The socket is free again: a direct write goes straight through.
+        let last = vec![Bytes::from_static(b"last")];
+        assert!(matches!(ws.direct().try_write(last), Ok(Flushed::All)));
+        assert_eq!(receive(&mut client, 1).await, vec!["last".to_owned()]);
+    }
+}
