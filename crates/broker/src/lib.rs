@@ -243,11 +243,6 @@ pub trait BrokerHandler: Send + Sync + 'static {
     fn on_reconnected(&self);
 }
 
-/// How many reads [`Broker::positions`]' default keeps under way at once: enough for one
-/// connection to carry them together, few enough that a tick's reads (512 at most) do not crowd
-/// out the publications sharing the broker's request limit.
-pub const POSITIONS_AT_ONCE: usize = 32;
-
 /// The connection between nodes: streams, delivery and presence.
 ///
 /// The hub calls [`subscribe`](Broker::subscribe) when a channel gets its first local subscriber
@@ -302,28 +297,21 @@ pub trait Broker: Send + Sync + 'static {
 
     /// The newest position of each channel, as [`history`](Broker::history) with `limit: Some(0)`
     /// reads it (starting a stream over where that would), in `channels`' order. The hub's tail
-    /// check reads hundreds a second per node. The default keeps [`POSITIONS_AT_ONCE`] reads
-    /// under way, so that a connection carries them together instead of one round trip after
-    /// another; a broker that can read many in one request overrides it.
+    /// check reads hundreds a second per node. The default reads them one by one; a broker that
+    /// can read many in one round trip overrides it.
     async fn positions(
         &self,
         channels: &[(Arc<str>, StreamOptions)],
     ) -> Vec<Result<StreamPosition, BrokerError>> {
-        use futures_util::StreamExt;
         let top = HistoryQuery {
             since: None,
             limit: Some(0),
         };
-        // Made in a loop, not in a closure: the boxed futures `history` returns keep them `Send`.
-        let mut reads = Vec::with_capacity(channels.len());
+        let mut out = Vec::with_capacity(channels.len());
         for (channel, opts) in channels {
-            reads.push(self.history(channel, &top, opts));
+            out.push(self.history(channel, &top, opts).await.map(|h| h.position));
         }
-        futures_util::stream::iter(reads)
-            .buffered(POSITIONS_AT_ONCE)
-            .map(|read| read.map(|h| h.position))
-            .collect()
-            .await
+        out
     }
 
     /// Remove the channel's kept publications, keeping its epoch and top offset (so a client
