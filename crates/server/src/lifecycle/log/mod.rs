@@ -524,7 +524,11 @@ pub(super) async fn reap_lost(log: Weak<Log>) {
         };
         tokio::time::sleep(every).await;
         let Some(log) = log.upgrade() else { return };
-        let lost = match log.lost_nodes().await {
+        // Bounded: a listing that never ended once stopped this loop for good.
+        let lost = match tokio::time::timeout(CALL_LIMIT * 2, log.lost_nodes())
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer in {:?}", CALL_LIMIT * 2)))
+        {
             Ok(lost) => lost,
             Err(e) => {
                 tracing::warn!(cause = %e, "lifecycle: lost nodes not checked");

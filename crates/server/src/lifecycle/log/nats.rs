@@ -133,6 +133,13 @@ impl NatsLog {
         })
     }
 
+    /// `key`'s current value; `None` when absent or removed. A removed key still has an entry,
+    /// its delete marker, with an empty value: read as a value, that is not one.
+    async fn current(&self, key: &str) -> anyhow::Result<Option<kv::Entry>> {
+        let entry = self.kv.entry(key).await.context("lifecycle NATS")?;
+        Ok(entry.filter(|e| e.operation == kv::Operation::Put))
+    }
+
     /// Publish events in order, each with its id as the message id; wait for every ack.
     async fn publish(
         &self,
@@ -204,7 +211,7 @@ impl NatsLog {
             Err(e) => {
                 // Someone else wrote the set: a reaper's claim, or our own write whose answer
                 // was lost. Re-read it; a claimed or reaped set fences this node.
-                let now = self.kv.entry(&key).await.context("lifecycle NATS")?;
+                let now = self.current(&key).await?;
                 match now {
                     Some(entry) => {
                         let current: ConnSet = serde_json::from_slice(&entry.value)
@@ -238,7 +245,7 @@ impl NatsLog {
     /// dropped as duplicates inside the window).
     pub(super) async fn reap(&self, node: &str, force: bool) -> anyhow::Result<u64> {
         let key = conns_key(node);
-        let Some(entry) = self.kv.entry(&key).await.context("lifecycle NATS")? else {
+        let Some(entry) = self.current(&key).await? else {
             return Ok(0);
         };
         if !force && self.alive(node).await? {
@@ -299,11 +306,7 @@ impl NatsLog {
     }
 
     async fn alive(&self, node: &str) -> anyhow::Result<bool> {
-        let lease = self
-            .kv
-            .entry(lease_key(node))
-            .await
-            .context("lifecycle NATS")?;
+        let lease = self.current(&lease_key(node)).await?;
         Ok(lease
             .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse::<u64>().ok())
             .is_some_and(|t| now_ms().saturating_sub(t) < self.lease_ms))
@@ -333,23 +336,30 @@ impl NatsLog {
         Ok(())
     }
 
+    /// Nodes with a connection set whose lease lapsed. The sets are found from the bucket
+    /// stream's subjects (one request a page), not a KV key listing: that listing ends on a
+    /// pending count which the other nodes' constant lease writes leave stale, so it could wait
+    /// for good (a killed node was never reaped). A removed set's subject stays (its delete
+    /// marker); [`NatsLog::reap`] finds no set there and does nothing.
     pub(super) async fn lost_nodes(&self) -> anyhow::Result<Vec<String>> {
-        let keys: Vec<String> = self
+        let prefix = format!("{}conns.", self.kv.prefix);
+        let subjects: Vec<(String, usize)> = self
             .kv
-            .keys()
+            .stream
+            .info_with_subjects(format!("{prefix}>"))
             .await
-            .context("lifecycle NATS: keys")?
+            .context("lifecycle NATS: connection sets")?
             .try_collect()
             .await
-            .context("lifecycle NATS: keys")?;
-        let mut lost = Vec::new();
-        for node in keys
+            .context("lifecycle NATS: connection sets")?;
+        let mut nodes: Vec<String> = subjects
             .iter()
-            .filter_map(|k| untoken(k.strip_prefix("conns.")?))
-            .collect::<Vec<String>>()
-            .into_iter()
+            .filter_map(|(subject, _)| untoken(subject.strip_prefix(&prefix)?))
             .filter(|n| *n != self.node)
-        {
+            .collect();
+        nodes.sort();
+        let mut lost = Vec::new();
+        for node in nodes {
             if !self.alive(&node).await? {
                 lost.push(node);
             }
@@ -450,5 +460,125 @@ impl NatsLog {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LifecycleConfig {
+        LifecycleConfig::load(Some(&serde_json::json!({
+            "http_url": "http://127.0.0.1:9/events",
+            "lease_ms": 1000,
+        })))
+        .expect("config")
+        .expect("section")
+    }
+
+    /// The reaper lists the nodes while the others keep writing the bucket (leases, sets, the
+    /// sender): each listing must end. A KV key listing waited for a pending count that such
+    /// writes made stale, and the reaper stopped for good (CI: a killed node never reaped).
+    #[tokio::test]
+    async fn lost_nodes_are_listed_while_the_bucket_is_written() {
+        let nats = herald_testkit::nats::NatsServer::start();
+        let config = config();
+        let writer = std::sync::Arc::new(
+            NatsLog::connect(&nats.url(), &config, "busy")
+                .await
+                .expect("connect"),
+        );
+        let reaper = NatsLog::connect(&nats.url(), &config, "reaper")
+            .await
+            .expect("connect");
+        for node in ["gone-1", "gone-2"] {
+            reaper
+                .kv
+                .put(conns_key(node), Bytes::from_static(b"{\"clients\":{}}"))
+                .await
+                .expect("put");
+        }
+        let busy = writer.clone();
+        let writes = tokio::spawn(async move {
+            loop {
+                busy.renew_lease().await.expect("renew");
+                let _ = busy.lead().await;
+            }
+        });
+        for i in 0..40 {
+            let lost = tokio::time::timeout(Duration::from_secs(10), reaper.lost_nodes())
+                .await
+                .unwrap_or_else(|_| panic!("listing {i} did not end in 10 s"))
+                .expect("listed");
+            assert_eq!(lost, ["gone-1", "gone-2"], "listing {i}");
+        }
+        writes.abort();
+    }
+
+    fn connected(node: &str, client: &str) -> Entry {
+        use super::super::super::recorder::Event;
+        Entry {
+            event: Event {
+                id: format!("{node}/{client}/1"),
+                kind: "connect",
+                time_ms: now_ms(),
+                node: node.to_owned(),
+                client: client.to_owned(),
+                user: "alice".to_owned(),
+                channel: None,
+                code: None,
+                reason: None,
+            },
+            effect: Effect::Connected("alice".to_owned()),
+        }
+    }
+
+    /// A node whose set another node reaped (its delete marker left in the bucket) is fenced
+    /// on its next write, writes again after that, and starts again under its name. The delete
+    /// marker is an entry with an empty value: read as a set, it failed every one of these.
+    #[tokio::test]
+    async fn a_reaped_node_is_fenced_then_writes_and_starts_again() {
+        let nats = herald_testkit::nats::NatsServer::start();
+        let config = config();
+        let a = NatsLog::connect(&nats.url(), &config, "a")
+            .await
+            .expect("a");
+        let b = NatsLog::connect(&nats.url(), &config, "b")
+            .await
+            .expect("b");
+        a.renew_lease().await.expect("lease");
+        a.append(&[connected("a", "c1")]).await.expect("append");
+        // a's lease lapses (1 s): b emits c1's disconnect and removes the set.
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        assert_eq!(b.lost_nodes().await.expect("lost"), ["a"]);
+        assert_eq!(b.reap("a", false).await.expect("reap"), 1);
+        assert_eq!(b.reap("a", false).await.expect("reap again"), 0);
+        assert_eq!(
+            b.lost_nodes().await.expect("lost"),
+            ["a"],
+            "its marker stays"
+        );
+
+        let err = a
+            .append(&[connected("a", "c2")])
+            .await
+            .expect_err("a reaped node's write is refused");
+        assert!(err.is::<Fenced>(), "fenced, not {err:#}");
+        a.append(&[connected("a", "c3")])
+            .await
+            .expect("then it writes a new set");
+
+        let restarted = NatsLog::connect(&nats.url(), &config, "a")
+            .await
+            .expect("a again");
+        assert_eq!(
+            restarted
+                .reap("a", true)
+                .await
+                .expect("its own set at start"),
+            1,
+            "c3's disconnect"
+        );
+        assert_eq!(restarted.reap("a", true).await.expect("again"), 0);
     }
 }
