@@ -314,6 +314,13 @@ impl Broker for NatsBroker {
         crate::history::history(&self.inner, channel, query, opts).await
     }
 
+    async fn positions(
+        &self,
+        channels: &[(Arc<str>, StreamOptions)],
+    ) -> Vec<Result<StreamPosition, BrokerError>> {
+        crate::history::positions(&self.inner, channels).await
+    }
+
     async fn remove_history(&self, channel: &str) -> Result<bool, BrokerError> {
         crate::admin::remove_history(&self.inner, channel)
             .await

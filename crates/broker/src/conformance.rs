@@ -125,6 +125,7 @@ where
     history_and_recovery(make().await).await;
     idempotent_publish(make().await).await;
     publish_many_matches_one_by_one(make().await).await;
+    positions_match_history_reads(make().await).await;
     presence_add_list_remove(make().await).await;
     presence_counts_and_pages(make().await).await;
     control_reaches_every_node(make().await).await;
@@ -146,6 +147,41 @@ pub async fn started(broker: &SharedBroker) -> Arc<Recorder> {
     let rec = Arc::new(Recorder::default());
     broker.start(rec.clone()).await.expect("start");
     rec
+}
+
+/// `positions` answers, in the order asked, what `history` with `limit: Some(0)` reads for each
+/// channel: channels with 1 to 3 publications, channels never published to (a read starts them),
+/// one channel asked twice.
+pub async fn positions_match_history_reads(broker: SharedBroker) {
+    let _rec = started(&broker).await;
+    let base = unique("pos");
+    let o = opts(10);
+    let channels: Vec<String> = (0..40).map(|i| format!("{base}_{i}")).collect();
+    for (i, ch) in channels.iter().enumerate() {
+        for j in 0..i % 4 {
+            let data = Bytes::from(format!("{j}"));
+            broker.publish(ch, data, None, &o).await.unwrap();
+        }
+    }
+    let mut asked: Vec<(Arc<str>, StreamOptions)> = channels
+        .iter()
+        .map(|c| (Arc::from(c.as_str()), o.stream.clone()))
+        .collect();
+    asked.push(asked[5].clone());
+    asked.reverse();
+    let got = broker.positions(&asked).await;
+    assert_eq!(got.len(), asked.len());
+    let top = HistoryQuery {
+        since: None,
+        limit: Some(0),
+    };
+    for ((ch, stream), got) in asked.iter().zip(got) {
+        let got = got.unwrap_or_else(|e| panic!("{ch}: {e}"));
+        let want = broker.history(ch, &top, stream).await.unwrap().position;
+        assert_eq!(got, want, "{ch}");
+        let i: usize = ch.rsplit('_').next().unwrap().parse().unwrap();
+        assert_eq!(got.offset, (i % 4) as u64, "{ch}");
+    }
 }
 
 /// Offsets within an epoch are 1, 2, 3 …
