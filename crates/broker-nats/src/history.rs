@@ -57,15 +57,11 @@ pub(crate) async fn positions(
     inner: &Inner,
     channels: &[(Arc<str>, StreamOptions)],
 ) -> Vec<Result<StreamPosition, BrokerError>> {
-    let top = HistoryQuery {
-        since: None,
-        limit: Some(0),
-    };
     // The futures built in a loop, not by a closure over the slice: a closure here is not
     // general enough for `async_trait`'s `Send` bound.
     let mut reads = Vec::with_capacity(channels.len());
     for (channel, opts) in channels {
-        reads.push(history(inner, channel, &top, opts));
+        reads.push(history(inner, channel, &HistoryQuery::POSITION, opts));
     }
     futures_util::stream::iter(reads)
         .buffered(POSITION_READS_AT_ONCE)

@@ -142,16 +142,14 @@ impl Inner {
         // read-created stream each minute), and one by one cost Redis more in I/O than in the
         // script (50,000 idle subscribers on 10,000 channels: 5% of a core; see
         // docs/benchmarks.md, "The sweep of quiet channels").
-        let top = HistoryQuery {
-            since: None,
-            limit: Some(0),
-        };
         let script = out
             .iter()
             .zip(channels)
             .filter(|(known, _)| known.is_none());
         let mut read = futures_util::future::join_all(script.map(|(_, (channel, opts))| async {
-            self.history(channel, &top, opts).await.map(|h| h.position)
+            self.history(channel, &HistoryQuery::POSITION, opts)
+                .await
+                .map(|h| h.position)
         }))
         .await
         .into_iter();

@@ -171,13 +171,10 @@ pub async fn positions_match_history_reads(broker: SharedBroker) {
     asked.reverse();
     let got = broker.positions(&asked).await;
     assert_eq!(got.len(), asked.len());
-    let top = HistoryQuery {
-        since: None,
-        limit: Some(0),
-    };
     for ((ch, stream), got) in asked.iter().zip(got) {
         let got = got.unwrap_or_else(|e| panic!("{ch}: {e}"));
-        let want = broker.history(ch, &top, stream).await.unwrap().position;
+        let read = broker.history(ch, &HistoryQuery::POSITION, stream).await;
+        let want = read.unwrap().position;
         assert_eq!(got, want, "{ch}");
         let i: usize = ch.rsplit('_').next().unwrap().parse().unwrap();
         assert_eq!(got.offset, (i % 4) as u64, "{ch}");

@@ -140,6 +140,14 @@ pub struct HistoryQuery {
     pub limit: Option<usize>,
 }
 
+impl HistoryQuery {
+    /// The stream's position only (`limit: Some(0)`), as [`Broker::positions`] reads it.
+    pub const POSITION: HistoryQuery = HistoryQuery {
+        since: None,
+        limit: Some(0),
+    };
+}
+
 /// The answer to a history read.
 #[derive(Debug, Clone)]
 pub struct HistoryResult {
@@ -303,13 +311,10 @@ pub trait Broker: Send + Sync + 'static {
         &self,
         channels: &[(Arc<str>, StreamOptions)],
     ) -> Vec<Result<StreamPosition, BrokerError>> {
-        let top = HistoryQuery {
-            since: None,
-            limit: Some(0),
-        };
         let mut out = Vec::with_capacity(channels.len());
         for (channel, opts) in channels {
-            out.push(self.history(channel, &top, opts).await.map(|h| h.position));
+            let read = self.history(channel, &HistoryQuery::POSITION, opts).await;
+            out.push(read.map(|h| h.position));
         }
         out
     }
