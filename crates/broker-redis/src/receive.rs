@@ -34,6 +34,11 @@ const CLUSTER_PARALLELISM: usize = 64;
 const REQUEST_QUEUE: usize = 4096;
 /// Bound of the connection-event queue (losses are coalesced: one resync covers many).
 const SIGNAL_QUEUE: usize = 1024;
+/// Unanswered health checks in a row after which the subscription connection counts as lost.
+/// One late `PING` is a busy or starved Redis more often than a dead link, and tearing the
+/// connection down then makes things worse: every channel is subscribed again and caught up from
+/// history, while requests in between fail. A connection error still counts at once.
+const HEALTH_MISSES_TO_DROP: u32 = 3;
 
 type Reply = oneshot::Sender<Result<(), BrokerError>>;
 
@@ -291,6 +296,7 @@ impl Subscriber {
             batch: batch.max(1),
             backoff,
             health_every,
+            health_misses: 0,
             probe,
         };
         tokio::spawn(actor.run());
@@ -356,6 +362,7 @@ impl Subscriber {
             batch: batch.max(1),
             backoff,
             health_every,
+            health_misses: 0,
             probe,
         };
         tokio::spawn(actor.run());
@@ -407,6 +414,8 @@ struct Actor {
     batch: usize,
     backoff: Backoff,
     health_every: Duration,
+    /// Health checks unanswered in a row (see [`HEALTH_MISSES_TO_DROP`]).
+    health_misses: u32,
     /// Checked after reconnecting and before subscribing again, so that the catch-up that
     /// follows can read history.
     probe: Probe,
@@ -517,13 +526,16 @@ impl Actor {
         let sub_names: Vec<String> = subs.iter().map(|(c, _)| c.clone()).collect();
         let (sub_results, unsub_result) = futures_util::future::join(
             conn.clone().subscribe(sub_names, self.batch),
-            conn.clone().unsubscribe(unsub_names),
+            conn.clone().unsubscribe(unsub_names.clone()),
         )
         .await;
         let mut failed = Vec::new();
+        // A late reply counts like a late health check (see `HEALTH_MISSES_TO_DROP`), once a batch.
+        let mut timed_out = false;
         for ((c, tx), result) in subs.into_iter().zip(sub_results) {
             match result {
                 Ok(()) => {
+                    self.health_misses = 0;
                     if !self.is_control(&c) {
                         self.dispatch.metrics.subscribed_channels.inc();
                     }
@@ -531,7 +543,9 @@ impl Actor {
                 }
                 Err(e) => {
                     self.desired.remove(&c);
-                    if is_connection_error(&e) {
+                    if e.is_timeout() {
+                        timed_out = true;
+                    } else if is_connection_error(&e) {
                         self.mark_down();
                     }
                     tracing::warn!(channel = %c, cause = %e, "redis subscribe failed");
@@ -540,18 +554,34 @@ impl Actor {
                 }
             }
         }
+        let mut unsub_again = Vec::new();
         if let Err(e) = unsub_result {
-            if is_connection_error(&e) {
+            if e.is_timeout() {
+                timed_out = true;
+                unsub_again = unsub_names;
+            } else if is_connection_error(&e) {
                 self.mark_down();
             }
+        }
+        if timed_out && !self.needs_resync {
+            self.missed_health_check();
         }
         for (_, tx) in unsubs {
             let _ = tx.send(Ok(()));
         }
-        // A failed subscribe may still have reached Redis: undo it, best effort, so that the node
-        // never listens to a channel nobody here wants.
+        // A failed subscribe may still have reached Redis, and an unsubscribe that timed out may
+        // not have: undo or repeat them, best effort, so that the node never listens to a channel
+        // nobody here wants. Awaited, not spawned: a later batch that subscribes the same channel
+        // again must reach Redis after this.
+        failed.extend(unsub_again);
         if !failed.is_empty() && !self.needs_resync {
-            tokio::spawn(conn.unsubscribe(failed));
+            if let Err(e) = conn.unsubscribe(failed).await {
+                if e.is_timeout() {
+                    self.missed_health_check();
+                } else if is_connection_error(&e) {
+                    self.mark_down();
+                }
+            }
         }
     }
 
@@ -578,17 +608,35 @@ impl Actor {
         );
         let r = tokio::time::timeout(self.health_every, conn.ping(want_master)).await;
         match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) if !is_connection_error(&e) => {}
-            Ok(Err(e)) => {
+            Ok(Ok(())) => self.health_misses = 0,
+            Err(_) => self.missed_health_check(),
+            Ok(Err(e)) if e.is_timeout() => self.missed_health_check(),
+            Ok(Err(e)) if is_connection_error(&e) => {
                 tracing::warn!(cause = %e, "redis subscription connection failed its health check");
                 self.mark_down();
             }
-            Err(_) => {
-                tracing::warn!("redis subscription connection did not answer PING");
-                self.mark_down();
-            }
+            // An error reply: Redis answered.
+            Ok(Err(_)) => self.health_misses = 0,
         }
+    }
+
+    /// A health check not answered in time: the link counts as lost on the
+    /// [`HEALTH_MISSES_TO_DROP`]th in a row.
+    fn missed_health_check(&mut self) {
+        self.health_misses += 1;
+        if self.health_misses < HEALTH_MISSES_TO_DROP {
+            tracing::debug!(
+                missed = self.health_misses,
+                "redis subscription connection did not answer PING in time; Redis busy?"
+            );
+            return;
+        }
+        tracing::warn!(
+            missed = self.health_misses,
+            "redis subscription connection did not answer PING"
+        );
+        self.health_misses = 0;
+        self.mark_down();
     }
 
     /// Reconnect (standalone) and subscribe every desired channel again, with backoff; then tell
@@ -627,6 +675,7 @@ impl Actor {
                     m.reconnects.inc();
                     m.disconnected.dec();
                     self.needs_resync = false;
+                    self.health_misses = 0;
                     self.backoff.reset();
                     tracing::info!(
                         channels = n,

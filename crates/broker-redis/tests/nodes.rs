@@ -634,6 +634,82 @@ async fn redis_restart_fails_fast_then_recovers() {
     assert!(metric(&b, "herald_broker_publish_errors_total") >= 3.0);
 }
 
+/// Redis busy for a moment (a long command, a starved process) is not a lost link: a health
+/// check or a subscribe answered late does not tear the subscription connection down, which would
+/// subscribe every channel again and catch each up from history. Three unanswered checks in a row
+/// still do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_redis_stall_keeps_the_subscription_connection() {
+    let redis = RedisServer::start_with(RedisOptions {
+        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
+        ..RedisOptions::default()
+    });
+    let mut cfg = RedisConfig::from_url(&redis.url());
+    cfg.health_check_ms = 200;
+    cfg.command_timeout_ms = 300;
+    let (a, ra) = node(&cfg, "a").await;
+    let (b, _) = node(&cfg, "b").await;
+    let ch = unique("stall");
+    a.subscribe(&ch).await.unwrap();
+    b.publish(&ch, Bytes::from_static(b"1"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("first", || ra.offsets(&ch) == vec![1]).await;
+
+    // Redis answers nothing for 0.5 s: a health check every 200 ms, each given 200 ms, so at
+    // least one goes unanswered (`cli` blocks this thread, not the runtime's workers).
+    assert_eq!(redis.cli(&["DEBUG", "SLEEP", "0.5"]).trim(), "OK");
+    // A subscribe sent into a stall times out (300 ms) without costing the connection.
+    let other = unique("other");
+    let stalled = {
+        let a = a.clone();
+        let other = other.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            a.subscribe(&other).await
+        })
+    };
+    assert_eq!(redis.cli(&["DEBUG", "SLEEP", "0.5"]).trim(), "OK");
+    let late = tokio::time::timeout(Duration::from_secs(5), stalled)
+        .await
+        .expect("the stalled subscribe answers")
+        .unwrap();
+    assert!(
+        matches!(late, Err(BrokerError::Unavailable { .. })),
+        "{late:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        *ra.reconnects.lock().unwrap(),
+        0,
+        "a stall of 0.5 s made the node drop its subscription connection"
+    );
+    assert_eq!(metric(&a, "herald_broker_reconnects_total"), 0.0);
+    b.publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("second", || ra.offsets(&ch) == vec![1, 2]).await;
+    a.subscribe(&other).await.unwrap();
+    b.publish(&other, Bytes::from_static(b"x"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("the channel subscribed after the stall", || {
+        ra.offsets(&other) == vec![1]
+    })
+    .await;
+
+    // A link that stays silent past three checks is still dropped and restored.
+    assert_eq!(redis.cli(&["DEBUG", "SLEEP", "1.5"]).trim(), "OK");
+    eventually("on_reconnected after a long stall", || {
+        *ra.reconnects.lock().unwrap() >= 1
+    })
+    .await;
+    b.publish(&ch, Bytes::from_static(b"3"), None, &opts(100))
+        .await
+        .unwrap();
+    eventually("third", || ra.offsets(&ch) == vec![1, 2, 3]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
     let redis = RedisServer::start();
