@@ -10,6 +10,9 @@
 # its Redis engine on the single Redis and on the Cluster (`cluster_address`), its NATS broker on
 # NATS, which keeps no history (Centrifugo: "NATS broker does not support history, recovery or
 # cache"), so there Centrifugo carries less than Herald, whose history lives in JetStream.
+# HERALD_CONFIG picks Herald's configuration (default docs/bench/bench.toml, history of 1000);
+# docs/bench/bench-nohistory.toml keeps none, like Centrifugo on NATS, for an equal-work pair
+# (Herald still numbers publications, so herald-bench checks its offsets as usual).
 # Needs target/release/herald, target/release/herald-bench, redis-server, nats-server, and for
 # Centrifugo scripts/peers.sh build centrifugo.
 set -u
@@ -53,7 +56,7 @@ up() { # broker → prints the URL; sets PIDS
       PIDS=($!); sleep 1; echo "nats://127.0.0.1:$NPORT" ;;
   esac
 }
-H="$HERALD serve --config docs/bench/bench.toml --port"
+H="$HERALD serve --config ${HERALD_CONFIG:-docs/bench/bench.toml} --port"
 C="scripts/peers.sh start centrifugo --port"
 for i in $ROUNDS; do
   for broker in $BROKERS; do
