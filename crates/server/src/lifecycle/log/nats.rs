@@ -245,9 +245,21 @@ impl NatsLog {
     /// dropped as duplicates inside the window).
     pub(super) async fn reap(&self, node: &str, force: bool) -> anyhow::Result<u64> {
         let key = conns_key(node);
-        let Some(entry) = self.current(&key).await? else {
+        let Some(entry) = self.kv.entry(&key).await.context("lifecycle NATS")? else {
             return Ok(0);
         };
+        if entry.operation != kv::Operation::Put {
+            // Removed before (reaped, or the node stopped cleanly): drop its marker, so that
+            // the reapers stop looking at every node name ever used.
+            self.purge_removed(&key, entry.revision).await;
+            let lease = lease_key(node);
+            if let Some(l) = self.kv.entry(&lease).await.context("lifecycle NATS")? {
+                if l.operation != kv::Operation::Put {
+                    self.purge_removed(&lease, l.revision).await;
+                }
+            }
+            return Ok(0);
+        }
         if !force && self.alive(node).await? {
             return Ok(0);
         }
@@ -305,6 +317,22 @@ impl NatsLog {
         Ok(n)
     }
 
+    /// Remove `key`'s messages up to its delete marker at `marker`. Race-free: a value written
+    /// after the marker (the node back under its name) has a higher sequence and stays.
+    async fn purge_removed(&self, key: &str, marker: u64) {
+        let subject = format!("{}{key}", self.kv.prefix);
+        if let Err(e) = self
+            .kv
+            .stream
+            .purge()
+            .filter(subject)
+            .sequence(marker + 1)
+            .await
+        {
+            tracing::debug!(cause = %e, "lifecycle NATS: a removed key's marker not purged");
+        }
+    }
+
     async fn alive(&self, node: &str) -> anyhow::Result<bool> {
         let lease = self.current(&lease_key(node)).await?;
         Ok(lease
@@ -340,7 +368,7 @@ impl NatsLog {
     /// stream's subjects (one request a page), not a KV key listing: that listing ends on a
     /// pending count which the other nodes' constant lease writes leave stale, so it could wait
     /// for good (a killed node was never reaped). A removed set's subject stays (its delete
-    /// marker); [`NatsLog::reap`] finds no set there and does nothing.
+    /// marker) until a reaper looks at it once more: [`NatsLog::reap`] then purges the marker.
     pub(super) async fn lost_nodes(&self) -> anyhow::Result<Vec<String>> {
         let prefix = format!("{}conns.", self.kv.prefix);
         let subjects: Vec<(String, usize)> = self
@@ -552,11 +580,29 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         assert_eq!(b.lost_nodes().await.expect("lost"), ["a"]);
         assert_eq!(b.reap("a", false).await.expect("reap"), 1);
-        assert_eq!(b.reap("a", false).await.expect("reap again"), 0);
         assert_eq!(
             b.lost_nodes().await.expect("lost"),
             ["a"],
-            "its marker stays"
+            "its marker, until a reaper looks again"
+        );
+        assert_eq!(b.reap("a", false).await.expect("reap again"), 0);
+        assert!(
+            b.lost_nodes().await.expect("lost").is_empty(),
+            "the second look purged the marker: reapers do not check every name ever used"
+        );
+        let subjects: Vec<(String, usize)> =
+            b.kv.stream
+                .info_with_subjects(format!("{}>", b.kv.prefix))
+                .await
+                .expect("subjects")
+                .try_collect()
+                .await
+                .expect("subjects");
+        assert!(
+            !subjects
+                .iter()
+                .any(|(s, _)| s.ends_with(&conns_key("a")) || s.ends_with(&lease_key("a"))),
+            "nothing of a's is left: {subjects:?}"
         );
 
         let err = a
