@@ -620,20 +620,20 @@ impl Actor {
         }
     }
 
-    /// A health check not answered in time: the link counts as lost on the
-    /// [`HEALTH_MISSES_TO_DROP`]th in a row.
+    /// A health check (or a subscription command) not answered in time: the link counts as lost
+    /// on the [`HEALTH_MISSES_TO_DROP`]th in a row.
     fn missed_health_check(&mut self) {
         self.health_misses += 1;
         if self.health_misses < HEALTH_MISSES_TO_DROP {
             tracing::debug!(
                 missed = self.health_misses,
-                "redis subscription connection did not answer PING in time; Redis busy?"
+                "redis subscription connection did not answer in time; Redis busy?"
             );
             return;
         }
         tracing::warn!(
             missed = self.health_misses,
-            "redis subscription connection did not answer PING"
+            "redis subscription connection did not answer, several times in a row"
         );
         self.health_misses = 0;
         self.mark_down();
