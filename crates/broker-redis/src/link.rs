@@ -19,6 +19,12 @@ use redis::{
 use crate::config::RedisConfig;
 use crate::metrics::Metrics;
 
+/// How many command timeouts a command connection may stay silent for (commands waiting, nothing
+/// answered) before it counts as lost. One late reply is usually a busy or stalled server, and
+/// replacing the connection then only makes every command fail until a new one is open; a dead
+/// link still times out again and again.
+const SILENT_TIMEOUTS_TO_DROP: u32 = 3;
+
 /// Whether an error means the connection is gone (or hopeless) and must be replaced.
 pub(crate) fn is_connection_error(err: &RedisError) -> bool {
     err.is_io_error()
@@ -219,6 +225,11 @@ pub(crate) struct Link {
     conn: Mutex<Option<Live>>,
     generation: AtomicU64,
     reconnecting: AtomicBool,
+    /// The command timeout: a link silent for [`SILENT_TIMEOUTS_TO_DROP`] of them is lost.
+    command_timeout: Duration,
+    /// Since when the live connection has been silent: the start of the first command that timed
+    /// out after its last answer (with that connection's generation); `None` once one answers.
+    silent_since: Mutex<Option<(u64, Instant)>>,
 }
 
 impl Link {
@@ -238,6 +249,8 @@ impl Link {
             conn: Mutex::new(None),
             generation: AtomicU64::new(0),
             reconnecting: AtomicBool::new(true),
+            command_timeout: cfg.command_timeout(),
+            silent_since: Mutex::new(None),
         });
         link.open().await.map_err(|e| {
             BrokerError::unavailable(format!("redis at {}: {e}", link.connector.describe()))
@@ -283,13 +296,43 @@ impl Link {
         )))
     }
 
-    /// A command on connection `generation` failed with `err`: drop that connection if the error
-    /// says it is gone.
-    pub(crate) fn failed(self: &Arc<Self>, generation: u64, err: &RedisError) {
-        // READONLY: the server became a replica (Sentinel failover); a new connection asks
-        // Sentinel for the new master.
-        if is_connection_error(err) || err.code() == Some("READONLY") {
+    /// A command on connection `generation` was answered (a Redis error is an answer too): the
+    /// connection is not silent.
+    pub(crate) fn answered(&self, generation: u64) {
+        let mut silent = self.silent_since.lock().expect("link lock");
+        if silent.is_some_and(|(g, _)| g == generation) {
+            *silent = None;
+        }
+    }
+
+    /// A command started at `started` on connection `generation` failed with `err`: drop that
+    /// connection if the error says it is gone. A timeout says so only once the connection has
+    /// been silent for [`SILENT_TIMEOUTS_TO_DROP`] command timeouts: a short stall of the server
+    /// costs the commands sent into it, not the connection.
+    pub(crate) fn failed(self: &Arc<Self>, generation: u64, started: Instant, err: &RedisError) {
+        if err.is_timeout() {
+            let silent_for = {
+                let mut silent = self.silent_since.lock().expect("link lock");
+                let since = match *silent {
+                    Some((g, since)) if g == generation => since,
+                    _ => {
+                        *silent = Some((generation, started));
+                        started
+                    }
+                };
+                since.elapsed()
+            };
+            if silent_for < self.command_timeout * SILENT_TIMEOUTS_TO_DROP {
+                tracing::debug!(server = %self.connector.describe(), silent_ms = silent_for.as_millis() as u64, "redis command did not answer in time; keeping the connection");
+                return;
+            }
             self.lost(generation, &err.to_string());
+        } else if is_connection_error(err) || err.code() == Some("READONLY") {
+            // READONLY: the server became a replica (Sentinel failover); a new connection asks
+            // Sentinel for the new master.
+            self.lost(generation, &err.to_string());
+        } else {
+            self.answered(generation);
         }
     }
 
@@ -306,6 +349,7 @@ impl Link {
 
     /// `PING` on the live connection: whether commands work right now.
     pub(crate) async fn probe(self: &Arc<Self>, timeout: Duration) -> Result<(), RedisError> {
+        let started = Instant::now();
         let (generation, mut c, _) = self.get().map_err(|e| {
             RedisError::from(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
@@ -321,8 +365,9 @@ impl Link {
                     "PING timed out",
                 ))),
             };
-        if let Err(e) = &result {
-            self.failed(generation, e);
+        match &result {
+            Ok(()) => self.answered(generation),
+            Err(e) => self.failed(generation, started, e),
         }
         result
     }
@@ -475,7 +520,12 @@ where
     let result = tokio::time::timeout(timeout, f(conn)).await;
     metrics.observe_rtt(started.elapsed());
     let err = match result {
-        Ok(Ok(v)) => return Ok(v),
+        Ok(Ok(v)) => {
+            if let Some((link, generation)) = origin {
+                link.answered(generation);
+            }
+            return Ok(v);
+        }
         Ok(Err(e)) => e,
         Err(_) => RedisError::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
@@ -483,7 +533,7 @@ where
         )),
     };
     if let Some((link, generation)) = origin {
-        link.failed(generation, &err);
+        link.failed(generation, started, &err);
     }
     Err(broker_error(err))
 }

@@ -710,6 +710,116 @@ async fn a_short_redis_stall_keeps_the_subscription_connection() {
     eventually("third", || ra.offsets(&ch) == vec![1, 2, 3]).await;
 }
 
+/// The ids of the clients connected to `redis`, besides the one asking.
+fn client_ids(redis: &RedisServer) -> Vec<String> {
+    let mut ids: Vec<String> = redis
+        .cli(&["CLIENT", "LIST"])
+        .lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_prefix("id=")
+                .map(str::to_owned)
+        })
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// A command that times out in a short stall costs that command only: the node keeps its command
+/// connection (before: it dropped it at the first timeout, and every command failed with 111
+/// until a new one was open). A link silent for three command timeouts is still replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_redis_stall_keeps_the_command_connection() {
+    let redis = RedisServer::start_with(RedisOptions {
+        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
+        ..RedisOptions::default()
+    });
+    let mut cfg = RedisConfig::from_url(&redis.url());
+    cfg.command_timeout_ms = 200;
+    cfg.reconnect_min_ms = 10;
+    let (a, _) = node(&cfg, "a").await;
+    let ch = unique("stall");
+    a.publish(&ch, Bytes::from_static(b"1"), None, &opts(100))
+        .await
+        .unwrap();
+    let before = client_ids(&redis);
+
+    // Redis answers nothing for 0.5 s; the first publish sent into it times out (200 ms).
+    // (Publishing until one fails: those sent before `redis-cli` got the stall going succeed.)
+    let stalled = {
+        let a = a.clone();
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            let until = Instant::now() + Duration::from_secs(2);
+            loop {
+                let r = a
+                    .publish(&ch, Bytes::from_static(b"x"), None, &opts(100))
+                    .await;
+                if r.is_err() || Instant::now() > until {
+                    return r;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    assert_eq!(redis.cli(&["DEBUG", "SLEEP", "0.5"]).trim(), "OK");
+    let late = tokio::time::timeout(Duration::from_secs(5), stalled)
+        .await
+        .expect("the stalled publish answers")
+        .unwrap();
+    assert!(
+        matches!(late, Err(BrokerError::Unavailable { .. })),
+        "a publish into the stall: {late:?}"
+    );
+    // Right after the stall, commands work on the same connection.
+    let next = a
+        .publish(&ch, Bytes::from_static(b"2"), None, &opts(100))
+        .await;
+    assert!(next.is_ok(), "the publish after a 0.5 s stall: {next:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        client_ids(&redis),
+        before,
+        "a stall of 0.5 s made the node replace a connection"
+    );
+
+    // Commands keep timing out through a 1.5 s stall: the link is replaced, and works after.
+    let during = {
+        let a = a.clone();
+        let ch = ch.clone();
+        tokio::spawn(async move {
+            for _ in 0..12 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let _ = a
+                    .publish(&ch, Bytes::from_static(b"y"), None, &opts(100))
+                    .await;
+            }
+        })
+    };
+    assert_eq!(redis.cli(&["DEBUG", "SLEEP", "1.5"]).trim(), "OK");
+    tokio::time::timeout(Duration::from_secs(10), during)
+        .await
+        .expect("the publishes during the stall end")
+        .unwrap();
+    eventually("the command connection replaced", || {
+        let ids = client_ids(&redis);
+        ids.len() == before.len() && ids != before
+    })
+    .await;
+    let after = tokio::time::timeout(
+        Duration::from_secs(5),
+        a.publish(&ch, Bytes::from_static(b"3"), None, &opts(100)),
+    )
+    .await
+    .expect("a publish answers");
+    assert!(
+        after.is_ok(),
+        "the publish after the link was replaced: {after:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presence_spans_nodes_and_expires_with_a_crashed_node() {
     let redis = RedisServer::start();

@@ -5,7 +5,8 @@
 # publications round-robin over the channels and the three APIs, RATE per second for 20 s.
 # herald-bench samples the broker's processes over the same window as the nodes (`--broker-pid`:
 # the "broker CPU" line, nodes and broker together per 1,000 deliveries/s); the brokers' CPU time
-# over the whole run (connect included) is appended to each .txt too.
+# over the whole run (connect included) is appended to each .txt too, and on the single Redis its
+# INFO commandstats (calls and time per command).
 # SERVERS="herald centrifugo" runs Centrifugo beside Herald on the same broker, fresh per run:
 # its Redis engine on the single Redis and on the Cluster (`cluster_address`), its NATS broker on
 # NATS, which keeps no history (Centrifugo: "NATS broker does not support history, recovery or
@@ -86,6 +87,11 @@ for i in $ROUNDS; do
       "${args[@]}" --json "$OUT/$name.json" >> "$OUT/$name.txt" 2>&1
     unset PEERS_CENTRIFUGO_REDIS PEERS_CENTRIFUGO_REDIS_CLUSTER PEERS_CENTRIFUGO_NATS
     echo "$broker CPU over the run (all its processes): $(( $(cpu_s "${PIDS[@]}") - c0 )) s" >> "$OUT/$name.txt"
+    # Where Redis's time went, command by command (calls, µs per call), over the whole run.
+    if [ "$broker" = redis ]; then
+      redis-cli -p $RPORT INFO commandstats | tr -d '\r' | grep '^cmdstat_' \
+        | sed 's/^/redis commandstats: /' >> "$OUT/$name.txt"
+    fi
     gzip -f "$OUT/$name.json"
     kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null
     rm -rf "${WORK:?}"/1886* "$WORK/js"
