@@ -145,23 +145,27 @@ if not epoch then
   redis.call('PEXPIRE', meta, ARGV[2])
   redis.call('DEL', hist)
 else
-  top = tonumber(redis.call('HGET', meta, 'o'))
+  top = tonumber(m[2])
   if top == 0 then
     redis.call('PEXPIRE', meta, ARGV[2])
   end
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cutoff = string.format('%d', now - tonumber(ARGV[3]))
+-- Entries older than the history TTL count as gone: read from Redis's clock, and only when entries
+-- are read.
+local function cutoff()
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return string.format('%d', now - tonumber(ARGV[3]))
+end
 local limit = tonumber(ARGV[6])
 local out = {epoch, top, 1}
 local entries
 if ARGV[4] == '' then
   if limit == 0 then return out end
   if limit < 0 then
-    entries = redis.call('XREVRANGE', hist, '+', cutoff)
+    entries = redis.call('XREVRANGE', hist, '+', cutoff())
   else
-    entries = redis.call('XREVRANGE', hist, '+', cutoff, 'COUNT', limit)
+    entries = redis.call('XREVRANGE', hist, '+', cutoff(), 'COUNT', limit)
   end
 else
   local since = tonumber(ARGV[5])
@@ -171,7 +175,7 @@ else
   end
   local need = top - since
   if need == 0 then return out end
-  entries = redis.call('XREVRANGE', hist, '+', cutoff, 'COUNT', need)
+  entries = redis.call('XREVRANGE', hist, '+', cutoff(), 'COUNT', need)
   local oldest = entries[#entries]
   if #entries ~= need or tonumber(oldest[2][2]) ~= since + 1 then
     out[3] = 0
