@@ -640,10 +640,7 @@ async fn redis_restart_fails_fast_then_recovers() {
 /// still do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_redis_stall_keeps_the_subscription_connection() {
-    let redis = RedisServer::start_with(RedisOptions {
-        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
-        ..RedisOptions::default()
-    });
+    let redis = redis_with_debug_command();
     let mut cfg = RedisConfig::from_url(&redis.url());
     cfg.health_check_ms = 200;
     cfg.command_timeout_ms = 300;
@@ -710,6 +707,14 @@ async fn a_short_redis_stall_keeps_the_subscription_connection() {
     eventually("third", || ra.offsets(&ch) == vec![1, 2, 3]).await;
 }
 
+/// A Redis that takes `DEBUG SLEEP` (Redis 7 refuses `DEBUG` unless enabled): a stall on demand.
+fn redis_with_debug_command() -> RedisServer {
+    RedisServer::start_with(RedisOptions {
+        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
+        ..RedisOptions::default()
+    })
+}
+
 /// The ids of the clients connected to `redis`, besides the one asking.
 fn client_ids(redis: &RedisServer) -> Vec<String> {
     let mut ids: Vec<String> = redis
@@ -732,10 +737,7 @@ fn client_ids(redis: &RedisServer) -> Vec<String> {
 /// until a new one was open). A link silent for three command timeouts is still replaced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_redis_stall_keeps_the_command_connection() {
-    let redis = RedisServer::start_with(RedisOptions {
-        extra_args: vec!["--enable-debug-command".into(), "yes".into()],
-        ..RedisOptions::default()
-    });
+    let redis = redis_with_debug_command();
     let mut cfg = RedisConfig::from_url(&redis.url());
     cfg.command_timeout_ms = 200;
     cfg.reconnect_min_ms = 10;
